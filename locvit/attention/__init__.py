@@ -1,0 +1,27 @@
+"""Geometry -> positional terms -> attention: the convolutional priors of locvit."""
+
+from locvit.attention.attention import (
+  COMBINE_RULES,
+  Attention,
+  get_attention,
+  list_attention,
+  register_attention,
+)
+from locvit.attention.geometry import (
+  TokenGrid,
+  gpsa_relative_features,
+  relative_offsets,
+  squared_distances,
+)
+
+__all__ = [
+  "COMBINE_RULES",
+  "Attention",
+  "TokenGrid",
+  "get_attention",
+  "gpsa_relative_features",
+  "list_attention",
+  "register_attention",
+  "relative_offsets",
+  "squared_distances",
+]

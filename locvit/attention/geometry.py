@@ -1,0 +1,86 @@
+"""Token-grid geometry shared by every positional term.
+
+All four papers put the convolutional prior into attention through the *relative* geometry of the
+token grid. This module computes that geometry once per grid size, as NumPy constants that XLA
+folds into the compiled program, so no layer ever rebuilds it per example.
+
+Conventions (matching the reference implementations):
+- tokens are numbered row-major: token ``i = row * width + col``;
+- offsets are *key minus query*: ``delta[i, j] = position(j) - position(i)``;
+- ``dx`` is the column offset and ``dy`` the row offset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenGrid:
+  """A ``height x width`` grid of patch tokens."""
+
+  height: int
+  width: int
+
+  def __post_init__(self):
+    if self.height < 1 or self.width < 1:
+      raise ValueError(f"TokenGrid needs positive sides, got {self.height}x{self.width}.")
+
+  @property
+  def num_tokens(self) -> int:
+    return self.height * self.width
+
+  @property
+  def is_square(self) -> bool:
+    return self.height == self.width
+
+  def require_square(self, what: str) -> None:
+    """Raises a clear error for variants that are only defined on square grids."""
+    if not self.is_square:
+      raise ValueError(
+        f"{what} requires a square token grid, got {self.height}x{self.width}. "
+        "Use a square image size (image_size divisible by patch_size in both dimensions)."
+      )
+
+
+@functools.lru_cache(maxsize=64)
+def relative_offsets(grid: TokenGrid) -> np.ndarray:
+  """Returns ``(N, N, 2)`` int32 offsets ``(dy, dx)`` of key ``j`` relative to query ``i``."""
+  rows, cols = np.divmod(np.arange(grid.num_tokens), grid.width)
+  dy = rows[None, :] - rows[:, None]
+  dx = cols[None, :] - cols[:, None]
+  out = np.stack([dy, dx], axis=-1).astype(np.int32)
+  out.setflags(write=False)
+  return out
+
+
+@functools.lru_cache(maxsize=64)
+def squared_distances(grid: TokenGrid) -> np.ndarray:
+  """Returns ``(N, N)`` float32 squared Euclidean distances ``dx^2 + dy^2`` between tokens."""
+  offsets = relative_offsets(grid).astype(np.float32)
+  out = np.sum(offsets**2, axis=-1)
+  out.setflags(write=False)
+  return out
+
+
+@functools.lru_cache(maxsize=64)
+def gpsa_relative_features(grid: TokenGrid) -> np.ndarray:
+  """Returns ConViT's ``(N, N, 3)`` relative features ``(dx, dy, dx^2 + dy^2)`` (float32)."""
+  offsets = relative_offsets(grid).astype(np.float32)
+  dy, dx = offsets[..., 0], offsets[..., 1]
+  out = np.stack([dx, dy, dx**2 + dy**2], axis=-1)
+  out.setflags(write=False)
+  return out
+
+
+def grid_from_tokens(num_tokens: int) -> TokenGrid:
+  """Infers a square grid from a token count, with a clear error when it is not square."""
+  side = int(round(num_tokens**0.5))
+  if side * side != num_tokens:
+    raise ValueError(
+      f"Cannot infer a square token grid from {num_tokens} tokens; pass the grid explicitly."
+    )
+  return TokenGrid(side, side)

@@ -1,0 +1,21 @@
+"""Backbones and the model registry.
+
+>>> model = create_model('deit_tiny_patch4_32', num_classes=10)
+>>> variables = model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+>>> logits = model.apply(variables, images, train=False)
+>>> logits, inter = apply_with_intermediates(model, variables, images)   # attention maps etc.
+"""
+
+from locvit.models import deit  # noqa: F401  (registers models)
+from locvit.models.intermediates import apply_with_intermediates
+from locvit.models.registry import create_model, default_image_size, list_models, register_model
+from locvit.models.vit import VisionTransformer
+
+__all__ = [
+  "VisionTransformer",
+  "apply_with_intermediates",
+  "create_model",
+  "default_image_size",
+  "list_models",
+  "register_model",
+]

@@ -1,0 +1,38 @@
+"""DeiT sizes (Touvron et al. 2021) and the ConViT paper's "+" sizes, at ImageNet and small-image
+resolutions. All use 64 channels per head, depth 12, MLP ratio 4 and a class token."""
+
+from __future__ import annotations
+
+import functools
+
+from locvit.models.registry import register_model
+from locvit.models.vit import VisionTransformer
+
+# name -> heads (64 per head). DeiT-Ti/S/B, and the "+" sizes of ConViT Table 1.
+DEIT_HEADS = {"tiny": 3, "small": 6, "base": 12, "tiny_plus": 4, "small_plus": 9, "base_plus": 16}
+# (patch size, image size): ImageNet and the small-image variants (CIFAR 32x32, 64x64).
+RESOLUTIONS = ((16, 224), (4, 32), (2, 32), (8, 64))
+
+
+def deit(num_classes: int, *, heads: int, patch_size: int) -> VisionTransformer:
+  return VisionTransformer(
+    num_classes=num_classes,
+    patch_size=patch_size,
+    embed_dim=64 * heads,
+    depth=12,
+    num_heads=heads,
+    mlp_ratio=4.0,
+    qkv_bias=True,
+    pos_embed="learn",
+    pool="token",
+    drop_path_rate=0.1,
+  )
+
+
+for _size, _heads in DEIT_HEADS.items():
+  for _patch, _res in RESOLUTIONS:
+    _fn = functools.partial(deit, heads=_heads, patch_size=_patch)
+    register_model(f"deit_{_size}_patch{_patch}_{_res}", image_size=_res)(_fn)
+  register_model(f"deit_{_size}", image_size=224)(
+    functools.partial(deit, heads=_heads, patch_size=16)
+  )

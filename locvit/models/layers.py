@@ -1,0 +1,160 @@
+"""Building blocks shared by the transformer backbones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from locvit.attention import TokenGrid, get_attention
+from locvit.attention.attention import partitioned, trunc_normal, zeros
+
+Array = jax.Array
+
+
+def check_patchable(height: int, width: int, patch_size: int) -> TokenGrid:
+  """Returns the token grid, or a clear error when the image does not tile into patches."""
+  if height % patch_size or width % patch_size:
+    raise ValueError(
+      f"Image size {height}x{width} is not divisible by patch_size={patch_size}. "
+      f"Valid sizes are multiples of {patch_size} (e.g. {patch_size * (height // patch_size)} "
+      f"or {patch_size * (height // patch_size + 1)})."
+    )
+  return TokenGrid(height // patch_size, width // patch_size)
+
+
+class PatchEmbed(nn.Module):
+  """Non-overlapping ``patch_size`` convolution from NHWC images to ``(B, N, D)`` tokens."""
+
+  patch_size: int
+  embed_dim: int
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, images: Array) -> tuple[Array, TokenGrid]:
+    _, height, width, _ = images.shape
+    grid = check_patchable(height, width, self.patch_size)
+    x = nn.Conv(
+      self.embed_dim,
+      (self.patch_size, self.patch_size),
+      strides=self.patch_size,
+      padding="VALID",
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=partitioned(nn.initializers.lecun_normal(), (None, None, None, "embed")),
+      bias_init=partitioned(zeros, ("embed",)),
+      name="proj",
+    )(images)
+    return x.reshape(x.shape[0], grid.num_tokens, self.embed_dim), grid
+
+
+def sincos_2d_position_embedding(grid: TokenGrid, dim: int, temperature: float = 10000.0):
+  """Fixed 2-D sin-cos encoding ``[sin(y w), sin(x w), cos(y w), cos(x w)]`` of shape (N, dim).
+
+  ``w_k = 1 / temperature^(k / (dim / 4))`` for ``k = 0 .. dim/4 - 1`` on integer (row, col)
+  coordinates, as in the structured-initialization reference (timm fork).
+  """
+  if dim % 4:
+    raise ValueError(f"sin-cos position embedding needs embed_dim divisible by 4, got {dim}.")
+  quarter = dim // 4
+  omega = 1.0 / temperature ** (np.arange(quarter, dtype=np.float64) / quarter)
+  rows, cols = np.divmod(np.arange(grid.num_tokens), grid.width)
+  y = rows[:, None] * omega[None]
+  x = cols[:, None] * omega[None]
+  return np.concatenate([np.sin(y), np.sin(x), np.cos(y), np.cos(x)], axis=1).astype(np.float32)
+
+
+class Mlp(nn.Module):
+  """fc1 -> exact (erf) GELU -> dropout -> fc2 -> dropout."""
+
+  hidden_dim: int
+  drop: float = 0.0
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, train: bool = False) -> Array:
+    dim = x.shape[-1]
+    dense = lambda features, names, name: nn.Dense(
+      features,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=partitioned(trunc_normal, names),
+      bias_init=partitioned(zeros, names[1:]),
+      name=name,
+    )
+    x = dense(self.hidden_dim, ("embed", "mlp"), "fc1")(x)
+    x = nn.gelu(x, approximate=False)
+    x = nn.Dropout(self.drop)(x, deterministic=not train)
+    x = dense(dim, ("mlp", "embed"), "fc2")(x)
+    return nn.Dropout(self.drop)(x, deterministic=not train)
+
+
+def layer_norm(eps: float, dtype: Any, name: str) -> nn.LayerNorm:
+  return nn.LayerNorm(
+    epsilon=eps,
+    dtype=dtype,
+    scale_init=partitioned(nn.initializers.ones, ("embed",)),
+    bias_init=partitioned(zeros, ("embed",)),
+    name=name,
+  )
+
+
+def drop_path(rate: float) -> nn.Dropout:
+  """Stochastic depth: one Bernoulli draw per example, broadcast over tokens and channels."""
+  return nn.Dropout(rate, broadcast_dims=(1, 2))
+
+
+class Block(nn.Module):
+  """Pre-norm transformer block: ``x + drop_path(attn(LN(x)))``, ``x + drop_path(mlp(LN(x)))``.
+
+  Attributes:
+    attention: name of a registered attention kind (see ``locvit.attention.list_attention``).
+    attention_kwargs: extra constructor arguments for that kind.
+  """
+
+  num_heads: int
+  mlp_ratio: float = 4.0
+  head_dim: int | None = None
+  qkv_bias: bool = True
+  attention: str = "mhsa"
+  attention_kwargs: Mapping[str, Any] | None = None
+  attention_implementation: str | None = None
+  drop: float = 0.0
+  attn_drop: float = 0.0
+  drop_path: float = 0.0
+  norm_eps: float = 1e-6
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(
+    self, x: Array, *, grid: TokenGrid, num_prefix_tokens: int = 0, train: bool = False
+  ) -> Array:
+    attn_factory: Callable[..., nn.Module] = get_attention(self.attention)
+    attn = attn_factory(
+      num_heads=self.num_heads,
+      head_dim=self.head_dim,
+      qkv_bias=self.qkv_bias,
+      attn_drop=self.attn_drop,
+      proj_drop=self.drop,
+      implementation=self.attention_implementation,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      name="attn",
+      **dict(self.attention_kwargs or {}),
+    )
+    y = layer_norm(self.norm_eps, self.dtype, "norm1")(x)
+    y = attn(y, grid=grid, num_prefix_tokens=num_prefix_tokens, train=train)
+    x = x + drop_path(self.drop_path)(y, deterministic=not train)
+    y = layer_norm(self.norm_eps, self.dtype, "norm2")(x)
+    y = Mlp(int(x.shape[-1] * self.mlp_ratio), self.drop, self.dtype, self.param_dtype, name="mlp")(
+      y, train
+    )
+    x = x + drop_path(self.drop_path)(y, deterministic=not train)
+    return nn.with_logical_constraint(x, ("batch", "seq", "embed"))

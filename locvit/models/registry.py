@@ -1,0 +1,58 @@
+"""Model registry: ``create_model(name, num_classes=..., **overrides)`` and ``list_models()``."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+
+_MODELS: dict[str, Callable[..., nn.Module]] = {}
+_DEFAULT_IMAGE_SIZE: dict[str, int] = {}
+
+
+def register_model(name: str, *, image_size: int) -> Callable:
+  """Registers ``fn(num_classes, **overrides) -> nn.Module`` under ``name``."""
+
+  def wrap(fn):
+    if name in _MODELS:
+      raise ValueError(f"Model {name!r} is already registered.")
+    _MODELS[name] = fn
+    _DEFAULT_IMAGE_SIZE[name] = image_size
+    return fn
+
+  return wrap
+
+
+def list_models(pattern: str | None = None) -> list[str]:
+  """Registered model names, optionally filtered by a substring."""
+  return sorted(n for n in _MODELS if pattern is None or pattern in n)
+
+
+def _unknown(name: str) -> ValueError:
+  close = difflib.get_close_matches(name, _MODELS, n=3)
+  hint = f" Did you mean {close}?" if close else ""
+  return ValueError(f"Unknown model {name!r}.{hint} Valid names: {list_models()}.")
+
+
+def default_image_size(name: str) -> int:
+  if name not in _MODELS:
+    raise _unknown(name)
+  return _DEFAULT_IMAGE_SIZE[name]
+
+
+def create_model(name: str, num_classes: int = 1000, **overrides: Any) -> nn.Module:
+  """Builds a registered model; ``overrides`` replace fields of the module (e.g. ``depth=6``)."""
+  if name not in _MODELS:
+    raise _unknown(name)
+  model = _MODELS[name](num_classes)
+  fields = {f.name for f in dataclasses.fields(model)} - {"parent", "name"}
+  bad = sorted(set(overrides) - fields)
+  if bad:
+    raise ValueError(f"Model {name!r} has no fields {bad}. Valid fields: {sorted(fields)}.")
+  model = model.clone(**overrides) if overrides else model
+  if hasattr(model, "check"):
+    model.check()
+  return model

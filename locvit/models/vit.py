@@ -1,0 +1,167 @@
+"""ViT / DeiT backbone with a per-layer attention spec (Dosovitskiy et al. 2021; Touvron et al. 2021).
+
+ConViT (d'Ascoli et al. 2021) is this backbone with ``gpsa`` attention in the first layers and the
+class token inserted later (``class_token_layer``); the structured-initialization ViT uses fixed
+sin-cos positions and global average pooling. Both are configurations of this one module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from locvit.attention import list_attention
+from locvit.attention.attention import partitioned, trunc_normal, zeros
+from locvit.models.layers import Block, PatchEmbed, layer_norm, sincos_2d_position_embedding
+
+Array = jax.Array
+POS_EMBED = ("learn", "sincos2d", "none")
+POOL = ("token", "gap")
+
+
+class VisionTransformer(nn.Module):
+  """Vision transformer mapping NHWC float images to logits.
+
+  Attributes:
+    num_classes: classifier width (0 returns pre-logits features).
+    patch_size, embed_dim, depth, num_heads, head_dim, mlp_ratio, qkv_bias: the usual sizes;
+      ``head_dim=None`` means ``embed_dim // num_heads``.
+    pos_embed: 'learn' (trunc-normal 0.02), 'sincos2d' (fixed) or 'none'.
+    pool: 'token' (class token) or 'gap' (mean over patch tokens followed by ``fc_norm``,
+      as timm does for global pooling).
+    class_token_layer: index of the block before which the class token is concatenated
+      (0 = at the input, as in DeiT; 10 in ConViT). A learned ``pos_embed`` covers the class token
+      only when it is inserted at the input (timm's DeiT layout).
+    layer_attention: per-layer attention kinds, length ``depth``; None means 'mhsa' everywhere.
+    attention_kwargs: per kind, extra constructor arguments, e.g. ``{'gpsa': {...}}``.
+    drop_rate, attn_drop_rate, drop_path_rate: dropout, attention dropout and stochastic depth
+      (linearly spaced from 0 to ``drop_path_rate`` over depth).
+    dtype: computation dtype (``jnp.bfloat16`` for mixed precision); parameters are float32.
+    remat: rematerialise each block in the backward pass to save memory.
+  """
+
+  num_classes: int
+  patch_size: int = 16
+  embed_dim: int = 192
+  depth: int = 12
+  num_heads: int = 3
+  head_dim: int | None = None
+  mlp_ratio: float = 4.0
+  qkv_bias: bool = True
+  pos_embed: Literal["learn", "sincos2d", "none"] = "learn"
+  pool: Literal["token", "gap"] = "token"
+  class_token_layer: int = 0
+  layer_attention: Sequence[str] | None = None
+  attention_kwargs: Mapping[str, Mapping[str, Any]] | None = None
+  attention_implementation: str | None = None
+  drop_rate: float = 0.0
+  attn_drop_rate: float = 0.0
+  drop_path_rate: float = 0.0
+  norm_eps: float = 1e-6
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  remat: bool = False
+
+  def check(self) -> None:
+    """Validates the static configuration; called before tracing so errors are immediate."""
+    if self.pos_embed not in POS_EMBED:
+      raise ValueError(f"pos_embed={self.pos_embed!r} is not one of {POS_EMBED}.")
+    if self.pool not in POOL:
+      raise ValueError(f"pool={self.pool!r} is not one of {POOL}.")
+    if not 0 <= self.class_token_layer <= self.depth:
+      raise ValueError(f"class_token_layer={self.class_token_layer} must be in [0, {self.depth}].")
+    if self.layer_attention is not None:
+      if len(self.layer_attention) != self.depth:
+        raise ValueError(
+          f"layer_attention has {len(self.layer_attention)} entries for depth={self.depth}."
+        )
+      unknown = sorted(set(self.layer_attention) - set(list_attention()))
+      if unknown:
+        raise ValueError(f"Unknown attention kinds {unknown}. Valid kinds: {list_attention()}.")
+    if self.head_dim is None and self.embed_dim % self.num_heads:
+      raise ValueError(
+        f"embed_dim={self.embed_dim} is not divisible by num_heads={self.num_heads}; "
+        "set head_dim explicitly."
+      )
+
+  def _add_class_token(self, x: Array) -> Array:
+    cls = self.param(
+      "cls_token", partitioned(trunc_normal, (None, None, "embed")), (1, 1, x.shape[-1])
+    )
+    cls = jnp.broadcast_to(cls.astype(x.dtype), (x.shape[0], 1, x.shape[-1]))
+    return jnp.concatenate([cls, x], axis=1)
+
+  @nn.compact
+  def __call__(self, images: Array, *, train: bool = False) -> Array:
+    self.check()
+    x, grid = PatchEmbed(
+      self.patch_size, self.embed_dim, self.dtype, self.param_dtype, name="patch_embed"
+    )(images.astype(self.dtype))
+    use_cls = self.pool == "token"
+    num_prefix = 0
+    if use_cls and self.class_token_layer == 0:
+      x = self._add_class_token(x)
+      num_prefix = 1
+
+    if self.pos_embed == "learn":
+      pos = self.param(
+        "pos_embed",
+        partitioned(trunc_normal, (None, None, "embed")),
+        (1, x.shape[1], self.embed_dim),
+        self.param_dtype,
+      )
+      x = x + pos.astype(x.dtype)
+    elif self.pos_embed == "sincos2d":
+      x = x.at[:, num_prefix:].add(
+        sincos_2d_position_embedding(grid, self.embed_dim).astype(x.dtype)
+      )
+    x = nn.Dropout(self.drop_rate)(x, deterministic=not train)
+    x = nn.with_logical_constraint(x, ("batch", "seq", "embed"))
+    self.sow("intermediates", "tokens", x)
+
+    block_cls = nn.remat(Block, static_argnums=()) if self.remat else Block
+    kinds = self.layer_attention or ("mhsa",) * self.depth
+    for i in range(self.depth):
+      if use_cls and i == self.class_token_layer and i > 0:
+        x = self._add_class_token(x)
+        num_prefix = 1
+      x = block_cls(
+        num_heads=self.num_heads,
+        mlp_ratio=self.mlp_ratio,
+        head_dim=self.head_dim,
+        qkv_bias=self.qkv_bias,
+        attention=kinds[i],
+        attention_kwargs=(self.attention_kwargs or {}).get(kinds[i]),
+        attention_implementation=self.attention_implementation,
+        drop=self.drop_rate,
+        attn_drop=self.attn_drop_rate,
+        drop_path=self.drop_path_rate * i / max(self.depth - 1, 1),
+        norm_eps=self.norm_eps,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name=f"blocks_{i}",
+      )(x, grid=grid, num_prefix_tokens=num_prefix, train=train)
+      self.sow("intermediates", f"block_{i}", x)
+
+    if use_cls and self.class_token_layer == self.depth:
+      x = self._add_class_token(x)
+    if self.pool == "token":
+      x = layer_norm(self.norm_eps, self.dtype, "norm")(x)[:, 0]
+    else:
+      x = layer_norm(self.norm_eps, self.dtype, "fc_norm")(jnp.mean(x[:, num_prefix:], axis=1))
+    self.sow("intermediates", "pre_logits", x)
+    if not self.num_classes:
+      return x
+    logits = nn.Dense(
+      self.num_classes,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=partitioned(trunc_normal, ("embed", "classes")),
+      bias_init=partitioned(zeros, ("classes",)),
+      name="head",
+    )(x)
+    return logits.astype(jnp.float32)
