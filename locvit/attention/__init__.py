@@ -13,6 +13,7 @@ from locvit.attention.geometry import (
   relative_offsets,
   squared_distances,
 )
+from locvit.attention.gpsa import GPSA as GPSA  # registers attention kinds 'gpsa' and 'psa'
 
 __all__ = [
   "COMBINE_RULES",

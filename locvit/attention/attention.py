@@ -60,6 +60,59 @@ def wants_attention_maps(module: nn.Module) -> bool:
   return module.is_mutable_collection("intermediates")
 
 
+class QKVProjection(nn.Module):
+  """Fused query/key/value projection with kernel ``(C, 3, H, Dh)`` (timm's qkv, reshaped)."""
+
+  num_heads: int
+  head_dim: int
+  use_bias: bool = True
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  kernel_init: Callable = trunc_normal
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    # Kernels are created at their final rank (not DenseGeneral's flat kernel), so logical
+    # partitioning also works when a model is initialised inside a mesh context.
+    kernel = self.param(
+      "kernel",
+      partitioned(self.kernel_init, ("embed", None, "heads", "kv")),
+      (x.shape[-1], 3, self.num_heads, self.head_dim),
+      self.param_dtype,
+    )
+    y = jnp.einsum("bnc,cthd->bnthd", x.astype(self.dtype), kernel.astype(self.dtype))
+    if self.use_bias:
+      bias = self.param(
+        "bias",
+        partitioned(zeros, (None, "heads", "kv")),
+        (3, self.num_heads, self.head_dim),
+        self.param_dtype,
+      )
+      y = y + bias.astype(self.dtype)
+    return y
+
+
+class OutputProjection(nn.Module):
+  """Merges heads: kernel ``(H, Dh, C)`` and bias ``(C,)``."""
+
+  features: int
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  kernel_init: Callable = trunc_normal
+
+  @nn.compact
+  def __call__(self, y: Array) -> Array:
+    kernel = self.param(
+      "kernel",
+      partitioned(self.kernel_init, ("heads", "kv", "embed")),
+      (*y.shape[-2:], self.features),
+      self.param_dtype,
+    )
+    bias = self.param("bias", partitioned(zeros, ("embed",)), (self.features,), self.param_dtype)
+    out = jnp.einsum("bnhd,hdc->bnc", y.astype(self.dtype), kernel.astype(self.dtype))
+    return out + bias.astype(self.dtype)
+
+
 class Attention(nn.Module):
   """Multi-head self-attention with an optional positional term.
 
@@ -98,28 +151,19 @@ class Attention(nn.Module):
     return dim // self.num_heads
 
   def _qkv(self, x: Array) -> tuple[Array, Array, Array]:
-    head_dim = self._head_dim(x.shape[-1])
-    qkv = nn.DenseGeneral(
-      (3, self.num_heads, head_dim),
-      use_bias=self.qkv_bias,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      kernel_init=partitioned(self.kernel_init, ("embed", None, "heads", "kv")),
-      bias_init=partitioned(zeros, (None, "heads", "kv")),
+    qkv = QKVProjection(
+      self.num_heads,
+      self._head_dim(x.shape[-1]),
+      self.qkv_bias,
+      self.dtype,
+      self.param_dtype,
+      self.kernel_init,
       name="qkv",
     )(x)
     return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # each (B, N, H, Dh): BTNH layout
 
   def _project(self, y: Array, dim: int, train: bool) -> Array:
-    out = nn.DenseGeneral(
-      dim,
-      axis=(-2, -1),
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      kernel_init=partitioned(self.kernel_init, ("heads", "kv", "embed")),
-      bias_init=partitioned(zeros, ("embed",)),
-      name="proj",
-    )(y)
+    out = OutputProjection(dim, self.dtype, self.param_dtype, self.kernel_init, name="proj")(y)
     return nn.Dropout(self.proj_drop)(out, deterministic=not train)
 
   def _positional_table(self, grid: TokenGrid | None) -> Array | None:

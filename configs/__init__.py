@@ -1,0 +1,1 @@
+"""ml-collections configs, one ``get_config()`` per model or paper table."""

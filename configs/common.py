@@ -1,0 +1,72 @@
+"""The base config every experiment starts from, and small helpers shared by configs.
+
+Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
+  seed, batch_size (global), eval_batch_size, num_epochs, total_steps (> 0 overrides epochs),
+  model.name / model.overrides, data.* (see ``locvit.data.default_data_config``),
+  optimizer.*, schedule.*, grad_clip_norm, grad_accum_steps, label_smoothing, freeze (regexes),
+  mixed_precision (bf16 compute, fp32 params), mesh.shape / mesh.layout / mesh.rules,
+  log_every_steps, eval_every_steps, checkpoint_every_steps, keep_checkpoints.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from locvit.data import default_data_config
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.batch_size = 128
+  c.eval_batch_size = 0  # 0: same as batch_size
+  c.num_epochs = 100.0
+  c.total_steps = -1  # > 0 overrides num_epochs
+
+  c.model = ml_collections.ConfigDict()
+  c.model.name = "deit_tiny_patch4_32"
+  # Module fields to override, e.g. depth=6. A ConfigDict so `--config.model.overrides.depth=6`
+  # works for fields a config sets.
+  c.model.overrides = ml_collections.ConfigDict()
+
+  c.data = default_data_config()
+
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.name = "adamw"
+  c.optimizer.lr = 1e-3
+  c.optimizer.lr_base_batch_size = 0  # > 0: lr scales by batch_size / lr_base_batch_size
+  c.optimizer.b1 = 0.9
+  c.optimizer.b2 = 0.999
+  c.optimizer.eps = 1e-8
+  c.optimizer.weight_decay = 0.05
+  c.optimizer.decay_mask = "intended"
+  c.optimizer.momentum = 0.9
+  c.optimizer.nesterov = False
+
+  c.schedule = ml_collections.ConfigDict()
+  c.schedule.name = "cosine"
+  c.schedule.warmup_epochs = 5.0
+  c.schedule.warmup_steps = 0  # > 0 overrides warmup_epochs
+  c.schedule.warmup_init_lr = 1e-6
+  c.schedule.min_lr = 1e-5
+  c.schedule.boundaries_epochs = ()  # for 'step'
+  c.schedule.decay_factor = 0.1
+
+  c.grad_clip_norm = 0.0  # 0: off
+  c.grad_accum_steps = 1
+  c.label_smoothing = 0.0
+  c.freeze = ()  # regexes on '/'-joined param paths, e.g. ('gating_param',)
+  c.mixed_precision = False
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.shape = (-1, 1)  # (data, model); -1 fills with the device count
+  c.mesh.layout = "dp"  # 'dp' | 'fsdp' | 'tp'
+  c.mesh.rules = ()  # explicit logical-axis rules override the layout
+  c.mesh.num_devices = 0  # 0: all devices; N: the first N (single-process debugging)
+
+  c.log_every_steps = 50
+  c.eval_every_steps = 0  # 0: only at the end
+  c.checkpoint_every_steps = 500
+  c.keep_checkpoints = 3
+  c.async_checkpointing = True
+  return c

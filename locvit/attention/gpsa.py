@@ -1,0 +1,256 @@
+"""Gated positional self-attention (GPSA) and positional self-attention (PSA) from ConViT.
+
+d'Ascoli et al. 2021, "ConViT: Improving Vision Transformers with Soft Convolutional Inductive
+Biases". With ``r_ij = (dx, dy, dx^2 + dy^2)`` (key minus query, see ``geometry.py``), per head h:
+
+- GPSA (Eqs. 6-7): ``A = normalize[(1 - sigmoid(lambda_h)) softmax(Q K^T / sqrt(Dh))
+  + sigmoid(lambda_h) softmax(v_pos^h . r)]``, output ``proj(A V)``.
+- PSA (Eq. 4, the ungated layer of the paper's appendix A): ``softmax(Q K^T / sqrt(Dh)
+  + v_pos^h . r)``.
+- Convolutional ("local") init (Eq. 5): ``W_val = I`` and ``v_pos^h = -alpha (1, -2 Delta^h)``, so
+  head h attends to the patch at offset ``Delta^h`` of a ``sqrt(H) x sqrt(H)`` kernel with
+  locality strength ``alpha``.
+
+The positional term ``softmax(v_pos . r)`` does not depend on the input, so the fast path computes
+it once per call as an ``(H, N, N)`` table and uses the exact identity
+``GPSA = (1 - g) SDPA(q, k, v) + g (P v)``: the content part runs in the fused
+``jax.nn.dot_product_attention`` kernel and no ``(B, H, N, N)`` tensor is built.
+
+Parameter names follow timm's ``GPSA`` (``qk``, ``v``, ``proj``, ``pos_proj``, ``gating_param``)
+so checkpoint conversion is a reshape (see ``locvit.convert``).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any, Literal
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from locvit.attention.attention import (
+  IMPLEMENTATIONS,
+  partitioned,
+  record_attention,
+  register_attention,
+  trunc_normal,
+  wants_attention_maps,
+  zeros,
+)
+from locvit.attention.geometry import TokenGrid, gpsa_relative_features, grid_from_tokens
+
+Array = jax.Array
+Variant = Literal["gpsa", "psa"]
+VARIANTS = ("gpsa", "psa")
+
+
+def kernel_centres(num_heads: int) -> list[tuple[int, float, float]]:
+  """Returns ``(head, dx, dy)`` attention centres of the local init (ConViT Eq. 5, timm order).
+
+  ``k = int(sqrt(H))``; head ``p = h1 + k * h2`` is centred at ``dx = h2 - c``, ``dy = h1 - c``
+  with ``c = (k - 1) / 2`` for even ``k`` (half-integer centres) and ``k // 2`` for odd ``k``.
+  Heads beyond ``k^2`` get no centre.
+  """
+  k = math.isqrt(num_heads)
+  centre = (k - 1) / 2 if k % 2 == 0 else k // 2
+  return [(h1 + k * h2, h2 - centre, h1 - centre) for h1 in range(k) for h2 in range(k)]
+
+
+def local_pos_proj_init(num_heads: int, locality_strength: float, base: Callable) -> Callable:
+  """Initializer for the ``(3, H)`` ``pos_proj`` kernel: Eq. 5 centres on top of ``base``.
+
+  Column ``p`` (timm's row ``p``) becomes ``(2 dx_p, 2 dy_p, -1)`` so the logit is
+  ``-||delta - Delta_p||^2 + const``; then the whole kernel is scaled by ``locality_strength``,
+  including the random columns of heads beyond ``k^2`` (as the reference does).
+  """
+  centres = kernel_centres(num_heads)
+
+  def init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
+    if len(centres) != num_heads:  # warned here so it fires at init only, not on every apply
+      warnings.warn(
+        f"GPSA local init: num_heads={num_heads} is not a perfect square, so only "
+        f"{len(centres)} = {math.isqrt(num_heads)}^2 heads get a convolutional attention centre; "
+        f"the other {num_heads - len(centres)} keep random (trunc-normal) pos_proj weights, "
+        "as in the reference implementation.",
+        stacklevel=2,
+      )
+    kernel = base(key, shape, dtype)
+    for p, dx, dy in centres:
+      kernel = kernel.at[:, p].set(jnp.asarray([2 * dx, 2 * dy, -1.0], dtype))
+    return kernel * jnp.asarray(locality_strength, dtype)
+
+  return init
+
+
+def identity_init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
+  """``W_val = I`` (Eq. 5) for a ``(C, H, Dh)`` kernel; rectangular when ``H * Dh != C``."""
+  del key
+  return jnp.eye(shape[0], math.prod(shape[1:]), dtype=dtype).reshape(shape)
+
+
+@register_attention("gpsa")
+class GPSA(nn.Module):
+  """ConViT's gated positional self-attention (Eqs. 6-7), or ungated PSA (Eq. 4).
+
+  Called as ``attn(x, grid=grid, num_prefix_tokens=0, train=train)`` on ``(B, N, C)`` patch
+  tokens. The positional term is defined on patch tokens only: ConViT inserts the class token
+  after the last GPSA layer, so ``num_prefix_tokens > 0`` is an error.
+
+  Attributes:
+    num_heads: number of heads H.
+    head_dim: per-head width; ``None`` means ``C // H``.
+    qkv_bias: bias on ``qk`` and ``v`` (False in ConViT).
+    attn_drop: dropout on the mixed attention (forces the explicit path when training).
+    proj_drop: dropout after ``proj``.
+    implementation: ``jax.nn.dot_product_attention`` backend for the fast path.
+    locality_strength: ``alpha`` of Eq. 5 (1.0 in ConViT).
+    use_local_init: convolutional init (``v = I``, ``pos_proj`` centres) rather than plain
+      trunc-normal. If H is not a perfect square only the first ``int(sqrt(H))^2`` heads get a
+      centre; the rest keep random ``pos_proj`` weights (faithful to the reference) and a warning
+      is emitted at init.
+    variant: 'gpsa' (gate after the softmaxes) or 'psa' (content + positional logits in one
+      softmax, no gate; registered as attention kind 'psa').
+    fast_path: use ``(1 - g) SDPA + g P V`` when no attention maps are collected and no attention
+      dropout is active. False always runs the reference's explicit form.
+    dtype, param_dtype: computation and parameter dtypes. Positional logits and softmaxes are
+      computed in float32.
+
+  Intermediates (with ``mutable=['intermediates']``): ``attention`` ``(B, H, N, N)`` (the mixed,
+  renormalised map), ``pos_attention`` ``(H, N, N)`` and, for GPSA, ``gate`` ``(H,)`` =
+  ``sigmoid(gating_param)``.
+  """
+
+  num_heads: int
+  head_dim: int | None = None
+  qkv_bias: bool = False
+  attn_drop: float = 0.0
+  proj_drop: float = 0.0
+  implementation: str | None = None
+  locality_strength: float = 1.0
+  use_local_init: bool = True
+  variant: Variant = "gpsa"
+  fast_path: bool = True
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  kernel_init: Callable = trunc_normal
+
+  def _head_dim(self, dim: int) -> int:
+    if self.head_dim is not None:
+      return self.head_dim
+    if dim % self.num_heads:
+      raise ValueError(f"dim={dim} is not divisible by num_heads={self.num_heads}.")
+    return dim // self.num_heads
+
+  def _dense(self, features, axis, names, name, *, use_bias, kernel_init=None):
+    """DenseGeneral whose kernel axes are ``names`` (inputs then outputs)."""
+    num_out = len(features) if isinstance(features, tuple) else 1
+    return nn.DenseGeneral(
+      features,
+      axis=axis,
+      use_bias=use_bias,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=partitioned(kernel_init or self.kernel_init, names),
+      bias_init=partitioned(zeros, names[-num_out:]),
+      name=name,
+    )
+
+  def _pos_logits(self, grid: TokenGrid) -> Array:
+    """``(H, N, N)`` float32 logits ``v_pos^h . r_ij``, shared by the whole batch."""
+    kernel_init = self.kernel_init
+    if self.use_local_init:
+      kernel_init = local_pos_proj_init(self.num_heads, self.locality_strength, self.kernel_init)
+    pos_proj = nn.Dense(
+      self.num_heads,
+      dtype=jnp.float32,  # large-alpha logits feed a softmax: keep them in float32
+      param_dtype=self.param_dtype,
+      kernel_init=partitioned(kernel_init, (None, "heads")),
+      bias_init=partitioned(zeros, ("heads",)),
+      name="pos_proj",
+    )
+    return jnp.transpose(pos_proj(gpsa_relative_features(grid)), (2, 0, 1))
+
+  @nn.compact
+  def __call__(
+    self,
+    x: Array,
+    *,
+    grid: TokenGrid | None = None,
+    num_prefix_tokens: int = 0,
+    train: bool = False,
+  ) -> Array:
+    if self.variant not in VARIANTS:
+      raise ValueError(f"variant={self.variant!r} is not one of {VARIANTS}.")
+    if self.implementation not in IMPLEMENTATIONS:
+      raise ValueError(f"implementation={self.implementation!r} is not one of {IMPLEMENTATIONS}.")
+    if num_prefix_tokens:
+      raise ValueError(
+        f"{self.variant.upper()} attention is defined on patch tokens only, got "
+        f"num_prefix_tokens={num_prefix_tokens}. In ConViT the class token is inserted after the "
+        "last GPSA layer: set class_token_layer >= the number of GPSA layers."
+      )
+    _, num_tokens, dim = x.shape
+    grid = grid or grid_from_tokens(num_tokens)
+    if grid.num_tokens != num_tokens:
+      raise ValueError(f"Grid {grid.height}x{grid.width} does not match {num_tokens} tokens.")
+    heads, head_dim = self.num_heads, self._head_dim(dim)
+
+    qk = self._dense(
+      (2, heads, head_dim), -1, ("embed", None, "heads", "kv"), "qk", use_bias=self.qkv_bias
+    )(x)
+    q, k = qk[:, :, 0], qk[:, :, 1]  # (B, N, H, Dh): BTNH layout
+    v = self._dense(
+      (heads, head_dim),
+      -1,
+      ("embed", "heads", "kv"),
+      "v",
+      use_bias=self.qkv_bias,
+      kernel_init=identity_init if self.use_local_init else None,
+    )(x)
+    pos_logits = self._pos_logits(grid)
+    pos = jax.nn.softmax(pos_logits, axis=-1)
+    self.sow("intermediates", "pos_attention", pos)
+    gate = None
+    if self.variant == "gpsa":
+      gating_param = self.param(
+        "gating_param", partitioned(nn.initializers.ones, ("heads",)), (heads,), self.param_dtype
+      )
+      gate = jax.nn.sigmoid(gating_param.astype(jnp.float32))
+      self.sow("intermediates", "gate", gate)
+
+    fast = (
+      self.fast_path and not wants_attention_maps(self) and not (train and self.attn_drop > 0.0)
+    )
+    if fast and gate is not None:
+      content = jax.nn.dot_product_attention(q, k, v, implementation=self.implementation)
+      positional = jnp.einsum("hnm,bmhd->bnhd", pos.astype(self.dtype), v)
+      g = gate[:, None].astype(self.dtype)  # broadcasts over (B, N, H, Dh)
+      y = (1 - g) * content + g * positional
+    elif fast:  # PSA: positional logits are an additive bias of the fused kernel
+      bias = pos_logits[None].astype(q.dtype)
+      y = jax.nn.dot_product_attention(q, k, v, bias=bias, implementation=self.implementation)
+    else:
+      logits = jnp.einsum("bnhd,bmhd->bhnm", q, k).astype(jnp.float32) * head_dim**-0.5
+      if gate is not None:
+        g = gate[:, None, None]
+        probs = (1 - g) * jax.nn.softmax(logits, axis=-1) + g * pos
+        # Exact no-op in exact arithmetic; kept because the reference renormalises (Eq. 6).
+        probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+      else:
+        probs = jax.nn.softmax(logits + pos_logits, axis=-1)
+      record_attention(self, probs)
+      probs = nn.Dropout(self.attn_drop)(probs, deterministic=not train).astype(self.dtype)
+      y = jnp.einsum("bhnm,bmhd->bnhd", probs, v)
+
+    out = self._dense(dim, (-2, -1), ("heads", "kv", "embed"), "proj", use_bias=True)(y)
+    return nn.Dropout(self.proj_drop)(out, deterministic=not train)
+
+
+@register_attention("psa")
+def psa(**kwargs: Any) -> GPSA:
+  """Ungated positional self-attention (ConViT Eq. 4 / appendix A) with the Eq. 5 local init."""
+  kwargs.setdefault("variant", "psa")
+  return GPSA(**kwargs)

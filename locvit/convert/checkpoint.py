@@ -1,0 +1,67 @@
+"""Reading PyTorch weight files and writing / restoring converted Flax checkpoints (orbax)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+# Wrappers used by official checkpoints ({'model': state_dict, 'optimizer': ..., ...}).
+WRAPPER_KEYS = ("model", "state_dict")
+
+
+def unwrap_state_dict(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+  """Returns the state dict inside an official training checkpoint, else ``obj`` itself."""
+  for key in WRAPPER_KEYS:
+    if key in obj and isinstance(obj[key], Mapping):
+      return unwrap_state_dict(obj[key])
+  return obj
+
+
+def read_state_dict(path: str | os.PathLike) -> Mapping[str, Any]:
+  """Loads ``.pth`` / ``.pt`` / ``.bin`` (torch, ``weights_only=True``) or ``.safetensors``."""
+  path = os.fspath(path)
+  if path.endswith(".safetensors"):
+    try:
+      from safetensors.numpy import load_file
+    except ImportError as e:
+      raise ImportError(
+        f"Reading {path!r} needs the 'safetensors' package (pip install safetensors), "
+        "or convert from a .pth file instead."
+      ) from e
+    try:
+      return load_file(path)
+    except TypeError:  # bfloat16 tensors have no NumPy dtype: read them through torch
+      from safetensors.torch import load_file as load_torch
+
+      return load_torch(path)
+  try:
+    import torch
+  except ImportError as e:
+    raise ImportError(f"Reading {path!r} needs PyTorch (pip install torch).") from e
+  return unwrap_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+
+
+def save_converted(
+  directory: str | os.PathLike,
+  variables: Mapping[str, Any],
+  *,
+  metadata: Mapping[str, Any] | None = None,
+  force: bool = False,
+) -> str:
+  """Writes ``{'params': ...}`` as an orbax checkpoint at ``directory``; returns its path."""
+  import orbax.checkpoint as ocp
+
+  directory = os.path.abspath(os.fspath(directory))
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.save(directory, dict(variables), force=force, custom_metadata=dict(metadata or {}))
+    checkpointer.wait_until_finished()
+  return directory
+
+
+def load_converted(directory: str | os.PathLike) -> dict[str, Any]:
+  """Restores the ``{'params': ...}`` written by ``save_converted`` / the CLI."""
+  import orbax.checkpoint as ocp
+
+  with ocp.StandardCheckpointer() as checkpointer:
+    return checkpointer.restore(os.path.abspath(os.fspath(directory)))

@@ -1,0 +1,67 @@
+"""locvit data: sources (digits, image folder, TFDS), augmentation and grain pipelines."""
+
+from locvit.data.augment import (
+  build_eval_transform,
+  build_train_transform,
+  list_ops,
+  list_recipes,
+  register_op,
+  register_recipe,
+)
+from locvit.data.config import (
+  CIFAR10_MEAN,
+  CIFAR10_STD,
+  IMAGENET_MEAN,
+  IMAGENET_STD,
+  default_data_config,
+  validate_data_config,
+)
+from locvit.data.pipeline import (
+  EvalIterable,
+  examples_per_epoch,
+  make_eval_iterator,
+  make_train_dataset,
+  make_train_iterator,
+  num_eval_batches,
+)
+from locvit.data.sources import (
+  CorruptImageError,
+  DatasetNotPreparedError,
+  DigitsSource,
+  ImageFolderSource,
+  SubsetSource,
+  TfdsSource,
+  make_source,
+  num_classes,
+  subsample_per_class,
+)
+
+__all__ = [
+  "CIFAR10_MEAN",
+  "CIFAR10_STD",
+  "IMAGENET_MEAN",
+  "IMAGENET_STD",
+  "CorruptImageError",
+  "DatasetNotPreparedError",
+  "DigitsSource",
+  "EvalIterable",
+  "ImageFolderSource",
+  "SubsetSource",
+  "TfdsSource",
+  "build_eval_transform",
+  "build_train_transform",
+  "default_data_config",
+  "examples_per_epoch",
+  "list_ops",
+  "list_recipes",
+  "make_eval_iterator",
+  "make_source",
+  "make_train_dataset",
+  "make_train_iterator",
+  "num_classes",
+  "num_eval_batches",
+  "register_op",
+  "register_recipe",
+  "subsample_per_class",
+  "validate_data_config",
+]

@@ -1,0 +1,258 @@
+"""Per-example NumPy augmentation ops and a registry of named ops and recipes.
+
+Every op maps a uint8 HWC image and an `np.random.Generator` to a uint8 HWC image, so the result is
+deterministic given the generator. Images stay uint8 until the batch is normalised (see
+`normalize_batch`), which keeps per-example work and memory small.
+
+Extending: register an op factory with `@register_op("name")` (it receives the data config and
+returns `fn(image, rng) -> image`), then a recipe with `register_recipe("name", ["op", ...])`.
+`data.train_augment` names a recipe; e.g. a later RandAugment is one more op appended to a recipe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+Op = Callable[[np.ndarray, np.random.Generator], np.ndarray]
+OpFactory = Callable[[Any], Op]
+
+_RESAMPLE = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+
+
+# ----------------------------------------------------------------------------- primitive ops
+
+
+def _to_pil(image: np.ndarray) -> Image.Image:
+  if image.ndim == 3 and image.shape[2] == 1:
+    image = image[:, :, 0]  # 2-D uint8 -> mode "L".
+  return Image.fromarray(np.ascontiguousarray(image))
+
+
+def _from_pil(img: Image.Image, channels: int) -> np.ndarray:
+  out = np.asarray(img, dtype=np.uint8)
+  return out[:, :, None] if channels == 1 and out.ndim == 2 else out
+
+
+def resize(
+  image: np.ndarray,
+  size: tuple[int, int],
+  interpolation: str = "bilinear",
+  box: tuple[float, float, float, float] | None = None,
+) -> np.ndarray:
+  """Resizes (optionally the sub-`box` (x0, y0, x1, y1) of) `image` to `size` = (h, w) with PIL."""
+  h, w = size
+  if box is None and image.shape[:2] == (h, w):
+    return image
+  img = _to_pil(image).resize((w, h), resample=_RESAMPLE[interpolation], box=box)
+  return _from_pil(img, image.shape[2])
+
+
+def random_crop_with_padding(
+  image: np.ndarray, rng: np.random.Generator, size: int, padding: int
+) -> np.ndarray:
+  """Zero-pads by `padding` on each side, then takes a random `size` x `size` window.
+
+  Equivalent to slicing `np.pad(image, padding)`, but copies only the overlap into a zero
+  canvas (np.pad costs more than the rest of the CIFAR recipe together).
+  """
+  h, w = image.shape[:2]
+  ph, pw = h + 2 * padding, w + 2 * padding
+  if ph < size or pw < size:
+    raise ValueError(f"cannot crop {size}x{size} from a padded {ph}x{pw} image")
+  top = int(rng.integers(0, ph - size + 1)) - padding  # Window origin in image coordinates.
+  left = int(rng.integers(0, pw - size + 1)) - padding
+  if top == 0 and left == 0 and h == w == size:
+    return image
+  out = np.zeros((size, size, image.shape[2]), image.dtype)
+  y0, y1 = max(top, 0), min(top + size, h)
+  x0, x1 = max(left, 0), min(left + size, w)
+  if y1 > y0 and x1 > x0:  # The window can miss the image entirely when padding > size.
+    out[y0 - top : y1 - top, x0 - left : x1 - left] = image[y0:y1, x0:x1]
+  return out
+
+
+def horizontal_flip(image: np.ndarray, rng: np.random.Generator, p: float = 0.5) -> np.ndarray:
+  """Mirrors the width axis with probability `p`."""
+  if rng.random() < p:
+    return image[:, ::-1]
+  return image
+
+
+def random_resized_crop(
+  image: np.ndarray,
+  rng: np.random.Generator,
+  size: int,
+  scale: Sequence[float] = (0.08, 1.0),
+  ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0),
+  interpolation: str = "bicubic",
+  attempts: int = 10,
+) -> np.ndarray:
+  """Inception-style random resized crop (same sampling rule as torchvision/timm).
+
+  Samples an area fraction in `scale` and a log-uniform aspect ratio in `ratio`; after
+  `attempts` failures falls back to a centre crop clamped to `ratio`.
+  """
+  h, w = image.shape[:2]
+  area = h * w
+  log_ratio = (np.log(ratio[0]), np.log(ratio[1]))
+  for _ in range(attempts):
+    target_area = area * rng.uniform(scale[0], scale[1])
+    aspect = float(np.exp(rng.uniform(*log_ratio)))
+    cw = round(np.sqrt(target_area * aspect))
+    ch = round(np.sqrt(target_area / aspect))
+    if 0 < cw <= w and 0 < ch <= h:
+      top = int(rng.integers(0, h - ch + 1))
+      left = int(rng.integers(0, w - cw + 1))
+      break
+  else:
+    in_ratio = w / h
+    if in_ratio < ratio[0]:
+      cw, ch = w, round(w / ratio[0])
+    elif in_ratio > ratio[1]:
+      ch, cw = h, round(h * ratio[1])
+    else:
+      cw, ch = w, h
+    top, left = (h - ch) // 2, (w - cw) // 2
+  box = (left, top, left + cw, top + ch)
+  return resize(image, (size, size), interpolation, box=box)
+
+
+def resize_center_crop(
+  image: np.ndarray, size: int, crop_pct: float = 1.0, interpolation: str = "bicubic"
+) -> np.ndarray:
+  """Eval transform: shorter side -> int(size / crop_pct), then centre crop `size` x `size`.
+
+  With crop_pct == 1 and a square input this is a plain resize (a no-op at the right size).
+  """
+  h, w = image.shape[:2]
+  short = int(size / crop_pct)
+  if h <= w:
+    nh, nw = short, max(short, round(w * short / h))
+  else:
+    nh, nw = max(short, round(h * short / w)), short
+  image = resize(image, (nh, nw), interpolation)
+  top, left = (nh - size) // 2, (nw - size) // 2
+  return image[top : top + size, left : left + size]
+
+
+def normalize(image: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+  """uint8 (..., C) -> float32 (x / 255 - mean) / std. Works per example or per batch."""
+  mean_a, std_a = _channel_stats(mean, std, image.shape[-1])
+  scale = (1.0 / (255.0 * std_a)).astype(np.float32)
+  offset = (mean_a / std_a).astype(np.float32)
+  out = image.astype(np.float32)
+  out *= scale
+  out -= offset
+  return out
+
+
+normalize_batch = normalize  # Same arithmetic; the pipeline calls it once per batch.
+
+
+def _channel_stats(
+  mean: Sequence[float], std: Sequence[float], channels: int
+) -> tuple[np.ndarray, np.ndarray]:
+  m, s = np.asarray(mean, np.float64), np.asarray(std, np.float64)
+  if m.size == channels or m.size == 1:
+    return m, s
+  if channels == 1:
+    # An RGB mean/std (e.g. the ImageNet default) on grayscale data: use the channel average.
+    return m.mean(keepdims=True), s.mean(keepdims=True)
+  raise ValueError(f"data.mean/std have {m.size} values but the images have {channels} channels")
+
+
+# ----------------------------------------------------------------------------- registry
+
+_OPS: dict[str, OpFactory] = {}
+_RECIPES: dict[str, tuple[str, ...]] = {}
+
+
+def register_op(name: str) -> Callable[[OpFactory], OpFactory]:
+  """Decorator registering `factory(data_config) -> op` under `name`."""
+
+  def deco(factory: OpFactory) -> OpFactory:
+    if name in _OPS:
+      raise ValueError(f"augmentation op {name!r} is already registered")
+    _OPS[name] = factory
+    return factory
+
+  return deco
+
+
+def register_recipe(name: str, ops: Sequence[str]) -> None:
+  """Registers a train augmentation recipe: op names applied in order."""
+  unknown = [o for o in ops if o not in _OPS]
+  if unknown:
+    raise ValueError(f"recipe {name!r} uses unknown ops {unknown}; known: {sorted(_OPS)}")
+  _RECIPES[name] = tuple(ops)
+
+
+def list_ops() -> list[str]:
+  return sorted(_OPS)
+
+
+def list_recipes() -> list[str]:
+  return sorted(_RECIPES)
+
+
+def compose(ops: Sequence[Op]) -> Op:
+  """Chains ops; each draws from the same generator in order."""
+
+  def apply(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    for op in ops:
+      image = op(image, rng)
+    return image
+
+  return apply
+
+
+def build_train_transform(cfg: Any) -> Op:
+  """The per-example train transform for `cfg.train_augment`; output is image_size^2 uint8."""
+  if cfg.train_augment not in _RECIPES:
+    raise ValueError(f"data.train_augment={cfg.train_augment!r} is not one of {list_recipes()}")
+  return compose([_OPS[name](cfg) for name in _RECIPES[cfg.train_augment]])
+
+
+def build_eval_transform(cfg: Any) -> Callable[[np.ndarray], np.ndarray]:
+  """Deterministic eval transform: resize shorter side + centre crop."""
+  size, pct, interp = cfg.image_size, cfg.eval_crop_pct, cfg.interpolation
+  return lambda image: resize_center_crop(image, size, pct, interp)
+
+
+@register_op("resize_center_crop")
+def _resize_center_crop_op(cfg: Any) -> Op:
+  eval_fn = build_eval_transform(cfg)
+  return lambda image, rng: eval_fn(image)
+
+
+@register_op("resize")
+def _resize_op(cfg: Any) -> Op:
+  # Brings any input to image_size^2 (no-op when it already is, e.g. CIFAR at 32).
+  size, interp = cfg.image_size, cfg.interpolation
+  return lambda image, rng: resize(image, (size, size), interp)
+
+
+@register_op("pad_crop")
+def _pad_crop_op(cfg: Any) -> Op:
+  size, pad = cfg.image_size, cfg.crop_padding
+  return lambda image, rng: random_crop_with_padding(image, rng, size, pad)
+
+
+@register_op("random_resized_crop")
+def _rrc_op(cfg: Any) -> Op:
+  size, scale, ratio, interp = cfg.image_size, cfg.rrc_scale, cfg.rrc_ratio, cfg.interpolation
+  return lambda image, rng: random_resized_crop(image, rng, size, scale, ratio, interp)
+
+
+@register_op("hflip")
+def _hflip_op(cfg: Any) -> Op:
+  return lambda image, rng: horizontal_flip(image, rng)
+
+
+register_recipe("none", ["resize_center_crop"])
+register_recipe("crop_flip", ["resize", "pad_crop", "hflip"])
+register_recipe("rrc_flip", ["random_resized_crop", "hflip"])

@@ -1,0 +1,137 @@
+"""Data configuration: defaults and validation.
+
+`default_data_config()` is meant to be attached to a top-level config as `config.data`. Every
+consumer calls `validate_data_config` first, so a typo in a field value fails at start-up with a
+message naming the field, the bad value and the valid choices instead of deep inside a worker.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import ml_collections
+
+# ImageNet statistics in [0, 1] units, the usual default for ViT/DeiT/ConViT recipes.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2023, 0.1994, 0.2010)
+
+SOURCES = ("digits", "image_folder", "tfds")
+ON_CORRUPT = ("error", "skip")
+INTERPOLATIONS = ("bicubic", "bilinear")
+
+
+def default_data_config() -> ml_collections.ConfigDict:
+  """Returns the default data config (the offline 8x8 digits quickstart, no augmentation).
+
+  CIFAR/ImageNet configs set `source`, `name`/`root`, `image_size`, `train_augment` ('crop_flip'
+  or 'rrc_flip') and usually `mean`/`std`.
+
+  Fields:
+    source: 'digits' | 'tfds' | 'image_folder'.
+    name: TFDS dataset name, used when source == 'tfds'.
+    data_dir: TFDS data_dir (None -> TFDS default, ~/tensorflow_datasets or $TFDS_DATA_DIR).
+    root: image-folder root laid out as ROOT/{train,test}/<class>/*.{jpg,jpeg,png}.
+    train_split, eval_split: split names (TFDS split strings are passed through).
+    image_size: final square side fed to the model.
+    num_classes: None -> taken from the source.
+    train_fraction: keep the first int(n_c * f) train examples of each class (>= 1).
+    on_corrupt: 'error' | 'skip' for unreadable image files.
+    train_augment: a recipe name registered in `locvit.data.augment` ('none', 'crop_flip',
+      'rrc_flip', ...).
+    crop_padding, rrc_scale, rrc_ratio, interpolation: augmentation parameters.
+    eval_crop_pct: eval resizes the shorter side to image_size / eval_crop_pct, then centre-crops.
+    mean, std: per-channel normalisation in [0, 1] units. A 3-tuple applied to 1-channel images
+      is averaged to one value.
+    num_threads: threads decoding/augmenting batches (grain ReadOptions.num_threads).
+    prefetch: number of batches buffered ahead (grain ReadOptions.prefetch_buffer_size).
+  """
+  c = ml_collections.ConfigDict()
+  c.source = "digits"
+  c.name = "cifar10"
+  c.data_dir = None
+  c.root = None
+  c.train_split = "train"
+  c.eval_split = "test"
+  c.image_size = 8
+  c.num_classes = None
+  c.train_fraction = 1.0
+  c.on_corrupt = "error"
+  c.train_augment = "none"
+  c.crop_padding = 4
+  c.rrc_scale = (0.08, 1.0)
+  c.rrc_ratio = (3.0 / 4.0, 4.0 / 3.0)
+  c.interpolation = "bicubic"
+  c.eval_crop_pct = 1.0
+  c.mean = IMAGENET_MEAN
+  c.std = IMAGENET_STD
+  c.num_threads = 4
+  c.prefetch = 4
+  return c
+
+
+def _choice(cfg: Any, field: str, choices: Sequence[str]) -> None:
+  value = cfg[field]
+  if value not in choices:
+    raise ValueError(f"data.{field}={value!r} is not one of {sorted(choices)}")
+
+
+def _number(cfg: Any, field: str, *, lo: float, hi: float, lo_open: bool, integer: bool) -> None:
+  value = cfg[field]
+  kind = numbers.Integral if integer else numbers.Real
+  ok = isinstance(value, kind) and not isinstance(value, bool)
+  if ok:
+    ok = (value > lo if lo_open else value >= lo) and value <= hi
+  if not ok:
+    lo_b = "(" if lo_open else "["
+    what = "an integer" if integer else "a number"
+    raise ValueError(f"data.{field}={value!r} must be {what} in {lo_b}{lo}, {hi}]")
+
+
+def _pair(cfg: Any, field: str, *, lo: float, hi: float) -> None:
+  value = cfg[field]
+  try:
+    a, b = (float(v) for v in value)
+    ok = lo < a <= b <= hi
+  except (TypeError, ValueError):
+    ok = False
+  if not ok:
+    raise ValueError(f"data.{field}={value!r} must be a pair (a, b) with {lo} < a <= b <= {hi}")
+
+
+def validate_data_config(cfg: Any) -> None:
+  """Raises ValueError naming the field, the bad value and the valid choices/range."""
+  from locvit.data import augment  # Local import: augment's registry is the source of truth.
+
+  _choice(cfg, "source", SOURCES)
+  _choice(cfg, "on_corrupt", ON_CORRUPT)
+  _choice(cfg, "interpolation", INTERPOLATIONS)
+  _choice(cfg, "train_augment", augment.list_recipes())
+  if cfg.source == "tfds" and (not isinstance(cfg.name, str) or not cfg.name):
+    raise ValueError(f"data.name={cfg.name!r} must be a TFDS dataset name when source='tfds'")
+  if cfg.source == "image_folder" and not cfg.root:
+    raise ValueError(
+      f"data.root={cfg.root!r} must be set when source='image_folder' "
+      "(layout ROOT/{train,test}/<class>/*.{jpg,jpeg,png})"
+    )
+  for field in ("train_split", "eval_split"):
+    if not isinstance(cfg[field], str) or not cfg[field]:
+      raise ValueError(f"data.{field}={cfg[field]!r} must be a non-empty split name")
+  _number(cfg, "image_size", lo=1, hi=1 << 16, lo_open=False, integer=True)
+  if cfg.num_classes is not None:
+    _number(cfg, "num_classes", lo=1, hi=1 << 31, lo_open=False, integer=True)
+  _number(cfg, "train_fraction", lo=0.0, hi=1.0, lo_open=True, integer=False)
+  _number(cfg, "crop_padding", lo=0, hi=1 << 16, lo_open=False, integer=True)
+  _number(cfg, "eval_crop_pct", lo=0.0, hi=1.0, lo_open=True, integer=False)
+  _pair(cfg, "rrc_scale", lo=0.0, hi=1.0)
+  _pair(cfg, "rrc_ratio", lo=0.0, hi=float("inf"))
+  _number(cfg, "num_threads", lo=0, hi=1024, lo_open=False, integer=True)
+  _number(cfg, "prefetch", lo=0, hi=1 << 20, lo_open=False, integer=True)
+  mean, std = tuple(cfg.mean), tuple(cfg.std)
+  if not mean or len(mean) != len(std):
+    raise ValueError(f"data.mean={mean!r} and data.std={std!r} must be tuples of equal length")
+  if any(s <= 0 for s in std):
+    raise ValueError(f"data.std={std!r} must be positive")

@@ -1,0 +1,231 @@
+"""grain input pipelines: infinite sharded training iterator and padded, masked eval batches.
+
+Training order. Epoch e of the (possibly subsampled) source of n examples is the permutation
+`perm_e = default_rng([0, seed, e]).permutation(n)`. Process p of P takes positions
+p, p + P, p + 2P, ... of perm_e, n // P of them, so processes are disjoint within an epoch and
+together cover all but at most P - 1 examples (which differ from epoch to epoch). The per-process
+stream of epochs 0, 1, 2, ... is cut into batches of `local_batch_size` (a batch may straddle an
+epoch boundary; nothing else is dropped). The augmentation of source example i in epoch e draws
+from `default_rng([1, seed, e, i])`, so it depends only on (seed, epoch, index), not on the batch
+size or the number of processes.
+
+Performance. Each grain prefetch thread builds whole batches (decode + augment in uint8, then
+one vectorised normalisation per batch), which keeps per-example Python work to the decode and
+the ops themselves. The returned grain `DatasetIterator` checkpoints its position exactly
+(`get_state`/`set_state`, `grain.checkpoint.CheckpointSave/CheckpointRestore`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import grain
+import numpy as np
+
+from locvit.data import augment
+from locvit.data.config import validate_data_config
+
+Batch = dict[str, np.ndarray]
+
+
+def examples_per_epoch(source: Any) -> int:
+  """Examples in one epoch of `source` (after any train_fraction subsampling)."""
+  return len(source)
+
+
+def _read_options(cfg: Any) -> grain.ReadOptions:
+  return grain.ReadOptions(num_threads=int(cfg.num_threads), prefetch_buffer_size=int(cfg.prefetch))
+
+
+def _check_process(process_index: int, process_count: int) -> None:
+  if process_count < 1 or not 0 <= process_index < process_count:
+    raise ValueError(f"process_index={process_index} must be in [0, process_count={process_count})")
+
+
+def _stack(examples: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
+  return {k: np.stack([ex[k] for ex in examples]) for k in examples[0]}
+
+
+def _normalizer(cfg: Any):
+  mean, std = tuple(cfg.mean), tuple(cfg.std)
+
+  def fn(batch: dict[str, np.ndarray]) -> Batch:
+    batch["image"] = augment.normalize_batch(batch["image"], mean, std)
+    batch["label"] = batch["label"].astype(np.int32)
+    return batch
+
+  return fn
+
+
+class _EpochOrder:
+  """Maps a per-process stream position to (epoch, source index); see the module docstring."""
+
+  def __init__(self, n: int, seed: int, process_index: int, process_count: int) -> None:
+    self.n, self.seed = n, seed
+    self.p, self.P = process_index, process_count
+    self.per_process = n // process_count
+
+  @functools.lru_cache(maxsize=2)  # noqa: B019  (one object per pipeline; epochs are sequential)
+  def permutation(self, epoch: int) -> np.ndarray:
+    return np.random.default_rng([0, self.seed, epoch]).permutation(self.n)
+
+  def __call__(self, position: int) -> tuple[int, int]:
+    epoch, k = divmod(int(position), self.per_process)
+    return epoch, int(self.permutation(epoch)[self.p + k * self.P])
+
+
+def make_train_dataset(
+  data_config: Any,
+  source: Any,
+  *,
+  seed: int,
+  local_batch_size: int,
+  process_index: int = 0,
+  process_count: int = 1,
+) -> grain.IterDataset:
+  """The infinite training `grain.IterDataset` behind `make_train_iterator`."""
+  validate_data_config(data_config)
+  _check_process(process_index, process_count)
+  seed = int(seed)
+  if seed < 0:
+    raise ValueError(f"seed={seed} must be non-negative")
+  n = len(source)
+  order = _EpochOrder(n, seed, process_index, process_count)
+  if local_batch_size < 1 or order.per_process < local_batch_size:
+    raise ValueError(
+      f"local_batch_size={local_batch_size} must be in [1, {order.per_process}] "
+      f"(examples per process per epoch: {n} examples / {process_count} processes)"
+    )
+  transform = augment.build_train_transform(data_config)
+
+  def load(position: int, _: Any) -> dict[str, Any]:
+    epoch, index = order(position)
+    ex = source[index]
+    rng = np.random.default_rng([1, seed, epoch, index])
+    return {"image": transform(ex["image"], rng), "label": ex["label"]}
+
+  ds = grain.MapDataset.range(order.per_process).repeat()  # repeat() = infinite epochs.
+  ds = ds.map_with_index(load)
+  ds = ds.batch(local_batch_size, drop_remainder=True, batch_fn=_stack)
+  ds = ds.map(_normalizer(data_config))
+  return ds.to_iter_dataset(_read_options(data_config))
+
+
+def make_train_iterator(
+  data_config: Any,
+  source: Any,
+  *,
+  seed: int,
+  local_batch_size: int,
+  process_index: int = 0,
+  process_count: int = 1,
+) -> grain.DatasetIterator:
+  """Infinite iterator of {'image': float32 (B,H,W,C) normalised, 'label': int32 (B,)}.
+
+  Deterministic given `seed`, reshuffled every epoch; process `process_index` reads only its
+  disjoint 1/process_count share of each epoch. The iterator's state can be checkpointed.
+  """
+  ds = make_train_dataset(
+    data_config,
+    source,
+    seed=seed,
+    local_batch_size=local_batch_size,
+    process_index=process_index,
+    process_count=process_count,
+  )
+  return iter(ds)
+
+
+def process_eval_range(n: int, process_index: int, process_count: int) -> tuple[int, int]:
+  """[start, stop) of the contiguous eval examples read by a process (sizes differ by <= 1)."""
+  _check_process(process_index, process_count)
+  return process_index * n // process_count, (process_index + 1) * n // process_count
+
+
+def num_eval_batches(num_examples: int, local_batch_size: int, process_count: int = 1) -> int:
+  """Batches every process yields in one eval pass (the same on all processes)."""
+  if local_batch_size < 1:
+    raise ValueError(f"local_batch_size={local_batch_size} must be >= 1")
+  per_process = math.ceil(num_examples / process_count)
+  return max(1, math.ceil(per_process / local_batch_size))
+
+
+class EvalIterable:
+  """Re-iterable eval batches {'image', 'label', 'mask'} of fixed shape.
+
+  Every process yields `len(self)` batches; padding entries (and, with on_corrupt='skip',
+  substitutes for corrupt files) have mask False and label 0. Over all processes each
+  example appears exactly once with mask True.
+  """
+
+  def __init__(
+    self,
+    data_config: Any,
+    source: Any,
+    *,
+    local_batch_size: int,
+    process_index: int = 0,
+    process_count: int = 1,
+  ) -> None:
+    validate_data_config(data_config)
+    n = len(source)
+    if n == 0:
+      raise ValueError(f"eval source {source!r} is empty")
+    self.start, self.stop = process_eval_range(n, process_index, process_count)
+    self.local_batch_size = local_batch_size
+    self.num_batches = num_eval_batches(n, local_batch_size, process_count)
+    self._cfg, self._source = data_config, source
+    self._transform = augment.build_eval_transform(data_config)
+    first = self._transform(source[0]["image"])  # Shape/dtype of the padding image.
+    self._pad = {
+      "image": np.zeros_like(first),
+      "label": np.int32(0),
+      "mask": np.bool_(False),
+    }
+
+  def __len__(self) -> int:
+    return self.num_batches
+
+  def _load(self, i: int) -> dict[str, Any]:
+    index = self.start + int(i)
+    if index >= self.stop:
+      return self._pad
+    if hasattr(self._source, "get_checked"):
+      ex, ok = self._source.get_checked(index)
+    else:
+      ex, ok = self._source[index], True
+    return {
+      "image": self._transform(ex["image"]),
+      "label": np.int32(ex["label"]) if ok else np.int32(0),
+      "mask": np.bool_(ok),
+    }
+
+  def dataset(self) -> grain.IterDataset:
+    ds = grain.MapDataset.range(self.num_batches * self.local_batch_size).map(self._load)
+    ds = ds.batch(self.local_batch_size, drop_remainder=True, batch_fn=_stack)
+    ds = ds.map(_normalizer(self._cfg))
+    return ds.to_iter_dataset(_read_options(self._cfg))
+
+  def __iter__(self) -> Iterator[Batch]:
+    return iter(self.dataset())
+
+
+def make_eval_iterator(
+  data_config: Any,
+  source: Any,
+  *,
+  local_batch_size: int,
+  process_index: int = 0,
+  process_count: int = 1,
+) -> EvalIterable:
+  """A re-iterable of padded eval batches; see `EvalIterable`."""
+  return EvalIterable(
+    data_config,
+    source,
+    local_batch_size=local_batch_size,
+    process_index=process_index,
+    process_count=process_count,
+  )

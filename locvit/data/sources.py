@@ -1,0 +1,373 @@
+"""Random-access data sources (grain-compatible) and the `make_source` factory.
+
+A source has `__len__`, `__getitem__(i) -> {'image': uint8 HWC, 'label': np.int32}` and the
+attributes `num_classes`, `class_names` and `labels` (all labels, so subsampling needs no image
+decoding). Sources are read concurrently by grain's threads, so they must be thread-safe.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from locvit.data.config import validate_data_config
+
+logger = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+_FOLDER_LAYOUT = "ROOT/<split>/<class_name>/*.{jpg,jpeg,png} (e.g. ROOT/train/cat/0001.jpg)"
+
+
+class CorruptImageError(ValueError):
+  """An image file could not be read or decoded; the message names the file."""
+
+
+class DatasetNotPreparedError(FileNotFoundError):
+  """A TFDS dataset is not prepared (in ArrayRecord format) in the given data_dir."""
+
+
+def _example(image: np.ndarray, label: int) -> dict[str, np.ndarray]:
+  return {"image": image, "label": np.int32(label)}
+
+
+# ----------------------------------------------------------------------------- digits
+
+
+class DigitsSource:
+  """scikit-learn's 8x8 handwritten digits (1,797 images, 10 classes), shipped offline.
+
+  Pixels 0..16 are mapped to uint8 with round(x * 255 / 16); images are (8, 8, 1).
+  Split: `sklearn.model_selection.train_test_split(test_size=0.2, stratify=y,
+  random_state=0)`, i.e. a fixed stratified 80/20 split (1,437 train / 360 test); each split
+  keeps the original dataset order.
+  """
+
+  SEED = 0
+  TEST_FRACTION = 0.2
+
+  def __init__(self, split: str = "train") -> None:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    if split not in ("train", "test"):
+      raise ValueError(f"DigitsSource split={split!r} is not one of ['test', 'train']")
+    digits = load_digits()
+    all_idx = np.arange(len(digits.target))
+    train_idx, test_idx = train_test_split(
+      all_idx,
+      test_size=self.TEST_FRACTION,
+      stratify=digits.target,
+      random_state=self.SEED,
+    )
+    idx = np.sort(train_idx if split == "train" else test_idx)
+    images = np.rint(digits.images[idx] * (255.0 / 16.0)).astype(np.uint8)
+    self.images = images[..., None]
+    self.labels = digits.target[idx].astype(np.int32)
+    self.split = split
+    self.num_classes = 10
+    self.class_names = [str(i) for i in range(10)]
+
+  def __len__(self) -> int:
+    return len(self.labels)
+
+  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    return _example(self.images[index], self.labels[index])
+
+  def __repr__(self) -> str:
+    return f"DigitsSource(split={self.split!r}, n={len(self)})"
+
+
+# ----------------------------------------------------------------------------- image folder
+
+
+class ImageFolderSource:
+  """Images laid out as ROOT/<split>/<class>/*.{jpg,jpeg,png}, decoded with PIL to RGB uint8.
+
+  Classes are the sorted subdirectory names; files are sorted within each class, so index
+  order (and `labels`) is deterministic. Extensions are matched case-insensitively.
+
+  Corrupt files are found lazily (when read), not by decoding everything up front:
+    * on_corrupt='error': reading raises `CorruptImageError` naming the file.
+    * on_corrupt='skip': the read deterministically substitutes the next readable index
+      (i+1, i+2, ... wrapping around), so batches keep their fixed size. Each corrupt path is
+      counted once (`num_skipped`, `skipped_paths`) and a warning with the count and the first
+      few paths is logged at the 1st, 2nd, 4th, 8th, ... file found. `get_checked(i)` also
+      reports whether a substitute was returned; the eval pipeline uses it to mask such
+      examples out, so each readable eval example is still counted exactly once.
+  """
+
+  def __init__(self, root: str | os.PathLike, split: str, on_corrupt: str = "error") -> None:
+    if on_corrupt not in ("error", "skip"):
+      raise ValueError(f"on_corrupt={on_corrupt!r} is not one of ['error', 'skip']")
+    self.root = Path(root)
+    self.split = split
+    self.on_corrupt = on_corrupt
+    split_dir = self.root / split
+    if not self.root.is_dir():
+      raise FileNotFoundError(
+        f"image folder root {str(self.root)!r} does not exist; expected {_FOLDER_LAYOUT}"
+      )
+    if not split_dir.is_dir():
+      raise FileNotFoundError(
+        f"image folder split directory {str(split_dir)!r} does not exist; expected {_FOLDER_LAYOUT}"
+      )
+    class_dirs = sorted(e.name for e in os.scandir(split_dir) if e.is_dir())
+    if not class_dirs:
+      raise FileNotFoundError(
+        f"no class subdirectories in {str(split_dir)!r}; expected {_FOLDER_LAYOUT}"
+      )
+    paths: list[str] = []
+    labels: list[int] = []
+    for label, name in enumerate(class_dirs):
+      class_dir = split_dir / name
+      files = sorted(
+        e.name
+        for e in os.scandir(class_dir)
+        if e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS)
+      )
+      if not files:
+        raise FileNotFoundError(
+          f"class directory {str(class_dir)!r} has no .jpg/.jpeg/.png files; "
+          f"expected {_FOLDER_LAYOUT}"
+        )
+      paths.extend(str(class_dir / f) for f in files)
+      labels.extend([label] * len(files))
+    self.paths = paths
+    self.labels = np.asarray(labels, dtype=np.int32)
+    self.class_names = class_dirs
+    self.num_classes = len(class_dirs)
+    self._lock = threading.Lock()
+    self._skipped: dict[str, str] = {}  # path -> error message, insertion ordered.
+
+  def __len__(self) -> int:
+    return len(self.paths)
+
+  def __repr__(self) -> str:
+    return (
+      f"ImageFolderSource(root={str(self.root)!r}, split={self.split!r}, n={len(self)}, "
+      f"classes={self.num_classes})"
+    )
+
+  @property
+  def num_skipped(self) -> int:
+    """Number of distinct corrupt files met so far (on_corrupt='skip')."""
+    with self._lock:
+      return len(self._skipped)
+
+  @property
+  def skipped_paths(self) -> list[str]:
+    with self._lock:
+      return list(self._skipped)
+
+  def decode(self, index: int) -> np.ndarray:
+    """Decodes file `index` to RGB uint8 HWC; raises CorruptImageError naming the file."""
+    path = self.paths[index]
+    try:
+      with Image.open(path) as img:
+        return np.asarray(img.convert("RGB"), dtype=np.uint8)
+    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, ... on bad files.
+      raise CorruptImageError(f"cannot decode image file {path!r} ({type(e).__name__}: {e})") from e
+
+  def get_checked(self, index: int) -> tuple[dict[str, np.ndarray], bool]:
+    """Returns (example, ok); ok is False when a substitute for a corrupt file was returned."""
+    index = int(index)
+    n = len(self.paths)
+    if not -n <= index < n:
+      raise IndexError(f"index {index} out of range for {n} examples")
+    index %= n
+    for step in range(n):
+      i = (index + step) % n
+      try:
+        return _example(self.decode(i), self.labels[i]), step == 0
+      except CorruptImageError as e:
+        if self.on_corrupt == "error":
+          raise
+        self._record_skip(self.paths[i], str(e))
+    raise CorruptImageError(f"every image under {str(self.root / self.split)!r} is unreadable")
+
+  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    return self.get_checked(index)[0]
+
+  def _record_skip(self, path: str, message: str) -> None:
+    with self._lock:
+      if path in self._skipped:
+        return
+      self._skipped[path] = message
+      count = len(self._skipped)
+      first = list(self._skipped)[:5]
+    if count & (count - 1) == 0:  # Powers of two: informative without flooding the log.
+      logger.warning(
+        "%r: skipped %d corrupt/unreadable image file(s) so far (substituting the next "
+        "readable one); first: %s",
+        self,
+        count,
+        first,
+      )
+
+
+# ----------------------------------------------------------------------------- TFDS
+
+
+def _prepare_hint(name: str, data_dir: str) -> str:
+  return (
+    "Prepare it once on a machine with network access, in ArrayRecord format (required: "
+    "locvit reads TFDS through tfds.data_source, which needs random access and no "
+    f"TensorFlow at training time):\n  tfds build {name} --data_dir={data_dir} "
+    f"--file_format=array_record\nor in Python:\n  tfds.builder({name!r}, "
+    f"data_dir={data_dir!r}).download_and_prepare(file_format='array_record')\n"
+    "then copy the data_dir here and set data.data_dir to it."
+  )
+
+
+class TfdsSource:
+  """A prepared TFDS dataset read through `tfds.data_source` (ArrayRecord, no TensorFlow).
+
+  Never downloads: if the dataset is not prepared under `data_dir`, construction fails at once
+  with `DatasetNotPreparedError` saying where it looked and how to prepare it. Examples must
+  have 'image' and 'label' features; 2-D images get a channel axis.
+  """
+
+  def __init__(self, name: str, split: str, data_dir: str | os.PathLike | None = None) -> None:
+    import tensorflow_datasets as tfds  # Lazy: only users of TFDS pay its import time.
+
+    self.name, self.split = name, split
+    try:
+      builder = tfds.builder(name, data_dir=data_dir, try_gcs=False)
+    except tfds.core.registered.DatasetNotFoundError as e:
+      base = name.split("/")[0].split(":")[0]
+      close = difflib.get_close_matches(base, tfds.list_builders(), n=8)
+      raise ValueError(
+        f"data.name={name!r} is not a registered TFDS dataset; close matches: {close} "
+        "(all names: tfds.list_builders())"
+      ) from e
+    where = str(builder.data_path)
+    root_dir = str(builder.data_dir_root) if data_dir is None else str(data_dir)
+    try:
+      # Calls as_data_source directly: tfds.data_source(download=True) would try (and, offline,
+      # retry for minutes) to download.
+      self._ds = builder.as_data_source(split=split)
+    except Exception as e:
+      if not builder.is_prepared():
+        raise DatasetNotPreparedError(
+          f"TFDS dataset {name!r} is not prepared: looked for {where!r} (data_dir="
+          f"{root_dir!r}) and found no prepared version {builder.version}. "
+          + _prepare_hint(name, root_dir)
+        ) from e
+      raise ValueError(
+        f"TFDS dataset {name!r} at {where!r} cannot be read as a random-access data "
+        f"source (file format {builder.info.file_format}, split {split!r}): {e}\n"
+        + _prepare_hint(name, root_dir)
+      ) from e
+    features = builder.info.features
+    if "image" not in features or "label" not in features:
+      raise ValueError(
+        f"TFDS dataset {name!r} needs 'image' and 'label' features, has {list(features)}"
+      )
+    self.class_names = list(features["label"].names)
+    self.num_classes = int(features["label"].num_classes)
+    self._builder = builder
+    self._labels: np.ndarray | None = None
+
+  def __len__(self) -> int:
+    return len(self._ds)
+
+  def __repr__(self) -> str:
+    return f"TfdsSource(name={self.name!r}, split={self.split!r}, n={len(self)})"
+
+  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    ex = self._ds[int(index)]
+    image = np.asarray(ex["image"], dtype=np.uint8)
+    if image.ndim == 2:
+      image = image[:, :, None]
+    return _example(image, int(ex["label"]))
+
+  @property
+  def labels(self) -> np.ndarray:
+    """All labels, read once on first use (decodes records; only subsampling needs this)."""
+    if self._labels is None:
+      self._labels = np.asarray([int(self._ds[i]["label"]) for i in range(len(self))], np.int32)
+    return self._labels
+
+
+# ----------------------------------------------------------------------------- subsets
+
+
+def subsample_per_class(labels: np.ndarray | Sequence[int], fraction: float) -> np.ndarray:
+  """Indices keeping the first int(n_c * fraction) examples (at least 1) of each class.
+
+  "First" is in source order, as in ConViT's reference subsampling; the result is sorted, so
+  it is deterministic and independent of any seed.
+  """
+  if not 0.0 < fraction <= 1.0:
+    raise ValueError(f"data.train_fraction={fraction!r} must be in (0, 1]")
+  labels = np.asarray(labels)
+  if fraction == 1.0:
+    return np.arange(len(labels))
+  keep = []
+  for c in np.unique(labels):
+    idx = np.flatnonzero(labels == c)
+    keep.append(idx[: max(1, int(len(idx) * fraction))])
+  return np.sort(np.concatenate(keep)) if keep else np.zeros((0,), np.int64)
+
+
+class SubsetSource:
+  """An index-mapped view of a source (keeps num_classes/class_names; labels re-indexed)."""
+
+  def __init__(self, source: Any, indices: np.ndarray) -> None:
+    self.source = source
+    self.indices = np.asarray(indices, dtype=np.int64)
+    self.labels = np.asarray(source.labels)[self.indices]
+    self.num_classes = source.num_classes
+    self.class_names = source.class_names
+
+  def __len__(self) -> int:
+    return len(self.indices)
+
+  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    return self.source[int(self.indices[index])]
+
+  def get_checked(self, index: int) -> tuple[dict[str, np.ndarray], bool]:
+    inner = int(self.indices[index])
+    if hasattr(self.source, "get_checked"):
+      return self.source.get_checked(inner)
+    return self.source[inner], True
+
+  def __repr__(self) -> str:
+    return f"SubsetSource({self.source!r}, n={len(self)})"
+
+
+def make_source(data_config: Any, split: str) -> Any:
+  """Builds the source for `split` (a split name, e.g. data_config.train_split).
+
+  When `split == data_config.train_split` and train_fraction < 1 the source is wrapped in a
+  per-class `SubsetSource`; `len()` of the result is the subsampled epoch length.
+  """
+  validate_data_config(data_config)
+  cfg = data_config
+  if cfg.source == "digits":
+    source: Any = DigitsSource(split)
+  elif cfg.source == "image_folder":
+    source = ImageFolderSource(cfg.root, split, on_corrupt=cfg.on_corrupt)
+  else:
+    source = TfdsSource(cfg.name, split, cfg.data_dir)
+  if cfg.num_classes is not None and cfg.num_classes < source.num_classes:
+    raise ValueError(
+      f"data.num_classes={cfg.num_classes} is smaller than the {source.num_classes} "
+      f"classes of {source!r}"
+    )
+  if split == cfg.train_split and cfg.train_fraction < 1.0:
+    source = SubsetSource(source, subsample_per_class(source.labels, cfg.train_fraction))
+  return source
+
+
+def num_classes(data_config: Any, source: Any) -> int:
+  """data.num_classes if set, else the source's class count."""
+  return int(data_config.num_classes or source.num_classes)

@@ -1,0 +1,71 @@
+"""Command-line entry point.
+
+  python -m locvit.main --config=configs/NAME.py --workdir=DIR [--config.FIELD=VALUE ...]
+  python -m locvit.main --config=... --workdir=DIR --mode=eval [--step=N]
+
+Multi-host (TPU pods, multi-node GPU): every process runs the same command; add
+``--jax_distributed`` to let ``jax.distributed.initialize()`` auto-detect the cluster, or pass
+``--coordinator_address=HOST:PORT --num_processes=P --process_id=I`` explicitly.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import jax
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+MODES = ("train", "eval")
+
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "Path to a config file.", lock_config=True
+)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
+_MODE = flags.DEFINE_enum("mode", "train", MODES, "What to run.")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step for --mode=eval (default: latest).")
+_DISTRIBUTED = flags.DEFINE_bool(
+  "jax_distributed", False, "Call jax.distributed.initialize() with cluster auto-detection."
+)
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _init_distributed() -> None:
+  if _COORDINATOR.value:
+    jax.distributed.initialize(
+      coordinator_address=_COORDINATOR.value,
+      num_processes=_NUM_PROCESSES.value,
+      process_id=_PROCESS_ID.value,
+    )
+  elif _DISTRIBUTED.value:
+    jax.distributed.initialize()
+
+
+def main(argv):
+  del argv
+  _init_distributed()
+  from locvit import train  # noqa: PLC0415  (after distributed init)
+
+  logging.info(
+    "JAX %s: %d processes, %d devices", jax.__version__, jax.process_count(), jax.device_count()
+  )
+  config = _CONFIG.value
+  if _MODE.value == "eval":
+    result = train.evaluate_checkpoint(config, _WORKDIR.value, _STEP.value)
+    print(json.dumps(result), flush=True)
+    return
+  result = train.train_and_evaluate(config, _WORKDIR.value)
+  if result.get("preempted"):
+    sys.exit(0)
+
+
+def run() -> None:
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

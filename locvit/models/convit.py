@@ -1,0 +1,99 @@
+"""ConViT (d'Ascoli et al. 2021): a DeiT whose first layers use gated positional self-attention.
+
+ConViT is ``VisionTransformer`` with ``layer_attention = ('gpsa',) * 10 + ('mhsa',) * 2``, the
+class token inserted before layer 10 (``class_token_layer``; ``pos_embed`` then covers the patch
+tokens only), no qkv bias and stochastic depth 0.1. Sizes (paper Table 1) use 48 channels per head
+(Ti/S/B: 4/9/16 heads) or 64 for the "+" sizes.
+
+Usage::
+
+  create_model('convit_tiny')                                   # 10 GPSA + 2 MHSA, alpha = 1
+  create_model('convit_tiny', attention_kwargs={'gpsa': {'locality_strength': 2.0}})
+  create_model('convit_tiny', **convit_overrides(local_up_to_layer=6))    # 6 GPSA layers
+  create_model('convit_tiny', **convit_overrides(local_up_to_layer=4, depth=6))
+  create_model('convit_tiny_patch4_32', num_classes=100)        # CIFAR-size variants
+
+``convit_overrides`` returns the ``layer_attention`` and ``class_token_layer`` fields that
+``local_up_to_layer`` stands for in the reference, so any registered ConViT can be re-layered
+through ``create_model`` overrides. Use ``attention_kwargs={'gpsa': {'variant': 'psa'}}`` (or
+``layer_attention`` with 'psa') for the ungated PSA ablation of the paper's appendix A.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from locvit.models.registry import register_model
+from locvit.models.vit import VisionTransformer
+
+# name -> (heads, channels per head). Ti/S/B and the "+" sizes of ConViT Table 1.
+CONVIT_SIZES = {
+  "tiny": (4, 48),
+  "small": (9, 48),
+  "base": (16, 48),
+  "tiny_plus": (4, 64),
+  "small_plus": (9, 64),
+  "base_plus": (16, 64),
+}
+# (patch size, image size): ImageNet and the small-image variants (CIFAR 32x32, 64x64).
+RESOLUTIONS = ((4, 32), (2, 32), (8, 64))
+LOCAL_UP_TO_LAYER = 10
+DEPTH = 12
+
+
+def convit_layers(
+  local_up_to_layer: int = LOCAL_UP_TO_LAYER, depth: int = DEPTH
+) -> tuple[str, ...]:
+  """Per-layer attention kinds: GPSA for the first ``local_up_to_layer`` blocks, MHSA after."""
+  if not 0 <= local_up_to_layer <= depth:
+    raise ValueError(f"local_up_to_layer={local_up_to_layer} must be in [0, depth={depth}].")
+  return ("gpsa",) * local_up_to_layer + ("mhsa",) * (depth - local_up_to_layer)
+
+
+def convit_overrides(
+  local_up_to_layer: int = LOCAL_UP_TO_LAYER, depth: int = DEPTH
+) -> dict[str, Any]:
+  """``create_model`` overrides for a ConViT with ``local_up_to_layer`` GPSA blocks of ``depth``.
+
+  The class token is concatenated just before the first MHSA block, as in the reference.
+  """
+  return {
+    "depth": depth,
+    "layer_attention": convit_layers(local_up_to_layer, depth),
+    "class_token_layer": local_up_to_layer,
+  }
+
+
+def convit(
+  num_classes: int,
+  *,
+  heads: int,
+  head_dim: int = 48,
+  patch_size: int = 16,
+  local_up_to_layer: int = LOCAL_UP_TO_LAYER,
+  depth: int = DEPTH,
+  locality_strength: float = 1.0,
+) -> VisionTransformer:
+  """Builds a ConViT with ``heads * head_dim`` channels (the reference's ``embed_dim``)."""
+  return VisionTransformer(
+    num_classes=num_classes,
+    patch_size=patch_size,
+    embed_dim=heads * head_dim,
+    num_heads=heads,
+    mlp_ratio=4.0,
+    qkv_bias=False,
+    pos_embed="learn",
+    pool="token",
+    attention_kwargs={"gpsa": {"locality_strength": locality_strength}},
+    drop_path_rate=0.1,
+    **convit_overrides(local_up_to_layer, depth),
+  )
+
+
+for _size, (_heads, _head_dim) in CONVIT_SIZES.items():
+  _fn = functools.partial(convit, heads=_heads, head_dim=_head_dim, patch_size=16)
+  register_model(f"convit_{_size}", image_size=224)(_fn)
+  for _patch, _res in RESOLUTIONS:
+    _fn = functools.partial(convit, heads=_heads, head_dim=_head_dim, patch_size=_patch)
+    register_model(f"convit_{_size}_patch{_patch}_{_res}", image_size=_res)(_fn)

@@ -1,0 +1,135 @@
+"""optax optimizers, per-step schedules, weight-decay and freeze masks.
+
+Everything is driven by the config:
+
+- ``optimizer.name``: 'adamw' or 'sgd' (momentum); ``optimizer.lr`` is scaled by
+  ``batch_size / optimizer.lr_base_batch_size`` when the latter is set (DeiT's linear rule).
+- ``schedule.name``: 'cosine' (linear warmup from ``warmup_init_lr``, then cosine to ``min_lr``),
+  'step' (warmup, then multiply by ``decay_factor`` at each of ``boundaries_epochs``) or 'constant'.
+- ``optimizer.decay_mask``: 'intended' (no decay on biases, norms, positional embeddings, class
+  token, gates and other 1-D parameters), 'official_convit' (the ConViT run's actual mask: every
+  parameter with ndim >= 2 is decayed, which includes ``pos_embed``, ``cls_token`` and
+  ``pos_proj`` kernels), or 'all'.
+- ``freeze``: regular expressions on '/'-joined parameter paths; matching parameters get zero updates.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import ml_collections
+import optax
+
+# Parameter-name fragments never decayed under the 'intended' mask.
+NO_DECAY_NAMES = (
+  "pos_embed",
+  "cls_token",
+  "dist_token",
+  "gating_param",
+  "attention_centers",
+  "attention_spreads",
+  "scale",
+  "bias",
+)
+DECAY_MASKS = ("intended", "official_convit", "all")
+OPTIMIZERS = ("adamw", "sgd")
+SCHEDULES = ("cosine", "step", "constant")
+
+
+def _paths(params: Any) -> dict[tuple[str, ...], Any]:
+  return flax.traverse_util.flatten_dict(flax.core.unfreeze(params))
+
+
+def _tree_of(params: Any, fn: Callable[[str, Any], Any]) -> Any:
+  flat = {k: fn("/".join(k), v) for k, v in _paths(params).items()}
+  return flax.traverse_util.unflatten_dict(flat)
+
+
+def decay_mask(params: Any, kind: str) -> Any:
+  """Boolean tree: True where weight decay applies."""
+  if kind not in DECAY_MASKS:
+    raise ValueError(f"optimizer.decay_mask={kind!r} is not one of {DECAY_MASKS}.")
+  if kind == "all":
+    return _tree_of(params, lambda path, p: True)
+  if kind == "official_convit":
+    return _tree_of(params, lambda path, p: p.ndim >= 2)
+  return _tree_of(
+    params, lambda path, p: p.ndim >= 2 and not any(n in path.split("/") for n in NO_DECAY_NAMES)
+  )
+
+
+def freeze_labels(params: Any, patterns: tuple[str, ...]) -> Any:
+  """'frozen' / 'trainable' label tree for ``optax.multi_transform``."""
+  compiled = [re.compile(p) for p in patterns]
+  labels = _tree_of(
+    params, lambda path, p: "frozen" if any(c.search(path) for c in compiled) else "trainable"
+  )
+  unmatched = [
+    p.pattern for p in compiled if not any(p.search("/".join(k)) for k in _paths(params))
+  ]
+  if unmatched:
+    valid = sorted({"/".join(k) for k in _paths(params)})[:20]
+    raise ValueError(f"freeze patterns {unmatched} match no parameter. Examples of paths: {valid}")
+  return labels
+
+
+def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
+  opt = config.optimizer
+  if opt.get("lr_base_batch_size"):
+    return opt.lr * config.batch_size / opt.lr_base_batch_size
+  return opt.lr
+
+
+def make_schedule(
+  config: ml_collections.ConfigDict, total_steps: int, steps_per_epoch: int
+) -> optax.Schedule:
+  """A per-step learning-rate schedule; warmup and boundaries may be given in epochs."""
+  sched = config.schedule
+  if sched.name not in SCHEDULES:
+    raise ValueError(f"schedule.name={sched.name!r} is not one of {SCHEDULES}.")
+  peak = peak_learning_rate(config)
+  warmup = int(sched.get("warmup_steps") or round(sched.get("warmup_epochs", 0) * steps_per_epoch))
+  warmup = min(warmup, max(total_steps - 1, 0))
+  if sched.name == "constant":
+    after = optax.constant_schedule(peak)
+  elif sched.name == "cosine":
+    decay_steps = max(total_steps - warmup, 1)
+    after = optax.cosine_decay_schedule(peak, decay_steps, alpha=sched.min_lr / peak if peak else 0)
+  else:
+    bounds = {
+      int(round(e * steps_per_epoch)) - warmup: sched.decay_factor for e in sched.boundaries_epochs
+    }
+    after = optax.piecewise_constant_schedule(peak, {b: f for b, f in bounds.items() if b > 0})
+  if warmup == 0:
+    return after
+  ramp = optax.linear_schedule(sched.warmup_init_lr, peak, warmup)
+  return optax.join_schedules([ramp, after], [warmup])
+
+
+def make_optimizer(
+  config: ml_collections.ConfigDict, params: Any, schedule: optax.Schedule
+) -> optax.GradientTransformation:
+  """The full optax chain: clip -> optimizer (with decay mask) -> freeze."""
+  opt = config.optimizer
+  if opt.name not in OPTIMIZERS:
+    raise ValueError(f"optimizer.name={opt.name!r} is not one of {OPTIMIZERS}.")
+  mask = decay_mask(params, opt.decay_mask)
+  if opt.name == "adamw":
+    core = optax.adamw(
+      schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay, mask=mask
+    )
+  else:
+    # Coupled L2 decay, as torch.optim.SGD(weight_decay=...) does.
+    core = optax.chain(
+      optax.add_decayed_weights(opt.weight_decay, mask=mask),
+      optax.sgd(schedule, momentum=opt.momentum or None, nesterov=opt.nesterov),
+    )
+  parts = [optax.clip_by_global_norm(config.grad_clip_norm)] if config.get("grad_clip_norm") else []
+  tx = optax.chain(*parts, core)
+  if config.get("freeze"):
+    labels = freeze_labels(params, tuple(config.freeze))
+    tx = optax.multi_transform({"trainable": tx, "frozen": optax.set_to_zero()}, labels)
+  return tx

@@ -1,0 +1,128 @@
+"""Device mesh, logical-axis rules and global arrays.
+
+Parameters carry logical axis names (``nn.with_logical_partitioning``); a *layout* maps those names
+onto the mesh axes ``('data', 'model')``:
+
+- ``dp``: parameters replicated, batch split over every device (the default).
+- ``fsdp``: parameters (and optimizer state) additionally split over ``data`` on their ``embed``
+  axis (ZeRO-3 style); XLA inserts the all-gathers.
+- ``tp``: Megatron-style tensor parallelism: MLP hidden units and attention heads split over
+  ``model``; batch split over ``data``.
+
+A parameter dimension that a mesh axis does not divide is left unsharded rather than failing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+MESH_AXES = ("data", "model")
+Rules = tuple[tuple[str, Any], ...]
+
+LAYOUTS: dict[str, Rules] = {
+  "dp": (("batch", "data"),),
+  "fsdp": (("batch", "data"), ("embed", "data")),
+  "tp": (("batch", "data"), ("mlp", "model"), ("heads", "model"), ("classes", None)),
+}
+
+
+def logical_rules(mesh_config: ml_collections.ConfigDict) -> Rules:
+  """The logical-axis rules for a mesh config: an explicit ``rules`` tuple wins over ``layout``."""
+  if mesh_config.get("rules"):
+    return tuple(tuple(r) for r in mesh_config.rules)
+  if mesh_config.layout not in LAYOUTS:
+    raise ValueError(
+      f"mesh.layout={mesh_config.layout!r} is not one of {sorted(LAYOUTS)}; "
+      "or give mesh.rules explicitly."
+    )
+  return LAYOUTS[mesh_config.layout]
+
+
+def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
+  """Fills one ``-1`` entry and checks that the mesh uses exactly ``num_devices`` devices."""
+  shape = tuple(int(s) for s in shape)
+  if len(shape) != len(MESH_AXES):
+    raise ValueError(f"mesh.shape={shape} must have {len(MESH_AXES)} entries for axes {MESH_AXES}.")
+  if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
+    raise ValueError(f"mesh.shape={shape}: use positive sizes and at most one -1.")
+  known = math.prod(s for s in shape if s != -1)
+  if -1 in shape:
+    if num_devices % known:
+      raise ValueError(f"mesh.shape={shape} cannot be completed for {num_devices} devices.")
+    shape = tuple(num_devices // known if s == -1 else s for s in shape)
+  if math.prod(shape) != num_devices:
+    valid = [(d, num_devices // d) for d in range(1, num_devices + 1) if num_devices % d == 0]
+    raise ValueError(
+      f"mesh.shape={shape} needs {math.prod(shape)} devices but {num_devices} are available. "
+      f"Valid (data, model) shapes: {valid} (or use -1 for one axis)."
+    )
+  return shape
+
+
+def make_mesh(mesh_config: ml_collections.ConfigDict, devices=None) -> Mesh:
+  """Builds the ('data', 'model') mesh; ``mesh.num_devices > 0`` uses only the first N devices."""
+  devices = jax.devices() if devices is None else devices
+  if mesh_config.get("num_devices"):
+    if mesh_config.num_devices > len(devices):
+      raise ValueError(
+          f"mesh.num_devices={mesh_config.num_devices} but only {len(devices)} devices exist."
+      )
+    devices = devices[: mesh_config.num_devices]
+  shape = resolve_mesh_shape(mesh_config.shape, len(devices))
+  # Linen's logical constraints need Auto axes; make_mesh defaults to Explicit.
+  return jax.make_mesh(
+    shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(shape), devices=devices
+  )
+
+
+def data_parallel_size(mesh: Mesh, rules: Rules) -> int:
+  """Number of ways the batch axis is split."""
+  axes = dict(rules).get("batch")
+  axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+  return math.prod(mesh.shape[a] for a in axes)
+
+
+def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
+  return NamedSharding(mesh, nn.logical_to_mesh_axes(("batch",), rules))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def _fit_spec(spec: P, shape: tuple[int, ...], mesh: Mesh) -> P:
+  """Drops mesh axes from dimensions they do not divide evenly."""
+  fitted = []
+  for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+    names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    size = math.prod(mesh.shape[a] for a in names)
+    fitted.append(axes if names and dim % size == 0 else None)
+  return P(*fitted)
+
+
+def tree_shardings(boxed_abstract: Any, mesh: Mesh, rules: Rules) -> Any:
+  """NamedShardings for a tree of (possibly logically boxed) abstract arrays."""
+  specs = nn.logical_to_mesh(nn.get_partition_spec(boxed_abstract), rules)
+  shapes = jax.tree.map(lambda x: x.shape, nn.meta.unbox(boxed_abstract))
+  return jax.tree.map(
+    lambda spec, shape: NamedSharding(mesh, _fit_spec(spec, shape, mesh)),
+    specs,
+    shapes,
+    is_leaf=lambda x: isinstance(x, P),
+  )
+
+
+def global_batch(
+  local_batch: dict[str, np.ndarray], sharding: NamedSharding
+) -> dict[str, jax.Array]:
+  """Builds global arrays from this process's slice of the batch (multi-host safe)."""
+  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), local_batch)

@@ -1,0 +1,365 @@
+"""The training loop, readable top to bottom.
+
+    mesh + rules -> data sources and iterators -> model, optimizer, sharded state
+    -> resume from the workdir (or initialise) -> jitted steps -> loop: train, log, eval, save.
+
+Determinism: the dropout key of step ``s`` is ``fold_in(key(seed), s)`` and the data iterator's
+position is checkpointed, so a run stopped by SIGTERM and resumed reproduces the uninterrupted run
+(bitwise on CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import signal
+import threading
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+
+from locvit import checkpoint as ckpt_lib
+from locvit import data as data_lib
+from locvit import evaluate as eval_lib
+from locvit import metrics as metrics_lib
+from locvit import optim, sharding
+from locvit.models import create_model
+from locvit.models.layers import check_patchable
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+# ------------------------------------------------------------------------------------------------
+# Set-up helpers
+
+
+def build_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Module:
+  overrides = dict(config.model.get("overrides") or {})
+  if config.get("mixed_precision"):
+    overrides["dtype"] = jnp.bfloat16
+  return create_model(config.model.name, num_classes=num_classes, **overrides)
+
+
+def validate(config: ml_collections.ConfigDict, mesh, rules, model: nn.Module) -> None:
+  """Checks that would otherwise fail deep inside JAX; runs before anything is compiled."""
+  image_size = config.data.image_size
+  if hasattr(model, "patch_size"):
+    check_patchable(image_size, image_size, model.patch_size)
+  dp = sharding.data_parallel_size(mesh, rules)
+  for name in ("batch_size", "eval_batch_size"):
+    size = config.get(name) or config.batch_size
+    if size % dp:
+      valid = [dp * k for k in range(max(size // dp, 1), max(size // dp, 1) + 3)]
+      raise ValueError(
+        f"{name}={size} is not divisible by the {dp} data-parallel devices of mesh "
+        f"{dict(mesh.shape)}. Valid values near it: {valid}."
+      )
+    if size % jax.process_count():
+      raise ValueError(f"{name}={size} is not divisible by {jax.process_count()} processes.")
+  accum = config.get("grad_accum_steps", 1)
+  if accum < 1 or config.batch_size % (accum * dp):
+    raise ValueError(
+      f"grad_accum_steps={accum}: batch_size={config.batch_size} must split into {accum} "
+      f"micro-batches each divisible by {dp} data-parallel devices."
+    )
+
+
+def training_length(config, num_train_examples: int) -> tuple[int, int]:
+  """(total_steps, steps_per_epoch). Epochs scale by 1/train_fraction (ConViT Table 2)."""
+  steps_per_epoch = max(num_train_examples // config.batch_size, 1)
+  if config.get("total_steps", -1) > 0:
+    return config.total_steps, steps_per_epoch
+  epochs = config.num_epochs / config.data.get("train_fraction", 1.0)
+  return max(int(math.ceil(epochs * steps_per_epoch)), 1), steps_per_epoch
+
+
+def abstract_train_state(model, tx, image_shape):
+  """Shapes and logical axis names of the state, without allocating anything."""
+
+  def init(rng):
+    variables = model.init({"params": rng}, jnp.zeros((1, *image_shape), jnp.float32))
+    return variables["params"]
+
+  boxed = jax.eval_shape(init, jax.random.key(0))
+  return boxed, init
+
+
+def state_shardings(boxed_params, tx, mesh, rules) -> TrainState:
+  params = sharding.tree_shardings(boxed_params, mesh, rules)
+  abstract_opt = jax.eval_shape(tx.init, nn.meta.unbox(boxed_params))
+  opt = optax.tree_map_params(
+    tx,
+    lambda _, s: s,
+    abstract_opt,
+    params,
+    transform_non_params=lambda _: sharding.replicated(mesh),
+  )
+  return TrainState(step=sharding.replicated(mesh), params=params, opt_state=opt)
+
+
+# ------------------------------------------------------------------------------------------------
+# The step
+
+
+def loss_and_metrics(params, model, images, labels, rng, label_smoothing: float, num_classes: int):
+  logits = model.apply({"params": params}, images, train=True, rngs={"dropout": rng})
+  targets = optax.smooth_labels(jax.nn.one_hot(labels, num_classes), label_smoothing)
+  loss = jnp.mean(optax.softmax_cross_entropy(logits, targets))
+  accuracy = jnp.mean(jnp.argmax(logits, -1) == labels)
+  return loss, accuracy
+
+
+def train_step(state: TrainState, batch, *, model, tx, schedule, config, num_classes):
+  """One optimizer update on a global batch, optionally accumulated over micro-batches."""
+  rng = jax.random.fold_in(jax.random.key(config.seed), state.step)
+  grad_fn = jax.value_and_grad(loss_and_metrics, has_aux=True)
+  kwargs = dict(label_smoothing=config.label_smoothing, num_classes=num_classes)
+  accum = config.get("grad_accum_steps", 1)
+  if accum == 1:
+    (loss, acc), grads = grad_fn(state.params, model, batch["image"], batch["label"], rng, **kwargs)
+  else:
+    # Example r goes to micro-batch r % accum: keeps each device's rows local after the reshape.
+    micro = jax.tree.map(lambda x: jnp.moveaxis(x.reshape(-1, accum, *x.shape[1:]), 1, 0), batch)
+
+    def body(carry, xs):
+      i, mb = xs
+      (l, a), g = grad_fn(
+        state.params, model, mb["image"], mb["label"], jax.random.fold_in(rng, i), **kwargs
+      )
+      return jax.tree.map(jnp.add, carry, (l, a, g)), None
+
+    zeros = (0.0, 0.0, jax.tree.map(jnp.zeros_like, state.params))
+    (loss, acc, grads), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
+    loss, acc, grads = jax.tree.map(lambda x: x / accum, (loss, acc, grads))
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = {
+    "train/loss": loss,
+    "train/accuracy": acc,
+    "train/lr": schedule(state.step),
+    "train/grad_norm": optax.global_norm(grads),
+  }
+  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+# ------------------------------------------------------------------------------------------------
+# Preemption
+
+
+class PreemptionWatcher:
+  """Turns SIGTERM into a flag checked between steps (installed from the main thread only)."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    logging.warning("SIGTERM received: saving a checkpoint at the end of this step.")
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+# ------------------------------------------------------------------------------------------------
+# The loop
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains per ``config``, resuming from ``workdir`` if it holds a checkpoint.
+
+  Returns the final evaluation metrics (plus ``preempted=True`` if stopped by SIGTERM).
+  """
+  os.makedirs(workdir, exist_ok=True)
+  mesh = sharding.make_mesh(config.mesh)
+  rules = sharding.logical_rules(config.mesh)
+  process_index, process_count = jax.process_index(), jax.process_count()
+
+  # Data. Each process reads only its slice of every global batch.
+  train_source = data_lib.make_source(config.data, config.data.train_split)
+  eval_source = data_lib.make_source(config.data, config.data.eval_split)
+  num_classes = config.data.get("num_classes") or train_source.num_classes
+  model = build_model(config, num_classes)
+  validate(config, mesh, rules, model)
+  total_steps, steps_per_epoch = training_length(config, len(train_source))
+  train_iter = data_lib.make_train_iterator(
+    config.data,
+    train_source,
+    seed=config.seed,
+    local_batch_size=config.batch_size // process_count,
+    process_index=process_index,
+    process_count=process_count,
+  )
+  eval_batch_size = config.get("eval_batch_size") or config.batch_size
+  eval_batches = data_lib.make_eval_iterator(
+    config.data,
+    eval_source,
+    local_batch_size=eval_batch_size // process_count,
+    process_index=process_index,
+    process_count=process_count,
+  )
+
+  # Model, optimizer and the sharded state.
+  image_shape = (config.data.image_size, config.data.image_size, train_source[0]["image"].shape[-1])
+  boxed_params, init_params = abstract_train_state(model, None, image_shape)
+  schedule = optim.make_schedule(config, total_steps, steps_per_epoch)
+  tx = optim.make_optimizer(config, nn.meta.unbox(boxed_params), schedule)
+  shardings = state_shardings(boxed_params, tx, mesh, rules)
+
+  def init_state(rng):
+    params = nn.meta.unbox(init_params(rng))
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+  # Resume from the workdir, else initialise.
+  checkpointer = ckpt_lib.Checkpointer(
+    os.path.join(workdir, "checkpoints"),
+    keep=config.get("keep_checkpoints", 3),
+    async_save=config.get("async_checkpointing", True),
+  )
+  writer = metrics_lib.MetricWriter(workdir)
+  start = checkpointer.latest_step()
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    if start is not None:
+      ckpt_lib.check_compatible(checkpointer.saved_meta(start)["config"], config, workdir)
+      abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        jax.eval_shape(init_state, jax.random.key(0)),
+        shardings,
+      )
+      state = checkpointer.restore(start, abstract, train_iter)
+      writer.truncate_after(start)
+      logging.info("Resumed from step %d in %s", start, workdir)
+    else:
+      start = 0
+      init_rng = jax.random.key(config.seed + 1)  # separate stream from dropout keys
+      state = jax.jit(init_state, out_shardings=shardings)(init_rng)
+    num_params = sum(x.size for x in jax.tree.leaves(state.params))
+    logging.info("%s: %.2fM parameters; %d steps", config.model.name, num_params / 1e6, total_steps)
+
+    step_fn = jax.jit(
+      functools.partial(
+        train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=num_classes
+      ),
+      in_shardings=(shardings, sharding.batch_sharding(mesh, rules)),
+      out_shardings=(shardings, sharding.replicated(mesh)),
+      donate_argnums=0,
+    )
+    eval_fn = eval_lib.make_eval_step(model, mesh, rules, shardings.params)
+    batch_sharding = sharding.batch_sharding(mesh, rules)
+    progress = metrics_lib.Progress(total_steps, config.batch_size, start)
+    log_every = config.get("log_every_steps", 50)
+    eval_every = config.get("eval_every_steps", 0)
+    ckpt_every = config.get("checkpoint_every_steps", 0)
+    final = {}
+
+    with PreemptionWatcher() as preemption:
+      for step in range(start + 1, total_steps + 1):
+        batch = sharding.global_batch(next(train_iter), batch_sharding)
+        state, train_metrics = step_fn(state, batch)
+        last = step == total_steps
+        preempted = preemption.requested or checkpointer.reached_preemption(step)
+
+        record = {}
+        if step % log_every == 0 or last or step == start + 1:
+          record.update(jax.device_get(train_metrics))
+          record.update(progress.update(step, float(record["train/loss"])))
+          record["epoch"] = step / steps_per_epoch
+        if (eval_every and step % eval_every == 0) or last:
+          final = eval_lib.evaluate(eval_fn, state.params, eval_batches, batch_sharding)
+          record.update(final)
+        if record:
+          writer.write(step, record)
+        if (ckpt_every and step % ckpt_every == 0) or last or preempted:
+          checkpointer.save(step, state, train_iter, config, metrics=record, force=True)
+        if preempted and not last:
+          checkpointer.wait()
+          logging.warning("Preempted: checkpoint saved at step %d; exiting.", step)
+          final = {"preempted": True, "step": step}
+          break
+    progress.done()
+  checkpointer.wait()
+  checkpointer.close()
+  writer.close()
+  if "eval/top1" in final and process_index == 0:
+    print(
+      f"Final evaluation at step {total_steps}: top-1 {final['eval/top1']:.4f}  "
+      f"top-5 {final['eval/top5']:.4f}  ({final['eval/num_examples']} examples)",
+      flush=True,
+    )
+  return final
+
+
+def evaluate_checkpoint(
+  config: ml_collections.ConfigDict, workdir: str, step: int | None = None
+) -> dict[str, Any]:
+  """Eval-only mode: restores parameters from ``workdir`` (latest or ``step``) and evaluates."""
+  mesh = sharding.make_mesh(config.mesh)
+  rules = sharding.logical_rules(config.mesh)
+  eval_source = data_lib.make_source(config.data, config.data.eval_split)
+  num_classes = config.data.get("num_classes") or eval_source.num_classes
+  model = build_model(config, num_classes)
+  validate(config, mesh, rules, model)
+  checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+  step = checkpointer.latest_step() if step is None else step
+  if step is None:
+    raise FileNotFoundError(f"No checkpoint found in {workdir}/checkpoints.")
+  ckpt_lib.check_compatible(checkpointer.saved_meta(step)["config"], config, workdir)
+  image_shape = (config.data.image_size, config.data.image_size, eval_source[0]["image"].shape[-1])
+  boxed_params, _ = abstract_train_state(model, None, image_shape)
+  param_shardings = sharding.tree_shardings(boxed_params, mesh, rules)
+  abstract_params = jax.tree.map(
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+    nn.meta.unbox(boxed_params),
+    param_shardings,
+  )
+  restored = checkpointer.manager.restore(step, args=ocp_partial_params(abstract_params))["state"]
+  eval_batch_size = config.get("eval_batch_size") or config.batch_size
+  batches = data_lib.make_eval_iterator(
+    config.data,
+    eval_source,
+    local_batch_size=eval_batch_size // jax.process_count(),
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+  )
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    eval_fn = eval_lib.make_eval_step(model, mesh, rules, param_shardings)
+    result = eval_lib.evaluate(
+      eval_fn, restored["params"], batches, sharding.batch_sharding(mesh, rules)
+    )
+  checkpointer.close()
+  result["step"] = step
+  return result
+
+
+def ocp_partial_params(abstract_params):
+  """Restore args for the ``params`` subtree of a saved TrainState only."""
+  import orbax.checkpoint as ocp  # noqa: PLC0415
+
+  return ocp.args.Composite(
+    state=ocp.args.PyTreeRestore(
+      item={"params": abstract_params},
+      restore_args=jax.tree.map(
+        lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding), {"params": abstract_params}
+      ),
+      partial_restore=True,
+    )
+  )
