@@ -48,7 +48,7 @@ def _init_distributed() -> None:
 def main(argv):
   del argv
   _init_distributed()
-  from locvit import train  # noqa: PLC0415  (after distributed init)
+  from locvit import train
 
   logging.info(
     "JAX %s: %d processes, %d devices", jax.__version__, jax.process_count(), jax.device_count()

@@ -30,7 +30,7 @@ class MetricWriter:
     self.path = os.path.join(workdir, "metrics.jsonl")
     self._tb = None
     if self.enabled:
-      from tensorboardX import SummaryWriter  # noqa: PLC0415  (heavy import, main process only)
+      from tensorboardX import SummaryWriter
 
       os.makedirs(workdir, exist_ok=True)
       self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))

@@ -22,7 +22,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 from absl import logging
 
@@ -150,7 +149,7 @@ def train_step(state: TrainState, batch, *, model, tx, schedule, config, num_cla
     "train/loss": loss,
     "train/accuracy": acc,
     "train/lr": schedule(state.step),
-    "train/grad_norm": optax.global_norm(grads),
+    "train/grad_norm": optax.tree.norm(grads),
   }
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
@@ -352,7 +351,7 @@ def evaluate_checkpoint(
 
 def ocp_partial_params(abstract_params):
   """Restore args for the ``params`` subtree of a saved TrainState only."""
-  import orbax.checkpoint as ocp  # noqa: PLC0415
+  import orbax.checkpoint as ocp
 
   return ocp.args.Composite(
     state=ocp.args.PyTreeRestore(

@@ -69,20 +69,24 @@ def local_pos_proj_init(num_heads: int, locality_strength: float, base: Callable
   centres = kernel_centres(num_heads)
 
   def init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
-    if len(centres) != num_heads:  # warned here so it fires at init only, not on every apply
-      warnings.warn(
-        f"GPSA local init: num_heads={num_heads} is not a perfect square, so only "
-        f"{len(centres)} = {math.isqrt(num_heads)}^2 heads get a convolutional attention centre; "
-        f"the other {num_heads - len(centres)} keep random (trunc-normal) pos_proj weights, "
-        "as in the reference implementation.",
-        stacklevel=2,
-      )
     kernel = base(key, shape, dtype)
     for p, dx, dy in centres:
       kernel = kernel.at[:, p].set(jnp.asarray([2 * dx, 2 * dy, -1.0], dtype))
     return kernel * jnp.asarray(locality_strength, dtype)
 
   return init
+
+
+def warn_if_not_square(num_heads: int) -> None:
+  """The local init only centres ``int(sqrt(H))^2`` heads; say so when that is not all of them."""
+  side = math.isqrt(num_heads)
+  if side * side != num_heads:
+    warnings.warn(
+      f"GPSA local init: num_heads={num_heads} is not a perfect square, so only {side * side} = "
+      f"{side}^2 heads get a convolutional attention centre; the other {num_heads - side * side} "
+      "keep random (trunc-normal) pos_proj weights, as in the reference implementation.",
+      stacklevel=3,
+    )
 
 
 def identity_init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
@@ -210,6 +214,8 @@ class GPSA(nn.Module):
       use_bias=self.qkv_bias,
       kernel_init=identity_init if self.use_local_init else None,
     )(x)
+    if self.use_local_init and self.is_initializing():
+      warn_if_not_square(heads)
     pos_logits = self._pos_logits(grid)
     pos = jax.nn.softmax(pos_logits, axis=-1)
     self.sow("intermediates", "pos_attention", pos)

@@ -243,7 +243,11 @@ class TfdsSource:
       builder = tfds.builder(name, data_dir=data_dir, try_gcs=False)
     except tfds.core.registered.DatasetNotFoundError as e:
       base = name.split("/")[0].split(":")[0]
-      close = difflib.get_close_matches(base, tfds.list_builders(), n=8)
+      try:  # Community datasets are left out: listing them imports TensorFlow.
+        known = tfds.list_builders(with_community_datasets=False)
+      except Exception:
+        known = []
+      close = difflib.get_close_matches(base, known, n=8)
       raise ValueError(
         f"data.name={name!r} is not a registered TFDS dataset; close matches: {close} "
         "(all names: tfds.list_builders())"

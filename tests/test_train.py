@@ -1,0 +1,219 @@
+"""The training system: sharding layouts, resume, evaluation and bad input."""
+
+import os
+import signal
+
+import jax
+import numpy as np
+import pytest
+
+from locvit import sharding, train
+from locvit.metrics import read_metrics
+from tests.train_utils import tiny_config
+
+
+@pytest.fixture(scope="module")
+def single_device_run(tmp_path_factory):
+  """The reference: the tiny config trained on one device."""
+  workdir = tmp_path_factory.mktemp("one_device")
+  config = tiny_config()
+  config.mesh.num_devices, config.mesh.shape = 1, (1, 1)
+  return workdir, train.train_and_evaluate(config, str(workdir))
+
+
+def _losses(workdir):
+  return [r["train/loss"] for r in read_metrics(workdir) if "train/loss" in r]
+
+
+def test_eight_fake_devices():
+  assert jax.device_count() == 8
+
+
+@pytest.mark.parametrize(
+  "shape,layout", [((8, 1), "dp"), ((4, 2), "tp"), ((8, 1), "fsdp"), ((4, 2), "fsdp")]
+)
+def test_mesh_layouts_match_single_device(tmp_path, single_device_run, shape, layout):
+  one_dir, ref = single_device_run
+  config = tiny_config()
+  config.mesh.shape, config.mesh.layout = shape, layout
+  out = train.train_and_evaluate(config, str(tmp_path / "many"))
+  np.testing.assert_allclose(_losses(tmp_path / "many"), _losses(one_dir), rtol=2e-5)
+  assert out["eval/top1"] == pytest.approx(ref["eval/top1"], abs=1 / ref["eval/num_examples"])
+
+
+def _param_specs(layout, shape):
+  config = tiny_config()
+  config.mesh.shape, config.mesh.layout = shape, layout
+  mesh = sharding.make_mesh(config.mesh)
+  rules = sharding.logical_rules(config.mesh)
+  model = train.build_model(config, 10)
+  boxed, _ = train.abstract_train_state(model, None, (8, 8, 1))
+  shardings = sharding.tree_shardings(boxed, mesh, rules)
+  return jax.tree.map(lambda s: s.spec, shardings, is_leaf=lambda x: hasattr(x, "spec"))
+
+
+def test_layouts_shard_parameters_as_configured():
+  dp = _param_specs("dp", (8, 1))
+  assert all(
+    all(a is None for a in spec)
+    for spec in jax.tree.leaves(dp, is_leaf=lambda x: isinstance(x, tuple))
+  )
+  fsdp = _param_specs("fsdp", (8, 1))
+  assert tuple(fsdp["blocks_0"]["mlp"]["fc1"]["kernel"]) == ("data", None)  # embed=32 over 8
+  assert tuple(fsdp["blocks_0"]["attn"]["qkv"]["kernel"])[0] == "data"
+  tp = _param_specs("tp", (4, 2))
+  assert tuple(tp["blocks_0"]["mlp"]["fc1"]["kernel"]) == (None, "model")
+  assert tuple(tp["blocks_0"]["mlp"]["fc2"]["kernel"]) == ("model", None)
+  assert tuple(tp["blocks_0"]["attn"]["qkv"]["kernel"]) == (None, None, "model", None)
+  assert tuple(tp["blocks_0"]["attn"]["proj"]["kernel"]) == ("model", None, None)
+
+
+def test_fsdp_leaves_indivisible_dims_unsharded():
+  config = tiny_config()
+  config.mesh.layout = "fsdp"
+  mesh = sharding.make_mesh(config.mesh)
+  spec = sharding._fit_spec(jax.sharding.PartitionSpec("data", None), (10, 4), mesh)
+  assert tuple(spec) == (None, None)
+
+
+def test_sigterm_resume_reproduces_uninterrupted_run(tmp_path, single_device_run):
+  """SIGTERM during step 3 -> checkpoint after step 4 -> resume: bitwise the same run."""
+  full_dir, full = single_device_run
+  config = tiny_config()
+  config.mesh.num_devices, config.mesh.shape = 1, (1, 1)
+  workdir = str(tmp_path / "split")
+  orig_write = train.metrics_lib.MetricWriter.write
+
+  def write_and_signal(self, step, record):
+    orig_write(self, step, record)
+    if step == 3:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  train.metrics_lib.MetricWriter.write = write_and_signal
+  try:
+    first = train.train_and_evaluate(config, workdir)
+  finally:
+    train.metrics_lib.MetricWriter.write = orig_write
+  # The flag is read between steps: the step in flight completes and is checkpointed.
+  assert first == {"preempted": True, "step": 4}
+  assert os.path.isdir(os.path.join(workdir, "checkpoints", "4"))
+  assert [r["step"] for r in read_metrics(workdir)] == [1, 2, 3, 4]
+  second = train.train_and_evaluate(config, workdir)
+  assert _losses(workdir) == _losses(full_dir)  # bitwise
+  assert second["eval/top1"] == full["eval/top1"]
+  assert second["eval/loss"] == full["eval/loss"]
+
+
+def test_eval_only_mode_matches_final_evaluation(tmp_path):
+  config = tiny_config()
+  final = train.train_and_evaluate(config, str(tmp_path))
+  config.eval_batch_size = 24
+  again = train.evaluate_checkpoint(config, str(tmp_path))
+  assert again["eval/num_examples"] == final["eval/num_examples"]
+  assert again["eval/top1"] == pytest.approx(final["eval/top1"])
+  assert again["step"] == config.total_steps
+
+
+@pytest.mark.parametrize("batch", [8, 40, 64, 360])
+def test_evaluation_counts_every_example_once(tmp_path, batch):
+  from locvit import data as data_lib
+  from locvit import evaluate as eval_lib
+
+  config = tiny_config()
+  source = data_lib.make_source(config.data, "test")
+  mesh = sharding.make_mesh(config.mesh)
+  rules = sharding.logical_rules(config.mesh)
+  batches = data_lib.make_eval_iterator(config.data, source, local_batch_size=batch)
+  # A step function that counts label occurrences reveals duplicates and drops exactly.
+  seen = np.zeros(10)
+
+  def counting_step(params, b):
+    labels, mask = jax.device_get((b["label"], b["mask"]))
+    np.add.at(seen, labels[mask], 1)
+    return {"top1": 0.0, "top5": 0.0, "loss": 0.0, "count": float(mask.sum())}
+
+  with jax.set_mesh(mesh):
+    result = eval_lib.evaluate(counting_step, None, batches, sharding.batch_sharding(mesh, rules))
+  assert result["eval/num_examples"] == len(source)
+  np.testing.assert_array_equal(seen, np.bincount(source.labels, minlength=10))
+
+
+def test_gradient_accumulation_matches_full_batch(tmp_path):
+  base = tiny_config()
+  base.model.overrides.drop_path_rate = 0.0
+  base.model.overrides.drop_rate = 0.0
+  train.train_and_evaluate(base, str(tmp_path / "full"))
+  accum = tiny_config(grad_accum_steps=2)
+  accum.model.overrides.drop_path_rate = 0.0
+  accum.model.overrides.drop_rate = 0.0
+  train.train_and_evaluate(accum, str(tmp_path / "accum"))
+  np.testing.assert_allclose(_losses(tmp_path / "accum"), _losses(tmp_path / "full"), rtol=1e-5)
+
+
+def test_metrics_jsonl_and_tensorboard(tmp_path):
+  train.train_and_evaluate(tiny_config(), str(tmp_path))
+  records = read_metrics(tmp_path)
+  assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+  for key in ("train/loss", "train/lr", "perf/images_per_sec"):
+    assert key in records[0]
+  last = records[-1]
+  assert 0.0 <= last["eval/top5"] <= 1.0 and 0.0 <= last["eval/top1"] <= last["eval/top5"]
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path / "tensorboard"))
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad input: each fails with a clear message before anything is compiled.
+
+
+def _fails(config, tmp_path, *fragments):
+  with pytest.raises(ValueError) as info:
+    train.train_and_evaluate(config, str(tmp_path))
+  for fragment in fragments:
+    assert fragment in str(info.value), str(info.value)
+
+
+def test_unknown_model_lists_valid_names(tmp_path):
+  config = tiny_config()
+  config.model.name = "deit_tinny_patch2_32"
+  _fails(config, tmp_path, "Unknown model", "deit_tiny_patch2_32", "Valid names")
+
+
+def test_unknown_dataset_lists_choices(tmp_path):
+  config = tiny_config()
+  config.data.source = "imgfolder"
+  _fails(config, tmp_path, "imgfolder", "image_folder")
+
+
+def test_image_size_not_divisible_by_patch(tmp_path):
+  config = tiny_config()
+  config.model.overrides.patch_size = 3
+  _fails(config, tmp_path, "not divisible by patch_size=3")
+
+
+def test_batch_not_divisible_by_devices(tmp_path):
+  _fails(tiny_config(batch_size=36), tmp_path, "batch_size=36", "8 data-parallel devices", "40")
+
+
+def test_mesh_not_matching_devices(tmp_path):
+  config = tiny_config()
+  config.mesh.shape = (3, 2)
+  _fails(config, tmp_path, "needs 6 devices but 8", "(4, 2)")
+
+
+def test_incompatible_checkpoint_in_workdir(tmp_path):
+  train.train_and_evaluate(tiny_config(), str(tmp_path))
+  config = tiny_config(total_steps=8)
+  config.model.overrides.embed_dim = 64
+  _fails(config, tmp_path, "incompatible config", "model")
+
+
+def test_misspelled_config_field_names_valid_ones(tmp_path):
+  config = tiny_config()
+  config.lock()
+  with pytest.raises(AttributeError, match='Did you mean "batch_size"'):
+    config.bach_size = 4
+
+
+def test_train_params_with_unknown_freeze_pattern(tmp_path):
+  config = tiny_config(freeze=("no_such_param",))
+  _fails(config, tmp_path, "match no parameter")
