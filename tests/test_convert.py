@@ -123,7 +123,7 @@ def test_bad_state_dict_lists_every_problem():
 
 def test_model_names():
   assert {"convit_tiny", "convit_base", "deit_small"} <= set(supported_models())
-  assert resolve_model_name("deit_tiny_patch16_224.fb_in1k") == "deit_tiny"
+  assert resolve_model_name("deit_tiny_patch16_224.fb_in1k") == "deit_tiny_patch16_224"
   assert resolve_model_name("convit_small.fb_in1k") == "convit_small"
   with pytest.raises(ValueError, match=re.escape("Supported: [")) as info:
     from_timm("resnet50", {})
@@ -154,7 +154,8 @@ def test_cli_round_trip(tr, tmp_path, capsys):
   logits = jax.jit(create_model("convit_tiny").apply)(variables, x)
   np.testing.assert_allclose(logits, torch_logits(model_t, x), atol=1e-4, rtol=0)
   # Existing output needs --force; a mismatched model fails with the key report.
-  assert cli_main(["--model=convit_tiny", f"--input={weights}", f"--output={out}"]) != 0
+  assert cli_main(["--model=convit_tiny", f"--input={weights}", f"--output={out}"]) == 1
+  assert "--force" in capsys.readouterr().err
   assert cli_main(["--model=deit_tiny", f"--input={weights}", f"--output={tmp_path / 'x'}"]) == 1
   assert "missing key(s)" in capsys.readouterr().err
 

@@ -305,8 +305,32 @@ def test_train_augmentation_independent_of_process_count():
   two = next(
     D.make_train_iterator(cfg, src, seed=0, local_batch_size=718, process_index=1, process_count=2)
   )
-  # Process 1 of 2 gets positions 1, 3, 5, ... of the same permutation.
-  np.testing.assert_array_equal(two["image"], one["image"][1::2])
+  # Process 1 of 2 gets the second half of every global batch of the same permutation.
+  np.testing.assert_array_equal(two["image"], one["image"][718:])
+
+
+@pytest.mark.parametrize("process_count", [2, 4])
+def test_process_batches_concatenate_to_the_single_process_batch(process_count):
+  """Row for row, so multi-host training equals single-host training (dropout rows included)."""
+  src = IndexSource(100)
+  single = _take(D.make_train_iterator(_index_cfg(), src, seed=3, local_batch_size=16), 7)
+  local = [
+    _take(
+      D.make_train_iterator(
+        _index_cfg(),
+        src,
+        seed=3,
+        local_batch_size=16 // process_count,
+        process_index=p,
+        process_count=process_count,
+      ),
+      7,
+    )
+    for p in range(process_count)
+  ]
+  for step in range(7):
+    joined = np.concatenate([_indices(local[p][step]) for p in range(process_count)])
+    np.testing.assert_array_equal(joined, _indices(single[step]))
 
 
 def test_train_iterator_exact_resume():

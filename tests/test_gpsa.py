@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import warnings
@@ -26,10 +27,8 @@ def init(module, x, seed=0):
 
 def perturb(variables, seed=1, scale=0.3):
   """Random offsets on every parameter (gates, pos_proj, biases) so no init symmetry hides bugs."""
-  leaves, treedef = jax.tree.flatten(variables)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  leaves = [a + scale * jax.random.normal(k, a.shape) for a, k in zip(leaves, keys)]
-  return jax.tree.unflatten(treedef, leaves)
+  rng = np.random.default_rng(seed)  # NumPy: one eager jax.random call per shape is slow
+  return jax.tree.map(lambda a: a + scale * rng.normal(size=a.shape).astype(np.float32), variables)
 
 
 def tokens(batch=2, dim=36, seed=0):
@@ -94,7 +93,7 @@ def test_fast_path_equals_explicit_form_with_gradients(variant):
 
   def loss(fast):
     f = lambda v, x: jnp.sum(module.clone(fast_path=fast).apply(v, x, grid=GRID) * cotangent)
-    return jax.value_and_grad(f, argnums=(0, 1))(variables, x)
+    return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(variables, x)
 
   (fast_value, fast_grads), (slow_value, slow_grads) = loss(True), loss(False)
   np.testing.assert_allclose(fast_value, slow_value, rtol=1e-5)
@@ -291,14 +290,16 @@ def test_convit_overrides_layers_and_locality():
     **convit_overrides(local_up_to_layer=2, depth=3),
   )
   images = jax.random.normal(jax.random.key(0), (2, 32, 32, 3))
-  variables = model.init(jax.random.key(0), images)
+  variables = jax.jit(model.init)(jax.random.key(0), images)
   params = flax.linen.meta.unbox(variables)["params"]
   assert set(params["blocks_1"]["attn"]) >= {"qk", "v", "pos_proj", "gating_param"}
   assert set(params["blocks_2"]["attn"]) == {"qkv", "proj"}
   np.testing.assert_array_equal(params["blocks_0"]["attn"]["pos_proj"]["kernel"][2], -2.0)
-  logits, state = model.apply(variables, images, mutable=["intermediates"])
+  logits, state = jax.jit(functools.partial(model.apply, mutable=["intermediates"]))(
+    variables, images
+  )
   assert logits.shape == (2, 10)
   inter = state["intermediates"]
   assert inter["blocks_0"]["attn"]["attention"][0].shape == (2, 4, 64, 64)
   assert inter["blocks_2"]["attn"]["attention"][0].shape == (2, 4, 65, 65)  # with class token
-  np.testing.assert_allclose(logits, model.apply(variables, images), atol=1e-5)
+  np.testing.assert_allclose(logits, jax.jit(model.apply)(variables, images), atol=1e-5)

@@ -11,22 +11,31 @@ Restore with ``locvit.convert.load_converted(DIR)`` and use it with
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from locvit.convert.checkpoint import read_state_dict, save_converted
-from locvit.convert.timm import ConversionError, from_timm, resolve_model_name, supported_models
+from locvit.convert.timm import ConversionError, from_timm, resolve_model_name
 
 
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
     prog="python -m locvit.convert", description=__doc__.split("\n")[0]
   )
-  parser.add_argument("--model", required=True, help=f"one of {supported_models()}")
+  parser.add_argument(
+    "--model",
+    required=True,
+    help="a ConViT/DeiT name, e.g. convit_tiny or deit_small_patch16_224 "
+    "(all: locvit.convert.supported_models())",
+  )
   parser.add_argument("--input", required=True, help=".pth/.pt/.bin (torch) or .safetensors")
   parser.add_argument("--output", required=True, help="orbax checkpoint directory to write")
   parser.add_argument("--num_classes", type=int, default=1000, help="classifier width")
   parser.add_argument("--force", action="store_true", help="overwrite an existing --output")
   args = parser.parse_args(argv)
+  if os.path.exists(args.output) and not args.force:
+    print(f"error: {args.output} already exists (pass --force to overwrite).", file=sys.stderr)
+    return 1
   try:
     name = resolve_model_name(args.model)
     variables = from_timm(name, read_state_dict(args.input), num_classes=args.num_classes)

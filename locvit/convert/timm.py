@@ -32,8 +32,6 @@ from locvit.models import create_model, default_image_size, list_models
 from locvit.models.vit import VisionTransformer
 
 SUPPORTED_PREFIXES = ("convit_", "deit_")
-# timm's DeiT names -> locvit's (locvit's deit_* at 224 use patch 16).
-TIMM_ALIASES = {f"deit_{size}_patch16_224": f"deit_{size}" for size in ("tiny", "small", "base")}
 
 
 class ConversionError(ValueError):
@@ -41,18 +39,16 @@ class ConversionError(ValueError):
 
 
 def supported_models() -> list[str]:
-  """Registered locvit names ``from_timm`` converts (timm's ``deit_*_patch16_224`` also work)."""
+  """Registered names ``from_timm`` converts, timm's included (``deit_tiny_patch16_224``)."""
   return [n for n in list_models() if n.startswith(SUPPORTED_PREFIXES)]
 
 
 def resolve_model_name(model_name: str) -> str:
   """Maps a timm name (optionally with a ``.pretrained_tag``) to a registered locvit name."""
   name = model_name.split(".", 1)[0]
-  name = TIMM_ALIASES.get(name, name)
   if name not in supported_models():
     raise ValueError(
-      f"Cannot convert {model_name!r}: not a supported model. Supported: {supported_models()} "
-      f"(timm aliases: {sorted(TIMM_ALIASES)})."
+      f"Cannot convert {model_name!r}: not a supported model. Supported: {supported_models()}."
     )
   return name
 
@@ -143,8 +139,8 @@ def from_timm(
   """Converts a timm (or official ConViT/DeiT) state dict into Flax variables.
 
   Args:
-    model_name: a registered ConViT/DeiT name (``supported_models()``), or timm's
-      ``deit_{tiny,small,base}_patch16_224``; a ``.pretrained_tag`` suffix is ignored.
+    model_name: a registered ConViT/DeiT name (``supported_models()``, which include timm's
+      ``convit_tiny`` and ``deit_tiny_patch16_224``); a ``.pretrained_tag`` suffix is ignored.
     state_dict: timm key -> ``np.ndarray`` or ``torch.Tensor``.
     **overrides: ``create_model`` overrides the checkpoint was trained with, e.g.
       ``num_classes=100`` for a fine-tuned head.

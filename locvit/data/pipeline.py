@@ -1,11 +1,12 @@
 """grain input pipelines: infinite sharded training iterator and padded, masked eval batches.
 
 Training order. Epoch e of the (possibly subsampled) source of n examples is the permutation
-`perm_e = default_rng([0, seed, e]).permutation(n)`. Process p of P takes positions
-p, p + P, p + 2P, ... of perm_e, n // P of them, so processes are disjoint within an epoch and
-together cover all but at most P - 1 examples (which differ from epoch to epoch). The per-process
-stream of epochs 0, 1, 2, ... is cut into batches of `local_batch_size` (a batch may straddle an
-epoch boundary; nothing else is dropped). The augmentation of source example i in epoch e draws
+`perm_e = default_rng([0, seed, e]).permutation(n)`, cut into global batches of G = P * L examples
+(P processes, local batch L); the last n mod G examples of each permutation are dropped (they
+differ from epoch to epoch). Process p reads rows [p * L, (p + 1) * L) of every global batch, so
+the global batch assembled by `jax.make_array_from_process_local_data` is the same, row for row,
+whatever the number of processes: a multi-host run reproduces the single-host run, including the
+per-row dropout masks. The augmentation of source example i in epoch e draws
 from `default_rng([1, seed, e, i])`, so it depends only on (seed, epoch, index), not on the batch
 size or the number of processes.
 
@@ -63,10 +64,12 @@ def _normalizer(cfg: Any):
 class _EpochOrder:
   """Maps a per-process stream position to (epoch, source index); see the module docstring."""
 
-  def __init__(self, n: int, seed: int, process_index: int, process_count: int) -> None:
+  def __init__(
+    self, n: int, seed: int, process_index: int, process_count: int, local_batch_size: int
+  ) -> None:
     self.n, self.seed = n, seed
-    self.p, self.P = process_index, process_count
-    self.per_process = n // process_count
+    self.p, self.P, self.L = process_index, process_count, local_batch_size
+    self.per_process = n // (process_count * local_batch_size) * local_batch_size
 
   @functools.lru_cache(maxsize=2)  # noqa: B019  (one object per pipeline; epochs are sequential)
   def permutation(self, epoch: int) -> np.ndarray:
@@ -74,7 +77,8 @@ class _EpochOrder:
 
   def __call__(self, position: int) -> tuple[int, int]:
     epoch, k = divmod(int(position), self.per_process)
-    return epoch, int(self.permutation(epoch)[self.p + k * self.P])
+    batch, row = divmod(k, self.L)
+    return epoch, int(self.permutation(epoch)[(batch * self.P + self.p) * self.L + row])
 
 
 def make_train_dataset(
@@ -93,12 +97,13 @@ def make_train_dataset(
   if seed < 0:
     raise ValueError(f"seed={seed} must be non-negative")
   n = len(source)
-  order = _EpochOrder(n, seed, process_index, process_count)
-  if local_batch_size < 1 or order.per_process < local_batch_size:
+  if local_batch_size < 1 or n < local_batch_size * process_count:
     raise ValueError(
-      f"local_batch_size={local_batch_size} must be in [1, {order.per_process}] "
-      f"(examples per process per epoch: {n} examples / {process_count} processes)"
+      f"local_batch_size={local_batch_size} must be in [1, {n // process_count}] "
+      f"(a global batch of {local_batch_size} x {process_count} processes must fit in the "
+      f"{n} examples of one epoch)"
     )
+  order = _EpochOrder(n, seed, process_index, process_count, local_batch_size)
   transform = augment.build_train_transform(data_config)
 
   def load(position: int, _: Any) -> dict[str, Any]:
