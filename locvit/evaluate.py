@@ -57,5 +57,5 @@ def evaluate(
     "eval/top1": float(totals["top1"]) / count,
     "eval/top5": float(totals["top5"]) / count,
     "eval/loss": float(totals["loss"]) / count,
-    "eval/num_examples": int(round(count)),
+    "eval/num_examples": round(count),
   }

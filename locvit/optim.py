@@ -9,8 +9,9 @@ Everything is driven by the config:
 - ``optimizer.decay_mask``: 'intended' (no decay on biases, norms, positional embeddings, class
   token, gates and other 1-D parameters), 'official_convit' (the ConViT run's actual mask: every
   parameter with ndim >= 2 is decayed, which includes ``pos_embed``, ``cls_token`` and
-  ``pos_proj`` kernels), or 'all'.
-- ``freeze``: regular expressions on '/'-joined parameter paths; matching parameters get zero updates.
+  ``pos_proj`` kernels; biases, norms and gates are not), or 'all'.
+- ``freeze``: regular expressions on '/'-joined parameter paths; matching parameters get zero
+  updates.
 """
 
 from __future__ import annotations
@@ -55,7 +56,10 @@ def decay_mask(params: Any, kind: str) -> Any:
   if kind == "all":
     return _tree_of(params, lambda path, p: True)
   if kind == "official_convit":
-    return _tree_of(params, lambda path, p: p.ndim >= 2)
+    # PyTorch's ndim >= 2 rule; locvit stores some biases at rank 3, so go by name too.
+    return _tree_of(
+      params, lambda path, p: p.ndim >= 2 and path.split("/")[-1] not in ("bias", "scale")
+    )
   return _tree_of(
     params, lambda path, p: p.ndim >= 2 and not any(n in path.split("/") for n in NO_DECAY_NAMES)
   )
@@ -100,7 +104,7 @@ def make_schedule(
     after = optax.cosine_decay_schedule(peak, decay_steps, alpha=sched.min_lr / peak if peak else 0)
   else:
     bounds = {
-      int(round(e * steps_per_epoch)) - warmup: sched.decay_factor for e in sched.boundaries_epochs
+      round(e * steps_per_epoch) - warmup: sched.decay_factor for e in sched.boundaries_epochs
     }
     after = optax.piecewise_constant_schedule(peak, {b: f for b, f in bounds.items() if b > 0})
   if warmup == 0:

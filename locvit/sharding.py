@@ -74,7 +74,7 @@ def make_mesh(mesh_config: ml_collections.ConfigDict, devices=None) -> Mesh:
   if mesh_config.get("num_devices"):
     if mesh_config.num_devices > len(devices):
       raise ValueError(
-          f"mesh.num_devices={mesh_config.num_devices} but only {len(devices)} devices exist."
+        f"mesh.num_devices={mesh_config.num_devices} but only {len(devices)} devices exist."
       )
     devices = devices[: mesh_config.num_devices]
   shape = resolve_mesh_shape(mesh_config.shape, len(devices))

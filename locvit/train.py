@@ -82,7 +82,7 @@ def training_length(config, num_train_examples: int) -> tuple[int, int]:
   if config.get("total_steps", -1) > 0:
     return config.total_steps, steps_per_epoch
   epochs = config.num_epochs / config.data.get("train_fraction", 1.0)
-  return max(int(math.ceil(epochs * steps_per_epoch)), 1), steps_per_epoch
+  return max(math.ceil(epochs * steps_per_epoch), 1), steps_per_epoch
 
 
 def abstract_train_state(model, tx, image_shape):
@@ -135,10 +135,10 @@ def train_step(state: TrainState, batch, *, model, tx, schedule, config, num_cla
 
     def body(carry, xs):
       i, mb = xs
-      (l, a), g = grad_fn(
+      (loss_i, acc_i), g = grad_fn(
         state.params, model, mb["image"], mb["label"], jax.random.fold_in(rng, i), **kwargs
       )
-      return jax.tree.map(jnp.add, carry, (l, a, g)), None
+      return jax.tree.map(jnp.add, carry, (loss_i, acc_i, g)), None
 
     zeros = (0.0, 0.0, jax.tree.map(jnp.zeros_like, state.params))
     (loss, acc, grads), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))

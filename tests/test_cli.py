@@ -28,8 +28,13 @@ def _env(devices: int) -> dict[str, str]:
 
 def _main(*args, devices=8, **kwargs):
   return subprocess.Popen(
-      [sys.executable, "-m", "locvit.main", *args], cwd=ROOT, env=_env(devices),
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs,
+    [sys.executable, "-m", "locvit.main", *args],
+    cwd=ROOT,
+    env=_env(devices),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    **kwargs,
   )
 
 
@@ -53,7 +58,11 @@ def test_quickstart_reaches_090(tmp_path):
 @pytest.mark.slow
 def test_cli_sigterm_then_resume_matches(tmp_path):
   """A real SIGTERM to the CLI mid-run, then a restart: same losses as one uninterrupted run."""
-  args = ["--config=tests/configs/tiny.py", "--config.total_steps=40", "--config.eval_every_steps=20"]
+  args = [
+    "--config=tests/configs/tiny.py",
+    "--config.total_steps=40",
+    "--config.eval_every_steps=20",
+  ]
   full = _main(*args, f"--workdir={tmp_path / 'full'}")
   assert full.wait(timeout=300) == 0, full.stdout.read()
 
@@ -61,7 +70,8 @@ def test_cli_sigterm_then_resume_matches(tmp_path):
   proc = _main(*args, f"--workdir={workdir}")
   metrics = workdir / "metrics.jsonl"
   deadline = time.time() + 240
-  while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 5):
+  logged = lambda: len(metrics.read_text().splitlines()) if metrics.exists() else 0
+  while time.time() < deadline and logged() < 5:
     time.sleep(0.05)
   proc.send_signal(signal.SIGTERM)
   out, _ = proc.communicate(timeout=120)
@@ -75,7 +85,7 @@ def test_cli_sigterm_then_resume_matches(tmp_path):
   assert _losses(workdir) == _losses(tmp_path / "full")
   final = lambda d: [r for r in read_metrics(d) if "eval/top1" in r]
   assert final(workdir) == final(tmp_path / "full") or [
-      (r["step"], r["eval/top1"], r["eval/loss"]) for r in final(workdir)
+    (r["step"], r["eval/top1"], r["eval/loss"]) for r in final(workdir)
   ] == [(r["step"], r["eval/top1"], r["eval/loss"]) for r in final(tmp_path / "full")]
 
 
@@ -94,10 +104,15 @@ def test_two_process_distributed_run_matches_single_process(tmp_path):
   port = _free_port()
   workdir = tmp_path / "multi"
   procs = [
-      _main("--config=tests/configs/tiny.py", f"--workdir={workdir}",
-            f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={i}",
-            devices=4)
-      for i in range(2)
+    _main(
+      "--config=tests/configs/tiny.py",
+      f"--workdir={workdir}",
+      f"--coordinator_address=localhost:{port}",
+      "--num_processes=2",
+      f"--process_id={i}",
+      devices=4,
+    )
+    for i in range(2)
   ]
   outs = [p.communicate(timeout=300)[0] for p in procs]
   for p, out in zip(procs, outs):

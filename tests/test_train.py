@@ -60,7 +60,7 @@ def test_layouts_shard_parameters_as_configured():
   )
   fsdp = _param_specs("fsdp", (8, 1))
   assert tuple(fsdp["blocks_0"]["mlp"]["fc1"]["kernel"]) == ("data", None)  # embed=32 over 8
-  assert tuple(fsdp["blocks_0"]["attn"]["qkv"]["kernel"])[0] == "data"
+  assert fsdp["blocks_0"]["attn"]["qkv"]["kernel"][0] == "data"
   tp = _param_specs("tp", (4, 2))
   assert tuple(tp["blocks_0"]["mlp"]["fc1"]["kernel"]) == (None, "model")
   assert tuple(tp["blocks_0"]["mlp"]["fc2"]["kernel"]) == ("model", None)

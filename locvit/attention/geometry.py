@@ -78,7 +78,7 @@ def gpsa_relative_features(grid: TokenGrid) -> np.ndarray:
 
 def grid_from_tokens(num_tokens: int) -> TokenGrid:
   """Infers a square grid from a token count, with a clear error when it is not square."""
-  side = int(round(num_tokens**0.5))
+  side = round(num_tokens**0.5)
   if side * side != num_tokens:
     raise ValueError(
       f"Cannot infer a square token grid from {num_tokens} tokens; pass the grid explicitly."

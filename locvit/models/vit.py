@@ -1,4 +1,6 @@
-"""ViT / DeiT backbone with a per-layer attention spec (Dosovitskiy et al. 2021; Touvron et al. 2021).
+"""ViT / DeiT backbone with a per-layer attention spec.
+
+Dosovitskiy et al. 2021 (ViT); Touvron et al. 2021 (DeiT).
 
 ConViT (d'Ascoli et al. 2021) is this backbone with ``gpsa`` attention in the first layers and the
 class token inserted later (``class_token_layer``); the structured-initialization ViT uses fixed
