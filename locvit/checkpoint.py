@@ -1,6 +1,6 @@
 """Checkpoints with orbax: async saves, last-N plus best retention, data-iterator position, resume.
 
-A checkpoint step directory holds three items:
+``DIR/<step>`` keeps the last N steps and ``DIR/best/<step>`` the best one. A step holds:
 - ``state``: the sharded ``TrainState`` (restored with the shardings of the abstract target);
 - ``data``: the grain training-iterator position, one file per process;
 - ``meta``: JSON with the config fingerprint, so an incompatible workdir is caught before compiling.
@@ -19,7 +19,6 @@ import grain
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
-from orbax.checkpoint import checkpoint_managers as policies
 
 BEST_METRIC = "eval/top1"
 # Config fields whose change makes a checkpoint unusable for resuming.
@@ -62,35 +61,43 @@ def check_compatible(saved: dict[str, Any], config: ml_collections.ConfigDict, w
     )
 
 
+def _manager(directory: str, keep: int, async_save: bool) -> ocp.CheckpointManager:
+  return ocp.CheckpointManager(
+    directory,
+    item_names=("state", "data", "meta"),
+    options=ocp.CheckpointManagerOptions(
+      max_to_keep=keep, enable_async_checkpointing=async_save, cleanup_tmp_directories=True
+    ),
+  )
+
+
 class Checkpointer:
-  """Thin wrapper over ``ocp.CheckpointManager`` with locvit's items and retention policy."""
+  """Orbax managers for ``DIR`` (the last ``keep`` steps, for resuming) and ``DIR/best`` (the
+  step with the highest ``eval/top1`` so far).
+
+  Keeping "best" in its own manager means newer steps can never rotate it out, also across
+  restarts.
+  """
 
   def __init__(
     self, directory: str, *, keep: int = 3, keep_best: bool = True, async_save: bool = True
   ):
     self.directory = os.path.abspath(directory)
-    preserve = [policies.LatestN(n=max(keep, 1))]
-    if keep_best:
-      preserve.append(
-        policies.BestN(
-          get_metric_fn=lambda m: m[BEST_METRIC], n=1, keep_checkpoints_without_metrics=False
-        )
-      )
-    self.manager = ocp.CheckpointManager(
-      self.directory,
-      item_names=("state", "data", "meta"),
-      options=ocp.CheckpointManagerOptions(
-        enable_async_checkpointing=async_save,
-        preservation_policy=policies.AnyPreservationPolicy(preserve),
-        cleanup_tmp_directories=True,
-      ),
-    )
+    self.manager = _manager(self.directory, max(keep, 1), async_save)
+    self.best = _manager(os.path.join(self.directory, "best"), 1, async_save) if keep_best else None
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
   def best_step(self) -> int | None:
-    return self.manager.best_step()
+    return self.best.latest_step() if self.best is not None else None
+
+  def best_score(self) -> float | None:
+    step = self.best_step()
+    if step is None:
+      return None
+    meta = self.best.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    return meta["metrics"][BEST_METRIC]
 
   def saved_meta(self, step: int | None = None) -> dict[str, Any] | None:
     step = self.latest_step() if step is None else step
@@ -98,25 +105,34 @@ class Checkpointer:
       return None
     return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
+  def _items(self, step, state, data_iter, config, metrics) -> ocp.args.Composite:
+    items = {
+      "state": ocp.args.StandardSave(state),
+      "meta": ocp.args.JsonSave({"step": step, "config": fingerprint(config), "metrics": metrics}),
+    }
+    if data_iter is not None:
+      items["data"] = grain.checkpoint.CheckpointSave(data_iter)
+    return ocp.args.Composite(**items)
+
   def save(
     self,
     step: int,
     state: Any,
     data_iter: grain.DatasetIterator | None,
     config: ml_collections.ConfigDict,
-    metrics: dict[str, float] | None = None,
+    metrics: dict[str, Any] | None = None,
     force: bool = False,
   ) -> bool:
-    items = {
-      "state": ocp.args.StandardSave(state),
-      "meta": ocp.args.JsonSave({"step": step, "config": fingerprint(config)}),
-    }
-    if data_iter is not None:
-      items["data"] = grain.checkpoint.CheckpointSave(data_iter)
-    best = (
-      {BEST_METRIC: float(metrics[BEST_METRIC])} if metrics and BEST_METRIC in metrics else None
+    """Saves ``step``; also replaces the best checkpoint when ``eval/top1`` improves on it."""
+    metrics = {k: float(v) for k, v in (metrics or {}).items() if k.startswith("eval/")}
+    saved = self.manager.save(
+      step, args=self._items(step, state, data_iter, config, metrics), force=force
     )
-    return self.manager.save(step, args=ocp.args.Composite(**items), metrics=best, force=force)
+    if self.best is not None and BEST_METRIC in metrics:
+      best = self.best_score()
+      if best is None or metrics[BEST_METRIC] > best:
+        self.best.save(step, args=self._items(step, state, None, config, metrics), force=True)
+    return saved
 
   def restore(
     self, step: int, abstract_state: Any, data_iter: grain.DatasetIterator | None = None
@@ -133,6 +149,10 @@ class Checkpointer:
 
   def wait(self) -> None:
     self.manager.wait_until_finished()
+    if self.best is not None:
+      self.best.wait_until_finished()
 
   def close(self) -> None:
     self.manager.close()
+    if self.best is not None:
+      self.best.close()

@@ -14,6 +14,8 @@ from locvit.attention.geometry import (
   squared_distances,
 )
 from locvit.attention.gpsa import GPSA as GPSA  # registers attention kinds 'gpsa' and 'psa'
+from locvit.attention.masks import GMMAttention as GMMAttention  # registers 'gmm' and 'elm'
+from locvit.attention.relative import RelativeAttention as RelativeAttention  # 'quadratic', ...
 
 __all__ = [
   "COMBINE_RULES",

@@ -8,6 +8,7 @@
 
 from locvit.models import deit  # noqa: F401  (registers models)
 from locvit.models.convit import convit_overrides  # noqa: F401  (registers ConViT models)
+from locvit.models.cordonnier import CordonnierNet as CordonnierNet  # + resnet18_cifar
 from locvit.models.intermediates import apply_with_intermediates
 from locvit.models.registry import create_model, default_image_size, list_models, register_model
 from locvit.models.vit import VisionTransformer

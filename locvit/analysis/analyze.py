@@ -1,0 +1,230 @@
+"""The analyze command: ConViT's locality figures from a training workdir.
+
+  python -m locvit.main --config=CONFIG --workdir=DIR --mode=analyze
+
+Reads ``DIR/metrics.jsonl`` (the ``locality/...`` records the trainer logs at each evaluation
+when ``config.analysis.locality`` is True) and the latest checkpoint in ``DIR/checkpoints``, and
+writes into ``DIR/analysis`` (or ``output_dir``):
+
+- ``nonlocality.png``: head-averaged nonlocality of every layer over training (paper Fig. 5);
+- ``gates.png``: ``sigmoid(lambda_h)`` of every head of every GPSA layer over training (Fig. 6);
+- ``attention_maps.png``: the attention of one query patch for every head of chosen layers on one
+  eval image, each head's gate in its title (Fig. 7), from the checkpoint's parameters and the
+  real per-layer inputs.
+
+The curves need logged locality records; without them only the attention maps are drawn (and a
+warning says how to log them). Run it as a single process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from locvit import checkpoint as ckpt_lib
+from locvit import data as data_lib
+from locvit import metrics as metrics_lib
+from locvit.analysis import locality, plots
+
+# The paper's Fig. 7 shows layers 2 and 10 (1-based), i.e. blocks 1 and 9.
+PAPER_MAP_LAYERS = (1, 9)
+_HEAD_KEY = re.compile(rf"^{locality.PREFIX}/(\w+)/layer_(\d+)/head_(\d+)$")
+
+
+def _analysis_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  analysis = locality.default_analysis_config()
+  analysis.update(config.get("analysis") or {})
+  return analysis
+
+
+# ------------------------------------------------------------------------------------------------
+# Curves from metrics.jsonl
+
+
+def locality_series(records: Sequence[dict[str, Any]]) -> tuple[np.ndarray, dict]:
+  """``(steps (T,), {name: {layer: (T, H)}})`` from the records holding per-head locality keys.
+
+  A head missing from a record is NaN at that point.
+  """
+  rows = [r for r in records if any(_HEAD_KEY.match(k) for k in r)]
+  steps = np.asarray([r["step"] for r in rows], np.int64)
+  shapes: dict[str, dict[int, int]] = {}
+  for r in rows:
+    for key in r:
+      if m := _HEAD_KEY.match(key):
+        name, layer, head = m.group(1), int(m.group(2)), int(m.group(3))
+        heads = shapes.setdefault(name, {})
+        heads[layer] = max(heads.get(layer, 0), head + 1)
+  series = {
+    name: {layer: np.full((len(rows), h), np.nan) for layer, h in layers.items()}
+    for name, layers in shapes.items()
+  }
+  for t, r in enumerate(rows):
+    for key, value in r.items():
+      if m := _HEAD_KEY.match(key):
+        series[m.group(1)][int(m.group(2))][t, int(m.group(3))] = value
+  return steps, series
+
+
+def epochs_per_step(records: Sequence[dict[str, Any]]) -> float | None:
+  """The trainer logs ``epoch = step / steps_per_epoch``; recover the ratio if any record has it."""
+  for r in records:
+    if r.get("epoch") and r.get("step"):
+      return float(r["epoch"]) / float(r["step"])
+  return None
+
+
+# ------------------------------------------------------------------------------------------------
+# Parameters and images
+
+
+def restore_params(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  model: nn.Module,
+  image_shape: tuple[int, ...],
+  step: int | None = None,
+) -> tuple[Any, int]:
+  """``(params, step)`` of a checkpoint in ``workdir/checkpoints`` (latest by default), restored
+  onto one device without the optimizer state."""
+  from locvit import train  # the trainer's restore helpers; imported lazily (heavy)
+
+  checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+  try:
+    step = checkpointer.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"No checkpoint found in {workdir}/checkpoints.")
+    ckpt_lib.check_compatible(checkpointer.saved_meta(step)["config"], config, workdir)
+    boxed, _ = train.abstract_train_state(model, None, image_shape)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), nn.meta.unbox(boxed)
+    )
+    restored = checkpointer.manager.restore(step, args=train.ocp_partial_params(abstract))
+  finally:
+    checkpointer.close()
+  return restored["state"]["params"], step
+
+
+def display_image(config: ml_collections.ConfigDict, image: np.ndarray) -> np.ndarray:
+  """Undoes the eval normalisation (``x * std + mean``) for display in [0, 1]."""
+  mean, std = np.asarray(config.data.mean, np.float32), np.asarray(config.data.std, np.float32)
+  if image.shape[-1] == 1:  # the pipeline averages 3-channel statistics for 1-channel images
+    mean, std = mean.mean(keepdims=True), std.mean(keepdims=True)
+  return np.clip(image * std + mean, 0.0, 1.0)
+
+
+def _check_layers(layers: Sequence[int], depth: int) -> tuple[int, ...]:
+  layers = tuple(sorted({int(i) for i in layers}))
+  bad = [i for i in layers if not 0 <= i < depth]
+  if bad or not layers:
+    raise ValueError(f"layers={list(layers)}: choose layer indices in [0, {depth - 1}].")
+  return layers
+
+
+def _check_query(query: Sequence[int], grid) -> tuple[int, int]:
+  if len(query) != 2 or not (0 <= query[0] < grid.height and 0 <= query[1] < grid.width):
+    raise ValueError(
+      f"query={tuple(query)} must be a (row, col) patch of the {grid.height}x{grid.width} grid."
+    )
+  return int(query[0]), int(query[1])
+
+
+def query_maps(
+  model: nn.Module, params: Any, image: np.ndarray, layers: Sequence[int], query: tuple[int, int]
+) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray | None]]:
+  """``({layer: (H, gh, gw)}, {layer: gates or None})``: the query patch's attention over patches.
+
+  Class-token rows/columns are dropped and the row renormalised over patches (as for Eq. 8).
+  """
+  grid = locality.token_grid(model, image[None])
+  maps = jax.device_get(locality.per_layer_attention(model, params, image[None]))
+  q = query[0] * grid.width + query[1]
+  out, gates = {}, {}
+  for i in layers:
+    if i not in maps:
+      raise ValueError(f"Layer {i} ({locality.layer_kinds(model)[i]}) records no attention map.")
+    p = locality.prefix_tokens(model, i)
+    row = np.asarray(maps[i][0, :, p + q, p:], np.float64)
+    out[i] = (row / row.sum(-1, keepdims=True)).reshape(-1, grid.height, grid.width)
+    stats = locality.parameter_statistics(jax.device_get(params[f"blocks_{i}"]["attn"]))
+    gates[i] = np.asarray(stats["gate"]) if "gate" in stats else None
+  return out, gates
+
+
+# ------------------------------------------------------------------------------------------------
+# The command
+
+
+def analyze(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  output_dir: str | None = None,
+  *,
+  layers: Sequence[int] | None = None,
+  query: tuple[int, int] | None = None,
+  step: int | None = None,
+) -> list[str]:
+  """Writes the ConViT figures for ``workdir`` and returns the PNG paths.
+
+  Args:
+    config: the run's config (model, data and ``config.analysis``).
+    workdir: the training workdir (``metrics.jsonl``, ``checkpoints/``).
+    output_dir: where to write; default ``workdir/analysis``.
+    layers: layers of the attention-map figure (0-based); default ``config.analysis.map_layers``
+      or the paper's layers 2 and 10 (indices 1, 9) clipped to the depth.
+    query: ``(row, col)`` query patch; default ``config.analysis.query`` or the centre patch.
+    step: checkpoint step for the maps; default the latest.
+  """
+  from locvit import train
+
+  analysis = _analysis_config(config)
+  output_dir = output_dir or os.path.join(workdir, "analysis")
+  paths = []
+
+  records = metrics_lib.read_metrics(workdir) if os.path.exists(
+    os.path.join(workdir, "metrics.jsonl")
+  ) else []
+  steps, series = locality_series(records)
+  ratio = epochs_per_step(records)
+  x, xlabel = (steps * ratio, "epoch") if ratio else (steps, "step")
+  if "nonlocality" in series:
+    layer_means = {i: np.nanmean(v, axis=1) for i, v in series["nonlocality"].items()}
+    fig = plots.nonlocality_figure(x, layer_means, xlabel=xlabel, title=config.model.name)
+    paths.append(plots.save(fig, os.path.join(output_dir, "nonlocality.png")))
+  else:
+    logging.warning(
+      "No locality records in %s/metrics.jsonl: set config.analysis.locality=True when training "
+      "to get the nonlocality and gate curves. Drawing the attention maps only.",
+      workdir,
+    )
+  if "gate" in series:
+    fig = plots.gate_figure(x, series["gate"], xlabel=xlabel)
+    paths.append(plots.save(fig, os.path.join(output_dir, "gates.png")))
+
+  source = data_lib.make_source(config.data, config.data.eval_split)
+  model = train.build_model(config, config.data.get("num_classes") or source.num_classes)
+  images = locality.fixed_eval_images(config, analysis.map_image_index + 1, source=source)
+  if analysis.map_image_index >= len(images):
+    raise ValueError(f"analysis.map_image_index={analysis.map_image_index}: only {len(images)}.")
+  image = images[analysis.map_image_index]
+  params, step = restore_params(config, workdir, model, image.shape, step)
+  grid = locality.token_grid(model, image[None])
+  default_layers = analysis.map_layers or [min(i, model.depth - 1) for i in PAPER_MAP_LAYERS]
+  layers = _check_layers(default_layers if layers is None else layers, model.depth)
+  query = _check_query(query or analysis.query or (grid.height // 2, grid.width // 2), grid)
+  maps, gates = query_maps(model, params, image, layers, query)
+  fig = plots.attention_maps_figure(
+    display_image(config, image), grid, query, maps, gates, patch_size=model.patch_size
+  )
+  fig.suptitle(f"{config.model.name}, step {step}, query patch {query}")
+  paths.append(plots.save(fig, os.path.join(output_dir, "attention_maps.png")))
+  return paths

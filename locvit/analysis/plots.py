@@ -1,0 +1,144 @@
+"""ConViT figures with matplotlib's object API and the Agg canvas (no pyplot, no global state).
+
+- :func:`nonlocality_figure`: nonlocality of each layer over training (paper Fig. 5).
+- :func:`gate_figure`: ``sigmoid(lambda_h)`` of every head of every GPSA layer over training,
+  with the head mean in black (Fig. 6).
+- :func:`attention_maps_figure`: one query patch's attention for every head of chosen layers,
+  logarithmic colour scale, each head's gate in its title on a white-to-red background (Fig. 7).
+
+Layers are labelled from 0, like the parameters (``blocks_i``); the paper counts from 1.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from matplotlib import colormaps, colors, patches
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from locvit.attention import TokenGrid
+
+
+def save(fig: Figure, path: str, dpi: int = 120) -> str:
+  """Renders ``fig`` to a PNG at ``path`` (directories are created) and returns the path."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  FigureCanvasAgg(fig)
+  fig.savefig(path, dpi=dpi, bbox_inches="tight")
+  return path
+
+
+def _layer_colours(layers: Sequence[int]) -> dict[int, tuple]:
+  cmap = colormaps["viridis"]
+  span = max(len(layers) - 1, 1)
+  return {layer: cmap(i / span) for i, layer in enumerate(sorted(layers))}
+
+
+def nonlocality_figure(
+  x: np.ndarray, series: Mapping[int, np.ndarray], *, xlabel: str = "step", title: str = ""
+) -> Figure:
+  """Fig. 5: one line per layer, the head-averaged nonlocality (Eq. 8) at each logged point."""
+  if not series:
+    raise ValueError("No nonlocality series to plot.")
+  fig = Figure(figsize=(5.5, 4))
+  ax = fig.add_subplot()
+  palette = _layer_colours(list(series))
+  for layer in sorted(series):
+    ax.plot(x, series[layer], color=palette[layer], label=f"layer {layer}", marker=".")
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel("nonlocality (patches)")
+  ax.set_title(title or "Nonlocality (Eq. 8)")
+  ax.legend(fontsize="small", ncol=2)
+  return fig
+
+
+def gate_figure(x: np.ndarray, gates: Mapping[int, np.ndarray], *, xlabel: str = "step") -> Figure:
+  """Fig. 6: per GPSA layer, ``sigmoid(lambda_h)`` of each head (colours) and their mean (black).
+
+  ``gates[layer]`` is ``(T, H)`` for the T logged points.
+  """
+  if not gates:
+    raise ValueError("No gate series to plot (the model has no GPSA layer, or none was logged).")
+  layers = sorted(gates)
+  cols = min(len(layers), 5)
+  rows = -(-len(layers) // cols)
+  fig = Figure(figsize=(2.6 * cols, 2.3 * rows))
+  axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
+  for ax, layer in zip(axes.flat, layers, strict=False):
+    values = np.asarray(gates[layer])
+    for h in range(values.shape[1]):
+      ax.plot(x, values[:, h], lw=1, color=colormaps["tab10"](h % 10), label=f"head {h}")
+    ax.plot(x, values.mean(axis=1), lw=2, color="black", label="mean")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"layer {layer}")
+  for ax in axes.flat[len(layers) :]:
+    ax.set_visible(False)
+  for ax in axes[-1]:
+    ax.set_xlabel(xlabel)
+  for ax in axes[:, 0]:
+    ax.set_ylabel(r"$\sigma(\lambda_h)$")
+  axes.flat[0].legend(fontsize="x-small")
+  return fig
+
+
+def head_title(head: int, gate: float | None) -> str:
+  """``'head 2'`` or ``'head 2  g=0.73'`` (the gate ``sigmoid(lambda)`` of a GPSA head)."""
+  return f"head {head}" if gate is None else f"head {head}  g={gate:.2f}"
+
+
+def attention_maps_figure(
+  image: np.ndarray,
+  grid: TokenGrid,
+  query: tuple[int, int],
+  maps: Mapping[int, np.ndarray],
+  gates: Mapping[int, np.ndarray | None],
+  *,
+  patch_size: int,
+) -> Figure:
+  """Fig. 7: the input with the query patch boxed in red, then one row of heads per layer.
+
+  Args:
+    image: ``(H, W, C)`` image in [0, 1] for display.
+    grid: the patch grid; ``query`` is its ``(row, col)``.
+    maps: ``{layer: (heads, grid.height, grid.width)}`` attention of the query patch.
+    gates: ``{layer: (heads,) or None}``; a gate is printed in the title, on a background from
+      white (content) to red (position).
+  """
+  layers = sorted(maps)
+  heads = max(np.asarray(maps[layer]).shape[0] for layer in layers)
+  fig = Figure(figsize=(2.0 * (heads + 1), 2.2 * len(layers)))
+  axes = fig.subplots(len(layers), heads + 1, squeeze=False)
+  row, col = query
+  for r, layer in enumerate(layers):
+    ax = axes[r, 0]
+    ax.imshow(np.clip(image.squeeze(), 0, 1), cmap="gray" if image.shape[-1] == 1 else None)
+    ax.add_patch(
+      patches.Rectangle(
+        (col * patch_size - 0.5, row * patch_size - 0.5),
+        patch_size,
+        patch_size,
+        fill=False,
+        edgecolor="red",
+        lw=2,
+      )
+    )
+    ax.set_title(f"layer {layer}")
+    attn = np.asarray(maps[layer], np.float64)
+    gate = gates.get(layer)
+    for h in range(heads):
+      ax = axes[r, h + 1]
+      if h >= attn.shape[0]:
+        ax.set_visible(False)
+        continue
+      values = np.maximum(attn[h], 1e-8)
+      ax.imshow(values, cmap="viridis", norm=colors.LogNorm(vmin=values.min(), vmax=values.max()))
+      ax.add_patch(patches.Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False, edgecolor="red"))
+      g = None if gate is None else float(gate[h])
+      style = {} if g is None else {"backgroundcolor": colormaps["Reds"](0.85 * g)}
+      ax.set_title(head_title(h, g), fontsize="small", **style)
+  for ax in axes.flat:
+    ax.set_xticks([])
+    ax.set_yticks([])
+  return fig

@@ -1,0 +1,359 @@
+"""Gaussian mixture masks (GMM) and element-wise learnable masks (ELM) on attention logits.
+
+Li & Zhang, "Toward a Deeper Understanding: RetNet Viewed through Convolution". A mask ``M`` of
+shape ``(H, N, N)`` (no batch dimension) enters the attention through the seam of
+``locvit.attention.Attention``:
+
+- ``combine='multiply'`` (default, faithful): ``softmax((q k^T / sqrt(d)) * M) v`` -- Eq. 9, and
+  what the official code does (``Gaussian_Mixture_Mask.forward`` returns ``attn * x``).
+- ``combine='add'``: ``softmax(q k^T / sqrt(d) + M) v`` -- the paper text's "we simply add the
+  obtained GMM"; runs in the fused ``jax.nn.dot_product_attention`` kernel.
+
+GMM (Eq. 1, Algorithm 1), per layer and head ``h``, with ``K`` kernels and ``d^2 = dx^2 + dy^2``
+the squared distance between query and key on the token grid:
+
+- ``kernel='faithful'`` (official code): ``M_h = sum_k alpha_kh * B ** (1 / (sigma_kh^2 + 1e-5))``
+  with the base table ``B = exp(-d^2) ** 0.5`` computed in float32 once per grid. In float32,
+  ``exp(-d^2)`` is exactly 0 for ``d^2 >= 104`` (below half the smallest subnormal), so on grids
+  of 9x9 and larger the far entries of ``B`` -- and of ``M``, whatever sigma is -- are exactly 0
+  (16x16: 21,792 of 65,536 entries). An 8x8 grid (CIFAR at patch 4) is unaffected.
+- ``kernel='intended'``: ``M_h = sum_k alpha_kh * exp(-d^2 / (2 (sigma_kh^2 + 1e-5)))``, the same
+  function in exact arithmetic, with no underflow (far entries stay positive).
+
+Initialisation (Sec. 4.2): ``alpha ~ N(0, 2^2)``, ``sigma ~ N(10, 10^2)``, both of shape ``(K, H)``,
+so GMM adds ``2 K H`` parameters per layer.
+
+ELM (Sec. 3.1): one ``(N, N)`` parameter per layer shared by the heads, initialised to zeros as
+in the official ``Simple_Mask``; multiplied into the logits, so at init every logit is 0 and the
+attention is uniform.
+
+The paper defines both masks on a square ``N^(1/2) x N^(1/2)`` grid (Eq. 2). The geometry here is
+well defined on any ``h x w`` grid; pass ``allow_non_square=True`` to use it there.
+
+Attention kinds ``'gmm'`` and ``'elm'`` are registered: ``Attention`` with the mask as its
+positional term, configured through a backbone's ``attention_kwargs``, e.g.
+``{'gmm': {'num_kernels': 5, 'kernel': 'faithful', 'combine': 'multiply'}}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Literal
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from locvit.attention.attention import Attention, partitioned, register_attention
+from locvit.attention.geometry import TokenGrid, squared_distances
+
+Array = jax.Array
+Kernel = Literal["faithful", "intended"]
+KERNELS = ("faithful", "intended")
+MASK_COMBINE = ("multiply", "add")
+MASK_KINDS = ("gmm", "elm")
+SIGMA_EPS = 1e-5  # the official code's epsilon in 1 / (sigma^2 + eps)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables computed once per grid (NumPy constants, never per example).
+
+
+@functools.lru_cache(maxsize=64)
+def distance_levels(grid: TokenGrid) -> tuple[np.ndarray, np.ndarray]:
+  """Distinct squared distances ``levels`` (D,) and ``index`` (N, N) with ``d2 = levels[index]``.
+
+  A GMM table only depends on ``d^2``, which takes few distinct values (e.g. 26 on 8x8), so the
+  kernels are evaluated on ``(K, H, D)`` and gathered to ``(H, N, N)`` once per call.
+  """
+  levels, index = np.unique(squared_distances(grid), return_inverse=True)
+  levels = levels.astype(np.float32)
+  index = index.reshape(grid.num_tokens, grid.num_tokens).astype(np.int32)
+  levels.setflags(write=False)
+  index.setflags(write=False)
+  return levels, index
+
+
+def faithful_base(d2: np.ndarray) -> np.ndarray:
+  """``exp(-d^2) ** 0.5`` in float32 NumPy (subnormals kept, as PyTorch does on CPU and GPU).
+
+  Computed in NumPy rather than XLA, whose CPU backend flushes subnormals to zero and would add
+  zeros for ``87 < d^2 < 104`` that the official code does not have.
+  """
+  return np.exp(-np.asarray(d2, np.float32)) ** np.float32(0.5)
+
+
+@functools.lru_cache(maxsize=64)
+def gaussian_base_table(grid: TokenGrid) -> np.ndarray:
+  """The official base table ``B = exp(-d^2) ** 0.5`` of shape (N, N), float32 (read-only)."""
+  out = faithful_base(squared_distances(grid))
+  out.setflags(write=False)
+  return out
+
+
+def gaussian_mixture(alpha: Array, sigma: Array, grid: TokenGrid, kernel: Kernel) -> Array:
+  """GMM table ``(H, N, N)`` from ``alpha``, ``sigma`` of shape ``(K, H)`` (Eq. 1, module doc).
+
+  Evaluated in float32 on the distinct distances of ``grid`` and gathered to the full table.
+  """
+  if kernel not in KERNELS:
+    raise ValueError(f"GMM kernel={kernel!r} is not one of {KERNELS}.")
+  levels, index = distance_levels(grid)
+  alpha = alpha.astype(jnp.float32)[..., None]
+  sigma2 = jnp.square(sigma.astype(jnp.float32))[..., None] + SIGMA_EPS
+  if kernel == "faithful":
+    # jnp.power's gradient w.r.t. the exponent is 0 (not NaN) where the base is exactly 0.
+    per_kernel = jnp.power(jnp.asarray(faithful_base(levels)), 1.0 / sigma2)
+  else:
+    per_kernel = jnp.exp(-jnp.asarray(levels) / (2.0 * sigma2))
+  per_head = jnp.sum(alpha * per_kernel, axis=0)  # (H, D)
+  return per_head[:, jnp.asarray(index)]
+
+
+def combine_mask(logits: Array, table: Array, combine: str, num_prefix_tokens: int = 0) -> Array:
+  """Applies an ``(H, N, N)`` patch-token mask to ``(..., H, n, n)`` float32 logits.
+
+  Prefix tokens (class tokens) are left untouched: their rows and columns get 1 for 'multiply'
+  and 0 for 'add', as the official PiT does (``dots[:, :, 1:, 1:] = mask(dots[:, :, 1:, 1:])``).
+  """
+  if combine not in MASK_COMBINE:
+    raise ValueError(f"mask combine={combine!r} is not one of {MASK_COMBINE}.")
+  fill = 1.0 if combine == "multiply" else 0.0
+  if num_prefix_tokens:
+    pad = ((0, 0), (num_prefix_tokens, 0), (num_prefix_tokens, 0))
+    table = jnp.pad(table, pad, constant_values=fill)
+  return logits * table if combine == "multiply" else logits + table
+
+
+# ---------------------------------------------------------------------------------------------
+# Mask modules: positional terms ``term(grid) -> (H, N, N)``.
+
+
+def normal_init(mean: float, std: float) -> Callable:
+  """``N(mean, std^2)`` initializer (``torch.randn(...) * std + mean``)."""
+
+  def init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
+    return mean + std * jax.random.normal(key, shape, dtype)
+
+  return init
+
+
+def check_grid(grid: TokenGrid, allow_non_square: bool, what: str) -> None:
+  if not allow_non_square:
+    grid.require_square(
+      f"{what} (Li & Zhang Eq. 2 is defined on a square grid; set "
+      "allow_non_square=True to use the rectangular geometry)"
+    )
+
+
+def check_num_kernels(num_kernels: int) -> None:
+  if not isinstance(num_kernels, int) or num_kernels < 1:
+    raise ValueError(
+      f"GMM needs num_kernels >= 1 Gaussian kernels per head, got {num_kernels!r} "
+      "(the paper uses 5; Fig. 6 sweeps 1..10)."
+    )
+
+
+class GaussianMixtureMask(nn.Module):
+  """Multi-head Gaussian mixture mask (Eq. 1 / Algorithm 1), ``(H, N, N)`` per call.
+
+  Attributes:
+    num_heads: H; each head has its own K kernels.
+    num_kernels: K >= 1 (5 in the paper).
+    kernel: 'faithful' (official pow form, float32 underflow included) or 'intended'.
+    alpha_std, sigma_mean, sigma_std: init ``alpha ~ N(0, alpha_std^2)``,
+      ``sigma ~ N(sigma_mean, sigma_std^2)`` (Sec. 4.2: 2, 10, 10).
+    allow_non_square: use the rectangular geometry on ``h != w`` grids instead of raising.
+
+  Parameters ``alpha`` and ``sigma`` have shape ``(K, H)``. The table is sown as the
+  ``'table'`` intermediate when the caller collects intermediates.
+  """
+
+  num_heads: int
+  num_kernels: int = 5
+  kernel: Kernel = "faithful"
+  alpha_std: float = 2.0
+  sigma_mean: float = 10.0
+  sigma_std: float = 10.0
+  allow_non_square: bool = False
+  param_dtype: Any = jnp.float32
+
+  def __post_init__(self):
+    check_num_kernels(self.num_kernels)
+    if self.kernel not in KERNELS:
+      raise ValueError(f"GMM kernel={self.kernel!r} is not one of {KERNELS}.")
+    super().__post_init__()
+
+  @nn.compact
+  def __call__(self, grid: TokenGrid) -> Array:
+    check_grid(grid, self.allow_non_square, "The Gaussian mixture mask")
+    shape = (self.num_kernels, self.num_heads)
+    names = (None, "heads")
+    alpha = self.param(
+      "alpha", partitioned(normal_init(0.0, self.alpha_std), names), shape, self.param_dtype
+    )
+    sigma = self.param(
+      "sigma",
+      partitioned(normal_init(self.sigma_mean, self.sigma_std), names),
+      shape,
+      self.param_dtype,
+    )
+    table = gaussian_mixture(alpha, sigma, grid, self.kernel)
+    self.sow("intermediates", "table", table)
+    return table
+
+
+class ElementwiseMask(nn.Module):
+  """Element-wise learnable mask (Sec. 3.1): one ``(N, N)`` parameter shared by the H heads.
+
+  Attributes:
+    num_heads: H (the table is broadcast to every head).
+    allow_non_square: use the mask on ``h != w`` grids instead of raising.
+    init: initializer of the ``elm`` parameter; zeros as the official ``Simple_Mask``.
+  """
+
+  num_heads: int
+  allow_non_square: bool = False
+  init: Callable = nn.initializers.zeros
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, grid: TokenGrid) -> Array:
+    check_grid(grid, self.allow_non_square, "The element-wise learnable mask")
+    n = grid.num_tokens
+    weights = self.param("elm", partitioned(self.init, (None, None)), (n, n), self.param_dtype)
+    table = jnp.broadcast_to(weights.astype(jnp.float32), (self.num_heads, n, n))
+    self.sow("intermediates", "table", table)
+    return table
+
+
+MASK_MODULES: dict[str, type[nn.Module]] = {"gmm": GaussianMixtureMask, "elm": ElementwiseMask}
+
+
+def mask_options(kind: str) -> tuple[str, ...]:
+  """Options accepted in ``attention_kwargs[kind]`` by the mask kinds (plus ``combine``)."""
+  if kind not in MASK_MODULES:
+    raise ValueError(f"Unknown mask kind {kind!r}. Valid kinds: {MASK_KINDS}.")
+  fields = {f.name for f in dataclasses.fields(MASK_MODULES[kind])}
+  return (*sorted(fields - {"num_heads", "param_dtype", "parent", "name"}), "combine")
+
+
+def split_mask_options(kind: str, options: Mapping[str, Any] | None) -> tuple[dict, str]:
+  """Validates ``options`` for mask ``kind``; returns ``(module options, combine)``."""
+  options = dict(options or {})
+  valid = mask_options(kind)
+  bad = sorted(set(options) - set(valid))
+  if bad:
+    raise ValueError(f"Mask kind {kind!r} has no options {bad}. Valid options: {list(valid)}.")
+  combine = options.pop("combine", "multiply")
+  if combine not in MASK_COMBINE:
+    raise ValueError(f"{kind} combine={combine!r} is not one of {MASK_COMBINE}.")
+  if kind == "gmm":
+    check_num_kernels(options.get("num_kernels", 5))
+    if options.get("kernel", "faithful") not in KERNELS:
+      raise ValueError(f"GMM kernel={options['kernel']!r} is not one of {KERNELS}.")
+  return options, combine
+
+
+def make_mask(
+  kind: str, num_heads: int, options: Mapping[str, Any] | None = None, *, name: str = "mask"
+) -> tuple[nn.Module, str]:
+  """Builds the mask module of ``kind`` ('gmm' | 'elm') and returns ``(module, combine)``.
+
+  For backbones with their own attention (Swin windows, CaiT talking heads, T2T tokens); call it
+  inside a compact method so the module is a child of the caller.
+  """
+  module_options, combine = split_mask_options(kind, options)
+  return MASK_MODULES[kind](num_heads=num_heads, name=name, **module_options), combine
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention kinds 'gmm' and 'elm': the shared Attention with the mask as its positional term.
+
+
+class MaskedAttention(Attention):
+  """``Attention`` whose positional term is this kind's mask (``combine`` 'multiply' or 'add')."""
+
+  mask_kind: ClassVar[str] = ""
+  combine: Literal["multiply", "add"] = "multiply"
+  allow_non_square: bool = False
+
+  def __post_init__(self):
+    if self.positional is not None:
+      raise ValueError(f"Attention kind {self.mask_kind!r} builds its own mask; drop positional=.")
+    if self.combine not in MASK_COMBINE:
+      raise ValueError(f"{self.mask_kind} combine={self.combine!r} is not one of {MASK_COMBINE}.")
+    super().__post_init__()
+
+  def _mask(self) -> nn.Module:
+    raise NotImplementedError
+
+  def _positional_table(self, grid: TokenGrid | None) -> Array:
+    if grid is None:
+      raise ValueError(f"Attention kind {self.mask_kind!r} needs the token grid (grid=TokenGrid).")
+    return self._mask()(grid)
+
+
+class GMMAttention(MaskedAttention):
+  """Multi-head GMM attention (Eq. 9, ``softmax((q k^T / sqrt(d)) * M) v``); kind 'gmm'."""
+
+  mask_kind: ClassVar[str] = "gmm"
+  num_kernels: int = 5
+  kernel: Kernel = "faithful"
+  alpha_std: float = 2.0
+  sigma_mean: float = 10.0
+  sigma_std: float = 10.0
+
+  def __post_init__(self):
+    check_num_kernels(self.num_kernels)
+    if self.kernel not in KERNELS:
+      raise ValueError(f"GMM kernel={self.kernel!r} is not one of {KERNELS}.")
+    super().__post_init__()
+
+  def _mask(self) -> nn.Module:
+    return GaussianMixtureMask(
+      self.num_heads,
+      self.num_kernels,
+      self.kernel,
+      self.alpha_std,
+      self.sigma_mean,
+      self.sigma_std,
+      self.allow_non_square,
+      self.param_dtype,
+      name="mask",
+    )
+
+
+class ELMAttention(MaskedAttention):
+  """Attention with an element-wise learnable mask on the logits (attention kind 'elm')."""
+
+  mask_kind: ClassVar[str] = "elm"
+
+  def _mask(self) -> nn.Module:
+    return ElementwiseMask(
+      self.num_heads, self.allow_non_square, param_dtype=self.param_dtype, name="mask"
+    )
+
+
+def _factory(cls: type[MaskedAttention]) -> Callable[..., nn.Module]:
+  """A factory that names the valid options when ``attention_kwargs`` has a typo."""
+  valid = {f.name for f in dataclasses.fields(cls)} - {"parent"}
+
+  def build(**kwargs: Any) -> nn.Module:
+    bad = sorted(set(kwargs) - valid)
+    if bad:
+      options = sorted(set(mask_options(cls.mask_kind)) | {"allow_non_square"})
+      raise ValueError(
+        f"Attention kind {cls.mask_kind!r} has no options {bad}. Valid options: {options}."
+      )
+    return cls(**kwargs)
+
+  build.__doc__ = cls.__doc__
+  return build
+
+
+register_attention("gmm")(_factory(GMMAttention))
+register_attention("elm")(_factory(ELMAttention))

@@ -1,0 +1,442 @@
+"""Relative positional attention of Cordonnier, Loukas & Jaggi (ICLR 2020).
+
+"On the Relationship between Self-Attention and Convolutional Layers". Three positional terms, each
+a Linen module called as ``term(grid)`` that returns ``(H, N, N)`` float32 logits with no batch
+dimension (so they plug into ``Attention(positional=term, combine=...)``):
+
+- ``QuadraticPositional`` (Sec. 3, Eq. 9; appendix E): per head an attention centre ``Delta``
+  (``attention_centers``, (H, 2)) and an inverse spread (``attention_spreads``): isotropic ``s``
+  (H,), or generalized ``S`` (H, 2, 2) read as ``Sigma^{-1/2}`` so ``Sigma^{-1} = S S^T``. With
+  ``Sigma^{-1} = [[a, b], [b, c]]`` the logit of key ``k`` for query ``q`` is ``u . r(delta)``, with
+  ``delta = k - q``, ``r(delta) = (d1, d2, d1^2, d2^2, d1 d2)`` and
+  ``u = -1/2 (-2(a mu1 + b mu2), -2(c mu2 + b mu1), a, c, 2b)``, i.e.
+  ``-1/2 (delta - Delta)^T Sigma^{-1} (delta - Delta) + const`` (Eq. 19). Isotropic:
+  ``a = c = s^2``, ``b = 0`` and the paper's ``alpha = s^2 / 2`` (Eq. 9 / 14). No content term,
+  no ``1/sqrt(d)``.
+  ``d1`` is the row offset and ``d2`` the column offset (the reference's hidden states are NHWC, so
+  its first spatial axis is the image row).
+- ``LearnedRelativePositional`` (Sec. 4.3): ``row_embeddings`` and ``col_embeddings`` of shape
+  ``(2M - 1, D_p)`` with ``M`` the grid side, projected to one logit per head by ``head_keys_row`` /
+  ``head_keys_col`` (``D_p -> H``, no bias); logit = row term + column term. As in the reference
+  (``Learned2DRelativeSelfAttention``), ``row_embeddings`` is looked up with the *column* offset
+  ``dx + M - 1`` and ``col_embeddings`` with the *row* offset ``dy + M - 1`` (the reference names
+  the tables after the axis of its ``(H, W, H, W)`` score layout they broadcast along); on the
+  square grids it requires this only matters for checkpoint conversion. Non-square grids raise.
+
+Init (faithful to epfml/attention-cnn): ``attention_centers ~ N(0, 2.0^2)`` -- the reference calls
+``normal_(0.0, gaussian_init_mu_std=2.0)``, so 2.0 is the *standard deviation*; the paper writes
+``N(0, 2 I_2)``, which read as a covariance would be a std of sqrt(2). Likewise
+``attention_spreads = 1 + N(0, 0.01^2)`` (isotropic) or ``I + N(0, 0.01^2)`` (generalized): 0.01 is
+the std (``gaussian_init_sigma_std``); the paper's ``N(0, 0.01 I)`` would be a std of 0.1. Both stds
+are fields (``center_init_std``, ``spread_init_std``). Embedding tables use PyTorch's
+``nn.Embedding`` default N(0, 1) and ``head_keys_*`` PyTorch's Linear default (kaiming-uniform).
+
+Two ways to use a term in a layer (both registered as attention kinds, see the bottom of the file):
+
+- ``layout='standard'``: the library's ``Attention`` module (q/k/v projections with ``head_dim``
+  per head, output projection), with ``combine='replace'`` (positional only, ``softmax(P)``) or
+  ``combine='add'`` (content + position, ``softmax(q k^T / sqrt(Dh) + P)``).
+- ``layout='reference'``: ``RelativeAttention``, the reference code's parameterisation. The values
+  are the raw inputs (``Dh = D_in``, "Dh = Dout" in the paper), the ``H`` head outputs are
+  concatenated and one ``value`` projection ``(H, D_in, D_out)`` follows: that is the merged
+  ``W^(h) = W_val^(h) W_out^(h)`` of Eq. 11 learned directly. Positional-only attention has no
+  q/k parameters; with ``content=True`` it adds ``query``/``key`` projections ``D_in -> H x Dh``
+  (``Dh = D_in`` by default) and ``q.k / sqrt(Dh)`` to the positional logits. This is the layout
+  that reproduces the paper's parameter counts (12.1M / 12.3M / 29.6M, Tables 1 and 4).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any, Literal
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from locvit.attention.attention import (
+  IMPLEMENTATIONS,
+  Attention,
+  partitioned,
+  record_attention,
+  register_attention,
+  wants_attention_maps,
+)
+from locvit.attention.geometry import TokenGrid, grid_from_tokens, relative_offsets
+
+Array = jax.Array
+Kind = Literal["quadratic", "quadratic_generalized", "learned_relative"]
+KINDS = ("quadratic", "quadratic_generalized", "learned_relative")
+Layout = Literal["standard", "reference"]
+LAYOUTS = ("standard", "reference")
+
+# PyTorch's nn.Linear default init: kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+# for the weight, and the same bound for the bias. variance_scaling(1/3, fan_in, uniform) has bound
+# sqrt(3 * (1/3) / fan_in) = 1/sqrt(fan_in). With nn.DenseGeneral the kernel is initialised flat as
+# (prod(inputs), prod(outputs)), so fan_in is the full input width (e.g. H * D for ``value``).
+torch_linear_kernel_init = nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
+
+
+def torch_linear_bias_init(fan_in: int) -> Callable:
+  """PyTorch's nn.Linear bias init ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``."""
+  bound = 1.0 / math.sqrt(fan_in)
+
+  def init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+  return init
+
+
+# ---------------------------------------------------------------------------------------------
+# Geometry and the quadratic encoding
+
+
+@functools.lru_cache(maxsize=64)
+def quadratic_features(grid: TokenGrid) -> np.ndarray:
+  """``(N, N, 5)`` float32 encoding ``r(delta) = (d1, d2, d1^2, d2^2, d1 d2)``, ``delta = k - q``.
+
+  ``d1`` is the row offset and ``d2`` the column offset of key ``k`` relative to query ``q``.
+  """
+  offsets = relative_offsets(grid).astype(np.float32)
+  d1, d2 = offsets[..., 0], offsets[..., 1]
+  out = np.stack([d1, d2, d1**2, d2**2, d1 * d2], axis=-1)
+  out.setflags(write=False)
+  return out
+
+
+def inverse_covariance(spreads: Array) -> Array:
+  """``Sigma^{-1}`` (H, 2, 2): ``s^2 I`` for isotropic ``s`` (H,), ``S S^T`` for ``S`` (H, 2, 2)."""
+  spreads = jnp.asarray(spreads)
+  if spreads.ndim == 1:
+    return (spreads**2)[:, None, None] * jnp.eye(2, dtype=spreads.dtype)
+  if spreads.ndim == 3 and spreads.shape[1:] == (2, 2):
+    return jnp.einsum("hij,hkj->hik", spreads, spreads)
+  raise ValueError(f"attention_spreads must have shape (H,) or (H, 2, 2), got {spreads.shape}.")
+
+
+def quadratic_target_vectors(centers: Array, spreads: Array) -> Array:
+  """The reference's per-head target vector ``u`` (H, 5) with ``u . r(delta)`` the logit."""
+  inv = inverse_covariance(spreads)
+  a, b, c = inv[:, 0, 0], inv[:, 0, 1], inv[:, 1, 1]
+  mu1, mu2 = centers[:, 0], centers[:, 1]
+  return -0.5 * jnp.stack(
+    [-2 * (a * mu1 + b * mu2), -2 * (c * mu2 + b * mu1), a, c, 2 * b], axis=-1
+  )
+
+
+def _normal(std: float, mean: Any = 0.0) -> Callable:
+  def init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
+    return jnp.asarray(mean, dtype) + std * jax.random.normal(key, shape, dtype)
+
+  return init
+
+
+class QuadraticPositional(nn.Module):
+  """Gaussian (quadratic) positional logits, isotropic (Eq. 9) or generalized (appendix E).
+
+  Attributes:
+    num_heads: H.
+    generalized: ``attention_spreads`` is ``(H, 2, 2)`` (``Sigma^{-1/2}``) instead of ``(H,)``.
+    center_init_std: std of the centre init (2.0 in the reference; see the module docstring).
+    spread_init_std: std of the noise on the spread init (0.01 in the reference).
+  """
+
+  num_heads: int
+  generalized: bool = False
+  center_init_std: float = 2.0
+  spread_init_std: float = 0.01
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, grid: TokenGrid) -> Array:
+    heads = self.num_heads
+    centers = self.param(
+      "attention_centers",
+      partitioned(_normal(self.center_init_std), ("heads", None)),
+      (heads, 2),
+      self.param_dtype,
+    )
+    if self.generalized:
+      spreads = self.param(
+        "attention_spreads",
+        partitioned(_normal(self.spread_init_std, np.eye(2)), ("heads", None, None)),
+        (heads, 2, 2),
+        self.param_dtype,
+      )
+    else:
+      spreads = self.param(
+        "attention_spreads",
+        partitioned(_normal(self.spread_init_std, 1.0), ("heads",)),
+        (heads,),
+        self.param_dtype,
+      )
+    u = quadratic_target_vectors(centers.astype(jnp.float32), spreads.astype(jnp.float32))
+    return jnp.einsum("nmd,hd->hnm", quadratic_features(grid), u)
+
+
+def learned_relative_indices(grid: TokenGrid, max_position: int) -> tuple[np.ndarray, np.ndarray]:
+  """``(row_table_index, col_table_index)``, each (N, N): ``dx + M - 1`` and ``dy + M - 1``."""
+  offsets = relative_offsets(grid)
+  return offsets[..., 1] + max_position - 1, offsets[..., 0] + max_position - 1
+
+
+class LearnedRelativePositional(nn.Module):
+  """Learned 2-D relative positional logits (Sec. 4.3), positional part ``w_q^T r`` of Eq. 8.
+
+  Attributes:
+    num_heads: H.
+    embed_dim: ``D_p``, width of each embedding table (400 in the paper, = the model width).
+    max_position: ``M``; tables have ``2M - 1`` rows. None: the grid side at init. A grid larger
+      than ``M`` raises.
+  """
+
+  num_heads: int
+  embed_dim: int = 400
+  max_position: int | None = None
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, grid: TokenGrid) -> Array:
+    grid.require_square("Learned 2-D relative positional attention (as in the reference code)")
+    side = grid.height
+    max_position = self.max_position or side
+    if side > max_position:
+      raise ValueError(
+        f"Learned relative positional attention was built for grids up to {max_position}x"
+        f"{max_position} (max_position), got {side}x{side}."
+      )
+    table_shape = (2 * max_position - 1, self.embed_dim)
+    row_embeddings = self.param(
+      "row_embeddings", partitioned(_normal(1.0), (None, None)), table_shape, self.param_dtype
+    )
+    col_embeddings = self.param(
+      "col_embeddings", partitioned(_normal(1.0), (None, None)), table_shape, self.param_dtype
+    )
+    dense = lambda name: nn.Dense(
+      self.num_heads,
+      use_bias=False,
+      dtype=jnp.float32,
+      param_dtype=self.param_dtype,
+      kernel_init=partitioned(torch_linear_kernel_init, (None, "heads")),
+      name=name,
+    )
+    # Project the (2M - 1) table rows once, then gather: same numbers as embedding every pair.
+    row_scores = dense("head_keys_row")(row_embeddings.astype(jnp.float32))  # (2M - 1, H)
+    col_scores = dense("head_keys_col")(col_embeddings.astype(jnp.float32))
+    row_index, col_index = learned_relative_indices(grid, max_position)
+    scores = row_scores[row_index] + col_scores[col_index]  # (N, N, H)
+    return jnp.transpose(scores, (2, 0, 1))
+
+
+def make_positional(
+  kind: str,
+  num_heads: int,
+  *,
+  center_init_std: float = 2.0,
+  spread_init_std: float = 0.01,
+  embed_dim: int | None = None,
+  max_position: int | None = None,
+  param_dtype: Any = jnp.float32,
+  **module_kwargs: Any,
+) -> nn.Module:
+  """Builds the positional term of an attention kind ('quadratic', ...)."""
+  if kind in ("quadratic", "quadratic_generalized"):
+    return QuadraticPositional(
+      num_heads,
+      generalized=kind == "quadratic_generalized",
+      center_init_std=center_init_std,
+      spread_init_std=spread_init_std,
+      param_dtype=param_dtype,
+      **module_kwargs,
+    )
+  if kind == "learned_relative":
+    return LearnedRelativePositional(
+      num_heads,
+      embed_dim=400 if embed_dim is None else embed_dim,
+      max_position=max_position,
+      param_dtype=param_dtype,
+      **module_kwargs,
+    )
+  raise ValueError(f"Unknown relative positional kind {kind!r}. Valid kinds: {KINDS}.")
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference code's attention layer
+
+
+class RelativeAttention(nn.Module):
+  """Relative positional self-attention in the reference code's parameterisation (Dh = D_in).
+
+  ``out = sum_h softmax(A_h) X W_h + b`` with ``W`` the ``value`` kernel ``(H, D_in, D_out)``;
+  ``A_h = P_h`` (positional only) or ``P_h + q_h k_h^T / sqrt(Dh)`` (``content=True``).
+  Called as ``attn(x, grid=grid, train=train)`` on ``(B, N, D_in)`` tokens.
+
+  Attributes:
+    num_heads: H.
+    kind: 'quadratic', 'quadratic_generalized' or 'learned_relative'.
+    content: add content logits ``q.k / sqrt(Dh)`` (the "+ content" rows of Table 1).
+    head_dim: q/k width per head when ``content``; None means D_in (the reference). The values
+      are always the raw inputs.
+    out_dim: D_out of the ``value`` projection; None means D_in.
+    qkv_bias: bias on ``query``/``key`` (True in the reference).
+    attn_drop: dropout on the attention probabilities. Positional-only probabilities have no batch
+      dimension, so, as in the reference, one dropout mask is shared by the whole batch.
+    proj_drop: dropout after ``value`` (0 in the Cordonnier network, whose layer applies dropout
+      after its own ``dense``).
+    implementation: ``jax.nn.dot_product_attention`` backend for the content path.
+    center_init_std, spread_init_std, embed_dim, max_position: see the positional terms;
+      ``embed_dim=None`` means D_in.
+    fast_path: with content, use the fused kernel when no maps are collected and no attention
+      dropout is active (only when ``head_dim == D_in``, which the kernel needs for raw values).
+
+  Intermediates (``mutable=['intermediates']``): ``attention`` ``(B, H, N, N)``.
+  """
+
+  num_heads: int
+  kind: Kind = "quadratic"
+  content: bool = False
+  head_dim: int | None = None
+  out_dim: int | None = None
+  qkv_bias: bool = True
+  attn_drop: float = 0.0
+  proj_drop: float = 0.0
+  implementation: str | None = None
+  center_init_std: float = 2.0
+  spread_init_std: float = 0.01
+  embed_dim: int | None = None
+  max_position: int | None = None
+  fast_path: bool = True
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  kernel_init: Callable = torch_linear_kernel_init
+
+  def _projection(self, name: str, dim: int, head_dim: int, x: Array) -> Array:
+    return nn.DenseGeneral(
+      (self.num_heads, head_dim),
+      use_bias=self.qkv_bias,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=partitioned(self.kernel_init, ("embed", "heads", "kv")),
+      bias_init=partitioned(torch_linear_bias_init(dim), ("heads", "kv")),
+      name=name,
+    )(x)
+
+  @nn.compact
+  def __call__(
+    self,
+    x: Array,
+    *,
+    grid: TokenGrid | None = None,
+    num_prefix_tokens: int = 0,
+    train: bool = False,
+  ) -> Array:
+    if self.kind not in KINDS:
+      raise ValueError(f"kind={self.kind!r} is not one of {KINDS}.")
+    if self.implementation not in IMPLEMENTATIONS:
+      raise ValueError(f"implementation={self.implementation!r} is not one of {IMPLEMENTATIONS}.")
+    if num_prefix_tokens:
+      raise ValueError(
+        "Relative positional attention in the reference layout is defined on patch tokens only "
+        f"(no class token), got num_prefix_tokens={num_prefix_tokens}."
+      )
+    batch, num_tokens, dim = x.shape
+    grid = grid or grid_from_tokens(num_tokens)
+    if grid.num_tokens != num_tokens:
+      raise ValueError(f"Grid {grid.height}x{grid.width} does not match {num_tokens} tokens.")
+    heads = self.num_heads
+    table = make_positional(
+      self.kind,
+      heads,
+      center_init_std=self.center_init_std,
+      spread_init_std=self.spread_init_std,
+      embed_dim=self.embed_dim or dim,
+      max_position=self.max_position,
+      param_dtype=self.param_dtype,
+      name="positional",
+    )(grid)  # (H, N, N) float32
+    x = x.astype(self.dtype)
+
+    if not self.content:
+      # No batch dimension: softmax(P) once, shared by every example (and its dropout mask too).
+      probs = jax.nn.softmax(table, axis=-1)
+      if wants_attention_maps(self):
+        record_attention(self, jnp.broadcast_to(probs, (batch, *probs.shape)))
+      probs = nn.Dropout(self.attn_drop)(probs, deterministic=not train).astype(self.dtype)
+      y = jnp.einsum("hnm,bmc->bnhc", probs, x)
+    else:
+      head_dim = self.head_dim or dim
+      q = self._projection("query", dim, head_dim, x)  # (B, N, H, Dh)
+      k = self._projection("key", dim, head_dim, x)
+      fast = (
+        self.fast_path
+        and head_dim == dim
+        and not wants_attention_maps(self)
+        and not (train and self.attn_drop > 0.0)
+      )
+      if fast:
+        v = jnp.broadcast_to(x[:, :, None, :], (batch, num_tokens, heads, dim))
+        y = jax.nn.dot_product_attention(
+          q, k, v, bias=table[None].astype(q.dtype), implementation=self.implementation
+        )
+      else:
+        logits = jnp.einsum("bnhd,bmhd->bhnm", q, k).astype(jnp.float32) * head_dim**-0.5
+        probs = jax.nn.softmax(logits + table, axis=-1)
+        record_attention(self, probs)
+        probs = nn.Dropout(self.attn_drop)(probs, deterministic=not train).astype(self.dtype)
+        y = jnp.einsum("bhnm,bmc->bnhc", probs, x)
+
+    out = nn.DenseGeneral(
+      self.out_dim or dim,
+      axis=(-2, -1),
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=partitioned(self.kernel_init, ("heads", None, "embed")),
+      bias_init=partitioned(torch_linear_bias_init(heads * dim), ("embed",)),
+      name="value",
+    )(y)
+    return nn.Dropout(self.proj_drop)(out, deterministic=not train)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention kinds for per-layer specs (VisionTransformer's ``layer_attention``, the Cordonnier net)
+
+_POSITIONAL_KWARGS = ("center_init_std", "spread_init_std", "embed_dim", "max_position")
+
+
+def relative_attention(
+  kind: str, *, num_heads: int, content: bool = False, layout: str = "standard", **kwargs: Any
+) -> nn.Module:
+  """An attention layer with the ``kind`` positional term.
+
+  ``layout='standard'`` returns the library's ``Attention`` with ``positional=<term>`` and
+  ``combine='add'`` (content) or ``'replace'`` (positional only); ``layout='reference'`` returns
+  ``RelativeAttention``. Other keyword arguments are passed to the layer (``head_dim``,
+  ``attn_drop``, ``dtype``, ``name``, ...) or, for ``center_init_std``, ``spread_init_std``,
+  ``embed_dim`` and ``max_position``, to the positional term.
+  """
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout={layout!r} is not one of {LAYOUTS}.")
+  if kind not in KINDS:
+    raise ValueError(f"Unknown relative positional kind {kind!r}. Valid kinds: {KINDS}.")
+  if layout == "reference":
+    return RelativeAttention(num_heads=num_heads, kind=kind, content=content, **kwargs)
+  term_kwargs = {k: kwargs.pop(k) for k in _POSITIONAL_KWARGS if k in kwargs}
+  # parent=None: the term is adopted by the Attention module as its 'positional' child, even when
+  # this factory runs inside another module's compact method.
+  term = make_positional(
+    kind,
+    num_heads,
+    param_dtype=kwargs.get("param_dtype", jnp.float32),
+    parent=None,
+    **term_kwargs,
+  )
+  return Attention(
+    num_heads=num_heads, positional=term, combine="add" if content else "replace", **kwargs
+  )
+
+
+for _kind in KINDS:
+  register_attention(_kind)(functools.partial(relative_attention, _kind))

@@ -1,0 +1,144 @@
+"""ResNet18, CIFAR variant: the convolutional baseline of Cordonnier et al. (Table 1).
+
+The kuangliu/pytorch-cifar ResNet that epfml/attention-cnn ships (``models/resnet.py``): a 3x3
+stride-1 stem with 64 channels and no max-pool, four stages of two BasicBlocks (64, 128, 256, 512
+channels; strides 1, 2, 2, 2), 1x1 projection shortcuts where the shape changes, global average
+pooling and a linear classifier. Convolutions have no bias and symmetric padding 1 (PyTorch's
+``padding=1``, also for the stride-2 convolutions, where ``'SAME'`` would pad asymmetrically).
+Init is PyTorch's default (kaiming-uniform with a = sqrt(5) for convolutions and the Linear layer;
+BatchNorm scale 1, bias 0). 11,173,962 parameters for 10 classes (the paper's 11.2M).
+
+BatchNorm keeps running statistics in the ``batch_stats`` collection (PyTorch momentum 0.1 = Flax
+momentum 0.9, eps 1e-5)::
+
+  variables = model.init(rng, images)                   # {'params': ..., 'batch_stats': ...}
+  logits, updates = model.apply(variables, images, train=True, mutable=['batch_stats'])
+  variables = {'params': new_params, 'batch_stats': updates['batch_stats']}
+  logits = model.apply(variables, images, train=False)  # uses the running averages
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from locvit.attention.attention import partitioned
+from locvit.attention.relative import torch_linear_bias_init, torch_linear_kernel_init
+from locvit.models.registry import register_model
+
+Array = jax.Array
+
+
+class BasicBlock(nn.Module):
+  """``relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x))``."""
+
+  features: int
+  strides: int = 1
+  bn_momentum: float = 0.9
+  bn_eps: float = 1e-5
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, *, train: bool = False) -> Array:
+    conv = functools.partial(
+      nn.Conv,
+      use_bias=False,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=partitioned(torch_linear_kernel_init, (None, None, None, "mlp")),
+    )
+    norm = functools.partial(
+      nn.BatchNorm,
+      use_running_average=not train,
+      momentum=self.bn_momentum,
+      epsilon=self.bn_eps,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+    )
+    pad = ((1, 1), (1, 1))
+    y = conv(self.features, (3, 3), self.strides, padding=pad, name="conv1")(x)
+    y = nn.relu(norm(name="bn1")(y))
+    y = conv(self.features, (3, 3), 1, padding=pad, name="conv2")(y)
+    y = norm(name="bn2")(y)
+    shortcut = x
+    if self.strides != 1 or x.shape[-1] != self.features:
+      shortcut = conv(self.features, (1, 1), self.strides, padding="VALID", name="shortcut_conv")(x)
+      shortcut = norm(name="shortcut_bn")(shortcut)
+    return nn.relu(y + shortcut)
+
+
+class ResNetCifar(nn.Module):
+  """CIFAR ResNet (3x3 stem, no max-pool) with BasicBlocks; NHWC images -> logits.
+
+  Attributes:
+    num_classes: classifier width (0 returns the pooled features).
+    stage_sizes: blocks per stage ((2, 2, 2, 2) is ResNet18).
+    width: channels of the first stage (doubled at every later stage).
+    bn_momentum, bn_eps: BatchNorm running-average momentum (Flax convention) and epsilon.
+  """
+
+  num_classes: int
+  stage_sizes: Sequence[int] = (2, 2, 2, 2)
+  width: int = 64
+  bn_momentum: float = 0.9
+  bn_eps: float = 1e-5
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, images: Array, *, train: bool = False) -> Array:
+    x = images.astype(self.dtype)
+    x = nn.Conv(
+      self.width,
+      (3, 3),
+      padding=((1, 1), (1, 1)),
+      use_bias=False,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=partitioned(torch_linear_kernel_init, (None, None, None, "mlp")),
+      name="stem_conv",
+    )(x)
+    x = nn.BatchNorm(
+      use_running_average=not train,
+      momentum=self.bn_momentum,
+      epsilon=self.bn_eps,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      name="stem_bn",
+    )(x)
+    x = nn.relu(x)
+    for stage, num_blocks in enumerate(self.stage_sizes):
+      for block in range(num_blocks):
+        x = BasicBlock(
+          self.width * 2**stage,
+          strides=2 if stage > 0 and block == 0 else 1,
+          bn_momentum=self.bn_momentum,
+          bn_eps=self.bn_eps,
+          dtype=self.dtype,
+          param_dtype=self.param_dtype,
+          name=f"stage{stage + 1}_block{block + 1}",
+        )(x, train=train)
+    x = jnp.mean(x, axis=(1, 2))
+    self.sow("intermediates", "pre_logits", x)
+    if not self.num_classes:
+      return x
+    logits = nn.Dense(
+      self.num_classes,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=partitioned(torch_linear_kernel_init, ("embed", "classes")),
+      bias_init=partitioned(torch_linear_bias_init(x.shape[-1]), ("classes",)),
+      name="head",
+    )(x)
+    return logits.astype(jnp.float32)
+
+
+@register_model("resnet18_cifar", image_size=32)
+def resnet18_cifar(num_classes: int) -> ResNetCifar:
+  return ResNetCifar(num_classes=num_classes, stage_sizes=(2, 2, 2, 2))

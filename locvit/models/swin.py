@@ -1,0 +1,339 @@
+"""Swin Transformer for small datasets (Liu et al. 2021), with GMM / ELM masks in its windows.
+
+The configuration of Li & Zhang (GMM paper, Tables 1 and 2, official ``create_model``): patch 2
+on 32x32 (4 on 64x64), embed 96, depths (2, 6, 4), heads (3, 6, 12), window 4, MLP ratio 2,
+absolute position embedding, patch norm, drop path linearly spaced to 0.1, mean pooling.
+
+Inside each window, the logits are ``((q k^T) / sqrt(d)) * M + B_rel + S`` (``M`` the mask on the
+window's ``w x w`` token grid, ``B_rel`` the relative position bias, ``S`` the shifted-window mask
+of 0 / -100): the mask acts after the scaling and before the bias and the shift mask, as in the
+official code. ``attention`` picks 'mhsa' (no mask), 'gmm' or 'elm'; ``attention_kwargs`` holds
+the mask options (``num_kernels``, ``kernel``, ``combine``...). With 'add' the mask is added
+instead of multiplied.
+
+Stage layout follows the reference: blocks alternate shift 0 and ``window // 2``; when a stage's
+grid side is ``<= window`` the window shrinks to it and the shift is 0 (the third stage at 32x32
+is a single 4x4 window). A window that does not tile the stage grid is an error.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from locvit.attention.attention import (
+  OutputProjection,
+  QKVProjection,
+  partitioned,
+  record_attention,
+  trunc_normal,
+  zeros,
+)
+from locvit.attention.geometry import TokenGrid, relative_offsets
+from locvit.attention.masks import MASK_KINDS, combine_mask, make_mask, split_mask_options
+from locvit.models.layers import Mlp, PatchEmbed, drop_path, layer_norm
+from locvit.models.registry import register_model
+from locvit.models.small_vit import mask_kwargs
+
+Array = jax.Array
+SWIN_ATTENTION = ("mhsa", *MASK_KINDS)
+SHIFT_MASK_VALUE = -100.0  # the reference's value for pairs from different shifted regions
+
+
+def stage_windows(grid: TokenGrid, window_size: int, depth: int) -> list[tuple[int, int]]:
+  """``(window, shift)`` per block of a stage on ``grid``, with a clear error if it cannot tile."""
+  window = window_size
+  shift = window_size // 2
+  if min(grid.height, grid.width) <= window_size:
+    window, shift = min(grid.height, grid.width), 0
+  if grid.height % window or grid.width % window:
+    valid = [
+      w
+      for w in range(1, min(grid.height, grid.width) + 1)
+      if grid.height % w == 0 and grid.width % w == 0
+    ]
+    raise ValueError(
+      f"Swin window_size={window} does not tile the {grid.height}x{grid.width} token grid of a "
+      f"stage. Valid window sizes for this grid: {valid}; or change image_size / patch_size."
+    )
+  return [(window, 0 if i % 2 == 0 else shift) for i in range(depth)]
+
+
+@functools.lru_cache(maxsize=32)
+def relative_position_index(window: int) -> np.ndarray:
+  """(N, N) index into the ``(2w-1)^2`` bias table, query-minus-key offsets (reference layout)."""
+  offsets = -relative_offsets(TokenGrid(window, window))  # query minus key
+  index = (offsets[..., 0] + window - 1) * (2 * window - 1) + (offsets[..., 1] + window - 1)
+  index.setflags(write=False)
+  return index
+
+
+@functools.lru_cache(maxsize=32)
+def shift_mask(grid: TokenGrid, window: int, shift: int) -> np.ndarray:
+  """``(num_windows, w*w, w*w)`` 0 / -100 mask of the shifted windows (Swin Sec. 3.2)."""
+  labels = np.zeros((grid.height, grid.width), np.float32)
+  cuts = lambda n: (slice(0, n - window), slice(n - window, n - shift), slice(n - shift, n))
+  count = 0
+  for rows in cuts(grid.height):
+    for cols in cuts(grid.width):
+      labels[rows, cols] = count
+      count += 1
+  windows = partition(labels[None, :, :, None], window)[..., 0]  # (nW, w*w)
+  same = windows[:, None, :] == windows[:, :, None]
+  out = np.where(same, 0.0, SHIFT_MASK_VALUE).astype(np.float32)
+  out.setflags(write=False)
+  return out
+
+
+def partition(x: Any, window: int) -> Any:
+  """(B, H, W, C) -> (B * nW, w*w, C), windows in row-major order (NumPy or JAX)."""
+  b, h, w, c = x.shape
+  x = x.reshape(b, h // window, window, w // window, window, c).transpose(0, 1, 3, 2, 4, 5)
+  return x.reshape(-1, window * window, c)
+
+
+def unpartition(x: Array, window: int, height: int, width: int) -> Array:
+  """Inverse of ``partition``: (B * nW, w*w, C) -> (B, H, W, C)."""
+  c = x.shape[-1]
+  x = x.reshape(-1, height // window, width // window, window, window, c)
+  return x.transpose(0, 1, 3, 2, 4, 5).reshape(-1, height, width, c)
+
+
+class WindowAttention(nn.Module):
+  """Window multi-head self-attention with relative position bias and an optional mask."""
+
+  num_heads: int
+  window: int
+  qkv_bias: bool = True
+  attention: str = "mhsa"
+  attention_kwargs: Mapping[str, Any] | None = None
+  attn_drop: float = 0.0
+  proj_drop: float = 0.0
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, shift: Array | None, *, train: bool = False) -> Array:
+    dim = x.shape[-1]
+    head_dim = dim // self.num_heads
+    qkv = QKVProjection(
+      self.num_heads, head_dim, self.qkv_bias, self.dtype, self.param_dtype, name="qkv"
+    )(x)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    logits = jnp.einsum("bnhd,bmhd->bhnm", q, k).astype(jnp.float32) * head_dim**-0.5
+    if self.attention != "mhsa":
+      term, combine = make_mask(self.attention, self.num_heads, self.attention_kwargs)
+      logits = combine_mask(logits, term(TokenGrid(self.window, self.window)), combine)
+    size = 2 * self.window - 1
+    table = self.param(
+      "relative_position_bias_table",
+      partitioned(trunc_normal, (None, "heads")),
+      (size * size, self.num_heads),
+      self.param_dtype,
+    )
+    bias = table.astype(jnp.float32)[relative_position_index(self.window)]  # (N, N, H)
+    logits = logits + jnp.transpose(bias, (2, 0, 1))
+    if shift is not None:
+      num_windows, n = shift.shape[0], logits.shape[-1]
+      logits = logits.reshape(-1, num_windows, self.num_heads, n, n) + shift[None, :, None]
+      logits = logits.reshape(-1, self.num_heads, n, n)
+    probs = jax.nn.softmax(logits, axis=-1)
+    record_attention(self, probs)
+    probs = nn.Dropout(self.attn_drop)(probs, deterministic=not train).astype(self.dtype)
+    y = jnp.einsum("bhnm,bmhd->bnhd", probs, v)
+    out = OutputProjection(dim, self.dtype, self.param_dtype, name="proj")(y)
+    return nn.Dropout(self.proj_drop)(out, deterministic=not train)
+
+
+class SwinBlock(nn.Module):
+  """``x + dp(W-MSA(LN(x)))`` (shifted when ``shift > 0``), then ``x + dp(MLP(LN(x)))``."""
+
+  num_heads: int
+  window: int
+  shift: int
+  mlp_ratio: float = 2.0
+  qkv_bias: bool = True
+  attention: str = "mhsa"
+  attention_kwargs: Mapping[str, Any] | None = None
+  drop: float = 0.0
+  attn_drop: float = 0.0
+  drop_path: float = 0.0
+  norm_eps: float = 1e-5
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, *, grid: TokenGrid, train: bool = False) -> Array:
+    b, n, c = x.shape
+    y = layer_norm(self.norm_eps, self.dtype, "norm1")(x).reshape(b, grid.height, grid.width, c)
+    if self.shift:
+      y = jnp.roll(y, (-self.shift, -self.shift), axis=(1, 2))
+    mask = jnp.asarray(shift_mask(grid, self.window, self.shift)) if self.shift else None
+    y = WindowAttention(
+      self.num_heads,
+      self.window,
+      self.qkv_bias,
+      self.attention,
+      self.attention_kwargs,
+      self.attn_drop,
+      self.drop,
+      self.dtype,
+      self.param_dtype,
+      name="attn",
+    )(partition(y, self.window), mask, train=train)
+    y = unpartition(y, self.window, grid.height, grid.width)
+    if self.shift:
+      y = jnp.roll(y, (self.shift, self.shift), axis=(1, 2))
+    x = x + drop_path(self.drop_path)(y.reshape(b, n, c), deterministic=not train)
+    y = layer_norm(self.norm_eps, self.dtype, "norm2")(x)
+    y = Mlp(int(c * self.mlp_ratio), self.drop, self.dtype, self.param_dtype, name="mlp")(y, train)
+    return x + drop_path(self.drop_path)(y, deterministic=not train)
+
+
+class PatchMerging(nn.Module):
+  """2x2 neighbourhood concat (x0, x1, x2, x3 as the reference), LayerNorm, Linear 4C -> 2C."""
+
+  norm_eps: float = 1e-5
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, grid: TokenGrid) -> tuple[Array, TokenGrid]:
+    if grid.height % 2 or grid.width % 2:
+      raise ValueError(
+        f"Swin patch merging needs an even token grid, got {grid.height}x{grid.width}."
+      )
+    b, _, c = x.shape
+    x = x.reshape(b, grid.height, grid.width, c)
+    x = jnp.concatenate(
+      [x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], -1
+    )
+    grid = TokenGrid(grid.height // 2, grid.width // 2)
+    x = layer_norm(self.norm_eps, self.dtype, "norm")(x.reshape(b, grid.num_tokens, 4 * c))
+    x = nn.Dense(
+      2 * c,
+      use_bias=False,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=partitioned(trunc_normal, ("mlp", "embed")),
+      name="reduction",
+    )(x)
+    return x, grid
+
+
+class SwinTransformer(nn.Module):
+  """Swin Transformer mapping NHWC images to logits.
+
+  Attributes:
+    num_classes: classifier width (0 returns pooled features).
+    patch_size, embed_dim, depths, num_heads, window_size, mlp_ratio, qkv_bias: sizes.
+    attention: 'mhsa', 'gmm' or 'elm' in every window attention.
+    attention_kwargs: per kind, the mask options, e.g. ``{'gmm': {'num_kernels': 5}}`` (the
+      form the ViT uses).
+    drop_rate, attn_drop_rate, drop_path_rate: dropout, attention dropout, stochastic depth
+      (linear over all blocks).
+  """
+
+  num_classes: int
+  patch_size: int = 2
+  embed_dim: int = 96
+  depths: Sequence[int] = (2, 6, 4)
+  num_heads: Sequence[int] = (3, 6, 12)
+  window_size: int = 4
+  mlp_ratio: float = 2.0
+  qkv_bias: bool = True
+  attention: str = "mhsa"
+  attention_kwargs: Mapping[str, Any] | None = None
+  drop_rate: float = 0.0
+  attn_drop_rate: float = 0.0
+  drop_path_rate: float = 0.1
+  norm_eps: float = 1e-5
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  def mask_options(self) -> Mapping[str, Any] | None:
+    return (self.attention_kwargs or {}).get(self.attention)
+
+  def check(self) -> None:
+    if self.attention not in SWIN_ATTENTION:
+      raise ValueError(f"Swin attention={self.attention!r} is not one of {SWIN_ATTENTION}.")
+    if len(self.depths) != len(self.num_heads):
+      raise ValueError(f"depths {tuple(self.depths)} and num_heads {tuple(self.num_heads)} differ.")
+    if self.attention != "mhsa":
+      split_mask_options(self.attention, self.mask_options())
+
+  @nn.compact
+  def __call__(self, images: Array, *, train: bool = False) -> Array:
+    self.check()
+    x, grid = PatchEmbed(
+      self.patch_size, self.embed_dim, self.dtype, self.param_dtype, name="patch_embed"
+    )(images.astype(self.dtype))
+    x = layer_norm(self.norm_eps, self.dtype, "patch_norm")(x)
+    pos = self.param(
+      "pos_embed",
+      partitioned(trunc_normal, (None, None, "embed")),
+      (1, *x.shape[1:]),
+      self.param_dtype,
+    )
+    x = nn.Dropout(self.drop_rate)(x + pos.astype(x.dtype), deterministic=not train)
+    rates = np.linspace(0.0, self.drop_path_rate, sum(self.depths))
+    options = self.mask_options() if self.attention != "mhsa" else None
+    block = 0
+    for s, (depth, heads) in enumerate(zip(self.depths, self.num_heads)):
+      for i, (window, shift) in enumerate(stage_windows(grid, self.window_size, depth)):
+        x = SwinBlock(
+          heads,
+          window,
+          shift,
+          self.mlp_ratio,
+          self.qkv_bias,
+          self.attention,
+          options,
+          self.drop_rate,
+          self.attn_drop_rate,
+          float(rates[block]),
+          self.norm_eps,
+          self.dtype,
+          self.param_dtype,
+          name=f"stages_{s}_blocks_{i}",
+        )(x, grid=grid, train=train)
+        block += 1
+      if s < len(self.depths) - 1:
+        x, grid = PatchMerging(self.norm_eps, self.dtype, self.param_dtype, name=f"merge_{s}")(
+          x, grid
+        )
+    x = jnp.mean(layer_norm(self.norm_eps, self.dtype, "norm")(x), axis=1)
+    self.sow("intermediates", "pre_logits", x)
+    if not self.num_classes:
+      return x
+    logits = nn.Dense(
+      self.num_classes,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=partitioned(trunc_normal, ("embed", "classes")),
+      bias_init=partitioned(zeros, ("classes",)),
+      name="head",
+    )(x)
+    return logits.astype(jnp.float32)
+
+
+def swin_smalldata(num_classes: int, *, patch_size: int, mask: str | None) -> SwinTransformer:
+  return SwinTransformer(
+    num_classes=num_classes,
+    patch_size=patch_size,
+    attention=mask or "mhsa",
+    attention_kwargs=mask_kwargs(mask) if mask else None,
+  )
+
+
+for _patch, _res in ((2, 32), (4, 64)):
+  for _mask in (None, "gmm"):
+    register_model(
+      f"{_mask + '_' if _mask else ''}swin_smalldata_patch{_patch}_{_res}", image_size=_res
+    )(functools.partial(swin_smalldata, patch_size=_patch, mask=_mask))

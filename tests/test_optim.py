@@ -1,0 +1,150 @@
+"""optax chains: decay masks, freezing, schedules, SGD, mixed precision, checkpoint retention."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+
+from locvit import checkpoint as ckpt_lib
+from locvit import optim, train
+from locvit.metrics import read_metrics
+from locvit.models import create_model
+from tests.train_utils import tiny_config
+
+
+def _params(name="convit_tiny_patch2_32", **overrides):
+  model = create_model(name, num_classes=10, **overrides)
+  boxed, _ = train.abstract_train_state(model, None, (8, 8, 3))
+  return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.tree.map(lambda x: x, boxed))
+
+
+def _flat(tree):
+  import flax
+
+  return {"/".join(k): v for k, v in flax.traverse_util.flatten_dict(tree).items()}
+
+
+def test_intended_decay_mask_spares_embeddings_norms_biases_gates():
+  import flax.linen as nn
+
+  params = nn.meta.unbox(_params(qkv_bias=True, **_convit_two_layers()))
+  mask = _flat(optim.decay_mask(params, "intended"))
+  assert mask["pos_embed"] is False and mask["cls_token"] is False
+  assert mask["blocks_0/attn/gating_param"] is False
+  assert mask["blocks_0/norm1/scale"] is False and mask["blocks_1/attn/qkv/bias"] is False
+  assert mask["blocks_0/attn/qk/kernel"] is True and mask["blocks_1/mlp/fc1/kernel"] is True
+  assert mask["blocks_0/attn/pos_proj/kernel"] is True
+
+
+def test_official_convit_mask_decays_pos_embed_cls_token_and_pos_proj():
+  import flax.linen as nn
+
+  params = nn.meta.unbox(_params(qkv_bias=True, **_convit_two_layers()))
+  mask = _flat(optim.decay_mask(params, "official_convit"))
+  assert mask["pos_embed"] and mask["cls_token"] and mask["blocks_0/attn/pos_proj/kernel"]
+  assert not mask["blocks_0/attn/gating_param"] and not mask["blocks_1/attn/qkv/bias"]
+  assert not mask["blocks_0/norm1/scale"] and not mask["blocks_0/attn/pos_proj/bias"]
+  with pytest.raises(ValueError, match="not one of"):
+    optim.decay_mask(params, "nope")
+
+
+def _convit_two_layers():
+  from locvit.models.convit import convit_overrides
+
+  return convit_overrides(local_up_to_layer=1, depth=2)
+
+
+def test_cosine_schedule_warmup_peak_and_floor():
+  c = tiny_config()
+  c.optimizer.lr, c.schedule.warmup_steps, c.schedule.min_lr = 1e-3, 10, 1e-5
+  sched = optim.make_schedule(c, total_steps=110, steps_per_epoch=10)
+  assert float(sched(0)) == pytest.approx(c.schedule.warmup_init_lr, rel=1e-4)
+  assert float(sched(10)) == pytest.approx(1e-3)
+  assert float(sched(110)) == pytest.approx(1e-5)
+  assert float(sched(60)) == pytest.approx((1e-3 + 1e-5) / 2, rel=1e-3)
+
+
+def test_step_schedule_and_linear_lr_scaling():
+  c = tiny_config(batch_size=256)
+  c.optimizer.lr, c.optimizer.lr_base_batch_size = 0.1, 128
+  c.schedule.name, c.schedule.warmup_epochs, c.schedule.warmup_steps = "step", 0, 0
+  c.schedule.boundaries_epochs, c.schedule.decay_factor = (2, 4), 0.1
+  sched = optim.make_schedule(c, total_steps=100, steps_per_epoch=10)
+  np.testing.assert_allclose(
+    [sched(s) for s in (0, 19, 20, 39, 40)], [0.2, 0.2, 0.02, 0.02, 0.002], rtol=1e-5
+  )
+
+
+def test_frozen_parameters_do_not_move(tmp_path):
+  config = tiny_config(freeze=("blocks_0/attn/",))
+  config.total_steps = 3
+  model = train.build_model(config, 10)
+  boxed, init = train.abstract_train_state(model, None, (8, 8, 1))
+  import flax.linen as nn
+
+  params = nn.meta.unbox(init(jax.random.key(0)))
+  sched = optim.make_schedule(config, 3, 1)
+  tx = optim.make_optimizer(config, params, sched)
+  grads = jax.tree.map(jnp.ones_like, params)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  flat = _flat(updates)
+  assert all(not np.any(v) for k, v in flat.items() if k.startswith("blocks_0/attn/"))
+  assert np.any(flat["blocks_1/mlp/fc1/kernel"])
+
+
+def test_sgd_with_momentum_trains(tmp_path):
+  config = tiny_config()
+  config.optimizer.name, config.optimizer.lr, config.optimizer.weight_decay = "sgd", 0.05, 1e-4
+  train.train_and_evaluate(config, str(tmp_path))
+  losses = [r["train/loss"] for r in read_metrics(tmp_path)]
+  assert np.all(np.isfinite(losses))
+  with pytest.raises(ValueError, match="not one of"):
+    config.optimizer.name = "lamb"
+    optim.make_optimizer(config, {}, optax.constant_schedule(0.1))
+
+
+def test_label_smoothing_loss_matches_formula():
+  logits = jnp.array([[2.0, 0.0, -1.0]])
+  model = type("M", (), {"apply": lambda self, v, x, train, rngs: logits})()
+  loss, _ = train.loss_and_metrics({}, model, None, jnp.array([0]), None, 0.3, 3)
+  logp = jax.nn.log_softmax(logits)[0]
+  target = np.array([0.7 + 0.1, 0.1, 0.1])
+  assert float(loss) == pytest.approx(float(-(target * logp).sum()), rel=1e-6)
+
+
+def test_mixed_precision_keeps_fp32_params_and_tracks_fp32_loss(tmp_path):
+  fp32 = train.train_and_evaluate(tiny_config(), str(tmp_path / "fp32"))
+  config = tiny_config(mixed_precision=True)
+  bf16 = train.train_and_evaluate(config, str(tmp_path / "bf16"))
+  l32 = [r["train/loss"] for r in read_metrics(tmp_path / "fp32")]
+  l16 = [r["train/loss"] for r in read_metrics(tmp_path / "bf16")]
+  np.testing.assert_allclose(l16, l32, rtol=0.02)
+  assert abs(bf16["eval/loss"] - fp32["eval/loss"]) < 0.05
+  model = train.build_model(config, 10)
+  assert model.dtype == jnp.bfloat16 and model.param_dtype == jnp.float32
+
+
+def test_checkpoints_keep_last_n_and_best(tmp_path):
+  ckpt = ckpt_lib.Checkpointer(str(tmp_path), keep=2, async_save=False)
+  config = tiny_config()
+  state = {"w": jnp.arange(3.0)}
+  top1 = {1: 0.2, 2: 0.9, 3: 0.5, 4: 0.4, 5: 0.3}
+  for step, acc in top1.items():
+    ckpt.save(step, state, None, config, metrics={"eval/top1": acc})
+  ckpt.wait()
+  assert sorted(ckpt.manager.all_steps()) == [4, 5]
+  assert ckpt.best_step() == 2 and ckpt.best_score() == 0.9
+  ckpt.close()
+  # A restarted run keeps the best across rotations of the last-N steps.
+  ckpt = ckpt_lib.Checkpointer(str(tmp_path), keep=2, async_save=False)
+  for step, acc in {6: 0.1, 7: 0.95, 8: 0.2}.items():
+    ckpt.save(step, {"w": jnp.full(3, float(step))}, None, config, metrics={"eval/top1": acc})
+  ckpt.wait()
+  assert sorted(ckpt.manager.all_steps()) == [7, 8]
+  assert ckpt.best_step() == 7 and ckpt.best_score() == 0.95
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  restored = ckpt.best.restore(7, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+  np.testing.assert_array_equal(restored["state"]["w"], np.full(3, 7.0))
+  ckpt.close()
