@@ -31,6 +31,7 @@ _DISTRIBUTED = flags.DEFINE_bool(
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+_TRACEBACK = flags.DEFINE_bool("traceback", False, "Show full tracebacks for config errors.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -63,8 +64,19 @@ def main(argv):
     sys.exit(0)
 
 
+def _main_with_clear_errors(argv):
+  """Configuration and data errors are printed as one clear message, not a traceback."""
+  try:
+    main(argv)
+  except (ValueError, FileNotFoundError, AttributeError, KeyError) as e:
+    if _TRACEBACK.value:
+      raise
+    print(f"locvit: error: {e}\n(run with --traceback for the full stack)", file=sys.stderr)
+    sys.exit(2)
+
+
 def run() -> None:
-  app.run(main)
+  app.run(_main_with_clear_errors)
 
 
 if __name__ == "__main__":

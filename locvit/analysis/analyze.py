@@ -18,6 +18,7 @@ warning says how to log them). Run it as a single process.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Sequence
@@ -146,7 +147,8 @@ def query_maps(
   Class-token rows/columns are dropped and the row renormalised over patches (as for Eq. 8).
   """
   grid = locality.token_grid(model, image[None])
-  maps = jax.device_get(locality.per_layer_attention(model, params, image[None]))
+  attention = jax.jit(functools.partial(locality.per_layer_attention, model))
+  maps = jax.device_get(attention(params, image[None]))
   q = query[0] * grid.width + query[1]
   out, gates = {}, {}
   for i in layers:
@@ -158,6 +160,29 @@ def query_maps(
     stats = locality.parameter_statistics(jax.device_get(params[f"blocks_{i}"]["attn"]))
     gates[i] = np.asarray(stats["gate"]) if "gate" in stats else None
   return out, gates
+
+
+def curve_figures(workdir: str, output_dir: str, *, title: str = "") -> list[str]:
+  """Figs. 5 and 6 from ``workdir/metrics.jsonl``; ``[]`` (and a warning) without records."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  records = metrics_lib.read_metrics(workdir) if os.path.exists(path) else []
+  steps, series = locality_series(records)
+  if "nonlocality" not in series:
+    logging.warning(
+      "No locality records in %s: set config.analysis.locality=True when training to get the "
+      "nonlocality and gate curves. Drawing the attention maps only.",
+      path,
+    )
+    return []
+  ratio = epochs_per_step(records)
+  x, xlabel = (steps * ratio, "epoch") if ratio else (steps, "step")
+  layer_means = {i: np.nanmean(v, axis=1) for i, v in series["nonlocality"].items()}
+  fig = plots.nonlocality_figure(x, layer_means, xlabel=xlabel, title=title)
+  paths = [plots.save(fig, os.path.join(output_dir, "nonlocality.png"))]
+  if "gate" in series:
+    fig = plots.gate_figure(x, series["gate"], xlabel=xlabel)
+    paths.append(plots.save(fig, os.path.join(output_dir, "gates.png")))
+  return paths
 
 
 # ------------------------------------------------------------------------------------------------
@@ -188,39 +213,21 @@ def analyze(
 
   analysis = _analysis_config(config)
   output_dir = output_dir or os.path.join(workdir, "analysis")
-  paths = []
 
-  records = metrics_lib.read_metrics(workdir) if os.path.exists(
-    os.path.join(workdir, "metrics.jsonl")
-  ) else []
-  steps, series = locality_series(records)
-  ratio = epochs_per_step(records)
-  x, xlabel = (steps * ratio, "epoch") if ratio else (steps, "step")
-  if "nonlocality" in series:
-    layer_means = {i: np.nanmean(v, axis=1) for i, v in series["nonlocality"].items()}
-    fig = plots.nonlocality_figure(x, layer_means, xlabel=xlabel, title=config.model.name)
-    paths.append(plots.save(fig, os.path.join(output_dir, "nonlocality.png")))
-  else:
-    logging.warning(
-      "No locality records in %s/metrics.jsonl: set config.analysis.locality=True when training "
-      "to get the nonlocality and gate curves. Drawing the attention maps only.",
-      workdir,
-    )
-  if "gate" in series:
-    fig = plots.gate_figure(x, series["gate"], xlabel=xlabel)
-    paths.append(plots.save(fig, os.path.join(output_dir, "gates.png")))
-
+  # Everything that can be wrong with the arguments is checked before any compilation.
   source = data_lib.make_source(config.data, config.data.eval_split)
   model = train.build_model(config, config.data.get("num_classes") or source.num_classes)
   images = locality.fixed_eval_images(config, analysis.map_image_index + 1, source=source)
   if analysis.map_image_index >= len(images):
     raise ValueError(f"analysis.map_image_index={analysis.map_image_index}: only {len(images)}.")
   image = images[analysis.map_image_index]
-  params, step = restore_params(config, workdir, model, image.shape, step)
   grid = locality.token_grid(model, image[None])
   default_layers = analysis.map_layers or [min(i, model.depth - 1) for i in PAPER_MAP_LAYERS]
   layers = _check_layers(default_layers if layers is None else layers, model.depth)
   query = _check_query(query or analysis.query or (grid.height // 2, grid.width // 2), grid)
+
+  paths = curve_figures(workdir, output_dir, title=config.model.name)
+  params, step = restore_params(config, workdir, model, image.shape, step)
   maps, gates = query_maps(model, params, image, layers, query)
   fig = plots.attention_maps_figure(
     display_image(config, image), grid, query, maps, gates, patch_size=model.patch_size

@@ -270,6 +270,17 @@ def make_mask(
   return MASK_MODULES[kind](num_heads=num_heads, name=name, **module_options), combine
 
 
+def mask_attention_kwargs(
+  mask: str, num_kernels: int = 5, kernel: Kernel = "faithful", combine: str = "multiply"
+) -> dict[str, dict[str, Any]]:
+  """A backbone's ``attention_kwargs`` for a mask kind: ``{'gmm': {...}}`` or ``{'elm': {...}}``."""
+  if mask == "gmm":
+    return {"gmm": {"num_kernels": num_kernels, "kernel": kernel, "combine": combine}}
+  if mask == "elm":
+    return {"elm": {"combine": combine}}
+  raise ValueError(f"Unknown mask {mask!r}. Valid masks: {MASK_KINDS}.")
+
+
 # ---------------------------------------------------------------------------------------------
 # Attention kinds 'gmm' and 'elm': the shared Attention with the mask as its positional term.
 

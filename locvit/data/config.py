@@ -52,12 +52,13 @@ def default_data_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.source = "digits"
   c.name = "cifar10"
-  c.data_dir = None
-  c.root = None
+  # Typed placeholders (None by default) so `--config.data.root=DIR` works on the command line.
+  c.data_dir = ml_collections.config_dict.placeholder(str)
+  c.root = ml_collections.config_dict.placeholder(str)
   c.train_split = "train"
   c.eval_split = "test"
   c.image_size = 8
-  c.num_classes = None
+  c.num_classes = ml_collections.config_dict.placeholder(int)
   c.train_fraction = 1.0
   c.on_corrupt = "error"
   c.train_augment = "none"

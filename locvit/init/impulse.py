@@ -42,6 +42,7 @@ import optax
 
 from locvit.attention import TokenGrid
 from locvit.init.pseudo_inputs import canonical_pseudo_input, pseudo_input
+from locvit.init.rng import numpy_rng, single_threaded_blas
 from locvit.init.targets import check_filter_size, draw_taps, impulse_key_indices, tap_to_offset
 
 MODES = ("same", "different")
@@ -86,8 +87,7 @@ class SolverConfig:
       canonical_pseudo_input(self.pseudo_input_first)
     if self.steps < 1 or self.norm_every < 0 or self.lr <= 0:
       raise ValueError(
-        f"steps={self.steps} must be >= 1, norm_every={self.norm_every} >= 0 and "
-        f"lr={self.lr} > 0."
+        f"steps={self.steps} must be >= 1, norm_every={self.norm_every} >= 0 and lr={self.lr} > 0."
       )
     if not 0.0 <= self.rank_tol < 1.0:
       raise ValueError(f"rank_tol={self.rank_tol} must be in [0, 1).")
@@ -156,26 +156,27 @@ def _factor(x: np.ndarray, rank_tol: float) -> tuple[np.ndarray, np.ndarray, int
 
 def _setup(cfg: SolverConfig, kinds, grid, dim, heads, head_dim, seed):
   """Targets, pseudo inputs and initial Q, K for every solve (deterministic in ``seed``)."""
-  root = jax.random.key(seed)
   taps, xs, q0, k0 = [], [], [], []
   bound = np.sqrt(1.0 / (head_dim * heads))
   for s, kind in enumerate(kinds):
-    tap_key, input_key, q_key, k_key = jax.random.split(jax.random.fold_in(root, s), 4)
-    taps.append(draw_taps(tap_key, heads, cfg.filter_size, cfg.cover_offsets))
-    xs.append(pseudo_input(kind, grid, dim, input_key))
-    q0.append(bound * jax.random.uniform(q_key, (heads, dim, head_dim), minval=-1.0, maxval=1.0))
-    k0.append(bound * jax.random.uniform(k_key, (heads, head_dim, dim), minval=-1.0, maxval=1.0))
+    rng = lambda part, s=s: numpy_rng(seed, "impulse", s, part)
+    taps.append(draw_taps(rng("taps"), heads, cfg.filter_size, cfg.cover_offsets))
+    xs.append(pseudo_input(kind, grid, dim, rng("input")))
+    q0.append(bound * rng("q").uniform(-1.0, 1.0, (heads, dim, head_dim)))
+    k0.append(bound * rng("k").uniform(-1.0, 1.0, (heads, head_dim, dim)))
   taps = np.stack(taps)
   offsets = tap_to_offset(taps, cfg.filter_size)
   targets = impulse_key_indices(grid, offsets)  # (S, H, N)
-  return taps, offsets, targets, np.stack(xs), np.stack(q0), np.stack(k0)
+  f32 = lambda a: np.stack(a).astype(np.float32)
+  return taps, offsets, targets, f32(xs), f32(q0), f32(k0)
 
 
 def _features(xs: np.ndarray, head_dim: int, rank_tol: float):
   """Per-solve ``(U, SV)`` zero-padded to a common rank, or None when dense is cheaper."""
   if rank_tol <= 0:
     return None
-  factors = [_factor(x, rank_tol) for x in xs]
+  with single_threaded_blas():
+    factors = [_factor(x, rank_tol) for x in xs]
   rank = max(r for _, _, r in factors)
   if rank >= head_dim:  # the r x r core is no cheaper than the hd-wide logits product
     return None
@@ -302,6 +303,39 @@ def _save(path: str, solution: ImpulseSolution) -> None:
   os.replace(tmp, path)  # atomic: concurrent processes never read a partial file
 
 
+def optimize_qk(
+  q0: np.ndarray,
+  k0: np.ndarray,
+  xs: np.ndarray,
+  targets: np.ndarray,
+  *,
+  steps: int,
+  lr: float,
+  norm_every: int,
+  rank_tol: float = 1e-7,
+) -> tuple[np.ndarray, np.ndarray, float, float]:
+  """Runs Algorithm 1's loop for S solves from given starting points, in one compiled call.
+
+  Args:
+    q0, k0: ``(S, H, D, hd)`` and ``(S, H, hd, D)`` initial parameters.
+    xs: ``(S, N, D)`` pseudo inputs (already layer-normalised).
+    targets: ``(S, H, N)`` target key per query, -1 for an all-zero row.
+    steps, lr, norm_every, rank_tol: as in ``SolverConfig``.
+
+  Returns ``(q, k, compile_seconds, run_seconds)``.
+  """
+  head_dim = q0.shape[-1]
+  factors = _features(np.asarray(xs), head_dim, rank_tol)
+  feats = factors if factors is not None else (np.asarray(xs, np.float32),)
+  static = dict(steps=steps, lr=lr, norm_every=norm_every, scale=head_dim**-0.5)
+  args = (np.asarray(q0, np.float32), np.asarray(k0, np.float32), feats, np.asarray(targets))
+  start = time.perf_counter()
+  compiled = _solve_all.lower(*args, **static).compile()
+  compiled_at = time.perf_counter()
+  q, k = jax.block_until_ready(compiled(*args))
+  return np.asarray(q), np.asarray(k), compiled_at - start, time.perf_counter() - compiled_at
+
+
 def solve_impulse(
   cfg: SolverConfig,
   grid: TokenGrid,
@@ -335,39 +369,33 @@ def solve_impulse(
 
   kinds, layer_solve = cfg.plan(depth)
   taps, offsets, targets, xs, q0, k0 = _setup(cfg, kinds, grid, dim, num_heads, head_dim, seed)
-  factors = _features(xs, head_dim, cfg.rank_tol)
-  feats = factors if factors is not None else (xs,)
-  static = dict(steps=cfg.steps, lr=cfg.lr, norm_every=cfg.norm_every, scale=head_dim**-0.5)
-
-  start = time.perf_counter()
-  compiled = _solve_all.lower(q0, k0, feats, targets, **static).compile()
-  compiled_at = time.perf_counter()
-  q, k = jax.block_until_ready(compiled(q0, k0, feats, targets))
-  solved_at = time.perf_counter()
-  loss, fraction = _quality(q, k, xs, targets, scale=static["scale"])
-
+  q, k, compile_seconds, solve_seconds = optimize_qk(
+    q0, k0, xs, targets, steps=cfg.steps, lr=cfg.lr, norm_every=cfg.norm_every,
+    rank_tol=cfg.rank_tol,
+  )  # fmt: skip
+  loss, fraction = _quality(q, k, xs, targets, scale=head_dim**-0.5)
   solution = ImpulseSolution(
-    q=np.asarray(q),
-    k=np.asarray(k),
+    q=q,
+    k=k,
     taps=taps,
     offsets=offsets,
     layer_solve=np.asarray(layer_solve),
     pseudo_inputs=list(kinds),
     loss=np.asarray(loss),
     argmax_fraction=np.asarray(fraction),
-    compile_seconds=compiled_at - start,
-    solve_seconds=solved_at - compiled_at,
+    compile_seconds=compile_seconds,
+    solve_seconds=solve_seconds,
   )
   if path:
     _save(path, solution)
   return solution
 
 
-def solver_config(fields: dict | None = None, **overrides) -> SolverConfig:
-  """A ``SolverConfig`` from a mapping (e.g. a ConfigDict's fields), ignoring unrelated keys."""
-  names = {f.name for f in dataclasses.fields(SolverConfig)}
-  merged = {**dict(fields or {}), **overrides}
-  return SolverConfig(**{k: v for k, v in merged.items() if k in names})
+def solver_config(fields=None, **overrides) -> SolverConfig:
+  """A ``SolverConfig`` from a mapping (e.g. ``config.init``), ignoring unrelated keys."""
+  fields = fields if fields is not None else {}
+  values = {f.name: fields[f.name] for f in dataclasses.fields(SolverConfig) if f.name in fields}
+  return SolverConfig(**{**values, **overrides})
 
 
 __all__: Sequence[str] = (
@@ -376,6 +404,7 @@ __all__: Sequence[str] = (
   "SolverConfig",
   "attention_logits_dense",
   "cache_key",
+  "optimize_qk",
   "solve_impulse",
   "solver_config",
 )

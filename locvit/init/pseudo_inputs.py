@@ -18,11 +18,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from locvit.attention import TokenGrid
+from locvit.init.rng import truncated_normal
 from locvit.models.layers import sincos_2d_position_embedding
 
 PSEUDO_INPUTS = ("pe", "gaussian", "uniform", "pe+gaussian", "pe+uniform")
 # The reference code's one-letter names, accepted as aliases.
-REFERENCE_CODES = {"P": "pe", "G": "gaussian", "U": "uniform", "B": "pe+gaussian", "A": "pe+uniform"}
+REFERENCE_CODES = {
+  "P": "pe",
+  "G": "gaussian",
+  "U": "uniform",
+  "B": "pe+gaussian",
+  "A": "pe+uniform",
+}
 GAUSSIAN_STD = float(np.sqrt(0.5))
 GAUSSIAN_BOUND = 2.0  # absolute truncation, as torch.nn.init.trunc_normal_(a=-2, b=2)
 LAYER_NORM_EPS = 1e-5
@@ -39,18 +46,21 @@ def canonical_pseudo_input(kind: str) -> str:
   return name
 
 
-def raw_pseudo_input(kind: str, grid: TokenGrid, dim: int, key: jax.Array) -> np.ndarray:
-  """``P`` of shape ``(N, dim)`` float32, before the layer norm."""
+def raw_pseudo_input(
+  kind: str, grid: TokenGrid, dim: int, rng: np.random.Generator | None = None
+) -> np.ndarray:
+  """``P`` of shape ``(N, dim)`` float32, before the layer norm (``rng`` for random kinds)."""
   kind = canonical_pseudo_input(kind)
   shape = (grid.num_tokens, dim)
-  out = np.zeros(shape, np.float32)
+  out = np.zeros(shape, np.float64)
   if kind.startswith("pe"):
-    out = out + sincos_2d_position_embedding(grid, dim)
+    out += sincos_2d_position_embedding(grid, dim)
+  if kind != "pe" and rng is None:
+    raise ValueError(f"Pseudo input {kind!r} is random: pass a NumPy Generator.")
   if kind.endswith("gaussian"):
-    bound = GAUSSIAN_BOUND / GAUSSIAN_STD
-    out = out + GAUSSIAN_STD * np.asarray(jax.random.truncated_normal(key, -bound, bound, shape))
+    out += truncated_normal(rng, GAUSSIAN_STD, GAUSSIAN_BOUND, shape)
   elif kind.endswith("uniform"):
-    out = out + np.asarray(jax.random.uniform(key, shape, minval=-1.0, maxval=1.0))
+    out += rng.uniform(-1.0, 1.0, shape)
   return out.astype(np.float32)
 
 
@@ -62,6 +72,15 @@ def layer_norm(x: np.ndarray | jax.Array, eps: float = LAYER_NORM_EPS) -> jax.Ar
   return (x - mean) * jax.lax.rsqrt(var + eps)
 
 
-def pseudo_input(kind: str, grid: TokenGrid, dim: int, key: jax.Array) -> np.ndarray:
+def layer_norm_np(x: np.ndarray, eps: float = LAYER_NORM_EPS) -> np.ndarray:
+  """NumPy twin of ``layer_norm`` (float64 inside) for host-side set-up."""
+  x = np.asarray(x, np.float64)
+  centred = x - x.mean(-1, keepdims=True)
+  return centred / np.sqrt(np.mean(centred**2, -1, keepdims=True) + eps)
+
+
+def pseudo_input(
+  kind: str, grid: TokenGrid, dim: int, rng: np.random.Generator | None = None
+) -> np.ndarray:
   """The solver's ``X = LayerNorm(P)``, shape ``(N, dim)`` float32 (Algorithm 1, line 3)."""
-  return np.asarray(layer_norm(raw_pseudo_input(kind, grid, dim, key)))
+  return layer_norm_np(raw_pseudo_input(kind, grid, dim, rng)).astype(np.float32)

@@ -13,7 +13,6 @@ at least ``f^2`` heads (distinct offsets when there are fewer).
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 
 from locvit.attention import TokenGrid
@@ -42,7 +41,9 @@ def tap_to_offset(taps: np.ndarray, filter_size: int) -> np.ndarray:
   return np.stack([taps // filter_size - half, taps % filter_size - half], -1).astype(np.int32)
 
 
-def draw_taps(key: jax.Array, num_heads: int, filter_size: int, cover: bool = False) -> np.ndarray:
+def draw_taps(
+  rng: np.random.Generator, num_heads: int, filter_size: int, cover: bool = False
+) -> np.ndarray:
   """Impulse tap index per head, in ``[0, f^2)``.
 
   ``cover=False``: independent uniform draws with replacement (the reference's ``randint``).
@@ -51,13 +52,11 @@ def draw_taps(key: jax.Array, num_heads: int, filter_size: int, cover: bool = Fa
   """
   taps = filter_size * filter_size
   if not cover:
-    return np.asarray(jax.random.randint(key, (num_heads,), 0, taps), np.int32)
-  perm_key, rest_key = jax.random.split(key)
-  perm = np.asarray(jax.random.permutation(perm_key, taps), np.int32)
+    return rng.integers(0, taps, num_heads).astype(np.int32)
+  perm = rng.permutation(taps).astype(np.int32)
   if num_heads <= taps:
     return perm[:num_heads]
-  rest = np.asarray(jax.random.randint(rest_key, (num_heads - taps,), 0, taps), np.int32)
-  return np.concatenate([perm, rest])
+  return np.concatenate([perm, rng.integers(0, taps, num_heads - taps).astype(np.int32)])
 
 
 def impulse_key_indices(grid: TokenGrid, offsets: np.ndarray) -> np.ndarray:

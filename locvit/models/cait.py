@@ -34,10 +34,15 @@ from locvit.attention.attention import (
   zeros,
 )
 from locvit.attention.geometry import TokenGrid
-from locvit.attention.masks import MASK_KINDS, combine_mask, make_mask, split_mask_options
+from locvit.attention.masks import (
+  MASK_KINDS,
+  combine_mask,
+  make_mask,
+  mask_attention_kwargs,
+  split_mask_options,
+)
 from locvit.models.layers import Mlp, PatchEmbed, drop_path, layer_norm
 from locvit.models.registry import register_model
-from locvit.models.small_vit import mask_kwargs
 
 Array = jax.Array
 CAIT_ATTENTION = ("mhsa", *MASK_KINDS)
@@ -245,7 +250,7 @@ def cait_smalldata(num_classes: int, *, patch_size: int, mask: str | None) -> Ca
     num_classes=num_classes,
     patch_size=patch_size,
     attention=mask or "mhsa",
-    attention_kwargs=mask_kwargs(mask) if mask else None,
+    attention_kwargs=mask_attention_kwargs(mask) if mask else None,
   )
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from locvit.attention.masks import MASK_KINDS
+from locvit.attention.masks import MASK_KINDS, mask_attention_kwargs
 from locvit.models.registry import register_model
 from locvit.models.vit import VisionTransformer
 
@@ -57,17 +57,6 @@ REGISTERED = {
 NUM_HEADS = 12
 
 
-def mask_kwargs(
-  mask: str, num_kernels: int = 5, kernel: str = "faithful", combine: str = "multiply"
-) -> dict[str, dict[str, Any]]:
-  """``attention_kwargs`` for a mask kind: ``{'gmm': {...}}`` or ``{'elm': {...}}``."""
-  if mask == "gmm":
-    return {"gmm": {"num_kernels": num_kernels, "kernel": kernel, "combine": combine}}
-  if mask == "elm":
-    return {"elm": {"combine": combine}}
-  raise ValueError(f"Unknown mask {mask!r}. Valid masks: {MASK_KINDS}.")
-
-
 def small_vit(
   num_classes: int,
   *,
@@ -94,7 +83,7 @@ def small_vit(
     pos_embed="learn",
     pool="gap" if masked else "token",
     layer_attention=(mask,) * depth if masked else None,
-    attention_kwargs=mask_kwargs(mask, **mask_options) if masked else None,
+    attention_kwargs=mask_attention_kwargs(mask, **mask_options) if masked else None,
     drop_path_rate=0.1,
     norm_eps=1e-5,  # PyTorch's LayerNorm default, as in the official code
   )

@@ -1,0 +1,148 @@
+"""Shared pieces of the structured-initialization configs (Zheng, Li, Lucey 2024).
+
+Small-dataset recipe (paper Sec. 5.1 and the reference README), in the fields that exist now:
+AdamW lr 1e-3, betas (0.9, 0.999), eps 1e-3, weight decay 0.01 (not on biases/norms, timm's
+default grouping), gradient clipping 3.0 (global norm), 200 epochs, batch 512, cosine schedule
+with 10 warmup epochs to a minimum of 1e-6 (per step here; timm steps it per epoch; warmup starts
+at timm's default 1e-5), label smoothing 0.1, no stochastic depth, no mixup/cutmix, no random
+erasing. The reference's ``--scale 1 1 --ratio 1 1 --crop-pct 1`` make timm's random-resized crop
+a plain resize of the full image, so training uses 'rrc_flip' with scale (1, 1) and ratio (1, 1):
+only the horizontal flip remains. The reference trains with AMP; these configs use float32.
+
+ImageNet-1K recipe (README): 300 epochs, batch 4096 (8 x 512), lr 4e-3 at batch 4096 (linear
+scaling), eps 1e-8, weight decay 0.05, 50 warmup epochs, no clipping, random-resized crop + flip,
+label smoothing 0.1.
+
+Pending (a later issue adds them): RandAugment rand-m9-mstd0.5-inc1 on every dataset; for
+ImageNet also cutmix 0.8, mixup 1.0 and random erasing 0.25 (pixel mode).
+
+Data: CIFAR-10 / CIFAR-100 / SVHN from TFDS (``cifar10``, ``cifar100``, ``svhn_cropped``; offline
+they need a prepared ``data_dir``). The offline CIFAR-10 JPEG copy works with
+``--config.data.source=image_folder --config.data.root=DIR``.
+
+Inits (``config.init``, applied by ``locvit.init.apply_init`` after the model is initialised):
+'trunc_normal', 'kaiming_uniform', 'mimetic' (alpha = beta = 0.7, the README's
+``mimetic0.7_0.7``), 'impulse3' and 'impulse5' (Imp.-3 / Imp.-5).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from configs.common import base_config
+from locvit.data import IMAGENET_MEAN, IMAGENET_STD
+from locvit.init import init_config
+
+# dataset -> TFDS name, classes, image size, normalisation (the usual statistics).
+DATASETS: dict[str, dict[str, Any]] = {
+  "cifar10": dict(
+    name="cifar10",
+    num_classes=10,
+    image_size=32,
+    mean=(0.4914, 0.4822, 0.4465),
+    std=(0.2470, 0.2435, 0.2616),
+  ),
+  "cifar100": dict(
+    name="cifar100",
+    num_classes=100,
+    image_size=32,
+    mean=(0.5071, 0.4865, 0.4409),
+    std=(0.2673, 0.2564, 0.2762),
+  ),
+  "svhn": dict(
+    name="svhn_cropped",
+    num_classes=10,
+    image_size=32,
+    mean=(0.4377, 0.4438, 0.4728),
+    std=(0.1980, 0.2010, 0.1970),
+  ),
+  "imagenet": dict(
+    name="imagenet2012",
+    num_classes=1000,
+    image_size=224,
+    mean=IMAGENET_MEAN,
+    std=IMAGENET_STD,
+  ),
+}
+INITS = ("trunc_normal", "kaiming_uniform", "mimetic", "impulse3", "impulse5")
+
+
+def check_choice(what: str, value: str, choices) -> str:
+  if value not in choices:
+    raise ValueError(f"Unknown {what} {value!r}. Valid choices: {list(choices)}.")
+  return value
+
+
+def parse_args(arg: str | None, names: tuple[str, ...], defaults: tuple[str, ...]) -> list[str]:
+  """Splits ``'a,b,c'`` into the named fields; missing trailing fields take their defaults."""
+  parts = [p.strip() for p in arg.split(",")] if arg else []
+  if len(parts) > len(names):
+    raise ValueError(f"Config argument {arg!r} has more than the fields {names}.")
+  return parts + list(defaults[len(parts) :])
+
+
+def init_block(name: str, **overrides: Any) -> ml_collections.ConfigDict:
+  """``config.init`` for one of ``INITS`` (impulseF means the impulse init with filter F)."""
+  check_choice("init", name, INITS)
+  if name.startswith("impulse"):
+    return init_config("impulse", filter_size=int(name[len("impulse") :]), **overrides)
+  return init_config(name, **overrides)
+
+
+def small_data_config(dataset: str, model: str, init: str) -> ml_collections.ConfigDict:
+  """Base config + the small-dataset recipe on ``dataset`` for ``model`` with ``init``."""
+  check_choice("dataset", dataset, ("cifar10", "cifar100", "svhn"))
+  c = base_config()
+  c.model.name = model
+  data = DATASETS[dataset]
+  c.data.source = "tfds"
+  c.data.name = data["name"]
+  c.data.num_classes = data["num_classes"]
+  c.data.image_size = data["image_size"]
+  c.data.mean, c.data.std = data["mean"], data["std"]
+  c.data.train_augment = "rrc_flip"
+  c.data.rrc_scale = (1.0, 1.0)
+  c.data.rrc_ratio = (1.0, 1.0)
+  c.data.eval_crop_pct = 1.0
+  c.optimizer.name = "adamw"
+  c.optimizer.lr = 1e-3
+  c.optimizer.b1, c.optimizer.b2 = 0.9, 0.999
+  c.optimizer.eps = 1e-3
+  c.optimizer.weight_decay = 0.01
+  c.optimizer.decay_mask = "intended"
+  c.schedule.name = "cosine"
+  c.schedule.warmup_epochs = 10.0
+  c.schedule.warmup_init_lr = 1e-5
+  c.schedule.min_lr = 1e-6
+  c.grad_clip_norm = 3.0
+  c.num_epochs = 200.0
+  c.batch_size = 512
+  c.label_smoothing = 0.1
+  c.init = init_block(init)
+  return c
+
+
+def imagenet_config(model: str, init: str) -> ml_collections.ConfigDict:
+  """The ImageNet-1K recipe (Table 2, last column) for ``model`` with ``init``."""
+  c = small_data_config("cifar10", model, init)
+  data = DATASETS["imagenet"]
+  c.data.name = data["name"]
+  c.data.num_classes = data["num_classes"]
+  c.data.image_size = data["image_size"]
+  c.data.mean, c.data.std = data["mean"], data["std"]
+  c.data.eval_split = "validation"
+  c.data.rrc_scale = (0.08, 1.0)
+  c.data.rrc_ratio = (3.0 / 4.0, 4.0 / 3.0)
+  c.data.interpolation = "bicubic"
+  c.data.eval_crop_pct = 0.875
+  c.optimizer.lr = 4e-3
+  c.optimizer.lr_base_batch_size = 4096
+  c.optimizer.eps = 1e-8
+  c.optimizer.weight_decay = 0.05
+  c.schedule.warmup_epochs = 50.0
+  c.grad_clip_norm = 0.0
+  c.num_epochs = 300.0
+  c.batch_size = 4096  # 8 GPUs x 512 in the README
+  return c

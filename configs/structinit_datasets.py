@@ -1,0 +1,29 @@
+"""Table 2 of Zheng, Li, Lucey: ViT-T with each initialization on CIFAR-10/100, SVHN, ImageNet-1K.
+
+    --config=configs/structinit_datasets.py:DATASET,INIT
+
+DATASET in {cifar10, cifar100, svhn, imagenet}; INIT in {trunc_normal, kaiming_uniform, mimetic,
+impulse3, impulse5}. Models: ViT-T/h3 at patch 2 on 32x32 (``structvit_tiny_patch2_32``), or at
+patch 16 on 224x224 for ImageNet (``structvit_tiny_patch16_224``). Paper, CIFAR-10: Kaiming 86.36,
+trunc-normal 88.63, mimetic 91.16, Imp.-3 91.62, Imp.-5 90.67.
+
+Recipe: ``structinit_common`` (small-dataset or ImageNet; RandAugment etc. pending, see there).
+The impulse solve uses the defaults: 'same' Q/K for all layers, PE pseudo input, 10,000 Adam steps.
+"""
+
+from configs.structinit_common import (
+  INITS,
+  check_choice,
+  imagenet_config,
+  parse_args,
+  small_data_config,
+)
+
+
+def get_config(arg: str | None = None):
+  dataset, init = parse_args(arg, ("dataset", "init"), ("cifar10", "impulse3"))
+  check_choice("dataset", dataset, ("cifar10", "cifar100", "svhn", "imagenet"))
+  check_choice("init", init, INITS)
+  if dataset == "imagenet":
+    return imagenet_config("structvit_tiny_patch16_224", init)
+  return small_data_config(dataset, "structvit_tiny_patch2_32", init)

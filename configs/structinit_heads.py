@@ -1,0 +1,22 @@
+"""Tables 6 and 8 of Zheng, Li, Lucey: depth-8 ViTs, heads x embedding dims, on CIFAR-10.
+
+    --config=configs/structinit_heads.py:DIM,HEADS,INIT
+
+DIM in {64, 128} (Table 8) or {256, 512} (Table 6); HEADS in {4, 8, 16, 32}; INIT in
+{trunc_normal, kaiming_uniform, mimetic, impulse3, impulse5}. Patch 2 on 32x32, sin-cos PE and
+global average pooling (``structvit_d8_dim{DIM}_h{HEADS}_patch2_32``). Paper, dim 256 h8 Imp.-3:
+90.67; dim 512 h16 Imp.-5: 91.87.
+
+Recipe: ``structinit_common`` small-dataset recipe (RandAugment pending, see there).
+"""
+
+from configs.structinit_common import INITS, check_choice, parse_args, small_data_config
+
+
+def get_config(arg: str | None = None):
+  dim, heads, init = parse_args(arg, ("dim", "heads", "init"), ("256", "8", "impulse3"))
+  check_choice("dim", dim, ("64", "128", "256", "512"))
+  check_choice("heads", heads.removeprefix("h"), ("4", "8", "16", "32"))
+  check_choice("init", init, INITS)
+  model = f"structvit_d8_dim{dim}_h{heads.removeprefix('h')}_patch2_32"
+  return small_data_config("cifar10", model, init)

@@ -1,0 +1,22 @@
+"""Table 1 of Zheng, Li, Lucey: ViT-T basic settings on CIFAR-10 (trunc-normal init).
+
+    --config=configs/structinit_table1.py:POS,POOL
+
+POS in {learn, sincos} (learnable vs fixed 2-D sin-cos position embedding), POOL in {token, gap}
+(class token vs global average pooling + fc_norm). Paper: learn/token 81.23, learn/gap 82.23,
+sincos/token 83.17, sincos/gap 85.30. Default: sincos,gap (the setting used everywhere after).
+
+Recipe: ``structinit_common`` small-dataset recipe (RandAugment pending, see there).
+"""
+
+from configs.structinit_common import check_choice, parse_args, small_data_config
+
+
+def get_config(arg: str | None = None):
+  pos, pool = parse_args(arg, ("pos", "pool"), ("sincos", "gap"))
+  check_choice("position embedding", pos, ("learn", "sincos"))
+  check_choice("pooling", pool, ("token", "gap"))
+  c = small_data_config("cifar10", "structvit_tiny_patch2_32", "trunc_normal")
+  c.model.overrides.pos_embed = "sincos2d" if pos == "sincos" else "learn"
+  c.model.overrides.pool = pool
+  return c

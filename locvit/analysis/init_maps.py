@@ -1,0 +1,175 @@
+"""Attention maps at initialization, averaged over real images (Zheng, Li, Lucey: Figs. 3-5).
+
+For a model and several initializations (impulse, mimetic, random, ...) this computes every
+layer's ``(H, N, N)`` attention averaged over a batch of images and writes PNGs:
+
+- ``<init>.png``: one row per chosen layer; per head the full ``N x N`` map and its zoomed
+  upper-left ``zoom x zoom`` block (the red boxes of Fig. 3, 48 x 48 in the paper);
+- ``comparison.png``: one row per init, columns = chosen layers (head 0, full map and zoom),
+  for a side-by-side comparison as in Fig. 3.
+
+    python -m locvit.analysis.init_maps --model=structvit_tiny_patch2_32 \\
+      --inits=impulse,mimetic,trunc_normal --image_folder=/tmp/cifar10 --out=/tmp/init_maps
+
+Off-diagonal impulse peaks show up as shifted diagonals (offset ``m * width + n``), mimetic init
+strengthens the main diagonal, and random inits show no pattern.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from matplotlib import patches
+from matplotlib.figure import Figure
+
+from locvit.analysis.plots import save
+from locvit.data import augment
+from locvit.init.apply import apply_init, init_config
+from locvit.models import apply_with_intermediates, create_model
+
+ATTENTION_KEY = "blocks_{}/attn/attention"
+
+
+def attention_maps(
+  model: nn.Module, params: Any, images: np.ndarray, batch_size: int = 64
+) -> dict[int, np.ndarray]:
+  """``{layer: (H, N, N)}`` attention probabilities averaged over ``images`` (NHWC, normalised)."""
+  apply = jax.jit(lambda p, x: apply_with_intermediates(model, {"params": p}, x)[1])
+  sums: dict[int, np.ndarray] = {}
+  for start in range(0, len(images), batch_size):
+    inter = apply(params, images[start : start + batch_size])
+    for key, value in inter.items():
+      if key.endswith("/attn/attention"):
+        layer = int(key.split("/")[0].split("_")[1])
+        total = np.asarray(value, np.float64).sum(0)
+        sums[layer] = sums.get(layer, 0.0) + total
+  if not sums:
+    raise ValueError(f"{type(model).__name__} records no attention maps ('.../attn/attention').")
+  return {layer: (s / len(images)).astype(np.float32) for layer, s in sorted(sums.items())}
+
+
+def _show(ax, matrix: np.ndarray, title: str, zoom: int | None = None) -> None:
+  ax.imshow(matrix, cmap="viridis", interpolation="nearest")
+  ax.set_title(title, fontsize=7)
+  ax.set_xticks([])
+  ax.set_yticks([])
+  if zoom is not None:  # the block shown enlarged next to the full map
+    ax.add_patch(patches.Rectangle((-0.5, -0.5), zoom, zoom, fill=False, ec="red", lw=1))
+
+
+def init_figure(maps: Mapping[int, np.ndarray], layers: Sequence[int], zoom: int, title: str):
+  """Rows = layers; per head the full map (red box) and the zoomed upper-left block."""
+  heads = next(iter(maps.values())).shape[0]
+  fig = Figure(figsize=(2.2 * 2 * heads, 2.3 * len(layers)))
+  axes = fig.subplots(len(layers), 2 * heads, squeeze=False)
+  for row, layer in enumerate(layers):
+    for h in range(heads):
+      m = maps[layer][h]
+      _show(axes[row, 2 * h], m, f"layer {layer} head {h}", zoom)
+      _show(axes[row, 2 * h + 1], m[:zoom, :zoom], f"upper-left {zoom}x{zoom}")
+  fig.suptitle(title)
+  return fig
+
+
+def comparison_figure(
+  maps_by_init: Mapping[str, Mapping[int, np.ndarray]], layers: Sequence[int], zoom: int
+):
+  """Rows = inits, columns = layers (head 0): full map and zoom side by side."""
+  names = list(maps_by_init)
+  fig = Figure(figsize=(2.2 * 2 * len(layers), 2.3 * len(names)))
+  axes = fig.subplots(len(names), 2 * len(layers), squeeze=False)
+  for row, name in enumerate(names):
+    for col, layer in enumerate(layers):
+      m = maps_by_init[name][layer][0]
+      _show(axes[row, 2 * col], m, f"{name}: layer {layer}", zoom)
+      _show(axes[row, 2 * col + 1], m[:zoom, :zoom], f"zoom {zoom}x{zoom}")
+  return fig
+
+
+def write_init_maps(
+  maps_by_init: Mapping[str, Mapping[int, np.ndarray]],
+  out_dir: str,
+  layers: Sequence[int] | None = None,
+  zoom: int = 48,
+) -> list[str]:
+  """Writes ``<init>.png`` per init and ``comparison.png``; returns the paths."""
+  first = next(iter(maps_by_init.values()))
+  layers = list(layers) if layers is not None else sorted(first)
+  missing = sorted(set(layers) - set(first))
+  if missing:
+    raise ValueError(f"Layers {missing} not in the model's layers {sorted(first)}.")
+  zoom = min(zoom, next(iter(first.values())).shape[-1])
+  paths = []
+  for name, maps in maps_by_init.items():
+    fig = init_figure(maps, layers, zoom, f"{name}: attention at init")
+    paths.append(save(fig, os.path.join(out_dir, f"{name}.png")))
+  paths.append(save(comparison_figure(maps_by_init, layers, zoom), f"{out_dir}/comparison.png"))
+  return paths
+
+
+def compare_inits(
+  model_name: str,
+  inits: Mapping[str, Mapping[str, Any]],
+  images: np.ndarray,
+  out_dir: str,
+  *,
+  layers: Sequence[int] | None = None,
+  zoom: int = 48,
+  num_classes: int = 10,
+  seed: int = 0,
+  **model_overrides: Any,
+) -> list[str]:
+  """Initialises ``model_name`` with each ``inits[name]`` config and writes the PNGs."""
+  model = create_model(model_name, num_classes=num_classes, **model_overrides)
+  variables = model.init(jax.random.key(seed), images[:1])
+  params = nn.meta.unbox(variables["params"])
+  image_size = images.shape[1:3]
+  maps = {}
+  for name, cfg in inits.items():
+    initialised = apply_init(cfg, params, model, image_size, seed=seed)
+    maps[name] = attention_maps(model, initialised, images)
+  return write_init_maps(maps, out_dir, layers, zoom)
+
+
+def load_images(source: Any, count: int, mean, std) -> np.ndarray:
+  """The first ``count`` images of a ``locvit.data`` source, normalised, as float32 NHWC."""
+  raw = np.stack([source[i]["image"] for i in range(min(count, len(source)))])
+  return augment.normalize_batch(raw, tuple(mean), tuple(std)).astype(np.float32)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  import argparse
+
+  from locvit.data import ImageFolderSource
+  from locvit.data.config import CIFAR10_MEAN, CIFAR10_STD
+
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--model", default="structvit_tiny_patch2_32")
+  parser.add_argument("--inits", default="impulse,mimetic,trunc_normal")
+  parser.add_argument("--image_folder", required=True, help="ROOT/<split>/<class>/*.jpg")
+  parser.add_argument("--split", default="train")
+  parser.add_argument("--num_images", type=int, default=256)
+  parser.add_argument("--layers", default="0,5,11")
+  parser.add_argument("--zoom", type=int, default=48)
+  parser.add_argument("--filter_size", type=int, default=3)
+  parser.add_argument("--mode", default="same")
+  parser.add_argument("--out", required=True)
+  args = parser.parse_args(argv)
+  source = ImageFolderSource(args.image_folder, args.split)
+  images = load_images(source, args.num_images, CIFAR10_MEAN, CIFAR10_STD)
+  inits = {}
+  for name in args.inits.split(","):
+    extra = dict(filter_size=args.filter_size, mode=args.mode) if name == "impulse" else {}
+    inits[name] = init_config(name, **extra)
+  layers = [int(x) for x in args.layers.split(",")]
+  for path in compare_inits(args.model, inits, images, args.out, layers=layers, zoom=args.zoom):
+    print(path)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,109 @@
+"""Plots of learned GMM / ELM masks, unfolded per query as in Li & Zhang Figs. 3 and 4.
+
+A mask table ``M`` of shape ``(N, N)`` on an ``h x w`` token grid is shown two ways:
+
+- as the raw ``N x N`` matrix (Fig. 3 left);
+- unfolded per query (Fig. 3 right, Fig. 4): query ``(r, c)`` owns the ``h x w`` tile at tile-row
+  ``r``, tile-column ``c`` of an ``(h * h) x (w * w)`` image, and that tile is ``M[query, :]``
+  laid out on the grid -- the "convolution kernel" the mask applies around that query.
+
+Tables come from any backbone through ``collect_mask_tables`` (the mask modules sow their
+``(H, N, N)`` table as the ``.../mask/table`` intermediate), so this works on ViT, Swin windows,
+CaiT, PiT stages and T2T alike.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from locvit.attention.geometry import TokenGrid, grid_from_tokens
+
+TABLE_SUFFIX = "/table"
+
+
+def unfold_mask(table: Any, grid: TokenGrid) -> np.ndarray:
+  """``(N, N)`` -> ``(h * h, w * w)``: each query's row laid out on the grid, tiled by query."""
+  table = np.asarray(table)
+  n = grid.num_tokens
+  if table.shape != (n, n):
+    raise ValueError(f"Mask table of shape {table.shape} does not match the {n}-token grid {grid}.")
+  h, w = grid.height, grid.width
+  # (qr, qc, kr, kc) -> (qr, kr, qc, kc): tile (qr, qc) holds keys (kr, kc).
+  return table.reshape(h, w, h, w).transpose(0, 2, 1, 3).reshape(h * h, w * w)
+
+
+def collect_mask_tables(
+  model: Any, variables: Any, images: Any, *, train: bool = False
+) -> dict[str, np.ndarray]:
+  """Runs ``model`` once and returns ``{module path: (H, N, N) mask table}`` for every mask."""
+  from locvit.models.intermediates import apply_with_intermediates
+
+  _, inter = apply_with_intermediates(model, variables, images, train=train)
+  return {
+    path[: -len(TABLE_SUFFIX)]: np.asarray(value)
+    for path, value in inter.items()
+    if path.endswith(TABLE_SUFFIX)
+  }
+
+
+def _heads_to_plot(table: np.ndarray) -> np.ndarray:
+  """ELM tables are shared by the heads: plot one column instead of H identical ones."""
+  if table.shape[0] > 1 and np.all(table == table[:1]):
+    return table[:1]
+  return table
+
+
+def plot_mask_table(
+  table: Any, grid: TokenGrid, path: str | os.PathLike, *, title: str = ""
+) -> Path:
+  """Writes one PNG for one layer: per head, the raw mask (top) and its unfolding (bottom)."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  table = _heads_to_plot(np.asarray(table, np.float32))
+  heads = table.shape[0]
+  fig, axes = plt.subplots(2, heads, figsize=(2.4 * heads, 5.0), squeeze=False)
+  for h in range(heads):
+    for row, image in enumerate((table[h], unfold_mask(table[h], grid))):
+      ax = axes[row, h]
+      ax.imshow(image, cmap="viridis", interpolation="nearest")
+      ax.set_xticks([])
+      ax.set_yticks([])
+    axes[0, h].set_title(f"head {h}" if heads > 1 else "all heads", fontsize=8)
+  axes[0, 0].set_ylabel("mask (N x N)", fontsize=8)
+  axes[1, 0].set_ylabel("per query", fontsize=8)
+  fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path
+
+
+def plot_mask_tables(
+  tables: Mapping[str, Any],
+  out_dir: str | os.PathLike,
+  *,
+  grids: Mapping[str, TokenGrid] | None = None,
+) -> list[Path]:
+  """Writes ``out_dir/<layer path with '/' -> '_'>.png`` for every ``(H, N, N)`` table.
+
+  ``grids`` gives a layer's token grid; by default it is the square grid of ``N`` tokens.
+  """
+  written = []
+  for name, table in tables.items():
+    table = np.asarray(table)
+    if table.ndim != 3 or table.shape[1] != table.shape[2]:
+      raise ValueError(f"Mask table {name!r} has shape {table.shape}; expected (H, N, N).")
+    grid = (grids or {}).get(name) or grid_from_tokens(table.shape[-1])
+    filename = name.replace("/", "_") + ".png"
+    written.append(plot_mask_table(table, grid, Path(out_dir) / filename, title=name))
+  return written

@@ -1,0 +1,200 @@
+"""Applying an initialization named in a config to a freshly initialised params tree.
+
+    config.init = init_config('impulse', filter_size=3, mode='different')
+    params = apply_init(config.init, params, model, config.data.image_size)
+
+Names (paper Sec. 5.1 "Initialization", Tables 2, 3, 6, 8):
+
+- 'none': the model's own init, unchanged.
+- 'trunc_normal': timm's default ViT init ("Trunc Normal").
+- 'kaiming_uniform': PyTorch's default init ("Kaiming Uniform").
+- 'mimetic': Trockman & Kolter's mimetic q/k (and value/output) init.
+- 'impulse': the structured impulse init (Algorithm 1) solved by ``impulse.solve_impulse``.
+
+For 'mimetic' and 'impulse', ``base`` first re-initialises every Linear/Conv: the reference
+(``weight_init='impulse3'`` / ``'mimetic0.7_0.7'``) bypasses timm's ``init_weights``, so its other
+weights (V, proj, MLP, head, q/k biases) are PyTorch defaults; ``base='kaiming_uniform'``
+reproduces that, ``'trunc_normal'`` gives timm's init and ``'keep'`` keeps the model's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from locvit.attention import TokenGrid
+from locvit.init.baselines import BASES, apply_baseline
+from locvit.init.impulse import SolverConfig, solve_impulse, solver_config
+from locvit.init.layout import (
+  AttentionLayout,
+  attention_dims,
+  find_qk_kernels,
+  flatten,
+  get_layout,
+  set_qk,
+  unflatten,
+)
+from locvit.init.mimetic import VPROJ_MODES, apply_mimetic
+
+INIT_NAMES = ("none", "trunc_normal", "kaiming_uniform", "mimetic", "impulse")
+DEFAULT_CACHE_DIR = "~/.cache/locvit/impulse_init"
+
+_COMMON = dict(seed=0, qk_layout="vit", qk_pattern=None)
+_FIELDS = {
+  "none": {},
+  "trunc_normal": {},
+  "kaiming_uniform": {},
+  "mimetic": dict(
+    base="kaiming_uniform", alpha=0.7, beta=0.7, v_alpha=0.4, v_beta=-0.4, vproj="reference"
+  ),
+  "impulse": dict(
+    base="kaiming_uniform",
+    **{f.name: f.default for f in dataclasses.fields(SolverConfig)},
+    cache_dir=DEFAULT_CACHE_DIR,
+  ),
+}
+
+
+def init_config(name: str = "impulse", **overrides: Any) -> ml_collections.ConfigDict:
+  """The ``config.init`` block for ``name`` with its defaults; ``overrides`` replace fields.
+
+  Every field exists (None where unset) so command-line overrides such as
+  ``--config.init.mode=different`` work with a locked config.
+  """
+  if name not in INIT_NAMES:
+    raise ValueError(f"Unknown init {name!r}. Valid names: {list(INIT_NAMES)}.")
+  fields = {"name": name, **_COMMON, **_FIELDS[name]}
+  unknown = sorted(set(overrides) - set(fields))
+  if unknown:
+    raise ValueError(f"init {name!r} has no fields {unknown}. Valid fields: {sorted(fields)}.")
+  fields.update(overrides)
+  # Optional string fields need a type for ConfigDict overrides: declare them as placeholders.
+  cfg = ml_collections.ConfigDict()
+  for key, value in fields.items():
+    if value is None and key in ("qk_pattern", "pseudo_input_first"):
+      cfg[key] = ml_collections.config_dict.placeholder(str)
+    else:
+      cfg[key] = value
+  return cfg
+
+
+def token_grid(model: nn.Module, image_size: int | tuple[int, int]) -> TokenGrid:
+  """The model's patch grid for ``image_size`` (needs a ``patch_size`` field)."""
+  patch = getattr(model, "patch_size", None)
+  if patch is None:
+    raise ValueError(f"{type(model).__name__} has no patch_size: impulse init needs a token grid.")
+  height, width = (image_size, image_size) if np.isscalar(image_size) else image_size
+  if height % patch or width % patch:
+    raise ValueError(f"Image size {height}x{width} is not divisible by patch_size={patch}.")
+  return TokenGrid(height // patch, width // patch)
+
+
+def write_impulse(params: Any, solution, layout: AttentionLayout) -> Any:
+  """Query kernel of head h = ``Q[h]``, key kernel = ``K[h]^T`` in every layer (no scale)."""
+  flat = {k: np.asarray(v) for k, v in flatten(params).items()}
+  paths = find_qk_kernels(flat, layout)
+  if len(paths) != len(solution.layer_solve):
+    raise ValueError(
+      f"{len(paths)} attention layers but a solution for {len(solution.layer_solve)}."
+    )
+  for index, path in enumerate(paths):
+    q, k = solution.layer(index)  # (H, D, hd), (H, hd, D)
+    flat[path] = set_qk(flat[path], layout, np.transpose(q, (1, 0, 2)), np.transpose(k, (2, 0, 1)))
+  return unflatten(flat, params)
+
+
+def _impulse(cfg: Mapping, params: Any, model, image_size, layout, seed: int) -> Any:
+  flat = flatten(params)
+  paths = find_qk_kernels(flat, layout)
+  dim, heads, head_dim = attention_dims(flat, paths)
+  grid = token_grid(model, image_size)
+  solution = solve_impulse(
+    solver_config(cfg),
+    grid,
+    dim,
+    heads,
+    head_dim,
+    depth=len(paths),
+    seed=seed,
+    cache_dir=cfg.get("cache_dir"),
+  )
+  source = "cache" if solution.from_cache else f"{solution.solve_seconds:.1f}s"
+  logging.info("Impulse init (%s, %s):\n%s", grid, source, solution.report())
+  return write_impulse(params, solution, layout)
+
+
+def _unbox(params: Any) -> tuple[Any, Any]:
+  boxed = any(isinstance(x, nn.meta.AxisMetadata) for x in jax.tree.leaves(params, is_leaf=_meta))
+  return (nn.meta.unbox(params), params) if boxed else (params, None)
+
+
+def _meta(x) -> bool:
+  return isinstance(x, nn.meta.AxisMetadata)
+
+
+def _rebox(values: Any, boxes: Any) -> Any:
+  if boxes is None:
+    return values
+  return jax.tree.map(
+    lambda box, new: box.replace_boxed(new) if _meta(box) else new, boxes, values, is_leaf=_meta
+  )
+
+
+def apply_init(
+  init_cfg: Mapping[str, Any],
+  params: Any,
+  model: nn.Module | None = None,
+  image_size: int | tuple[int, int] | None = None,
+  *,
+  seed: int | None = None,
+) -> Any:
+  """Returns ``params`` re-initialised per ``init_cfg`` (a ``config.init`` block).
+
+  Args:
+    init_cfg: mapping with ``name`` and that init's fields (see ``init_config``).
+    params: the model's params tree (plain or boxed with logical axes; structure is kept).
+    model: the Linen module (needed for 'impulse': its ``patch_size`` gives the token grid).
+    image_size: input side (or ``(height, width)``), needed for 'impulse'.
+    seed: overrides ``init_cfg.seed``; every draw is deterministic in it.
+
+  Returns host (NumPy) arrays with the input's structure and dtypes.
+  """
+  name = init_cfg.get("name", "none")
+  if name not in INIT_NAMES:
+    raise ValueError(f"Unknown init {name!r}. Valid names: {list(INIT_NAMES)}.")
+  seed = int(init_cfg.get("seed", 0) if seed is None else seed)
+  values, boxes = _unbox(params)
+  if name == "none":
+    return params
+  if name in ("trunc_normal", "kaiming_uniform"):
+    return _rebox(apply_baseline(name, values, seed), boxes)
+
+  base = init_cfg.get("base", "kaiming_uniform")
+  if base not in BASES:
+    raise ValueError(f"init.base={base!r} is not one of {list(BASES)}.")
+  layout = get_layout(init_cfg.get("qk_layout", "vit"), init_cfg.get("qk_pattern"))
+  find_qk_kernels(flatten(values), layout)  # fail before any work on an unknown backbone
+  values = apply_baseline(base, values, seed)
+  if name == "mimetic":
+    vproj = init_cfg.get("vproj", "reference")
+    if vproj not in VPROJ_MODES:
+      raise ValueError(f"init.vproj={vproj!r} is not one of {VPROJ_MODES}.")
+    values = apply_mimetic(
+      values,
+      layout,
+      seed=seed,
+      **{k: init_cfg.get(k, _FIELDS["mimetic"][k]) for k in ("alpha", "beta", "v_alpha", "v_beta")},
+      vproj=vproj,
+    )
+  else:
+    if model is None or image_size is None:
+      raise ValueError("init.name='impulse' needs the model and the image size (token grid).")
+    values = _impulse(init_cfg, values, model, image_size, layout, seed)
+  return _rebox(values, boxes)

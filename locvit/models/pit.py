@@ -1,0 +1,173 @@
+"""PiT for small datasets (Heo et al. 2021), with GMM / ELM masks on patch-to-patch logits.
+
+The configuration of Li & Zhang (GMM paper, Table 1): patch 2 on 32x32 (4 on 64x64), dim 96,
+three stages of depth (2, 6, 4) with (2, 4, 8) heads of 48, MLP ratio 2, no qkv bias, a class
+token kept throughout, learned position embedding, the same drop path rate in every layer.
+Between stages a pooling layer doubles the width: a depthwise 3x3 stride-2 convolution
+(groups = dim, dim -> 2 dim) and a 1x1 convolution on the patch tokens, a Linear on the class
+token. 6,972,586 parameters on CIFAR-10 (the paper's "7.0M").
+
+The mask covers patch-to-patch logits only (the class token's row and column are left as they
+are), and each stage has its own grid (16x16, 8x8, 4x4 at 32x32): one base table per stage.
+Blocks are the shared ``Block``, so ``attention`` may be any registered kind that accepts a
+prefix token ('mhsa', 'gmm', 'elm', ...).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from locvit.attention import list_attention
+from locvit.attention.attention import partitioned, trunc_normal, zeros
+from locvit.attention.geometry import TokenGrid
+from locvit.attention.masks import mask_attention_kwargs, split_mask_options
+from locvit.models.layers import Block, PatchEmbed, layer_norm
+from locvit.models.registry import register_model
+
+Array = jax.Array
+
+
+class Pool(nn.Module):
+  """PiT pooling: depthwise 3x3 stride 2 (C -> 2C) + 1x1 conv on patches, Linear on the class."""
+
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, grid: TokenGrid) -> tuple[Array, TokenGrid]:
+    b, _, c = x.shape
+    conv = functools.partial(
+      nn.Conv,
+      2 * c,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=partitioned(nn.initializers.lecun_normal(), (None, None, None, "embed")),
+      bias_init=partitioned(zeros, ("embed",)),
+    )
+    tokens = x[:, 1:].reshape(b, grid.height, grid.width, c)
+    tokens = conv((3, 3), strides=2, padding=1, feature_group_count=c, name="depthwise")(tokens)
+    tokens = conv((1, 1), name="pointwise")(tokens)
+    grid = TokenGrid(tokens.shape[1], tokens.shape[2])
+    cls = nn.Dense(
+      2 * c,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=partitioned(trunc_normal, ("embed", "mlp")),
+      bias_init=partitioned(zeros, ("mlp",)),
+      name="cls_fc",
+    )(x[:, :1])
+    return jnp.concatenate([cls, tokens.reshape(b, grid.num_tokens, 2 * c)], axis=1), grid
+
+
+class PiT(nn.Module):
+  """Pooling-based vision transformer mapping NHWC images to logits.
+
+  Attributes:
+    num_classes: classifier width (0 returns the class token features).
+    patch_size, embed_dim, depths, num_heads, head_dim, mlp_ratio, qkv_bias: sizes; the width
+      doubles at each pooling, ``head_dim`` stays.
+    attention: attention kind in every block ('mhsa', 'gmm', 'elm', ...).
+    attention_kwargs: per kind, extra options, e.g. ``{'gmm': {'num_kernels': 5}}``.
+    drop_rate, attn_drop_rate, drop_path_rate: dropout, attention dropout, stochastic depth
+      (same rate in every block, as the official code).
+  """
+
+  num_classes: int
+  patch_size: int = 2
+  embed_dim: int = 96
+  depths: Sequence[int] = (2, 6, 4)
+  num_heads: Sequence[int] = (2, 4, 8)
+  head_dim: int = 48
+  mlp_ratio: float = 2.0
+  qkv_bias: bool = False
+  attention: str = "mhsa"
+  attention_kwargs: Mapping[str, Any] | None = None
+  drop_rate: float = 0.0
+  attn_drop_rate: float = 0.0
+  drop_path_rate: float = 0.1
+  norm_eps: float = 1e-5
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  def check(self) -> None:
+    if self.attention not in list_attention():
+      raise ValueError(
+        f"PiT attention={self.attention!r} is unknown. Valid kinds: {list_attention()}."
+      )
+    if len(self.depths) != len(self.num_heads):
+      raise ValueError(f"depths {tuple(self.depths)} and num_heads {tuple(self.num_heads)} differ.")
+    if self.attention in ("gmm", "elm"):
+      split_mask_options(self.attention, (self.attention_kwargs or {}).get(self.attention))
+
+  @nn.compact
+  def __call__(self, images: Array, *, train: bool = False) -> Array:
+    self.check()
+    x, grid = PatchEmbed(
+      self.patch_size, self.embed_dim, self.dtype, self.param_dtype, name="patch_embed"
+    )(images.astype(self.dtype))
+    cls = self.param(
+      "cls_token", partitioned(trunc_normal, (None, None, "embed")), (1, 1, self.embed_dim)
+    )
+    x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (x.shape[0], 1, x.shape[2])), x], 1)
+    pos = self.param(
+      "pos_embed",
+      partitioned(trunc_normal, (None, None, "embed")),
+      (1, *x.shape[1:]),
+      self.param_dtype,
+    )
+    x = nn.Dropout(self.drop_rate)(x + pos.astype(x.dtype), deterministic=not train)
+    kwargs = (self.attention_kwargs or {}).get(self.attention)
+    for s, (depth, heads) in enumerate(zip(self.depths, self.num_heads)):
+      if s:
+        x, grid = Pool(self.dtype, self.param_dtype, name=f"pool_{s - 1}")(x, grid)
+      for i in range(depth):
+        x = Block(
+          num_heads=heads,
+          mlp_ratio=self.mlp_ratio,
+          head_dim=self.head_dim,
+          qkv_bias=self.qkv_bias,
+          attention=self.attention,
+          attention_kwargs=kwargs,
+          drop=self.drop_rate,
+          attn_drop=self.attn_drop_rate,
+          drop_path=self.drop_path_rate,
+          norm_eps=self.norm_eps,
+          dtype=self.dtype,
+          param_dtype=self.param_dtype,
+          name=f"stages_{s}_blocks_{i}",
+        )(x, grid=grid, num_prefix_tokens=1, train=train)
+    x = layer_norm(self.norm_eps, self.dtype, "norm")(x[:, 0])
+    self.sow("intermediates", "pre_logits", x)
+    if not self.num_classes:
+      return x
+    logits = nn.Dense(
+      self.num_classes,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=partitioned(trunc_normal, ("embed", "classes")),
+      bias_init=partitioned(zeros, ("classes",)),
+      name="head",
+    )(x)
+    return logits.astype(jnp.float32)
+
+
+def pit_smalldata(num_classes: int, *, patch_size: int, mask: str | None) -> PiT:
+  return PiT(
+    num_classes=num_classes,
+    patch_size=patch_size,
+    attention=mask or "mhsa",
+    attention_kwargs=mask_attention_kwargs(mask) if mask else None,
+  )
+
+
+for _patch, _res in ((2, 32), (4, 64)):
+  for _mask in (None, "gmm"):
+    register_model(
+      f"{_mask + '_' if _mask else ''}pit_smalldata_patch{_patch}_{_res}", image_size=_res
+    )(functools.partial(pit_smalldata, patch_size=_patch, mask=_mask))

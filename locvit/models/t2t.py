@@ -1,0 +1,256 @@
+"""T2T-ViT for small datasets (Yuan et al. 2021), with GMM / ELM masks in every attention.
+
+The configuration of Li & Zhang (GMM paper, Table 1; official ``models/t2t.py``):
+
+- Tokens-to-token stem: soft split (unfold 3x3, stride 2, padding 1), then ``num_t2t`` token
+  transformers each followed by another soft split, then a Linear to ``embed_dim``. At 32x32:
+  32x32 -> 16x16 tokens of 27 -> token transformer -> 8x8 tokens of 64 * 9 -> 256. At 64x64 there
+  are two token transformers (32x32 then 16x16 tokens).
+- Token transformer (T2T's ``Token_transformer``): 1 head of ``token_dim`` = 64, no qkv bias,
+  the logits scaled by ``in_dim ** -0.5`` of its *input* width (27 or 576, as the reference),
+  a skip from ``v`` (the input and output widths differ), then ``x + MLP(LN(x))`` with MLP
+  ratio 1. The mask acts here too (one head, 16x16 tokens at 32x32; with the faithful kernel the
+  far entries of that grid are exactly 0, see ``locvit.attention.masks``).
+- Backbone: 12 blocks, embed 256, 4 heads, MLP ratio 2, no qkv bias, the fixed 1-D sinusoid
+  position table of the reference, no class token, mean pooling, drop path linear to 0.1.
+  ``attention_skip`` (default True, the reference's behaviour): its attention also adds the
+  normalised input, ``x + dp(attn(LN(x)) + LN(x))``.
+
+Not reproduced: the reference's unused ``cls_token`` (256) and stem ``norm`` (2 x 576)
+parameters. 6,484,672 parameters on CIFAR-10 (the paper's "6.5M").
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from locvit.attention import get_attention, list_attention
+from locvit.attention.attention import (
+  OutputProjection,
+  QKVProjection,
+  partitioned,
+  record_attention,
+  trunc_normal,
+  zeros,
+)
+from locvit.attention.geometry import TokenGrid
+from locvit.attention.masks import (
+  MASK_KINDS,
+  combine_mask,
+  make_mask,
+  mask_attention_kwargs,
+  split_mask_options,
+)
+from locvit.models.layers import Mlp, drop_path, layer_norm
+from locvit.models.registry import register_model
+
+Array = jax.Array
+
+
+def sinusoid_table(num_tokens: int, dim: int) -> np.ndarray:
+  """The 1-D sinusoid table ``(N, dim)``: ``pos / 10000^(2 (j // 2) / dim)``, sin even, cos odd."""
+  position = np.arange(num_tokens, dtype=np.float64)[:, None]
+  j = np.arange(dim)
+  angle = position / np.power(10000.0, 2 * (j // 2) / dim)[None]
+  return np.where(j % 2 == 0, np.sin(angle), np.cos(angle)).astype(np.float32)
+
+
+def soft_split(x: Array) -> tuple[Array, TokenGrid]:
+  """Unfold 3x3 / stride 2 / padding 1: (B, H, W, C) -> (B, N, C * 9), channel-major features."""
+  patches = jax.lax.conv_general_dilated_patches(
+    x, (3, 3), (2, 2), ((1, 1), (1, 1)), dimension_numbers=("NHWC", "HWIO", "NHWC")
+  )
+  b, h, w, f = patches.shape
+  return patches.reshape(b, h * w, f), TokenGrid(h, w)
+
+
+class TokenTransformer(nn.Module):
+  """T2T's token transformer: 1-head attention with a ``v`` skip, then ``x + MLP(LN(x))``."""
+
+  token_dim: int = 64
+  mlp_ratio: float = 1.0
+  attention: str = "mhsa"
+  attention_kwargs: Mapping[str, Any] | None = None
+  norm_eps: float = 1e-5
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, *, grid: TokenGrid, train: bool = False) -> Array:
+    scale = x.shape[-1] ** -0.5  # the reference scales by its input width, not token_dim
+    y = layer_norm(self.norm_eps, self.dtype, "norm1")(x)
+    qkv = QKVProjection(1, self.token_dim, False, self.dtype, self.param_dtype, name="qkv")(y)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    logits = jnp.einsum("bnhd,bmhd->bhnm", q, k).astype(jnp.float32) * scale
+    if self.attention in MASK_KINDS:
+      term, combine = make_mask(self.attention, 1, self.attention_kwargs)
+      logits = combine_mask(logits, term(grid), combine)
+    probs = jax.nn.softmax(logits, axis=-1)
+    record_attention(self, probs)
+    y = jnp.einsum("bhnm,bmhd->bnhd", probs.astype(self.dtype), v)
+    x = v[:, :, 0] + OutputProjection(self.token_dim, self.dtype, self.param_dtype, name="proj")(y)
+    y = layer_norm(self.norm_eps, self.dtype, "norm2")(x)
+    return x + Mlp(
+      int(self.token_dim * self.mlp_ratio), 0.0, self.dtype, self.param_dtype, name="mlp"
+    )(y, train)
+
+
+class T2TBlock(nn.Module):
+  """Pre-norm block; with ``attention_skip`` the attention branch also adds ``LN(x)``."""
+
+  num_heads: int
+  mlp_ratio: float = 2.0
+  attention: str = "mhsa"
+  attention_kwargs: Mapping[str, Any] | None = None
+  attention_skip: bool = True
+  drop: float = 0.0
+  attn_drop: float = 0.0
+  drop_path: float = 0.0
+  norm_eps: float = 1e-5
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, *, grid: TokenGrid, train: bool = False) -> Array:
+    attn = get_attention(self.attention)(
+      num_heads=self.num_heads,
+      head_dim=None,
+      qkv_bias=False,
+      attn_drop=self.attn_drop,
+      proj_drop=self.drop,
+      implementation=None,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      name="attn",
+      **dict(self.attention_kwargs or {}),
+    )
+    y = layer_norm(self.norm_eps, self.dtype, "norm1")(x)
+    a = attn(y, grid=grid, num_prefix_tokens=0, train=train)
+    x = x + drop_path(self.drop_path)(a + y if self.attention_skip else a, deterministic=not train)
+    y = layer_norm(self.norm_eps, self.dtype, "norm2")(x)
+    y = Mlp(int(x.shape[-1] * self.mlp_ratio), self.drop, self.dtype, self.param_dtype, name="mlp")(
+      y, train
+    )
+    return x + drop_path(self.drop_path)(y, deterministic=not train)
+
+
+class T2TViT(nn.Module):
+  """T2T-ViT mapping NHWC images to logits.
+
+  Attributes:
+    num_classes: classifier width (0 returns pooled features).
+    embed_dim, depth, num_heads, mlp_ratio, token_dim: backbone and token-transformer sizes.
+    num_t2t: token transformers in the stem (1 at 32x32, 2 at 64x64 in the reference).
+    attention: attention kind of the backbone blocks ('mhsa', 'gmm', 'elm', ...); with 'gmm' or
+      'elm' the token transformers get the same mask kind (one head each).
+    attention_kwargs: per kind, extra options, e.g. ``{'gmm': {'num_kernels': 5}}``.
+    attention_skip: the reference's extra ``LN(x)`` skip in the backbone attention.
+    drop_rate, attn_drop_rate, drop_path_rate: dropout, attention dropout, stochastic depth.
+  """
+
+  num_classes: int
+  embed_dim: int = 256
+  depth: int = 12
+  num_heads: int = 4
+  mlp_ratio: float = 2.0
+  token_dim: int = 64
+  num_t2t: int = 1
+  attention: str = "mhsa"
+  attention_kwargs: Mapping[str, Any] | None = None
+  attention_skip: bool = True
+  drop_rate: float = 0.0
+  attn_drop_rate: float = 0.0
+  drop_path_rate: float = 0.1
+  norm_eps: float = 1e-5
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  def check(self) -> None:
+    if self.attention not in list_attention():
+      raise ValueError(
+        f"T2T attention={self.attention!r} is unknown. Valid kinds: {list_attention()}."
+      )
+    if self.attention in MASK_KINDS:
+      split_mask_options(self.attention, (self.attention_kwargs or {}).get(self.attention))
+    if self.num_t2t < 0:
+      raise ValueError(f"num_t2t={self.num_t2t} must be >= 0.")
+
+  @nn.compact
+  def __call__(self, images: Array, *, train: bool = False) -> Array:
+    self.check()
+    kwargs = (self.attention_kwargs or {}).get(self.attention)
+    x, grid = soft_split(images.astype(self.dtype))
+    for i in range(self.num_t2t):
+      x = TokenTransformer(
+        self.token_dim,
+        attention=self.attention,
+        attention_kwargs=kwargs,
+        norm_eps=self.norm_eps,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name=f"t2t_{i}",
+      )(x, grid=grid, train=train)
+      x, grid = soft_split(x.reshape(x.shape[0], grid.height, grid.width, self.token_dim))
+    x = nn.Dense(
+      self.embed_dim,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=partitioned(trunc_normal, (None, "embed")),
+      bias_init=partitioned(zeros, ("embed",)),
+      name="project",
+    )(x)
+    x = x + jnp.asarray(sinusoid_table(grid.num_tokens, self.embed_dim), x.dtype)
+    x = nn.Dropout(self.drop_rate)(x, deterministic=not train)
+    rates = np.linspace(0.0, self.drop_path_rate, self.depth)
+    for i in range(self.depth):
+      x = T2TBlock(
+        self.num_heads,
+        self.mlp_ratio,
+        self.attention,
+        kwargs,
+        self.attention_skip,
+        self.drop_rate,
+        self.attn_drop_rate,
+        float(rates[i]),
+        self.norm_eps,
+        self.dtype,
+        self.param_dtype,
+        name=f"blocks_{i}",
+      )(x, grid=grid, train=train)
+      self.sow("intermediates", f"block_{i}", x)
+    x = jnp.mean(layer_norm(self.norm_eps, self.dtype, "norm")(x), axis=1)
+    self.sow("intermediates", "pre_logits", x)
+    if not self.num_classes:
+      return x
+    logits = nn.Dense(
+      self.num_classes,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      kernel_init=partitioned(trunc_normal, ("embed", "classes")),
+      bias_init=partitioned(zeros, ("classes",)),
+      name="head",
+    )(x)
+    return logits.astype(jnp.float32)
+
+
+def t2t_smalldata(num_classes: int, *, num_t2t: int, mask: str | None) -> T2TViT:
+  return T2TViT(
+    num_classes=num_classes,
+    num_t2t=num_t2t,
+    attention=mask or "mhsa",
+    attention_kwargs=mask_attention_kwargs(mask) if mask else None,
+  )
+
+
+for _t2t, _res in ((1, 32), (2, 64)):
+  for _mask in (None, "gmm"):
+    register_model(f"{_mask + '_' if _mask else ''}t2t_smalldata_{_res}", image_size=_res)(
+      functools.partial(t2t_smalldata, num_t2t=_t2t, mask=_mask)
+    )

@@ -1,0 +1,403 @@
+"""Locality analysis (ConViT Eq. 8, gates, attention centres) and the analyze command.
+
+About 30 s on 2 idle cores, most of it compiling one tiny ConViT's init and train step.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import math
+import os
+import shutil
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from matplotlib import image as mpimg
+
+from locvit import checkpoint as ckpt_lib
+from locvit import data as data_lib
+from locvit import metrics as metrics_lib
+from locvit import optim, train
+from locvit.analysis import analyze as analyze_lib
+from locvit.analysis import locality, plots
+from locvit.attention import GPSA, TokenGrid
+from locvit.attention.gpsa import kernel_centres
+from locvit.models import apply_with_intermediates, convit_overrides, create_model
+from tests.train_utils import tiny_config
+
+DIGITS_STEPS_PER_EPOCH = 1437 // 32
+NUM_IMAGES = 16
+
+
+def tiny_convit_config():
+  """tiny_config() with a depth-2 ConViT: block 0 GPSA, block 1 MHSA after the class token."""
+  c = tiny_config()
+  c.model.name = "convit_tiny_patch2_32"
+  c.model.overrides.update(dict(num_heads=4, head_dim=8, **convit_overrides(1, 2)))
+  c.analysis = locality.default_analysis_config()
+  c.analysis.map_layers = (0, 1)
+  return c
+
+
+def perturb(params, seed=1, scale=0.3):
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda a: a + scale * rng.normal(size=a.shape).astype(np.float32), params)
+
+
+@pytest.fixture(scope="module")
+def initial():
+  """(config, model, initial params) of the tiny ConViT on 8x8x1 digits (4x4 patch grid)."""
+  config = tiny_convit_config()
+  model = train.build_model(config, 10)
+  _, init = train.abstract_train_state(model, None, (8, 8, 1))
+  return config, model, nn.meta.unbox(jax.jit(init)(jax.random.key(config.seed + 1)))
+
+
+@pytest.fixture(scope="module")
+def convit(initial):
+  """(model, perturbed params, images): no init symmetry (gates, v = I) can hide a bug."""
+  config, model, params = initial
+  return model, perturb(params), locality.fixed_eval_images(config, NUM_IMAGES)
+
+
+# ------------------------------------------------------------------------------------------------
+# Float64 NumPy references
+
+
+def softmax(a):
+  e = np.exp(a - a.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def layer_norm(x, p, eps=1e-6):
+  mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+  return (x - mu) / np.sqrt(var + eps) * p["scale"] + p["bias"]
+
+
+def patch_embed(images, p, patch):
+  b, h, w, ch = images.shape
+  x = images.reshape(b, h // patch, patch, w // patch, patch, ch).transpose(0, 1, 3, 2, 4, 5)
+  x = x.reshape(b, (h // patch) * (w // patch), patch * patch * ch)
+  return x @ p["kernel"].reshape(-1, p["kernel"].shape[-1]) + p["bias"]
+
+
+def gpsa_attention(x, p, grid):
+  qk = np.einsum("bnc,cthd->bnthd", x, p["qk"]["kernel"])
+  q, k = qk[:, :, 0], qk[:, :, 1]
+  rows, cols = np.divmod(np.arange(grid.num_tokens), grid.width)
+  dx, dy = cols[None] - cols[:, None], rows[None] - rows[:, None]
+  rel = np.stack([dx, dy, dx**2 + dy**2], axis=-1)
+  pos = softmax(
+    np.einsum("nmc,ch->hnm", rel, p["pos_proj"]["kernel"]) + p["pos_proj"]["bias"][:, None, None]
+  )
+  content = softmax(np.einsum("bnhd,bmhd->bhnm", q, k) * q.shape[-1] ** -0.5)
+  g = 1 / (1 + np.exp(-p["gating_param"]))[:, None, None]
+  attn = (1 - g) * content + g * pos
+  return attn / attn.sum(-1, keepdims=True)
+
+
+def mhsa_attention(x, p):
+  qkv = np.einsum("bnc,cthd->bnthd", x, p["qkv"]["kernel"])
+  if "bias" in p["qkv"]:
+    qkv = qkv + p["qkv"]["bias"]
+  q, k = qkv[:, :, 0], qkv[:, :, 1]
+  return softmax(np.einsum("bnhd,bmhd->bhnm", q, k) * q.shape[-1] ** -0.5)
+
+
+def eq8(attn, grid, prefix=0):
+  """Eq. 8 in float64, loops written out: (1/N) sum_ij A_ij ||delta_ij||, head by head."""
+  a = attn[..., prefix:, prefix:]
+  a = a / a.sum(-1, keepdims=True)
+  a = a.mean(0)
+  n = grid.num_tokens
+  out = np.zeros(a.shape[0])
+  for h, i, j in itertools.product(range(a.shape[0]), range(n), range(n)):
+    (ri, ci), (rj, cj) = divmod(i, grid.width), divmod(j, grid.width)
+    out[h] += a[h, i, j] * math.hypot(ri - rj, ci - cj) / n
+  return out
+
+
+def locvit_intermediates(model, params, images):
+  fn = jax.jit(functools.partial(apply_with_intermediates, model))
+  return fn({"params": params}, images)
+
+
+def f64(tree):
+  return jax.tree.map(lambda a: np.asarray(a, np.float64), tree)
+
+
+# ------------------------------------------------------------------------------------------------
+# Eq. 8 and the pos_proj geometry
+
+
+def test_nonlocality_of_uniform_and_identity_attention():
+  grid = TokenGrid(2, 2)
+  uniform = jnp.full((1, 4, 4), 0.25)
+  # Every query sees distances 0, 1, 1, sqrt(2).
+  np.testing.assert_allclose(locality.nonlocality(uniform, grid), [(2 + math.sqrt(2)) / 4], 1e-6)
+  identity = jnp.eye(4)[None, None].repeat(3, axis=1)
+  np.testing.assert_array_equal(locality.nonlocality(identity, grid), np.zeros(3))
+
+
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_nonlocality_matches_float64_reference(prefix):
+  grid = TokenGrid(3, 4)
+  logits = np.random.default_rng(0).normal(size=(5, 2, 12 + prefix, 12 + prefix)) * 2
+  attn = softmax(logits)
+  got = locality.nonlocality(jnp.asarray(attn, jnp.float32), grid, prefix)
+  np.testing.assert_allclose(got, eq8(attn, grid, prefix), rtol=1e-5)
+  with pytest.raises(ValueError, match="does not match a 3x4 grid plus 0 prefix"):
+    locality.nonlocality(jnp.ones((2, 13, 13)), grid, 0)
+
+
+def test_attention_centres_and_span_of_the_local_init():
+  alpha = 2.0
+  x = jnp.zeros((1, 25, 36))
+  params = jax.jit(GPSA(num_heads=9, locality_strength=alpha).init)(jax.random.key(0), x)["params"]
+  stats = locality.parameter_statistics(nn.meta.unbox(params))
+  expected = np.zeros((9, 2))
+  for p, dx, dy in kernel_centres(9):
+    expected[p] = (dx, dy)
+  np.testing.assert_allclose(stats["center"], expected, atol=1e-6)
+  np.testing.assert_allclose(stats["span"], np.full(9, 1 / alpha), rtol=1e-6)
+  np.testing.assert_allclose(stats["center_distance"], np.hypot(*expected.T), atol=1e-6)
+  np.testing.assert_allclose(stats["gate"], np.full(9, 1 / (1 + math.exp(-1))), rtol=1e-6)
+
+
+def test_centres_recover_an_arbitrary_quadratic():
+  # w . (dx, dy, d2) = -a ((dx - 1.5)^2 + (dy + 0.25)^2) + const, a = 0.8
+  a, cx, cy = 0.8, 1.5, -0.25
+  kernel = np.asarray([[2 * a * cx], [2 * a * cy], [-a]], np.float32)
+  centre, span = locality.attention_centres(kernel)
+  np.testing.assert_allclose(centre, [[cx, cy]], rtol=1e-6)
+  np.testing.assert_allclose(span, [1 / a], rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# Both modes on a model, against hand-written forward passes
+
+
+def test_per_layer_mode_uses_each_layers_real_input(convit):
+  model, params, images = convit
+  grid = TokenGrid(4, 4)
+  got = jax.device_get(jax.jit(functools.partial(locality.layer_statistics, model))(params, images))
+  p, x = f64(params), np.asarray(images, np.float64)
+  tokens = patch_embed(x, p["patch_embed"]["proj"], 2) + p["pos_embed"][0]
+  attn0 = gpsa_attention(layer_norm(tokens, p["blocks_0"]["norm1"]), p["blocks_0"]["attn"], grid)
+  _, inter = locvit_intermediates(model, params, images)
+  cls = np.broadcast_to(p["cls_token"], (x.shape[0], 1, tokens.shape[-1]))
+  stream = np.concatenate([cls, np.asarray(inter["block_0"], np.float64)], axis=1)
+  attn1 = mhsa_attention(layer_norm(stream, p["blocks_1"]["norm1"]), p["blocks_1"]["attn"])
+  np.testing.assert_allclose(got[0]["nonlocality"], eq8(attn0, grid), rtol=2e-4)
+  np.testing.assert_allclose(got[1]["nonlocality"], eq8(attn1, grid, prefix=1), rtol=2e-4)
+  gate = 1 / (1 + np.exp(-p["blocks_0"]["attn"]["gating_param"]))
+  np.testing.assert_allclose(got[0]["gate"], gate, rtol=1e-6)
+  assert set(got[1]) == {"nonlocality"}  # MHSA: no gate, no centre
+
+
+def test_faithful_mode_feeds_patch_embeddings_to_every_layer(convit):
+  model, params, images = convit
+  grid = TokenGrid(4, 4)
+  fn = jax.jit(lambda p, x: locality.layer_statistics(model, p, x, mode="faithful"))
+  got = jax.device_get(fn(params, images))
+  p = f64(params)
+  tokens = patch_embed(np.asarray(images, np.float64), p["patch_embed"]["proj"], 2)
+  attn0 = gpsa_attention(tokens, p["blocks_0"]["attn"], grid)
+  attn1 = mhsa_attention(tokens, p["blocks_1"]["attn"])  # no class token, no norm
+  np.testing.assert_allclose(got[0]["nonlocality"], eq8(attn0, grid), rtol=2e-4)
+  np.testing.assert_allclose(got[1]["nonlocality"], eq8(attn1, grid), rtol=2e-4)
+
+
+def test_flat_metric_keys_and_values(convit):
+  model, params, images = convit
+  metrics = locality.make_locality_fn(model)(params, images)
+  stats = jax.device_get(
+    jax.jit(functools.partial(locality.layer_statistics, model))(params, images)
+  )
+  heads = range(4)
+  expected = {
+    "locality/nonlocality/layer_0",
+    "locality/nonlocality/layer_1",
+    "locality/gate/layer_0",
+  }
+  expected |= {"locality/center_distance/layer_0", "locality/span/layer_0"}
+  for name, layer in [("nonlocality", 0), ("nonlocality", 1), ("gate", 0)]:
+    expected |= {f"locality/{name}/layer_{layer}/head_{h}" for h in heads}
+  for name in ("center_distance", "span", "center_dx", "center_dy"):
+    expected |= {f"locality/{name}/layer_0/head_{h}" for h in heads}
+  assert set(metrics) == expected
+  assert all(isinstance(v, float) for v in metrics.values())
+  np.testing.assert_allclose(metrics["locality/gate/layer_0/head_2"], stats[0]["gate"][2], 1e-6)
+  np.testing.assert_allclose(
+    metrics["locality/nonlocality/layer_1"], np.mean(stats[1]["nonlocality"]), rtol=1e-6
+  )
+  np.testing.assert_allclose(metrics["locality/center_dy/layer_0/head_3"], stats[0]["center"][3, 1])
+  # One-off helper: same numbers.
+  assert locality.locality_metrics(model, params, images) == pytest.approx(metrics, rel=1e-6)
+
+
+def test_deit_has_nonlocality_only_and_drops_the_class_token():
+  model = create_model("deit_tiny_patch2_32", num_classes=10, embed_dim=16, num_heads=2, depth=1)
+  images = jax.random.normal(jax.random.key(0), (3, 8, 8, 1))
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(1), images)["params"])
+  params = perturb(params, scale=0.5)
+  metrics = locality.locality_metrics(model, params, images)
+  assert set(metrics) == {"locality/nonlocality/layer_0"} | {
+    f"locality/nonlocality/layer_0/head_{h}" for h in range(2)
+  }
+  # DeiT: class token at the input, pos_embed over 1 + 16 tokens.
+  p, x = f64(params), np.asarray(images, np.float64)
+  tokens = patch_embed(x, p["patch_embed"]["proj"], 2)
+  cls = np.broadcast_to(p["cls_token"], (3, 1, 16))
+  stream = np.concatenate([cls, tokens], axis=1) + p["pos_embed"][0]
+  attn = mhsa_attention(layer_norm(stream, p["blocks_0"]["norm1"]), p["blocks_0"]["attn"])
+  got = [metrics[f"locality/nonlocality/layer_0/head_{h}"] for h in range(2)]
+  np.testing.assert_allclose(got, eq8(attn, TokenGrid(4, 4), prefix=1), rtol=2e-4)
+
+
+def test_bad_mode_and_model():
+  model = create_model("convit_tiny_patch2_32", num_classes=10)
+  with pytest.raises(ValueError, match=r"mode='both' is not one of \('per_layer', 'faithful'\)"):
+    locality.make_locality_fn(model, mode="both")
+  with pytest.raises(ValueError, match=r"needs a VisionTransformer.*got GPSA"):
+    locality.make_locality_fn(GPSA(num_heads=4))
+  with pytest.raises(ValueError, match="num_images=0 must be >= 1"):
+    locality.fixed_eval_images(tiny_config(), 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# The analyze command on a tiny ConViT trained for a few steps
+
+
+def train_tiny_convit(config, model, params, workdir, steps=6, every=3):
+  """The trainer's step, checkpointer and metric writer, plus the locality records the trainer
+  will log at each evaluation (steps 0, 3 and 6). Runs outside a mesh: see the xfail below."""
+  source = data_lib.make_source(config.data, config.data.train_split)
+  schedule = optim.make_schedule(config, steps, DIGITS_STEPS_PER_EPOCH)
+  tx = optim.make_optimizer(config, params, schedule)
+  state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+  step_fn = jax.jit(
+    functools.partial(
+      train.train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=10
+    )
+  )
+  batches = data_lib.make_train_iterator(config.data, source, seed=0, local_batch_size=32)
+  checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+  writer = metrics_lib.MetricWriter(workdir)
+  locality_fn = locality.make_locality_fn(model, config.analysis.locality_mode)
+  images = locality.fixed_eval_images(config, config.analysis.locality_num_images)
+  writer.write(0, locality_fn(state.params, images))
+  for step in range(1, steps + 1):
+    state, train_metrics = step_fn(state, next(batches))
+    if step % every == 0:
+      record = {**jax.device_get(train_metrics), "epoch": step / DIGITS_STEPS_PER_EPOCH}
+      writer.write(step, {**record, **locality_fn(state.params, images)})
+      checkpointer.save(step, state, None, config, force=True)
+  checkpointer.wait()
+  checkpointer.close()
+  writer.close()
+  return state.params
+
+
+@pytest.fixture(scope="module")
+def trained(initial, tmp_path_factory):
+  config, model, params = initial
+  config.analysis.locality_num_images = NUM_IMAGES
+  workdir = str(tmp_path_factory.mktemp("convit_run"))
+  return config, workdir, train_tiny_convit(config, model, params, workdir)
+
+
+def test_analyze_writes_the_three_figures(trained, tmp_path):
+  config, workdir, _ = trained
+  paths = analyze_lib.analyze(config, workdir, str(tmp_path))
+  names = ["nonlocality.png", "gates.png", "attention_maps.png"]
+  assert paths == [str(tmp_path / n) for n in names]
+  for path in paths:
+    with open(path, "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert mpimg.imread(path).shape[2] == 4
+  # Default output directory.
+  assert analyze_lib.analyze(config, workdir, layers=(1,))[-1] == os.path.join(
+    workdir, "analysis", "attention_maps.png"
+  )
+
+
+def test_curves_are_the_logged_records(trained):
+  _, workdir, _ = trained
+  records = metrics_lib.read_metrics(workdir)
+  steps, series = analyze_lib.locality_series(records)
+  np.testing.assert_array_equal(steps, [0, 3, 6])
+  assert set(series) == {"nonlocality", "gate", "center_distance", "span", "center_dx", "center_dy"}
+  assert series["nonlocality"][1].shape == (3, 4) and set(series["gate"]) == {0}
+  by_step = {r["step"]: r for r in records}
+  for t, step in enumerate(steps):
+    for h in range(4):
+      key = f"locality/gate/layer_0/head_{h}"
+      assert series["gate"][0][t, h] == by_step[int(step)][key]
+  assert analyze_lib.epochs_per_step(records) == pytest.approx(1 / DIGITS_STEPS_PER_EPOCH)
+
+
+def test_attention_maps_show_each_heads_gate(trained):
+  config, workdir, params = trained
+  model = train.build_model(config, 10)
+  image = locality.fixed_eval_images(config, 1)[0]
+  restored, step = analyze_lib.restore_params(config, workdir, model, image.shape)
+  assert step == 6
+  jax.tree.map(np.testing.assert_array_equal, restored, jax.device_get(params))
+  maps, gates = analyze_lib.query_maps(model, restored, image, (0, 1), (1, 2))
+  np.testing.assert_allclose([m.sum((1, 2)) for m in maps.values()], np.ones((2, 4)), rtol=1e-5)
+  _, inter = locvit_intermediates(model, restored, image[None])
+  row = np.asarray(inter["blocks_1/attn/attention"][0, :, 1 + 6, 1:])  # query (1, 2) = patch 6
+  np.testing.assert_allclose(maps[1], (row / row.sum(-1, keepdims=True)).reshape(4, 4, 4), 1e-5)
+  fig = plots.attention_maps_figure(
+    image, TokenGrid(4, 4), (1, 2), maps, gates, patch_size=model.patch_size
+  )
+  axes = fig.axes
+  expected_gates = 1 / (1 + np.exp(-np.asarray(restored["blocks_0"]["attn"]["gating_param"])))
+  assert [ax.get_title() for ax in axes[1:5]] == [
+    f"head {h}  g={expected_gates[h]:.2f}" for h in range(4)
+  ]
+  assert [ax.get_title() for ax in axes[6:10]] == [f"head {h}" for h in range(4)]
+  assert gates[1] is None
+
+
+def test_analyze_without_locality_records_draws_the_maps_only(trained, tmp_path):
+  config, workdir, _ = trained
+  bare = tmp_path / "bare"
+  shutil.copytree(os.path.join(workdir, "checkpoints"), bare / "checkpoints")
+  paths = analyze_lib.analyze(config, str(bare), str(tmp_path / "out"), query=(0, 0))
+  assert paths == [str(tmp_path / "out" / "attention_maps.png")]
+
+
+def test_analyze_rejects_bad_layers_and_queries(trained, tmp_path):
+  config, workdir, _ = trained
+  with pytest.raises(ValueError, match=r"layers=\[5\]: choose layer indices in \[0, 1\]"):
+    analyze_lib.analyze(config, workdir, str(tmp_path), layers=(5,))
+  with pytest.raises(ValueError, match=r"query=\(4, 0\) must be a \(row, col\) patch of the 4x4"):
+    analyze_lib.analyze(config, workdir, str(tmp_path), query=(4, 0))
+  with pytest.raises(FileNotFoundError, match="No checkpoint found"):
+    analyze_lib.analyze(config, str(tmp_path), str(tmp_path))
+
+
+@pytest.mark.xfail(
+  strict=True,
+  raises=ValueError,
+  reason="GPSA's DenseGeneral kernels (qk, v, proj) are created flat and reshaped, so their "
+  "4-D logical partitioning fails on the flat kernel inside the trainer's mesh context. When "
+  "gpsa.py is fixed this passes: drop the marker and train the fixture with the trainer.",
+)
+def test_convit_trains_through_the_trainer(tmp_path):
+  train.train_and_evaluate(tiny_convit_config(), str(tmp_path))
+
+
+def test_metrics_jsonl_records_are_json_floats(trained):
+  _, workdir, _ = trained
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    first = json.loads(f.readline())
+  assert first["step"] == 0
+  assert first["locality/gate/layer_0/head_0"] == pytest.approx(1 / (1 + math.exp(-1)), rel=1e-6)
