@@ -18,9 +18,15 @@ import optax
 from locvit import sharding
 
 
-def eval_step(model: nn.Module, params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-  """Sums of correct top-1 / top-5, loss and example count over the real (masked) examples."""
-  logits = model.apply({"params": params}, batch["image"], train=False)
+def eval_step(
+  model: nn.Module, variables: Any, batch: dict[str, jax.Array]
+) -> dict[str, jax.Array]:
+  """Sums of correct top-1 / top-5, loss and example count over the real (masked) examples.
+
+  ``variables`` is ``(params, model_state)``; model_state holds e.g. BatchNorm statistics.
+  """
+  params, model_state = variables
+  logits = model.apply({"params": params, **model_state}, batch["image"], train=False)
   labels, mask = batch["label"], batch["mask"].astype(jnp.float32)
   top5 = jax.lax.top_k(logits, min(5, logits.shape[-1]))[1]
   loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
@@ -32,22 +38,23 @@ def eval_step(model: nn.Module, params: Any, batch: dict[str, jax.Array]) -> dic
   }
 
 
-def make_eval_step(model, mesh, rules, param_shardings) -> Callable:
+def make_eval_step(model, mesh, rules, variable_shardings) -> Callable:
+  """Jitted ``eval_step``; ``variable_shardings`` matches ``(params, model_state)``."""
   batch_sh = sharding.batch_sharding(mesh, rules)
   return jax.jit(
-    lambda params, batch: eval_step(model, params, batch),
-    in_shardings=(param_shardings, batch_sh),
+    lambda variables, batch: eval_step(model, variables, batch),
+    in_shardings=(variable_shardings, batch_sh),
     out_shardings=sharding.replicated(mesh),
   )
 
 
 def evaluate(
-  step_fn: Callable, params: Any, batches: Iterable[dict[str, np.ndarray]], batch_sharding
+  step_fn: Callable, variables: Any, batches: Iterable[dict[str, np.ndarray]], batch_sharding
 ) -> dict[str, float]:
   """Runs ``step_fn`` over all batches; returns ``eval/top1``, ``eval/top5`` (fractions) etc."""
   totals = None
   for local in batches:
-    out = step_fn(params, sharding.global_batch(local, batch_sharding))
+    out = step_fn(variables, sharding.global_batch(local, batch_sharding))
     totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
   if totals is None:
     raise ValueError("The evaluation split is empty.")

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
+import orbax.checkpoint as ocp
 from absl import logging
 
 from locvit import checkpoint as ckpt_lib
@@ -36,9 +37,12 @@ from locvit.models.layers import check_patchable
 
 @flax.struct.dataclass
 class TrainState:
+  """``model_state`` holds the non-parameter collections (BatchNorm's ``batch_stats``), or {}."""
+
   step: jax.Array
   params: Any
   opt_state: Any
+  model_state: Any = flax.struct.field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -85,19 +89,29 @@ def training_length(config, num_train_examples: int) -> tuple[int, int]:
   return max(math.ceil(epochs * steps_per_epoch), 1), steps_per_epoch
 
 
-def abstract_train_state(model, tx, image_shape):
-  """Shapes and logical axis names of the state, without allocating anything."""
+def abstract_variables(model, image_shape):
+  """(boxed abstract variables, init fn): shapes and logical axis names, nothing allocated."""
 
   def init(rng):
-    variables = model.init({"params": rng}, jnp.zeros((1, *image_shape), jnp.float32))
-    return variables["params"]
+    return model.init({"params": rng}, jnp.zeros((1, *image_shape), jnp.float32))
 
-  boxed = jax.eval_shape(init, jax.random.key(0))
-  return boxed, init
+  return jax.eval_shape(init, jax.random.key(0)), init
 
 
-def state_shardings(boxed_params, tx, mesh, rules) -> TrainState:
+def abstract_train_state(model, tx, image_shape):
+  """(boxed abstract params, init fn returning boxed params)."""
+  boxed, init = abstract_variables(model, image_shape)
+  return boxed["params"], lambda rng: init(rng)["params"]
+
+
+def split_variables(variables):
+  """``{'params': ..., 'batch_stats': ...}`` -> (params, the other collections)."""
+  return variables["params"], {k: v for k, v in variables.items() if k != "params"}
+
+
+def state_shardings(boxed_params, tx, mesh, rules, boxed_model_state=None) -> TrainState:
   params = sharding.tree_shardings(boxed_params, mesh, rules)
+  model_state = sharding.tree_shardings(boxed_model_state or {}, mesh, rules)
   abstract_opt = jax.eval_shape(tx.init, nn.meta.unbox(boxed_params))
   opt = optax.tree_map_params(
     tx,
@@ -106,19 +120,30 @@ def state_shardings(boxed_params, tx, mesh, rules) -> TrainState:
     params,
     transform_non_params=lambda _: sharding.replicated(mesh),
   )
-  return TrainState(step=sharding.replicated(mesh), params=params, opt_state=opt)
+  return TrainState(
+    step=sharding.replicated(mesh), params=params, opt_state=opt, model_state=model_state
+  )
 
 
 # ------------------------------------------------------------------------------------------------
 # The step
 
 
-def loss_and_metrics(params, model, images, labels, rng, label_smoothing: float, num_classes: int):
-  logits = model.apply({"params": params}, images, train=True, rngs={"dropout": rng})
+def loss_and_metrics(
+  params, model, images, labels, rng, label_smoothing: float, num_classes: int, model_state=None
+):
+  """Mean smoothed cross-entropy; aux = (accuracy, updated model_state)."""
+  variables = {"params": params, **(model_state or {})}
+  if model_state:  # BatchNorm: batch statistics in training, running averages updated.
+    logits, model_state = model.apply(
+      variables, images, train=True, rngs={"dropout": rng}, mutable=list(model_state)
+    )
+  else:
+    logits = model.apply(variables, images, train=True, rngs={"dropout": rng})
   targets = optax.smooth_labels(jax.nn.one_hot(labels, num_classes), label_smoothing)
   loss = jnp.mean(optax.softmax_cross_entropy(logits, targets))
   accuracy = jnp.mean(jnp.argmax(logits, -1) == labels)
-  return loss, accuracy
+  return loss, (accuracy, model_state)
 
 
 def train_step(state: TrainState, batch, *, model, tx, schedule, config, num_classes):
@@ -128,20 +153,36 @@ def train_step(state: TrainState, batch, *, model, tx, schedule, config, num_cla
   kwargs = dict(label_smoothing=config.label_smoothing, num_classes=num_classes)
   accum = config.get("grad_accum_steps", 1)
   if accum == 1:
-    (loss, acc), grads = grad_fn(state.params, model, batch["image"], batch["label"], rng, **kwargs)
+    (loss, (acc, model_state)), grads = grad_fn(
+      state.params,
+      model,
+      batch["image"],
+      batch["label"],
+      rng,
+      **kwargs,
+      model_state=state.model_state,
+    )
   else:
     # Example r goes to micro-batch r % accum: keeps each device's rows local after the reshape.
     micro = jax.tree.map(lambda x: jnp.moveaxis(x.reshape(-1, accum, *x.shape[1:]), 1, 0), batch)
 
     def body(carry, xs):
       i, mb = xs
-      (loss_i, acc_i), g = grad_fn(
-        state.params, model, mb["image"], mb["label"], jax.random.fold_in(rng, i), **kwargs
+      loss_sum, acc_sum, grad_sum, model_state = carry
+      (loss_i, (acc_i, model_state)), g = grad_fn(
+        state.params,
+        model,
+        mb["image"],
+        mb["label"],
+        jax.random.fold_in(rng, i),
+        **kwargs,
+        model_state=model_state,
       )
-      return jax.tree.map(jnp.add, carry, (loss_i, acc_i, g)), None
+      grad_sum = jax.tree.map(jnp.add, grad_sum, g)
+      return (loss_sum + loss_i, acc_sum + acc_i, grad_sum, model_state), None
 
-    zeros = (0.0, 0.0, jax.tree.map(jnp.zeros_like, state.params))
-    (loss, acc, grads), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
+    zeros = (0.0, 0.0, jax.tree.map(jnp.zeros_like, state.params), state.model_state)
+    (loss, acc, grads, model_state), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
     loss, acc, grads = jax.tree.map(lambda x: x / accum, (loss, acc, grads))
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
@@ -151,7 +192,10 @@ def train_step(state: TrainState, batch, *, model, tx, schedule, config, num_cla
     "train/lr": schedule(state.step),
     "train/grad_norm": optax.tree.norm(grads),
   }
-  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+  new_state = TrainState(
+    step=state.step + 1, params=params, opt_state=opt_state, model_state=model_state
+  )
+  return new_state, metrics
 
 
 # ------------------------------------------------------------------------------------------------
@@ -219,14 +263,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   # Model, optimizer and the sharded state.
   image_shape = (config.data.image_size, config.data.image_size, train_source[0]["image"].shape[-1])
-  boxed_params, init_params = abstract_train_state(model, None, image_shape)
+  boxed_variables, init_variables = abstract_variables(model, image_shape)
+  boxed_params, boxed_model_state = split_variables(boxed_variables)
   schedule = optim.make_schedule(config, total_steps, steps_per_epoch)
   tx = optim.make_optimizer(config, nn.meta.unbox(boxed_params), schedule)
-  shardings = state_shardings(boxed_params, tx, mesh, rules)
+  shardings = state_shardings(boxed_params, tx, mesh, rules, boxed_model_state)
 
   def init_state(rng):
-    params = nn.meta.unbox(init_params(rng))
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+    params, model_state = split_variables(nn.meta.unbox(init_variables(rng)))
+    return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state=tx.init(params),
+      model_state=model_state,
+    )
 
   # Resume from the workdir, else initialise.
   checkpointer = ckpt_lib.Checkpointer(
@@ -262,7 +312,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       out_shardings=(shardings, sharding.replicated(mesh)),
       donate_argnums=0,
     )
-    eval_fn = eval_lib.make_eval_step(model, mesh, rules, shardings.params)
+    eval_fn = eval_lib.make_eval_step(model, mesh, rules, (shardings.params, shardings.model_state))
     batch_sharding = sharding.batch_sharding(mesh, rules)
     progress = metrics_lib.Progress(total_steps, config.batch_size, start)
     log_every = config.get("log_every_steps", 50)
@@ -283,7 +333,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           record.update(progress.update(step, float(record["train/loss"])))
           record["epoch"] = step / steps_per_epoch
         if (eval_every and step % eval_every == 0) or last:
-          final = eval_lib.evaluate(eval_fn, state.params, eval_batches, batch_sharding)
+          final = eval_lib.evaluate(
+            eval_fn, (state.params, state.model_state), eval_batches, batch_sharding
+          )
           record.update(final)
         if record:
           writer.write(step, record)
@@ -323,14 +375,19 @@ def evaluate_checkpoint(
     raise FileNotFoundError(f"No checkpoint found in {workdir}/checkpoints.")
   ckpt_lib.check_compatible(checkpointer.saved_meta(step)["config"], config, workdir)
   image_shape = (config.data.image_size, config.data.image_size, eval_source[0]["image"].shape[-1])
-  boxed_params, _ = abstract_train_state(model, None, image_shape)
-  param_shardings = sharding.tree_shardings(boxed_params, mesh, rules)
-  abstract_params = jax.tree.map(
-    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-    nn.meta.unbox(boxed_params),
-    param_shardings,
+  boxed_params, boxed_model_state = split_variables(abstract_variables(model, image_shape)[0])
+  variable_shardings = (
+    sharding.tree_shardings(boxed_params, mesh, rules),
+    sharding.tree_shardings(boxed_model_state, mesh, rules),
   )
-  restored = checkpointer.manager.restore(step, args=ocp_partial_params(abstract_params))["state"]
+  abstract = jax.tree.map(
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+    nn.meta.unbox((boxed_params, boxed_model_state)),
+    variable_shardings,
+  )
+  restored = checkpointer.manager.restore(
+    step, args=restore_variables_args({"params": abstract[0], "model_state": abstract[1]})
+  )["state"]
   eval_batch_size = config.get("eval_batch_size") or config.batch_size
   batches = data_lib.make_eval_iterator(
     config.data,
@@ -340,25 +397,24 @@ def evaluate_checkpoint(
     process_count=jax.process_count(),
   )
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    eval_fn = eval_lib.make_eval_step(model, mesh, rules, param_shardings)
+    eval_fn = eval_lib.make_eval_step(model, mesh, rules, variable_shardings)
     result = eval_lib.evaluate(
-      eval_fn, restored["params"], batches, sharding.batch_sharding(mesh, rules)
+      eval_fn,
+      (restored["params"], restored["model_state"]),
+      batches,
+      sharding.batch_sharding(mesh, rules),
     )
   checkpointer.close()
   result["step"] = step
   return result
 
 
-def ocp_partial_params(abstract_params):
-  """Restore args for the ``params`` subtree of a saved TrainState only."""
-  import orbax.checkpoint as ocp
-
+def restore_variables_args(abstract: dict[str, Any]):
+  """Restore args for a subset (``params``, ``model_state``) of a saved TrainState."""
   return ocp.args.Composite(
     state=ocp.args.PyTreeRestore(
-      item={"params": abstract_params},
-      restore_args=jax.tree.map(
-        lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding), {"params": abstract_params}
-      ),
+      item=abstract,
+      restore_args=jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding), abstract),
       partial_restore=True,
     )
   )
