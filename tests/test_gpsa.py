@@ -96,7 +96,7 @@ def test_fast_path_equals_explicit_form_with_gradients(variant):
     return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(variables, x)
 
   (fast_value, fast_grads), (slow_value, slow_grads) = loss(True), loss(False)
-  np.testing.assert_allclose(fast_value, slow_value, rtol=1e-5)
+  np.testing.assert_allclose(fast_value, slow_value, rtol=5e-5)  # a sum over 9 heads x 16 x 48
   for a, b in zip(jax.tree.leaves(fast_grads), jax.tree.leaves(slow_grads)):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
   # The gate really receives gradient on both paths.

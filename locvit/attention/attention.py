@@ -19,6 +19,7 @@ Attention maps are materialised only when the caller asks for intermediates
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -60,11 +61,30 @@ def wants_attention_maps(module: nn.Module) -> bool:
   return module.is_mutable_collection("intermediates")
 
 
-class QKVProjection(nn.Module):
-  """Fused query/key/value projection with kernel ``(C, 3, H, Dh)`` (timm's qkv, reshaped)."""
+def flat_init(init: Callable, num_in_axes: int = 1) -> Callable:
+  """Runs ``init`` on the flat ``(prod(in), prod(out))`` shape, as ``nn.DenseGeneral`` does, then
+  reshapes: fan-in based and identity inits see the matrix a PyTorch Linear would."""
 
-  num_heads: int
-  head_dim: int
+  def wrapped(key, shape, dtype=jnp.float32):
+    flat = (math.prod(shape[:num_in_axes]), math.prod(shape[num_in_axes:]))
+    return jnp.reshape(init(key, flat, dtype), shape)
+
+  return wrapped
+
+
+class DenseGeneral(nn.Module):
+  """A projection from the last axis to ``features`` with the kernel stored at full rank.
+
+  Unlike ``nn.DenseGeneral`` (whose kernel is created flat and reshaped), logical partitioning
+  then also works when a model is initialised inside a mesh context.
+
+  Attributes:
+    features: output shape, e.g. ``(3, H, Dh)`` for a fused qkv projection.
+    kernel_axes: logical axis names of the kernel ``(in, *features)``.
+  """
+
+  features: tuple[int, ...]
+  kernel_axes: tuple[str | None, ...]
   use_bias: bool = True
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
@@ -72,24 +92,36 @@ class QKVProjection(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    # Kernels are created at their final rank (not DenseGeneral's flat kernel), so logical
-    # partitioning also works when a model is initialised inside a mesh context.
+    shape = (x.shape[-1], *self.features)
     kernel = self.param(
       "kernel",
-      partitioned(self.kernel_init, ("embed", None, "heads", "kv")),
-      (x.shape[-1], 3, self.num_heads, self.head_dim),
+      partitioned(flat_init(self.kernel_init), self.kernel_axes),
+      shape,
       self.param_dtype,
     )
-    y = jnp.einsum("bnc,cthd->bnthd", x.astype(self.dtype), kernel.astype(self.dtype))
+    y = jnp.tensordot(x.astype(self.dtype), kernel.astype(self.dtype), axes=1)
     if self.use_bias:
       bias = self.param(
-        "bias",
-        partitioned(zeros, (None, "heads", "kv")),
-        (3, self.num_heads, self.head_dim),
-        self.param_dtype,
+        "bias", partitioned(zeros, self.kernel_axes[1:]), self.features, self.param_dtype
       )
       y = y + bias.astype(self.dtype)
     return y
+
+
+def QKVProjection(  # noqa: N802  (builds a module; reads like one at call sites)
+  num_heads: int,
+  head_dim: int,
+  use_bias: bool = True,
+  dtype: Any = jnp.float32,
+  param_dtype: Any = jnp.float32,
+  kernel_init: Callable = trunc_normal,
+  name: str | None = None,
+) -> DenseGeneral:
+  """Fused query/key/value projection, kernel ``(C, 3, H, Dh)`` (timm's ``qkv``, reshaped)."""
+  axes = ("embed", None, "heads", "kv")
+  return DenseGeneral(
+    (3, num_heads, head_dim), axes, use_bias, dtype, param_dtype, kernel_init, name=name
+  )
 
 
 class OutputProjection(nn.Module):
@@ -104,7 +136,7 @@ class OutputProjection(nn.Module):
   def __call__(self, y: Array) -> Array:
     kernel = self.param(
       "kernel",
-      partitioned(self.kernel_init, ("heads", "kv", "embed")),
+      partitioned(flat_init(self.kernel_init, num_in_axes=2), ("heads", "kv", "embed")),
       (*y.shape[-2:], self.features),
       self.param_dtype,
     )

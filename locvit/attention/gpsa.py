@@ -33,6 +33,8 @@ import jax.numpy as jnp
 
 from locvit.attention.attention import (
   IMPLEMENTATIONS,
+  DenseGeneral,
+  OutputProjection,
   partitioned,
   record_attention,
   register_attention,
@@ -148,17 +150,15 @@ class GPSA(nn.Module):
       raise ValueError(f"dim={dim} is not divisible by num_heads={self.num_heads}.")
     return dim // self.num_heads
 
-  def _dense(self, features, axis, names, name, *, use_bias, kernel_init=None):
-    """DenseGeneral whose kernel axes are ``names`` (inputs then outputs)."""
-    num_out = len(features) if isinstance(features, tuple) else 1
-    return nn.DenseGeneral(
+  def _dense(self, features, names, name, *, use_bias, kernel_init=None):
+    """A full-rank-kernel projection whose kernel axes are ``names`` (input, then outputs)."""
+    return DenseGeneral(
       features,
-      axis=axis,
+      names,
       use_bias=use_bias,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
-      kernel_init=partitioned(kernel_init or self.kernel_init, names),
-      bias_init=partitioned(zeros, names[-num_out:]),
+      kernel_init=kernel_init or self.kernel_init,
       name=name,
     )
 
@@ -203,12 +203,11 @@ class GPSA(nn.Module):
     heads, head_dim = self.num_heads, self._head_dim(dim)
 
     qk = self._dense(
-      (2, heads, head_dim), -1, ("embed", None, "heads", "kv"), "qk", use_bias=self.qkv_bias
+      (2, heads, head_dim), ("embed", None, "heads", "kv"), "qk", use_bias=self.qkv_bias
     )(x)
     q, k = qk[:, :, 0], qk[:, :, 1]  # (B, N, H, Dh): BTNH layout
     v = self._dense(
       (heads, head_dim),
-      -1,
       ("embed", "heads", "kv"),
       "v",
       use_bias=self.qkv_bias,
@@ -251,7 +250,7 @@ class GPSA(nn.Module):
       probs = nn.Dropout(self.attn_drop)(probs, deterministic=not train).astype(self.dtype)
       y = jnp.einsum("bhnm,bmhd->bnhd", probs, v)
 
-    out = self._dense(dim, (-2, -1), ("heads", "kv", "embed"), "proj", use_bias=True)(y)
+    out = OutputProjection(dim, self.dtype, self.param_dtype, self.kernel_init, name="proj")(y)
     return nn.Dropout(self.proj_drop)(out, deterministic=not train)
 
 
