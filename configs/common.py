@@ -13,6 +13,7 @@ from __future__ import annotations
 import ml_collections
 
 from locvit.data import default_data_config
+from locvit.init import init_config
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -51,6 +52,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.schedule.min_lr = 1e-5
   c.schedule.boundaries_epochs = ()  # for 'step'
   c.schedule.decay_factor = 0.1
+
+  # Attention initialisation applied after model.init (locvit.init): 'none', 'trunc_normal',
+  # 'kaiming_uniform', 'mimetic' or 'impulse' (structured initialization).
+  c.init = init_config("none")
 
   c.grad_clip_norm = 0.0  # 0: off
   c.grad_accum_steps = 1

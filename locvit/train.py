@@ -29,6 +29,7 @@ from absl import logging
 from locvit import checkpoint as ckpt_lib
 from locvit import data as data_lib
 from locvit import evaluate as eval_lib
+from locvit import init as init_lib
 from locvit import metrics as metrics_lib
 from locvit import optim, sharding
 from locvit.models import create_model
@@ -109,20 +110,55 @@ def split_variables(variables):
   return variables["params"], {k: v for k, v in variables.items() if k != "params"}
 
 
+def opt_state_shardings(abstract_opt_state, abstract_params, param_shardings, mesh):
+  """Shards each optimizer-state leaf like the parameter it mirrors (Adam's mu and nu, momentum):
+  the parameter whose dict-key path is the longest suffix of the leaf's path and whose shape is
+  equal. Everything else (counts, scalars) is replicated. Works for any optax chain, including
+  ``multi_transform`` / ``masked`` states.
+  """
+  flat = lambda tree: {
+    tuple(k.key for k in path): v for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
+  shapes, shardings = flat(abstract_params), flat(param_shardings)
+
+  def pick(path, leaf):
+    keys = tuple(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
+    for start in range(len(keys)):
+      shape = shapes.get(keys[start:])
+      if shape is not None and shape.shape == leaf.shape:
+        return shardings[keys[start:]]
+    return sharding.replicated(mesh)
+
+  return jax.tree_util.tree_map_with_path(pick, abstract_opt_state)
+
+
 def state_shardings(boxed_params, tx, mesh, rules, boxed_model_state=None) -> TrainState:
   params = sharding.tree_shardings(boxed_params, mesh, rules)
   model_state = sharding.tree_shardings(boxed_model_state or {}, mesh, rules)
-  abstract_opt = jax.eval_shape(tx.init, nn.meta.unbox(boxed_params))
-  opt = optax.tree_map_params(
-    tx,
-    lambda _, s: s,
-    abstract_opt,
-    params,
-    transform_non_params=lambda _: sharding.replicated(mesh),
-  )
+  abstract_params = nn.meta.unbox(boxed_params)
+  abstract_opt = jax.eval_shape(tx.init, abstract_params)
   return TrainState(
-    step=sharding.replicated(mesh), params=params, opt_state=opt, model_state=model_state
+    step=sharding.replicated(mesh),
+    params=params,
+    opt_state=opt_state_shardings(abstract_opt, abstract_params, params, mesh),
+    model_state=model_state,
   )
+
+
+def apply_initializer(config, state: TrainState, model, tx, shardings: TrainState) -> TrainState:
+  """Applies ``config.init`` (impulse, mimetic, ... see ``locvit.init``) to a fresh state.
+
+  Runs only when a run starts from scratch; a resumed run restores the initialised parameters.
+  """
+  init_cfg = config.get("init")
+  if init_cfg is None or init_cfg.name == "none":
+    return state
+  params = init_lib.apply_init(
+    init_cfg, jax.device_get(state.params), model, config.data.image_size
+  )
+  params = jax.device_put(params, shardings.params)
+  opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
+  return state.replace(params=params, opt_state=opt_state)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -301,6 +337,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       start = 0
       init_rng = jax.random.key(config.seed + 1)  # separate stream from dropout keys
       state = jax.jit(init_state, out_shardings=shardings)(init_rng)
+      state = apply_initializer(config, state, model, tx, shardings)
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     logging.info("%s: %.2fM parameters; %d steps", config.model.name, num_params / 1e6, total_steps)
 

@@ -3,6 +3,7 @@
 import os
 import signal
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -66,6 +67,27 @@ def test_layouts_shard_parameters_as_configured():
   assert tuple(tp["blocks_0"]["mlp"]["fc2"]["kernel"]) == ("model", None)
   assert tuple(tp["blocks_0"]["attn"]["qkv"]["kernel"]) == (None, None, "model", None)
   assert tuple(tp["blocks_0"]["attn"]["proj"]["kernel"]) == ("model", None, None)
+
+
+def test_optimizer_state_sharded_like_parameters():
+  from locvit import optim
+
+  config = tiny_config(freeze=("blocks_0/",))
+  config.mesh.layout = "fsdp"
+  mesh, rules = sharding.make_mesh(config.mesh), sharding.logical_rules(config.mesh)
+  boxed, _ = train.abstract_train_state(train.build_model(config, 10), None, (8, 8, 1))
+  params = nn.meta.unbox(boxed)
+  tx = optim.make_optimizer(config, params, optim.make_schedule(config, 6, 1))
+  shardings = train.state_shardings(boxed, tx, mesh, rules)
+  specs = [
+    (jax.tree_util.keystr(path), tuple(s.spec))
+    for path, s in jax.tree_util.tree_flatten_with_path(shardings.opt_state)[0]
+  ]
+  mu_fc1 = [
+    spec for path, spec in specs if "mu" in path and "blocks_1']['mlp']['fc1']['kernel" in path
+  ]
+  assert mu_fc1 == [("data", None)], specs
+  assert all(spec == () for path, spec in specs if "count" in path)
 
 
 def test_fsdp_leaves_indivisible_dims_unsharded():
@@ -217,3 +239,33 @@ def test_misspelled_config_field_names_valid_ones(tmp_path):
 def test_train_params_with_unknown_freeze_pattern(tmp_path):
   config = tiny_config(freeze=("no_such_param",))
   _fails(config, tmp_path, "match no parameter")
+
+
+def test_config_init_is_applied_to_a_fresh_run(tmp_path):
+  """config.init (here: impulse) writes the solved q/k kernels before the first step."""
+  import orbax.checkpoint as ocp
+
+  from locvit.init import apply_init, init_config
+
+  config = tiny_config(total_steps=1, checkpoint_every_steps=1)
+  config.model.overrides.pool = "gap"
+  config.init = init_config("impulse", steps=30, lr=1e-2, norm_every=1, base="keep", cache_dir="")
+  config.optimizer.lr, config.schedule.warmup_init_lr = 0.0, 0.0  # step 1 leaves params as is
+  config.optimizer.weight_decay = 0.0
+  train.train_and_evaluate(config, str(tmp_path))
+  ckpt = train.ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
+  saved = ckpt.manager.restore(1, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  ckpt.close()
+  model = train.build_model(config, 10)
+  _, init = train.abstract_train_state(model, None, (8, 8, 1))
+  fresh = nn.meta.unbox(init(jax.random.key(config.seed + 1)))
+  expected = apply_init(config.init, fresh, model, 8)
+  np.testing.assert_allclose(
+    saved["state"]["params"]["blocks_1"]["attn"]["qkv"]["kernel"],
+    expected["blocks_1"]["attn"]["qkv"]["kernel"],
+    rtol=1e-5,
+    atol=1e-6,
+  )
+  assert not np.allclose(
+    expected["blocks_1"]["attn"]["qkv"]["kernel"], fresh["blocks_1"]["attn"]["qkv"]["kernel"]
+  )
