@@ -191,7 +191,8 @@ def attention_numpy(params, x, num_heads, table, content):
 
 
 @pytest.mark.parametrize(
-  "kind, content", [("quadratic", False), ("quadratic_generalized", True), ("learned_relative", True)]
+  "kind, content",
+  [("quadratic", False), ("quadratic_generalized", True), ("learned_relative", True)],
 )
 def test_terms_through_attention_seam(kind, content):
   x = jax.random.normal(jax.random.key(0), (2, GRID.num_tokens, 12))
@@ -214,11 +215,11 @@ def test_registered_kinds_in_vision_transformer():
     num_classes=3,
     patch_size=2,
     embed_dim=16,
-    depth=4,
+    depth=3,
     num_heads=2,
     pos_embed="none",
     pool="gap",
-    layer_attention=("quadratic", "quadratic_generalized", "learned_relative", "mhsa"),
+    layer_attention=("quadratic", "quadratic_generalized", "learned_relative"),
     attention_kwargs={"quadratic": {"content": True}, "learned_relative": {"embed_dim": 8}},
   )
   images = jnp.zeros((2, 8, 8, 3))
@@ -230,7 +231,7 @@ def test_registered_kinds_in_vision_transformer():
   _, state = apply(model, variables, images, mutable=("intermediates",))
   assert state["intermediates"]["blocks_2"]["attn"]["attention"][0].shape == (2, 2, 16, 16)
   # Content + position works with a class token (neutral bias entry); positional-only does not.
-  with_cls = model.clone(pool="token", layer_attention=("quadratic",) * 4)
+  with_cls = model.clone(pool="token", layer_attention=("quadratic",) * 3)
   jax.eval_shape(with_cls.init, jax.random.key(0), images)
   with pytest.raises(ValueError, match="prefix tokens"):
     jax.eval_shape(with_cls.clone(attention_kwargs=None).init, jax.random.key(0), images)

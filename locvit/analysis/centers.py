@@ -197,7 +197,7 @@ def attention_maps(
   if not found:
     raise ValueError("The model recorded no attention maps ('.../attention' intermediates).")
   num_tokens = found[0][1].shape[-1]
-  side = int(round(num_tokens**0.5))
+  side = round(num_tokens**0.5)
   rows, cols = _grid_shape(model, images, num_tokens, side)
   query = (rows // 2, cols // 2) if query is None else tuple(query)
   if not (0 <= query[0] < rows and 0 <= query[1] < cols):

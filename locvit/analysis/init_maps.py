@@ -35,11 +35,19 @@ from locvit.models import apply_with_intermediates, create_model
 ATTENTION_KEY = "blocks_{}/attn/attention"
 
 
+def intermediates_fn(model: nn.Module):
+  """A jitted ``(params, images) -> intermediates`` for ``model`` (reuse it across inits)."""
+  return jax.jit(lambda p, x: apply_with_intermediates(model, {"params": p}, x)[1])
+
+
 def attention_maps(
-  model: nn.Module, params: Any, images: np.ndarray, batch_size: int = 64
+  model: nn.Module, params: Any, images: np.ndarray, batch_size: int = 32, apply=None
 ) -> dict[int, np.ndarray]:
-  """``{layer: (H, N, N)}`` attention probabilities averaged over ``images`` (NHWC, normalised)."""
-  apply = jax.jit(lambda p, x: apply_with_intermediates(model, {"params": p}, x)[1])
+  """``{layer: (H, N, N)}`` attention probabilities averaged over ``images`` (NHWC, normalised).
+
+  ``apply``: a function from ``intermediates_fn(model)``, to compile once for several inits.
+  """
+  apply = apply or intermediates_fn(model)
   sums: dict[int, np.ndarray] = {}
   for start in range(0, len(images), batch_size):
     inter = apply(params, images[start : start + batch_size])
@@ -126,19 +134,21 @@ def compare_inits(
 ) -> list[str]:
   """Initialises ``model_name`` with each ``inits[name]`` config and writes the PNGs."""
   model = create_model(model_name, num_classes=num_classes, **model_overrides)
-  variables = model.init(jax.random.key(seed), images[:1])
+  variables = jax.jit(model.init)(jax.random.key(seed), images[:1])
   params = nn.meta.unbox(variables["params"])
   image_size = images.shape[1:3]
-  maps = {}
+  maps, apply = {}, intermediates_fn(model)
   for name, cfg in inits.items():
     initialised = apply_init(cfg, params, model, image_size, seed=seed)
-    maps[name] = attention_maps(model, initialised, images)
+    maps[name] = attention_maps(model, initialised, images, apply=apply)
   return write_init_maps(maps, out_dir, layers, zoom)
 
 
 def load_images(source: Any, count: int, mean, std) -> np.ndarray:
-  """The first ``count`` images of a ``locvit.data`` source, normalised, as float32 NHWC."""
-  raw = np.stack([source[i]["image"] for i in range(min(count, len(source)))])
+  """``count`` evenly spaced images of a ``locvit.data`` source (so every class appears in
+  class-sorted sources), normalised, as float32 NHWC."""
+  index = np.unique(np.linspace(0, len(source) - 1, min(count, len(source))).astype(int))
+  raw = np.stack([source[int(i)]["image"] for i in index])
   return augment.normalize_batch(raw, tuple(mean), tuple(std)).astype(np.float32)
 
 

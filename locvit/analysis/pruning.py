@@ -18,7 +18,8 @@ parameters fit the same model built with ``layer_heads=report.layer_heads()``::
 
   params, report = prune_degenerate_heads(params, grid=TokenGrid(16, 16))
   print(report.summary())
-  model = create_model('cordonnier_sa_generalized', num_classes=10, layer_heads=report.layer_heads())
+  model = create_model('cordonnier_sa_generalized', num_classes=10,
+                       layer_heads=report.layer_heads())
 
 The paper then trains 100 more epochs at lr / 10 (``configs/cordonnier_cifar10.py``,
 ``quadratic_generalized_pruned``). In its model, 15 of 54 heads ([2, 4, 1, 2, 6, 0] per layer) were
@@ -277,15 +278,16 @@ class PruneReport:
 def prune_degenerate_heads(
   params: Any,
   *,
-  grid: TokenGrid = TokenGrid(16, 16),
+  grid: TokenGrid | None = None,
   thresholds: PruneThresholds = PruneThresholds(),
   content: bool | None = None,
 ) -> tuple[Any, PruneReport]:
   """Finds degenerate Gaussian heads, removes them and reports sizes before/after.
 
-  ``grid`` is the token grid the FLOPs are counted on (16x16: CIFAR after 2x2 space-to-depth).
-  Raises ValueError when a layer would lose all its heads.
+  ``grid`` is the token grid the FLOPs are counted on (None: 16x16, CIFAR after the 2x2
+  space-to-depth). Raises ValueError when a layer would lose all its heads.
   """
+  grid = TokenGrid(16, 16) if grid is None else grid
   found = degenerate_heads(params, thresholds)
   before_heads = {k: layer_num_heads(v) for k, v in attention_layers(params).items()}
   pruned, after_heads = prune_heads(params, found)
@@ -297,3 +299,63 @@ def prune_degenerate_heads(
     after=cost(pruned, grid, content=content),
   )
   return pruned, report
+
+
+def load_params(
+  config: Any,
+  workdir: str,
+  *,
+  step: int | None = None,
+  num_classes: int | None = None,
+  channels: int = 3,
+) -> tuple[Any, int]:
+  """``(params, step)`` of a training run's checkpoint (latest, or ``step``), on one device.
+
+  ``config`` is the run's config (the model is rebuilt from it); ``num_classes`` defaults to
+  ``config.data.num_classes`` or 10; images are ``data.image_size`` squared with ``channels``.
+  """
+  import os
+
+  from locvit import checkpoint as ckpt_lib
+  from locvit import train  # lazy: the training stack is only needed here
+
+  classes = num_classes or config.data.get("num_classes") or 10
+  model = train.build_model(config, classes)
+  checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+  try:
+    step = checkpointer.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"No checkpoint found in {workdir}/checkpoints.")
+    size = config.data.image_size
+    boxed, _ = train.abstract_variables(model, (size, size, channels))
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+      nn.meta.unbox(boxed["params"]),
+    )
+    restored = checkpointer.manager.restore(
+      step, args=train.restore_variables_args({"params": abstract})
+    )["state"]
+  finally:
+    checkpointer.close()
+  return restored["params"], step
+
+
+def prune_checkpoint(
+  config: Any,
+  workdir: str,
+  *,
+  step: int | None = None,
+  thresholds: PruneThresholds = PruneThresholds(),
+  num_classes: int | None = None,
+  channels: int = 3,
+) -> tuple[Any, PruneReport]:
+  """Loads a finished run's parameters and prunes its degenerate heads (appendix E).
+
+  The grid for the FLOPs count is the model's token grid (``image_size / downsample``).
+  Start the pruned run from the returned params with ``layer_heads=report.layer_heads()``.
+  """
+  params, _ = load_params(config, workdir, step=step, num_classes=num_classes, channels=channels)
+  downsample = dict(config.model.get("overrides") or {}).get("downsample", 2)
+  side = config.data.image_size // downsample
+  return prune_degenerate_heads(params, grid=TokenGrid(side, side), thresholds=thresholds)

@@ -267,6 +267,47 @@ def make_positional(
 # The reference code's attention layer
 
 
+class HeadDense(nn.Module):
+  """A Linear layer over the last ``num_inputs`` axes with a multi-axis kernel.
+
+  The kernel ``(*inputs, *out_shape)`` is created at its final rank (so logical partitioning
+  works inside a mesh); ``kernel_init`` sees the flat ``(prod(inputs), prod(outputs))`` matrix, as
+  ``nn.DenseGeneral`` does, so fan-in based inits use the full input width. The bias uses PyTorch's
+  Linear default ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``.
+  """
+
+  out_shape: tuple[int, ...]
+  num_inputs: int = 1
+  kernel_names: tuple[str | None, ...] = ()
+  use_bias: bool = True
+  kernel_init: Callable = torch_linear_kernel_init
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    in_shape = tuple(x.shape[x.ndim - self.num_inputs :])
+    shape = (*in_shape, *self.out_shape)
+    fan_in = math.prod(in_shape)
+    base = self.kernel_init
+
+    def init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
+      return base(key, (fan_in, math.prod(self.out_shape)), dtype).reshape(shape)
+
+    names = self.kernel_names or (None,) * len(shape)
+    kernel = self.param("kernel", partitioned(init, names), shape, self.param_dtype)
+    y = jnp.tensordot(x.astype(self.dtype), kernel.astype(self.dtype), axes=self.num_inputs)
+    if self.use_bias:
+      bias = self.param(
+        "bias",
+        partitioned(torch_linear_bias_init(fan_in), names[self.num_inputs :]),
+        self.out_shape,
+        self.param_dtype,
+      )
+      y = y + bias.astype(self.dtype)
+    return y
+
+
 class RelativeAttention(nn.Module):
   """Relative positional self-attention in the reference code's parameterisation (Dh = D_in).
 
@@ -313,14 +354,15 @@ class RelativeAttention(nn.Module):
   param_dtype: Any = jnp.float32
   kernel_init: Callable = torch_linear_kernel_init
 
-  def _projection(self, name: str, dim: int, head_dim: int, x: Array) -> Array:
-    return nn.DenseGeneral(
+  def _projection(self, name: str, head_dim: int, x: Array) -> Array:
+    return HeadDense(
       (self.num_heads, head_dim),
+      num_inputs=1,
+      kernel_names=("embed", "heads", "kv"),
       use_bias=self.qkv_bias,
+      kernel_init=self.kernel_init,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
-      kernel_init=partitioned(self.kernel_init, ("embed", "heads", "kv")),
-      bias_init=partitioned(torch_linear_bias_init(dim), ("heads", "kv")),
       name=name,
     )(x)
 
@@ -368,8 +410,8 @@ class RelativeAttention(nn.Module):
       y = jnp.einsum("hnm,bmc->bnhc", probs, x)
     else:
       head_dim = self.head_dim or dim
-      q = self._projection("query", dim, head_dim, x)  # (B, N, H, Dh)
-      k = self._projection("key", dim, head_dim, x)
+      q = self._projection("query", head_dim, x)  # (B, N, H, Dh)
+      k = self._projection("key", head_dim, x)
       fast = (
         self.fast_path
         and head_dim == dim
@@ -388,13 +430,13 @@ class RelativeAttention(nn.Module):
         probs = nn.Dropout(self.attn_drop)(probs, deterministic=not train).astype(self.dtype)
         y = jnp.einsum("bhnm,bmc->bnhc", probs, x)
 
-    out = nn.DenseGeneral(
-      self.out_dim or dim,
-      axis=(-2, -1),
+    out = HeadDense(
+      (self.out_dim or dim,),
+      num_inputs=2,
+      kernel_names=("heads", None, "embed"),
+      kernel_init=self.kernel_init,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
-      kernel_init=partitioned(self.kernel_init, ("heads", None, "embed")),
-      bias_init=partitioned(torch_linear_bias_init(heads * dim), ("embed",)),
       name="value",
     )(y)
     return nn.Dropout(self.proj_drop)(out, deterministic=not train)

@@ -78,7 +78,7 @@ def init_config(name: str = "impulse", **overrides: Any) -> ml_collections.Confi
   # Optional string fields need a type for ConfigDict overrides: declare them as placeholders.
   cfg = ml_collections.ConfigDict()
   for key, value in fields.items():
-    if value is None and key in ("qk_pattern", "pseudo_input_first"):
+    if value is None and key in ("qk_pattern", "pseudo_input_first", "cache_dir"):
       cfg[key] = ml_collections.config_dict.placeholder(str)
     else:
       cfg[key] = value
@@ -115,6 +115,12 @@ def _impulse(cfg: Mapping, params: Any, model, image_size, layout, seed: int) ->
   paths = find_qk_kernels(flat, layout)
   dim, heads, head_dim = attention_dims(flat, paths)
   grid = token_grid(model, image_size)
+  if getattr(model, "pool", "gap") == "token":
+    logging.warning(
+      "Impulse init targets patch-to-patch attention; the reference uses it only with global "
+      "average pooling (no class token), but %s has pool='token'.",
+      type(model).__name__,
+    )
   solution = solve_impulse(
     solver_config(cfg),
     grid,

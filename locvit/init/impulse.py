@@ -13,10 +13,12 @@ Adam (lr 1e-4, torch's betas and eps) for 10,000 steps. ``X`` is a pseudo input
 
 Modes (Sec. 5.4): 'same' shares one solve by all layers (two solves when the first layer has its
 own pseudo input); 'different' solves every layer separately. All solves and heads run in ONE
-compiled call: the step loop is a ``lax.scan`` and solves are ``vmap``-ed.
+compiled call: the step loop is a ``lax.scan``, heads are batched, and solves are ``vmap``-ed
+(accelerators) or ``lax.map``-ed (CPU, where one solve at a time stays in cache).
 
-Speed: ``X = LayerNorm(PE)`` has low rank (at most ~2*sqrt(N) for the sin-cos embedding, 23-31 of
-192 on a 16x16 grid), so with ``X = U (S V^T)`` the logits are computed as
+Speed: ``X = LayerNorm(PE)`` has low rank (the sin-cos embedding is a sum of a function of the row
+and one of the column: rank 31 = 2 * 16 - 1 on a 16x16 grid, 25 above float32 round-off, of
+D = 192), so with ``X = U (S V^T)`` the logits are computed as
 ``U (S V^T Q)(S V^T K^T)^T U^T`` through an ``r x r`` core. Adam still updates ``Q`` and ``K``
 themselves, so the optimisation is the reference's; only singular values below
 ``rank_tol * s_max`` (float32 round-off) are dropped. ``rank_tol=0`` uses the dense formula.
@@ -248,10 +250,17 @@ def _solve_one(q0, k0, feats, target, *, steps, lr, norm_every, scale):
   return params
 
 
-@functools.partial(jax.jit, static_argnames=("steps", "lr", "norm_every", "scale"))
-def _solve_all(q0, k0, feats, targets, *, steps, lr, norm_every, scale):
+@functools.partial(jax.jit, static_argnames=("steps", "lr", "norm_every", "scale", "batching"))
+def _solve_all(q0, k0, feats, targets, *, steps, lr, norm_every, scale, batching):
   fn = functools.partial(_solve_one, steps=steps, lr=lr, norm_every=norm_every, scale=scale)
+  if batching == "map":  # solves one after another: each one's working set stays in cache
+    return jax.lax.map(lambda args: fn(*args), (q0, k0, feats, targets))
   return jax.vmap(fn)(q0, k0, feats, targets)
+
+
+def default_batching() -> str:
+  """'map' on CPU (measured 20-30% faster: cache locality), 'vmap' on accelerators."""
+  return "map" if jax.default_backend() == "cpu" else "vmap"
 
 
 @functools.partial(jax.jit, static_argnames=("scale",))
@@ -313,6 +322,7 @@ def optimize_qk(
   lr: float,
   norm_every: int,
   rank_tol: float = 1e-7,
+  batching: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray, float, float]:
   """Runs Algorithm 1's loop for S solves from given starting points, in one compiled call.
 
@@ -321,13 +331,18 @@ def optimize_qk(
     xs: ``(S, N, D)`` pseudo inputs (already layer-normalised).
     targets: ``(S, H, N)`` target key per query, -1 for an all-zero row.
     steps, lr, norm_every, rank_tol: as in ``SolverConfig``.
+    batching: 'vmap' (all solves at once) or 'map' (``lax.map``: one solve after the other
+      inside the same compiled call); None picks ``default_batching()``. Heads are always batched.
 
   Returns ``(q, k, compile_seconds, run_seconds)``.
   """
+  batching = batching or default_batching()
+  if batching not in ("map", "vmap"):
+    raise ValueError(f"batching={batching!r} is not one of ('map', 'vmap').")
   head_dim = q0.shape[-1]
   factors = _features(np.asarray(xs), head_dim, rank_tol)
   feats = factors if factors is not None else (np.asarray(xs, np.float32),)
-  static = dict(steps=steps, lr=lr, norm_every=norm_every, scale=head_dim**-0.5)
+  static = dict(steps=steps, lr=lr, norm_every=norm_every, scale=head_dim**-0.5, batching=batching)
   args = (np.asarray(q0, np.float32), np.asarray(k0, np.float32), feats, np.asarray(targets))
   start = time.perf_counter()
   compiled = _solve_all.lower(*args, **static).compile()
@@ -404,6 +419,7 @@ __all__: Sequence[str] = (
   "SolverConfig",
   "attention_logits_dense",
   "cache_key",
+  "default_batching",
   "optimize_qk",
   "solve_impulse",
   "solver_config",

@@ -119,7 +119,7 @@ class PostNormLayer(nn.Module):
       **dict(self.attention_kwargs or {}),
     )
     a = attn(x, grid=grid, train=train)
-    a = dense(dim, a.shape[-1], ("embed", "embed"), "attn_dense")(a)
+    a = dense(dim, a.shape[-1], (None, "embed"), "attn_dense")(a)
     a = nn.Dropout(self.drop)(a, deterministic=not train)
     a = bert_layer_norm(self.norm_eps, self.dtype, "attn_norm")(a + x)
     h = dense(self.mlp_dim, dim, ("embed", "mlp"), "mlp_dense1")(a)
@@ -211,6 +211,8 @@ class CordonnierNet(nn.Module):
       kwargs.update(layout=self.layout, content=self.content)
       if self.layout == "standard":
         kwargs["head_dim"] = self.hidden_dim  # Dh = Dout, as the paper advises
+        if kind == "learned_relative":
+          kwargs["embed_dim"] = self.hidden_dim  # D_p = D_out (the reference layout's default)
     if self.attention_implementation is not None:
       kwargs["implementation"] = self.attention_implementation
     kwargs.update(dict((self.attention_kwargs or {}).get(kind) or {}))
