@@ -37,13 +37,13 @@ def unfold_mask(table: Any, grid: TokenGrid) -> np.ndarray:
   return table.reshape(h, w, h, w).transpose(0, 2, 1, 3).reshape(h * h, w * w)
 
 
-def collect_mask_tables(
-  model: Any, variables: Any, images: Any, *, train: bool = False
-) -> dict[str, np.ndarray]:
-  """Runs ``model`` once and returns ``{module path: (H, N, N) mask table}`` for every mask."""
+def collect_mask_tables(model: Any, variables: Any, images: Any) -> dict[str, np.ndarray]:
+  """Runs ``model`` once (jitted, eval mode) and returns ``{module path: (H, N, N) table}``."""
+  import jax
+
   from locvit.models.intermediates import apply_with_intermediates
 
-  _, inter = apply_with_intermediates(model, variables, images, train=train)
+  _, inter = jax.jit(lambda v, x: apply_with_intermediates(model, v, x))(variables, images)
   return {
     path[: -len(TABLE_SUFFIX)]: np.asarray(value)
     for path, value in inter.items()

@@ -38,6 +38,7 @@ from locvit.attention.attention import (
 from locvit.attention.geometry import TokenGrid, relative_offsets
 from locvit.attention.masks import (
   MASK_KINDS,
+  batch_broadcast,
   combine_mask,
   make_mask,
   mask_attention_kwargs,
@@ -143,7 +144,8 @@ class WindowAttention(nn.Module):
       self.param_dtype,
     )
     bias = table.astype(jnp.float32)[relative_position_index(self.window)]  # (N, N, H)
-    logits = logits + jnp.transpose(bias, (2, 0, 1))
+    # batch_broadcast: the bias gradient sums over windows x batch as a matmul (fast on CPU).
+    logits = logits + batch_broadcast(jnp.transpose(bias, (2, 0, 1)), logits.shape[0])
     if shift is not None:
       num_windows, n = shift.shape[0], logits.shape[-1]
       logits = logits.reshape(-1, num_windows, self.num_heads, n, n) + shift[None, :, None]
