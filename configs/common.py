@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from locvit.analysis.locality import default_analysis_config
 from locvit.data import default_data_config
 from locvit.init import init_config
 
@@ -68,6 +69,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh.layout = "dp"  # 'dp' | 'fsdp' | 'tp'
   c.mesh.rules = ()  # explicit logical-axis rules override the layout
   c.mesh.num_devices = 0  # 0: all devices; N: the first N (single-process debugging)
+
+  # Analysis logged during training (locvit.analysis.locality): nonlocality, gates, centres.
+  c.analysis = default_analysis_config()
 
   c.log_every_steps = 50
   c.eval_every_steps = 0  # 0: only at the end

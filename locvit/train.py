@@ -32,6 +32,7 @@ from locvit import evaluate as eval_lib
 from locvit import init as init_lib
 from locvit import metrics as metrics_lib
 from locvit import optim, sharding
+from locvit.analysis import locality
 from locvit.models import create_model
 from locvit.models.layers import check_patchable
 
@@ -350,6 +351,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       donate_argnums=0,
     )
     eval_fn = eval_lib.make_eval_step(model, mesh, rules, (shardings.params, shardings.model_state))
+    # Locality metrics (nonlocality, gates, centres) at each evaluation, if config.analysis asks.
+    locality_fn = locality.make_locality_logger(config, model, mesh, eval_source)
     batch_sharding = sharding.batch_sharding(mesh, rules)
     progress = metrics_lib.Progress(total_steps, config.batch_size, start)
     log_every = config.get("log_every_steps", 50)
@@ -374,6 +377,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             eval_fn, (state.params, state.model_state), eval_batches, batch_sharding
           )
           record.update(final)
+          if locality_fn is not None:
+            record.update(locality_fn(state.params))
         if record:
           writer.write(step, record)
         if (ckpt_every and step % ckpt_every == 0) or last or preempted:
