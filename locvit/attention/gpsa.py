@@ -117,6 +117,8 @@ class GPSA(nn.Module):
       trunc-normal. If H is not a perfect square only the first ``int(sqrt(H))^2`` heads get a
       centre; the rest keep random ``pos_proj`` weights (faithful to the reference) and a warning
       is emitted at init.
+    gating_init: initial lambda of every head (1.0 in the reference; 0.0 with frozen gates gives
+      ConViT Table 3's "equal attention to content and position").
     variant: 'gpsa' (gate after the softmaxes) or 'psa' (content + positional logits in one
       softmax, no gate; registered as attention kind 'psa').
     fast_path: use ``(1 - g) SDPA + g P V`` when no attention maps are collected and no attention
@@ -137,6 +139,7 @@ class GPSA(nn.Module):
   implementation: str | None = None
   locality_strength: float = 1.0
   use_local_init: bool = True
+  gating_init: float = 1.0
   variant: Variant = "gpsa"
   fast_path: bool = True
   dtype: Any = jnp.float32
@@ -221,7 +224,10 @@ class GPSA(nn.Module):
     gate = None
     if self.variant == "gpsa":
       gating_param = self.param(
-        "gating_param", partitioned(nn.initializers.ones, ("heads",)), (heads,), self.param_dtype
+        "gating_param",
+        partitioned(nn.initializers.constant(self.gating_init), ("heads",)),
+        (heads,),
+        self.param_dtype,
       )
       gate = jax.nn.sigmoid(gating_param.astype(jnp.float32))
       self.sow("intermediates", "gate", gate)
