@@ -17,8 +17,7 @@ g      -             no         yes   no               73.7   f + use_local_init
 
 - "Frozen gates" (b, d): every ``gating_param`` is fixed at lambda = 0 (footnote 3: equal
   attention to content and position): ``freeze=('gating_param',)`` plus a zero initial value,
-  ``attention_kwargs={'gpsa': {'gating_init': 0.0}}``. That needs a ``gating_init`` field in
-  ``locvit.attention.gpsa.GPSA``; until it exists these two rows raise a ValueError saying so.
+  ``attention_kwargs={'gpsa': {'gating_init': 0.0}}``.
 - "Frozen attention" (f, g): every parameter of the 10 GPSA attention modules (q, k, v, proj,
   pos_proj, gates) is frozen at its initial value (``freeze=('^blocks_[0-9]/attn/',)``); patch
   embedding, MLPs, norms, the MHSA layers and the head train. The paper's text swaps the labels
@@ -29,10 +28,7 @@ Data: the first 100 class directories in sorted order, as an image folder at
 option for TFDS). Weight decay: ``decay_mask='official_convit'`` (the ConViT code).
 """
 
-import dataclasses
-
 from configs.convit_common import choose, imagenet100, paper_config, set_overrides
-from locvit.attention.gpsa import GPSA
 
 # row -> (model, frozen gates at 0, conv init, frozen GPSA attention, paper top-1)
 ROWS = {
@@ -45,18 +41,6 @@ ROWS = {
   "g": ("convit_small_plus", False, False, True, 73.7),
 }
 GPSA_ATTENTION = "^blocks_[0-9]/attn/"  # blocks 0-9: the GPSA layers of ConViT
-GATE_FIELD = "gating_init"
-
-
-def _gate_kwargs() -> dict:
-  if GATE_FIELD not in {f.name for f in dataclasses.fields(GPSA)}:
-    raise ValueError(
-      "Table 3 rows b and d freeze the gates at lambda = 0, which needs a "
-      f"`{GATE_FIELD}: float = 1.0` field in locvit.attention.gpsa.GPSA (used as "
-      "`nn.initializers.constant(gating_init)` for gating_param; it is fixed to ones today). "
-      "Rows a, c, e, f and g work now."
-    )
-  return {GATE_FIELD: 0.0}
 
 
 def get_config(arg: str | None = None):
@@ -65,7 +49,7 @@ def get_config(arg: str | None = None):
   if model.startswith("convit"):
     gpsa = {"locality_strength": 1.0, "use_local_init": conv_init}
     if frozen_gate:
-      gpsa.update(_gate_kwargs())
+      gpsa["gating_init"] = 0.0
     set_overrides(c, attention_kwargs={"gpsa": gpsa})
   freeze = []
   if frozen_gate:

@@ -2,6 +2,7 @@
 
   python -m locvit.main --config=configs/NAME.py --workdir=DIR [--config.FIELD=VALUE ...]
   python -m locvit.main --config=... --workdir=DIR --mode=eval [--step=N]
+  python -m locvit.main --config=... --workdir=DIR --mode=analyze   # ConViT Figs. 5-7 as PNG
 
 Multi-host (TPU pods, multi-node GPU): every process runs the same command; add
 ``--jax_distributed`` to let ``jax.distributed.initialize()`` auto-detect the cluster, or pass
@@ -17,7 +18,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-MODES = ("train", "eval")
+MODES = ("train", "eval", "analyze")
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Path to a config file.", lock_config=True
@@ -55,6 +56,12 @@ def main(argv):
     "JAX %s: %d processes, %d devices", jax.__version__, jax.process_count(), jax.device_count()
   )
   config = _CONFIG.value
+  if _MODE.value == "analyze":  # PNG figures of a run: nonlocality, gates, attention maps
+    from locvit.analysis.analyze import analyze
+
+    for path in analyze(config, _WORKDIR.value, step=_STEP.value):
+      print(path, flush=True)
+    return
   if _MODE.value == "eval":
     result = train.evaluate_checkpoint(config, _WORKDIR.value, _STEP.value)
     print(json.dumps(result), flush=True)

@@ -353,6 +353,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     eval_fn = eval_lib.make_eval_step(model, mesh, rules, (shardings.params, shardings.model_state))
     # Locality metrics (nonlocality, gates, centres) at each evaluation, if config.analysis asks.
     locality_fn = locality.make_locality_logger(config, model, mesh, eval_source)
+    if locality_fn is not None and start == 0:  # the curves (ConViT Figs. 5-6) start at init
+      writer.write(0, locality_fn(state.params))
     batch_sharding = sharding.batch_sharding(mesh, rules)
     progress = metrics_lib.Progress(total_steps, config.batch_size, start)
     log_every = config.get("log_every_steps", 50)

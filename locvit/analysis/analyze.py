@@ -109,7 +109,9 @@ def restore_params(
     abstract = jax.tree.map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), nn.meta.unbox(boxed)
     )
-    restored = checkpointer.manager.restore(step, args=train.ocp_partial_params(abstract))
+    restored = checkpointer.manager.restore(
+      step, args=train.restore_variables_args({"params": abstract})
+    )
   finally:
     checkpointer.close()
   return restored["state"]["params"], step

@@ -19,17 +19,20 @@ Two ways to obtain the attention maps (``mode``):
   renormalised over the patch keys, so the metric is the expected distance to the patch attended
   to (identical to Eq. 8 for layers without a class token, whose rows already sum to 1).
 - ``'faithful'``: what the official ConViT repository logs: ``patch_embed(x)`` alone (no
-  ``pos_embed``, no LayerNorm, no earlier blocks) is fed to EVERY layer's attention module. Only
-  layer 1 sees its real input, so deeper layers' values describe their weights applied to raw
-  patch embeddings; use it to compare with the paper's curves (Figs. 5, 10, 13).
+  ``pos_embed``, no LayerNorm, no earlier blocks) is fed to EVERY layer's attention module, so
+  no layer sees its real input (not even the first: it lacks ``pos_embed`` and ``norm1``); the
+  values describe each layer's weights applied to raw patch embeddings. Use it to compare with
+  the paper's curves (Figs. 5, 10, 13).
 
 Layers are indexed from 0, as the parameters (``blocks_i``); the paper counts from 1.
 
 Usage in a training loop (compiled once, called at each evaluation)::
 
-  fn = make_locality_fn(model, mode='per_layer', out_shardings=replicated)
-  images = fixed_eval_images(config, 64)
-  record.update(fn(state.params, images))   # {'locality/nonlocality/layer_3': 1.7, ...}
+  locality_fn = make_locality_logger(config, model, mesh, eval_source)  # None unless enabled
+  record.update(locality_fn(state.params))   # {'locality/nonlocality/layer_3': 1.7, ...}
+
+or, by hand, ``make_locality_fn(model, mode)(params, images)`` with
+``images = fixed_eval_images(config, 64)``.
 """
 
 from __future__ import annotations
@@ -283,3 +286,28 @@ def fixed_eval_images(
   num_images = min(num_images, len(source))
   batches = data_lib.make_eval_iterator(config.data, source, local_batch_size=num_images)
   return np.asarray(next(iter(batches))["image"], np.float32)
+
+
+def make_locality_logger(
+  config: ml_collections.ConfigDict, model: nn.Module, mesh: Any = None, eval_source: Any = None
+) -> Callable[[Any], dict[str, float]] | None:
+  """The trainer's hook: ``None`` unless ``config.analysis.locality``, else ``fn(params)``.
+
+  ``fn`` returns the flat metrics of ``params`` on the first ``analysis.locality_num_images``
+  eval images, in ``analysis.locality_mode``; compiled once. With a ``mesh`` the images are
+  placed replicated on it (identical on every process) and so are the outputs, so ``params`` may
+  be sharded any way.
+  """
+  analysis = config.get("analysis")
+  if not analysis or not analysis.get("locality"):
+    return None
+  mode = analysis.get("locality_mode", "per_layer")
+  _check(model, mode)
+  images = fixed_eval_images(config, analysis.get("locality_num_images", 64), eval_source)
+  if mesh is None:
+    fn = make_locality_fn(model, mode)
+    return lambda params: fn(params, images)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  placed = jax.make_array_from_callback(images.shape, replicated, lambda index: images[index])
+  fn = make_locality_fn(model, mode, out_shardings=replicated)
+  return lambda params: fn(params, placed)

@@ -1,0 +1,259 @@
+"""Training throughput and memory of locvit's ConViT: against DeiT, and against a PyTorch ConViT.
+
+  python benchmarks/convit_throughput.py [--image_size=224] [--batch_size=8] [--steps=2] \\
+      [--rounds=3] [--threads=2] [--torch_image_size=112] [--torch_batch_size=8]
+
+Two tables, one run, one machine, the same resident batch for every model of a table:
+
+1. locvit ConViT-Ti/S vs DeiT-Ti/S: images/s of the library's jitted training step
+   (``locvit.train.train_step``: forward, backward, AdamW with the DeiT recipe, label smoothing).
+   Goal: ConViT >= 0.85x its DeiT (the paper's implementation runs at ~0.5x, Table 1).
+2. locvit ConViT-Ti/S vs the PyTorch ConViT of ``tests/torch_reference.py`` (the official forward
+   pass, timm names): forward, backward (cross entropy with label smoothing 0.1) and
+   ``torch.optim.AdamW``, ``torch.set_num_threads(threads)``. Goal: locvit >= 1.0x on CPU. By
+   default at 112x112 (7x7 patches), batch 8, so that it runs in a few minutes on 2 cores.
+
+Both frameworks are pinned to the first ``threads`` cores (``sched_setaffinity``). On a machine
+shared with other work, PyTorch's OpenMP threads slow down far more than XLA's when the load
+exceeds the cores; ``--threads=1`` gives a contention-robust comparison.
+
+Stochastic depth is off in every model (the PyTorch reference has none). Models are timed in
+interleaved rounds (``steps`` steps per model per round) so load from other processes hits them
+alike; the median round is reported, with the 1-minute load average before and after.
+
+Memory, two methods:
+- ``xla MiB``: XLA's accounting of the compiled step (``memory_analysis()``): arguments (params,
+  optimizer state, batch) + outputs - donated aliases + temporaries. Exact for the buffers XLA
+  owns; excludes the runtime itself.
+- ``rss MiB`` / ``torch rss`` (table 2): for both frameworks, in a fresh subprocess per model:
+  peak resident memory (``VmHWM``) after two training steps minus the resident memory before
+  the model was built (after imports). Includes parameters, gradients, optimizer state,
+  activations and allocator caches; for JAX it also includes compilation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+LOCVIT_PAIRS = (("convit_tiny", "deit_tiny"), ("convit_small", "deit_small"))
+TORCH_MODELS = ("convit_tiny", "convit_small")
+NUM_CLASSES = 1000
+
+
+# ------------------------------------------------------------------------------------------------
+# Steps
+
+
+@functools.cache
+def jax_step(name: str, image_size: int, batch_size: int):
+  """``(run, xla_mb)``: ``run()`` performs one jitted training step on a resident batch."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from configs.common import base_config
+  from configs.recipes import deit_recipe
+  from locvit import optim, train
+
+  config = deit_recipe(base_config())
+  config.batch_size = batch_size
+  config.model.name = name
+  config.model.overrides.drop_path_rate = 0.0
+  model = train.build_model(config, NUM_CLASSES)
+  _, init = train.abstract_train_state(model, None, (image_size, image_size, 3))
+  params = nn.meta.unbox(jax.jit(init)(jax.random.key(0)))
+  schedule = optim.make_schedule(config, 1000, 100)
+  tx = optim.make_optimizer(config, params, schedule)
+  state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+  rng = np.random.default_rng(0)
+  batch = {
+    "image": jnp.asarray(rng.normal(size=(batch_size, image_size, image_size, 3)), jnp.float32),
+    "label": jnp.asarray(rng.integers(0, NUM_CLASSES, batch_size), jnp.int32),
+  }
+  step = functools.partial(
+    train.train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=1000
+  )
+  compiled = jax.jit(step, donate_argnums=0).lower(state, batch).compile()
+  mem = compiled.memory_analysis()
+  xla_bytes = (
+    mem.argument_size_in_bytes
+    + mem.output_size_in_bytes
+    - mem.alias_size_in_bytes
+    + mem.temp_size_in_bytes
+  )
+  holder = {"state": state}
+
+  def run():
+    holder["state"], metrics = compiled(holder["state"], batch)
+    jax.block_until_ready(metrics["train/loss"])
+
+  return run, xla_bytes / 2**20
+
+
+def torch_step(name: str, image_size: int, batch_size: int, threads: int):
+  """``run()`` performs one training step of the PyTorch reference ConViT on a resident batch."""
+  import torch
+  import torch.nn.functional as F
+
+  from tests import torch_reference
+
+  torch.set_num_threads(threads)
+  torch.manual_seed(0)
+  model = torch_reference.build(name, img_size=image_size, num_classes=NUM_CLASSES).train()
+  optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=1e-8, weight_decay=0.05)
+  images = torch.randn(batch_size, 3, image_size, image_size)
+  labels = torch.randint(0, NUM_CLASSES, (batch_size,))
+
+  def run():
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(images), labels, label_smoothing=0.1)
+    loss.backward()
+    optimizer.step()
+
+  return run
+
+
+# ------------------------------------------------------------------------------------------------
+# Timing and memory
+
+
+def time_interleaved(runs: dict, steps: int, rounds: int) -> dict[str, float]:
+  """Median over rounds of the mean step time (s) of each model, models interleaved per round."""
+  for run in runs.values():
+    run()  # warm-up (first-call overheads, lazily created optimizer state)
+  times = {name: [] for name in runs}
+  for _ in range(rounds):
+    for name, run in runs.items():
+      start = time.perf_counter()
+      for _ in range(steps):
+        run()
+      times[name].append((time.perf_counter() - start) / steps)
+  return {name: statistics.median(t) for name, t in times.items()}
+
+
+def proc_status_mb(field: str) -> float:
+  """``VmRSS`` (resident now) or ``VmHWM`` (peak resident) of this process, in MiB."""
+  with open("/proc/self/status") as f:
+    for line in f:
+      if line.startswith(f"{field}:"):
+        return int(line.split()[1]) / 1024
+  raise RuntimeError(f"{field} not found in /proc/self/status")
+
+
+def worker(framework: str, name: str, image_size: int, batch_size: int, threads: int) -> None:
+  """Subprocess: peak RSS of two training steps above the RSS before the model is built."""
+  if framework == "jax":
+    import jax  # noqa: F401  (import cost is not the model's)
+
+    baseline = proc_status_mb("VmRSS")
+    run, _ = jax_step(name, image_size, batch_size)
+  else:
+    import torch  # noqa: F401
+
+    baseline = proc_status_mb("VmRSS")
+    run = torch_step(name, image_size, batch_size, threads)
+  run()
+  run()
+  # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across execve.
+  print(json.dumps({"rss_mb": proc_status_mb("VmHWM") - baseline}))
+
+
+def rss_mb(framework: str, name: str, image_size: int, batch_size: int, threads: int) -> float:
+  cmd = [sys.executable, os.path.abspath(__file__), "--worker", framework, name]
+  cmd += [f"--image_size={image_size}", f"--batch_size={batch_size}", f"--threads={threads}"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=True)
+  return json.loads(out.stdout.strip().splitlines()[-1])["rss_mb"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Tables
+
+
+def load() -> str:
+  return f"{os.getloadavg()[0]:.1f}"
+
+
+def locvit_table(args) -> None:
+  runs, xla = {}, {}
+  for pair in LOCVIT_PAIRS:
+    for name in pair:
+      runs[name], xla[name] = jax_step(name, args.image_size, args.batch_size)
+  before = load()
+  step_s = time_interleaved(runs, args.steps, args.rounds)
+  print(
+    f"\n[1] locvit ConViT vs DeiT: train step at {args.image_size}x{args.image_size}, batch "
+    f"{args.batch_size}, {args.threads} cores, {args.rounds} rounds x {args.steps} steps, "
+    f"load {before} -> {load()}"
+  )
+  print(f"{'model':<14}{'img/s':>9}{'vs DeiT':>9}{'xla MiB':>9}")
+  for convit, deit in LOCVIT_PAIRS:
+    for name in (convit, deit):
+      ratio = step_s[deit] / step_s[name]
+      print(f"{name:<14}{args.batch_size / step_s[name]:>9.2f}{ratio:>8.2f}x{xla[name]:>9.0f}")
+
+
+def torch_table(args) -> None:
+  size, batch = args.torch_image_size, args.torch_batch_size
+  runs, xla = {}, {}
+  for name in TORCH_MODELS:
+    runs[f"locvit {name}"], xla[name] = jax_step(name, size, batch)
+    runs[f"torch {name}"] = torch_step(name, size, batch, args.threads)
+  before = load()
+  step_s = time_interleaved(runs, args.steps, args.rounds)
+  print(
+    f"\n[2] locvit vs PyTorch reference ConViT: train step at {size}x{size}, batch {batch}, "
+    f"{args.threads} cores / torch threads, {args.rounds} rounds x {args.steps} steps, "
+    f"load {before} -> {load()}"
+  )
+  header = ("model", "locvit img/s", "torch img/s", "speed-up", "xla MiB", "rss MiB", "torch rss")
+  print(f"{header[0]:<14}" + "".join(f"{h:>13}" for h in header[1:]))
+  for name in TORCH_MODELS:
+    ours, theirs = step_s[f"locvit {name}"], step_s[f"torch {name}"]
+    rss_ours = rss_mb("jax", name, size, batch, args.threads)
+    rss_theirs = rss_mb("torch", name, size, batch, args.threads)
+    print(
+      f"{name:<14}{batch / ours:>13.2f}{batch / theirs:>13.2f}{theirs / ours:>12.2f}x"
+      f"{xla[name]:>13.0f}{rss_ours:>13.0f}{rss_theirs:>13.0f}"
+    )
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--image_size", type=int, default=224)
+  parser.add_argument("--batch_size", type=int, default=8)
+  parser.add_argument("--torch_image_size", type=int, default=112)
+  parser.add_argument("--torch_batch_size", type=int, default=8)
+  parser.add_argument("--steps", type=int, default=2)
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--threads", type=int, default=2)
+  parser.add_argument("--tables", default="locvit,torch", help="which tables: locvit, torch")
+  parser.add_argument("--worker", nargs=2, metavar=("FRAMEWORK", "MODEL"), help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  # Both frameworks get the same cores.
+  os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args.threads]))
+  if args.worker:
+    worker(*args.worker, args.image_size, args.batch_size, args.threads)
+    return
+  print(f"{os.cpu_count()} CPUs, {args.threads} used; load average before: {load()}")
+  tables = set(args.tables.split(","))
+  if "locvit" in tables:
+    locvit_table(args)
+  if "torch" in tables:
+    torch_table(args)
+
+
+if __name__ == "__main__":
+  main()
