@@ -31,7 +31,6 @@ from locvit.attention.attention import (
   partitioned,
   record_attention,
   trunc_normal,
-  zeros,
 )
 from locvit.attention.geometry import TokenGrid
 from locvit.attention.masks import (
@@ -41,7 +40,7 @@ from locvit.attention.masks import (
   mask_attention_kwargs,
   split_mask_options,
 )
-from locvit.models.layers import Mlp, PatchEmbed, drop_path, layer_norm
+from locvit.models.layers import Mlp, PatchEmbed, classifier_head, drop_path, layer_norm
 from locvit.models.registry import register_model
 
 Array = jax.Array
@@ -234,14 +233,7 @@ class CaiT(nn.Module):
     self.sow("intermediates", "pre_logits", cls)
     if not self.num_classes:
       return cls
-    logits = nn.Dense(
-      self.num_classes,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      kernel_init=partitioned(trunc_normal, ("embed", "classes")),
-      bias_init=partitioned(zeros, ("classes",)),
-      name="head",
-    )(cls)
+    logits = classifier_head(self.num_classes, self.dtype, self.param_dtype)(cls)
     return logits.astype(jnp.float32)
 
 

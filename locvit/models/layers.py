@@ -95,6 +95,18 @@ class Mlp(nn.Module):
     return nn.Dropout(self.drop)(x, deterministic=not train)
 
 
+def classifier_head(num_classes: int, dtype: Any, param_dtype: Any) -> nn.Dense:
+  """The linear classifier ``head`` shared by the transformer backbones (trunc-normal 0.02)."""
+  return nn.Dense(
+    num_classes,
+    dtype=dtype,
+    param_dtype=param_dtype,
+    kernel_init=partitioned(trunc_normal, ("embed", "classes")),
+    bias_init=partitioned(zeros, ("classes",)),
+    name="head",
+  )
+
+
 def layer_norm(eps: float, dtype: Any, name: str) -> nn.LayerNorm:
   return nn.LayerNorm(
     epsilon=eps,

@@ -27,7 +27,7 @@ from locvit.attention import list_attention
 from locvit.attention.attention import partitioned, trunc_normal, zeros
 from locvit.attention.geometry import TokenGrid
 from locvit.attention.masks import mask_attention_kwargs, split_mask_options
-from locvit.models.layers import Block, PatchEmbed, layer_norm
+from locvit.models.layers import Block, PatchEmbed, classifier_head, layer_norm
 from locvit.models.registry import register_model
 
 Array = jax.Array
@@ -146,14 +146,7 @@ class PiT(nn.Module):
     self.sow("intermediates", "pre_logits", x)
     if not self.num_classes:
       return x
-    logits = nn.Dense(
-      self.num_classes,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      kernel_init=partitioned(trunc_normal, ("embed", "classes")),
-      bias_init=partitioned(zeros, ("classes",)),
-      name="head",
-    )(x)
+    logits = classifier_head(self.num_classes, self.dtype, self.param_dtype)(x)
     return logits.astype(jnp.float32)
 
 

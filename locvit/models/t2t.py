@@ -48,7 +48,7 @@ from locvit.attention.masks import (
   mask_attention_kwargs,
   split_mask_options,
 )
-from locvit.models.layers import Mlp, drop_path, layer_norm
+from locvit.models.layers import Mlp, classifier_head, drop_path, layer_norm
 from locvit.models.registry import register_model
 
 Array = jax.Array
@@ -229,14 +229,7 @@ class T2TViT(nn.Module):
     self.sow("intermediates", "pre_logits", x)
     if not self.num_classes:
       return x
-    logits = nn.Dense(
-      self.num_classes,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      kernel_init=partitioned(trunc_normal, ("embed", "classes")),
-      bias_init=partitioned(zeros, ("classes",)),
-      name="head",
-    )(x)
+    logits = classifier_head(self.num_classes, self.dtype, self.param_dtype)(x)
     return logits.astype(jnp.float32)
 
 

@@ -17,8 +17,14 @@ import jax
 import jax.numpy as jnp
 
 from locvit.attention import list_attention
-from locvit.attention.attention import partitioned, trunc_normal, zeros
-from locvit.models.layers import Block, PatchEmbed, layer_norm, sincos_2d_position_embedding
+from locvit.attention.attention import partitioned, trunc_normal
+from locvit.models.layers import (
+  Block,
+  PatchEmbed,
+  classifier_head,
+  layer_norm,
+  sincos_2d_position_embedding,
+)
 
 Array = jax.Array
 POS_EMBED = ("learn", "sincos2d", "none")
@@ -158,12 +164,5 @@ class VisionTransformer(nn.Module):
     self.sow("intermediates", "pre_logits", x)
     if not self.num_classes:
       return x
-    logits = nn.Dense(
-      self.num_classes,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      kernel_init=partitioned(trunc_normal, ("embed", "classes")),
-      bias_init=partitioned(zeros, ("classes",)),
-      name="head",
-    )(x)
+    logits = classifier_head(self.num_classes, self.dtype, self.param_dtype)(x)
     return logits.astype(jnp.float32)
