@@ -5,7 +5,14 @@ Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
   model.name / model.overrides, data.* (see ``locvit.data.default_data_config``),
   optimizer.*, schedule.*, grad_clip_norm, grad_accum_steps, label_smoothing, freeze (regexes),
   mixed_precision (bf16 compute, fp32 params), mesh.shape / mesh.layout / mesh.rules,
-  log_every_steps, eval_every_steps, checkpoint_every_steps, keep_checkpoints.
+  mixup.* and random_erasing.* (on-device batch augmentation, ``locvit.data.device_augment``),
+  ema.decay / ema.warmup (weight EMA, evaluated beside the model), distillation.* (DeiT-style
+  teacher, ``locvit.distill``), init_from.* (start from another run's parameters, optionally
+  pruned, ``locvit.init.from_checkpoint``), log_every_steps, eval_every_steps,
+  checkpoint_every_steps, keep_checkpoints.
+
+Training recipes (DeiT, the small-dataset recipes of the papers) are presets in
+``configs/recipes.py`` that set these fields.
 """
 
 from __future__ import annotations
@@ -14,7 +21,10 @@ import ml_collections
 
 from locvit.analysis.locality import default_analysis_config
 from locvit.data import default_data_config
+from locvit.data.device_augment import default_erasing_config, default_mixup_config
+from locvit.distill import default_distillation_config
 from locvit.init import init_config
+from locvit.init.from_checkpoint import default_init_from_config
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -57,12 +67,22 @@ def base_config() -> ml_collections.ConfigDict:
   # Attention initialisation applied after model.init (locvit.init): 'none', 'trunc_normal',
   # 'kaiming_uniform', 'mimetic' or 'impulse' (structured initialization).
   c.init = init_config("none")
+  # Or start from another run's parameters (fine-tuning; pruned heads, Cordonnier appendix E).
+  c.init_from = default_init_from_config()
 
   c.grad_clip_norm = 0.0  # 0: off
   c.grad_accum_steps = 1
   c.label_smoothing = 0.0
   c.freeze = ()  # regexes on '/'-joined param paths, e.g. ('gating_param',)
   c.mixed_precision = False
+
+  # On-device batch augmentation (off by default): random erasing, then Mixup/CutMix.
+  c.mixup = default_mixup_config()
+  c.random_erasing = default_erasing_config()
+  # Weight EMA: decay > 0 keeps and evaluates an exponential moving average of the parameters.
+  c.ema = ml_collections.ConfigDict({"decay": 0.0, "warmup": False})
+  # DeiT-style distillation from a teacher run's checkpoint (ConViT appendix B, Table 4).
+  c.distillation = default_distillation_config()
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (-1, 1)  # (data, model); -1 fills with the device count

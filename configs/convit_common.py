@@ -17,8 +17,8 @@ from typing import Any
 
 import ml_collections
 
+from configs import recipes
 from configs.common import base_config
-from configs.recipes import deit_recipe
 from locvit.analysis.locality import default_analysis_config
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
@@ -27,14 +27,14 @@ IMAGENET_TRAIN_IMAGES = 1_281_167
 IMAGENET100_TRAIN_IMAGES = 128_000
 # The "+" models (64 channels per head): lr 5e-4 -> 4e-4 and batch 1024 -> 512 (Sec. 3).
 PLUS_LR, PLUS_BATCH = 4e-4, 512
-IMAGENET100_ENV = "IMAGENET100_ROOT"
+IMAGENET_ENV = "IMAGENET_ROOT"
 
 
 def paper_config(
   model_name: str, *, decay_mask: str = "official_convit"
 ) -> ml_collections.ConfigDict:
   """``base_config`` + the DeiT recipe + ``model_name`` (+ the "+" changes for "+" models)."""
-  c = deit_recipe(base_config())
+  c = recipes.apply(base_config(), "deit")
   c.model.name = model_name
   if model_name.endswith("_plus"):
     c.optimizer.lr, c.batch_size = PLUS_LR, PLUS_BATCH
@@ -64,21 +64,19 @@ def imagenet(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 def imagenet100(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The first 100 ImageNet classes (Table 3, Fig. 8) as an image folder at 224x224.
+  """The first 100 ImageNet classes (Table 3, Fig. 8) at 224x224, from an ImageNet image folder.
 
   The official code keeps the first 100 class directories in sorted (WordNet id) order, in
-  train and val alike. locvit has no class-subset option yet, so build that folder once with
-  symlinks and point ``$IMAGENET100_ROOT`` (or ``--config.data.root``) at it::
-
-    for split in train val; do mkdir -p $IMAGENET100_ROOT/$split
-      ls $IMAGENET/$split | sort | head -100 |
-        xargs -I{} ln -s $IMAGENET/$split/{} $IMAGENET100_ROOT/$split/{}; done
+  train and val alike: ``data.class_limit=100`` on the image folder at ``$IMAGENET_ROOT`` (or
+  ``--config.data.root``; layout ROOT/{train,val}/<wnid>/*.JPEG) does the same. (TFDS works too
+  with ``class_limit``, but finding the labels decodes every training record.)
   """
   c.data.source = "image_folder"
-  c.data.root = os.environ.get(IMAGENET100_ENV)
+  c.data.root = os.environ.get(IMAGENET_ENV)
   c.data.train_split = "train"
   c.data.eval_split = "val"
   c.data.image_size = 224
+  c.data.class_limit = 100
   c.data.num_classes = 100
   every_epoch(c, IMAGENET100_TRAIN_IMAGES)
   return c

@@ -12,7 +12,8 @@ locality strength of Eq. 5 (default 1). The paper reports that final top-1 incre
 (Fig. 8a) and that, after 20 epochs, 9 GPSA layers almost double the top-1 of none (Fig. 8b);
 its grid of values is only shown in the figure. Accuracy at every epoch is in metrics.jsonl.
 
-Data: ``$IMAGENET100_ROOT`` (see ``configs.convit_common.imagenet100``).
+Data: the first 100 classes of ``$IMAGENET_ROOT`` (``data.class_limit=100``, see
+``configs.convit_common.imagenet100``).
 """
 
 from configs.convit_common import imagenet100, paper_config, set_overrides

@@ -6,9 +6,9 @@
 AdamW, lr 5e-4 x batch / 512 (= 1e-3 at batch 1024), eps 1e-8, weight decay 0.05 with the
 official ConViT mask (``optimizer.decay_mask='official_convit'``; 'intended' is the corrected
 one), 5 warmup epochs from 1e-6, cosine to 1e-5, 300 epochs, label smoothing 0.1, stochastic
-depth 0.1, bicubic random-resized crop + flip, eval centre crop 0.875. Pending in the
-augmentation issue (so expect a lower top-1 until they land): RandAugment rand-m9-mstd0.5-inc1,
-mixup 0.8 / cutmix 1.0, random erasing 0.25, repeated augmentation.
+depth 0.1, bicubic random-resized crop + flip, RandAugment rand-m9-mstd0.5-inc1, Mixup 0.8 /
+CutMix 1.0, random erasing 0.25, repeated augmentation x3, eval centre crop 0.875 (the ``deit``
+preset).
 
 Data: TFDS ``imagenet2012`` in ArrayRecord format. TFDS cannot download ImageNet: put
 ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar in ``DATA_DIR/downloads/manual``, then

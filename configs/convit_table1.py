@@ -15,7 +15,7 @@ Rows (argument: model, paper's size and top-1):
 
 (*) numbers from the DeiT paper, trained with DeiT's code: weight decay with the intended mask.
 All other rows were trained with the ConViT code: ``decay_mask='official_convit'``. DeiT's recipe
-(``configs.recipes.deit_recipe``; see ``convit_s.py`` for what is still pending); the "+" models
+(the ``deit`` preset of ``configs/recipes.py``); the "+" models
 use lr 4e-4 and batch 512. ImageNet through TFDS ``imagenet2012`` (see ``convit_s.py``).
 """
 

@@ -23,9 +23,9 @@ g      -             no         yes   no               73.7   f + use_local_init
   embedding, MLPs, norms, the MHSA layers and the head train. The paper's text swaps the labels
   f and g; the table (used here) has conv init in f.
 
-Data: the first 100 class directories in sorted order, as an image folder at
-``$IMAGENET100_ROOT`` (see ``configs.convit_common.imagenet100``: locvit has no class-subset
-option for TFDS). Weight decay: ``decay_mask='official_convit'`` (the ConViT code).
+Data: the first 100 class directories in sorted order of the ImageNet image folder at
+``$IMAGENET_ROOT`` (``data.class_limit=100``, see ``configs.convit_common.imagenet100``).
+Weight decay: ``decay_mask='official_convit'`` (the ConViT code).
 """
 
 from configs.convit_common import choose, imagenet100, paper_config, set_overrides

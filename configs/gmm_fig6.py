@@ -9,7 +9,7 @@ line). Default ``cifar100,5``. The model is Table 1's ViT (depth 9, dim 192; pat
 The paper gives Fig. 6 only as a plot (accuracy rises quickly from K = 1 and saturates near
 K = 5); its text prints no values, so ``c.paper.top1`` is None here.
 
-Recipe and the augmentations still pending: see ``configs/gmm_common.py``.
+Recipe: the ``small_vit`` preset, see ``configs/gmm_common.py``.
 """
 
 from __future__ import annotations

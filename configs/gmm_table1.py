@@ -28,7 +28,7 @@ depth 9 and 2.7M -- this config follows the stated depth 9 (the official ``creat
 ``gmm_table3.py:d15,...`` gives the depth-15 model. The CaiT built here (the official
 ``CaiT`` defaults) has 9.0M parameters, Table 4's count, not Table 1's 5.1M.
 
-Recipe and the augmentations still pending: see ``configs/gmm_common.py``.
+Recipe: the ``small_vit`` preset, see ``configs/gmm_common.py``.
 """
 
 from __future__ import annotations

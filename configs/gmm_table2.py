@@ -16,7 +16,7 @@ config uses it; Table 1's depth-9 model is ``gmm_table1.py:vit,cifar10,...``. Pa
 increments here are GMM's 2 K H per layer (K = 5): 1,800 for the ViT (15 layers x 12 heads) and
 900 for Swin; the paper's 150 and 240 do not follow from the official code's (K, H) parameters.
 
-Recipe and the augmentations still pending: see ``configs/gmm_common.py``.
+Recipe: the ``small_vit`` preset, see ``configs/gmm_common.py``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ GMM models reproduce exactly before their 2 K H GMM parameters per layer (K = 5,
 layer); the paper's printed increments are not 2 K H. The baseline here is the official one,
 with a class token and its position (2 x dim more parameters).
 
-Recipe and the augmentations still pending: see ``configs/gmm_common.py``.
+Recipe: the ``small_vit`` preset, see ``configs/gmm_common.py``.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ locvit's CaiT has exactly 9,020,618 parameters (the official ``CaiT`` defaults: 
 of 64 -- the paper's "hidden-dim 256" is that inner width). The GMM-ViT has 8,917,450 parameters
 before its GMM parameters (2 K H = 120 per layer, K = 5, H = 12); the paper prints +300.
 
-Recipe and the augmentations still pending: see ``configs/gmm_common.py``.
+Recipe: the ``small_vit`` preset, see ``configs/gmm_common.py``.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ what this config uses. locvit's ELM-ViT counts equal the printed ones exactly (e
 printed ViT counts are those of the mean-pooled model (the baseline here keeps the official
 class token); GMM adds 2 K H per layer (K = 5, H = 12), not the printed increments.
 
-Recipe and the augmentations still pending: see ``configs/gmm_common.py``.
+Recipe: the ``small_vit`` preset, see ``configs/gmm_common.py``.
 """
 
 from __future__ import annotations

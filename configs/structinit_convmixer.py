@@ -9,7 +9,7 @@ filters; frozen filters keep their bias frozen too (``freeze``). Paper, dim 256,
 paper's table says depth 8, which is used here.)
 
 Recipe: the small-dataset recipe of ``structinit_common`` with lr 0.01 and 100 epochs (paper
-Sec. 5.6); RandAugment pending. ConvMixer uses BatchNorm: its statistics live in the
+Sec. 5.6). ConvMixer uses BatchNorm: its statistics live in the
 ``batch_stats`` collection, which the train step must carry (see ``locvit.models.convmixer``).
 """
 

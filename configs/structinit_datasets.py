@@ -7,7 +7,7 @@ impulse3, impulse5}. Models: ViT-T/h3 at patch 2 on 32x32 (``structvit_tiny_patc
 patch 16 on 224x224 for ImageNet (``structvit_tiny_patch16_224``). Paper, CIFAR-10: Kaiming 86.36,
 trunc-normal 88.63, mimetic 91.16, Imp.-3 91.62, Imp.-5 90.67.
 
-Recipe: ``structinit_common`` (small-dataset or ImageNet; RandAugment etc. pending, see there).
+Recipe: ``structinit_common`` (small-dataset or ImageNet recipe, see there).
 The impulse solve uses the defaults: 'same' Q/K for all layers, PE pseudo input, 10,000 Adam steps.
 """
 

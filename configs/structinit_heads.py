@@ -7,7 +7,7 @@ DIM in {64, 128} (Table 8) or {256, 512} (Table 6); HEADS in {4, 8, 16, 32}; INI
 global average pooling (``structvit_d8_dim{DIM}_h{HEADS}_patch2_32``). Paper, dim 256 h8 Imp.-3:
 90.67; dim 512 h16 Imp.-5: 91.87.
 
-Recipe: ``structinit_common`` small-dataset recipe (RandAugment pending, see there).
+Recipe: ``structinit_common`` small-dataset recipe (the ``cifar_small`` preset).
 """
 
 from configs.structinit_common import INITS, check_choice, parse_args, small_data_config

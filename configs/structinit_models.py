@@ -6,7 +6,7 @@ MODEL in {tiny_h3, tiny_h8, small_h6, small_h16} (ViT-T: dim 192; ViT-S: dim 384
 patch 2 on 32x32); INIT in {trunc_normal, kaiming_uniform, mimetic, impulse3, impulse5}.
 Paper, Imp.-3: 68.81 / 70.79 / 75.97 / 75.40.
 
-Recipe: ``structinit_common`` small-dataset recipe (RandAugment pending, see there).
+Recipe: ``structinit_common`` small-dataset recipe (the ``cifar_small`` preset).
 """
 
 from configs.structinit_common import INITS, check_choice, parse_args, small_data_config

@@ -7,7 +7,7 @@ pe+gaussian, pe+uniform} (Table 4 uses G = trunc-normal std sqrt(0.5) at [-2, 2]
 U = U(-1, 1)); MODE in {same, different} (one Q/K solve shared by the layers, or one per layer);
 MODEL in {h3, h8} (ViT-T/h3, ViT-T/h8); FILTER in {3, 5}. Paper, PE/PE same h3 Imp.-3: 90.75.
 
-Recipe: ``structinit_common`` small-dataset recipe (RandAugment pending, see there).
+Recipe: ``structinit_common`` small-dataset recipe (the ``cifar_small`` preset).
 """
 
 from configs.structinit_common import check_choice, init_block, parse_args, small_data_config

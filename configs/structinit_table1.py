@@ -6,7 +6,7 @@ POS in {learn, sincos} (learnable vs fixed 2-D sin-cos position embedding), POOL
 (class token vs global average pooling + fc_norm). Paper: learn/token 81.23, learn/gap 82.23,
 sincos/token 83.17, sincos/gap 85.30. Default: sincos,gap (the setting used everywhere after).
 
-Recipe: ``structinit_common`` small-dataset recipe (RandAugment pending, see there).
+Recipe: ``structinit_common`` small-dataset recipe (the ``cifar_small`` preset).
 """
 
 from configs.structinit_common import check_choice, parse_args, small_data_config

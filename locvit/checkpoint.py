@@ -15,8 +15,10 @@ import json
 import os
 from typing import Any
 
+import flax.linen as nn
 import grain
 import jax
+import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
 
@@ -30,10 +32,15 @@ FINGERPRINT_FIELDS = (
   "optimizer.decay_mask",
   "freeze",
   "grad_clip_norm",
+  "distillation.type",  # the student gains a distillation token and head
+  "ema.enabled",  # the state gains the EMA weights (derived: ema.decay > 0)
 )
 
 
 def _get(config: ml_collections.ConfigDict, dotted: str) -> Any:
+  if dotted == "ema.enabled":
+    ema = config.get("ema")
+    return bool(ema is not None and ema.decay > 0)
   value: Any = config
   for part in dotted.split("."):
     value = value.get(part) if hasattr(value, "get") else None
@@ -48,10 +55,11 @@ def fingerprint(config: ml_collections.ConfigDict) -> dict[str, Any]:
 def check_compatible(saved: dict[str, Any], config: ml_collections.ConfigDict, where: str) -> None:
   """Raises if the workdir's checkpoint came from an incompatible config."""
   current = fingerprint(config)
+  # Fields absent from an older checkpoint's metadata are not compared.
   diffs = [
     f"  {k}: checkpoint has {saved.get(k)!r}, config has {current[k]!r}"
     for k in FINGERPRINT_FIELDS
-    if saved.get(k) != current[k]
+    if k in saved and saved[k] != current[k]
   ]
   if diffs:
     raise ValueError(
@@ -156,3 +164,98 @@ class Checkpointer:
     self.manager.close()
     if self.best is not None:
       self.best.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Restoring a model's variables (no optimizer state) for evaluation, analysis, teachers, fine-tuning
+
+
+def restore_variables_args(abstract: dict[str, Any]) -> ocp.args.Composite:
+  """Restore args for a subset (``params``, ``model_state``) of a saved TrainState."""
+  return ocp.args.Composite(
+    state=ocp.args.PyTreeRestore(
+      item=abstract,
+      restore_args=jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding), abstract),
+      partial_restore=True,
+    )
+  )
+
+
+def model_variable_shapes(model: nn.Module, image_shape: tuple[int, ...]) -> tuple[Any, Any]:
+  """Boxed abstract ``(params, other collections)`` of ``model`` (shapes and logical axes)."""
+  variables = jax.eval_shape(
+    lambda rng: model.init({"params": rng}, jnp.zeros((1, *image_shape), jnp.float32)),
+    jax.random.key(0),
+  )
+  return variables["params"], {k: v for k, v in variables.items() if k != "params"}
+
+
+def restore_model_variables(
+  workdir: str,
+  model: nn.Module,
+  image_shape: tuple[int, ...],
+  *,
+  step: int | None = None,
+  shardings: tuple[Any, Any] | None = None,
+  config: ml_collections.ConfigDict | None = None,
+) -> tuple[Any, Any, int]:
+  """``(params, model_state, step)`` from ``workdir/checkpoints`` (the latest step by default).
+
+  Restores into ``shardings`` (a ``(params, model_state)`` pair of sharding trees) or onto the
+  first device. With ``config``, first checks the checkpoint was written by a compatible config.
+  Raises FileNotFoundError naming the directory when it holds no checkpoint.
+  """
+  checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+  try:
+    step = checkpointer.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"No checkpoint found in {workdir}/checkpoints.")
+    if step not in checkpointer.manager.all_steps():
+      raise FileNotFoundError(
+        f"No checkpoint for step {step} in {workdir}/checkpoints; saved steps: "
+        f"{sorted(checkpointer.manager.all_steps())}."
+      )
+    if config is not None:
+      check_compatible(checkpointer.saved_meta(step)["config"], config, workdir)
+    abstract = nn.meta.unbox(model_variable_shapes(model, image_shape))
+    if shardings is None:
+      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      shardings = jax.tree.map(lambda _: device, abstract)
+    abstract = jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+    )
+    restored = checkpointer.manager.restore(
+      step, args=restore_variables_args({"params": abstract[0], "model_state": abstract[1]})
+    )["state"]
+  finally:
+    checkpointer.close()
+  return restored["params"], restored["model_state"], step
+
+
+def saved_model_config(workdir: str, step: int | None = None) -> dict[str, Any]:
+  """The ``model`` entry (name, overrides) of the config that wrote ``workdir``'s checkpoint."""
+  checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+  try:
+    meta = checkpointer.saved_meta(step)
+  finally:
+    checkpointer.close()
+  if meta is None:
+    raise FileNotFoundError(f"No checkpoint found in {workdir}/checkpoints.")
+  return meta["config"]["model"]
+
+
+def restore_ema_params(workdir: str, step: int, shardings: Any, boxed_params: Any) -> Any:
+  """The EMA weights (``TrainState.ema_params``) saved at ``step``, in ``shardings``."""
+  abstract = jax.tree.map(
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+    nn.meta.unbox(boxed_params),
+    shardings,
+  )
+  checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+  try:
+    restored = checkpointer.manager.restore(
+      step, args=restore_variables_args({"ema_params": abstract})
+    )
+  finally:
+    checkpointer.close()
+  return restored["state"]["ema_params"]

@@ -3,9 +3,13 @@
     mesh + rules -> data sources and iterators -> model, optimizer, sharded state
     -> resume from the workdir (or initialise) -> jitted steps -> loop: train, log, eval, save.
 
-Determinism: the dropout key of step ``s`` is ``fold_in(key(seed), s)`` and the data iterator's
-position is checkpointed, so a run stopped by SIGTERM and resumed reproduces the uninterrupted run
-(bitwise on CPU).
+Per step, on device: random erasing and Mixup/CutMix of the batch (``locvit.data.device_augment``),
+the frozen teacher's logits when distilling (``locvit.distill``), the loss and its gradient
+(accumulated over micro-batches if asked), the optimizer update and the weight EMA.
+
+Determinism: the dropout key of step ``s`` is ``fold_in(key(seed), s)``, the augmentation key
+``fold_in(key(seed + 2), s)``, and the data iterator's position is checkpointed, so a run stopped
+by SIGTERM and resumed reproduces the uninterrupted run (bitwise on CPU).
 """
 
 from __future__ import annotations
@@ -23,28 +27,32 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
-import orbax.checkpoint as ocp
 from absl import logging
 
 from locvit import checkpoint as ckpt_lib
 from locvit import data as data_lib
+from locvit import distill, optim, sharding
 from locvit import evaluate as eval_lib
 from locvit import init as init_lib
 from locvit import metrics as metrics_lib
-from locvit import optim, sharding
 from locvit.analysis import locality
+from locvit.data import device_augment
+from locvit.init import from_checkpoint
 from locvit.models import create_model
 from locvit.models.layers import check_patchable
 
 
 @flax.struct.dataclass
 class TrainState:
-  """``model_state`` holds the non-parameter collections (BatchNorm's ``batch_stats``), or {}."""
+  """``model_state`` holds the non-parameter collections (BatchNorm's ``batch_stats``), or {};
+  ``ema_params`` the exponential moving average of ``params`` when ``config.ema.decay > 0``, or {}.
+  """
 
   step: jax.Array
   params: Any
   opt_state: Any
   model_state: Any = flax.struct.field(default_factory=dict)
+  ema_params: Any = flax.struct.field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -55,7 +63,26 @@ def build_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Modul
   overrides = dict(config.model.get("overrides") or {})
   if config.get("mixed_precision"):
     overrides["dtype"] = jnp.bfloat16
-  return create_model(config.model.name, num_classes=num_classes, **overrides)
+  model = create_model(config.model.name, num_classes=num_classes, **overrides)
+  if distill.enabled(config):
+    distill.check_student(model)
+    model = model.clone(distilled=True)
+  return model
+
+
+def ema_enabled(config: ml_collections.ConfigDict) -> bool:
+  return config.get("ema") is not None and config.ema.decay > 0
+
+
+def validate_recipe(config: ml_collections.ConfigDict, num_classes: Any) -> None:
+  """Checks the on-device augmentation, EMA and distillation blocks; runs before compiling."""
+  if config.get("mixup") is not None:
+    device_augment.validate_mixup_config(config.mixup, num_classes)
+  if config.get("random_erasing") is not None:
+    device_augment.validate_erasing_config(config.random_erasing)
+  if config.get("ema") is not None and not 0 <= config.ema.decay < 1:
+    raise ValueError(f"ema.decay={config.ema.decay!r} must be in [0, 1) (0 turns the EMA off)")
+  distill.validate(config)
 
 
 def validate(config: ml_collections.ConfigDict, mesh, rules, model: nn.Module) -> None:
@@ -101,7 +128,7 @@ def abstract_variables(model, image_shape):
 
 
 def abstract_train_state(model, tx, image_shape):
-  """(boxed abstract params, init fn returning boxed params)."""
+  """(boxed abstract params, init fn returning boxed params); ``tx`` is unused."""
   boxed, init = abstract_variables(model, image_shape)
   return boxed["params"], lambda rng: init(rng)["params"]
 
@@ -133,7 +160,10 @@ def opt_state_shardings(abstract_opt_state, abstract_params, param_shardings, me
   return jax.tree_util.tree_map_with_path(pick, abstract_opt_state)
 
 
-def state_shardings(boxed_params, tx, mesh, rules, boxed_model_state=None) -> TrainState:
+def state_shardings(
+  boxed_params, tx, mesh, rules, boxed_model_state=None, ema: bool = False
+) -> TrainState:
+  """Shardings of the whole TrainState; the EMA weights are sharded like the parameters."""
   params = sharding.tree_shardings(boxed_params, mesh, rules)
   model_state = sharding.tree_shardings(boxed_model_state or {}, mesh, rules)
   abstract_params = nn.meta.unbox(boxed_params)
@@ -143,23 +173,37 @@ def state_shardings(boxed_params, tx, mesh, rules, boxed_model_state=None) -> Tr
     params=params,
     opt_state=opt_state_shardings(abstract_opt, abstract_params, params, mesh),
     model_state=model_state,
+    ema_params=params if ema else {},
   )
 
 
-def apply_initializer(config, state: TrainState, model, tx, shardings: TrainState) -> TrainState:
-  """Applies ``config.init`` (impulse, mimetic, ... see ``locvit.init``) to a fresh state.
+def apply_initializer(
+  config, state: TrainState, model, tx, shardings: TrainState, warmstart=None
+) -> TrainState:
+  """Applies ``config.init`` (impulse, mimetic, ... see ``locvit.init``) or the ``init_from``
+  parameters (``warmstart``) to a fresh state; optimizer state and EMA restart from them.
 
   Runs only when a run starts from scratch; a resumed run restores the initialised parameters.
   """
   init_cfg = config.get("init")
-  if init_cfg is None or init_cfg.name == "none":
+  if warmstart is not None:
+    from_checkpoint.check_matches(warmstart.params, state.params, "parameters")
+    from_checkpoint.check_matches(warmstart.model_state, state.model_state, "model state")
+    params, model_state = warmstart.params, warmstart.model_state
+  elif init_cfg is not None and init_cfg.name != "none":
+    params = init_lib.apply_init(
+      init_cfg, jax.device_get(state.params), model, config.data.image_size
+    )
+    model_state = state.model_state
+  else:
     return state
-  params = init_lib.apply_init(
-    init_cfg, jax.device_get(state.params), model, config.data.image_size
-  )
   params = jax.device_put(params, shardings.params)
+  model_state = jax.device_put(model_state, shardings.model_state)
   opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
-  return state.replace(params=params, opt_state=opt_state)
+  ema_params = jax.tree.map(jnp.copy, params) if ema_enabled(config) else {}
+  return state.replace(
+    params=params, opt_state=opt_state, model_state=model_state, ema_params=ema_params
+  )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -167,54 +211,101 @@ def apply_initializer(config, state: TrainState, model, tx, shardings: TrainStat
 
 
 def loss_and_metrics(
-  params, model, images, labels, rng, label_smoothing: float, num_classes: int, model_state=None
+  params,
+  model,
+  images,
+  targets,
+  labels,
+  rng,
+  model_state=None,
+  teacher_logits=None,
+  distillation=None,
 ):
-  """Mean smoothed cross-entropy; aux = (accuracy, updated model_state)."""
+  """Mean soft-target cross-entropy (plus the distillation term); aux = (accuracy, model_state).
+
+  ``targets`` are the (mixed, smoothed) soft targets; accuracy compares the class head's argmax
+  with the original ``labels``.
+  """
   variables = {"params": params, **(model_state or {})}
   if model_state:  # BatchNorm: batch statistics in training, running averages updated.
-    logits, model_state = model.apply(
+    outputs, model_state = model.apply(
       variables, images, train=True, rngs={"dropout": rng}, mutable=list(model_state)
     )
   else:
-    logits = model.apply(variables, images, train=True, rngs={"dropout": rng})
-  targets = optax.smooth_labels(jax.nn.one_hot(labels, num_classes), label_smoothing)
-  loss = jnp.mean(optax.softmax_cross_entropy(logits, targets))
+    outputs = model.apply(variables, images, train=True, rngs={"dropout": rng})
+  if teacher_logits is not None:
+    logits, dist_logits = outputs
+    loss = distill.distillation_loss(logits, dist_logits, targets, teacher_logits, distillation)
+  else:
+    logits = outputs
+    loss = jnp.mean(optax.softmax_cross_entropy(logits, targets))
   accuracy = jnp.mean(jnp.argmax(logits, -1) == labels)
   return loss, (accuracy, model_state)
 
 
-def train_step(state: TrainState, batch, *, model, tx, schedule, config, num_classes):
+def ema_update(config, step: jax.Array, params, ema_params):
+  """``ema <- decay * ema + (1 - decay) * params``; with ``ema.warmup`` the decay ramps as
+  ``min(decay, (1 + t) / (10 + t))`` (TensorFlow's ExponentialMovingAverage num_updates rule)."""
+  decay = jnp.asarray(config.ema.decay, jnp.float32)
+  if config.ema.get("warmup"):
+    t = step.astype(jnp.float32)
+    decay = jnp.minimum(decay, (1.0 + t) / (10.0 + t))
+  return optax.incremental_update(params, ema_params, step_size=1.0 - decay)
+
+
+def train_step(
+  state: TrainState,
+  batch,
+  teacher_variables=(),
+  *,
+  model,
+  tx,
+  schedule,
+  config,
+  num_classes,
+  teacher: distill.Teacher | None = None,
+):
   """One optimizer update on a global batch, optionally accumulated over micro-batches."""
   rng = jax.random.fold_in(jax.random.key(config.seed), state.step)
+  augment_rng = jax.random.fold_in(jax.random.key(config.seed + 2), state.step)
+  images, targets = device_augment.augment_batch(
+    augment_rng,
+    batch["image"],
+    batch["label"],
+    mixup=config.get("mixup"),
+    erasing=config.get("random_erasing"),
+    num_classes=num_classes,
+    label_smoothing=config.label_smoothing,
+  )
+  inputs = {"image": images, "target": targets, "label": batch["label"]}
+  if teacher is not None:
+    inputs["teacher"] = distill.teacher_logits(teacher, teacher_variables, images)
   grad_fn = jax.value_and_grad(loss_and_metrics, has_aux=True)
-  kwargs = dict(label_smoothing=config.label_smoothing, num_classes=num_classes)
-  accum = config.get("grad_accum_steps", 1)
-  if accum == 1:
-    (loss, (acc, model_state)), grads = grad_fn(
+
+  def loss_grad(mb, key, model_state):
+    return grad_fn(
       state.params,
       model,
-      batch["image"],
-      batch["label"],
-      rng,
-      **kwargs,
-      model_state=state.model_state,
+      mb["image"],
+      mb["target"],
+      mb["label"],
+      key,
+      model_state=model_state,
+      teacher_logits=mb.get("teacher"),
+      distillation=config.get("distillation"),
     )
+
+  accum = config.get("grad_accum_steps", 1)
+  if accum == 1:
+    (loss, (acc, model_state)), grads = loss_grad(inputs, rng, state.model_state)
   else:
     # Example r goes to micro-batch r % accum: keeps each device's rows local after the reshape.
-    micro = jax.tree.map(lambda x: jnp.moveaxis(x.reshape(-1, accum, *x.shape[1:]), 1, 0), batch)
+    micro = jax.tree.map(lambda x: jnp.moveaxis(x.reshape(-1, accum, *x.shape[1:]), 1, 0), inputs)
 
     def body(carry, xs):
       i, mb = xs
       loss_sum, acc_sum, grad_sum, model_state = carry
-      (loss_i, (acc_i, model_state)), g = grad_fn(
-        state.params,
-        model,
-        mb["image"],
-        mb["label"],
-        jax.random.fold_in(rng, i),
-        **kwargs,
-        model_state=model_state,
-      )
+      (loss_i, (acc_i, model_state)), g = loss_grad(mb, jax.random.fold_in(rng, i), model_state)
       grad_sum = jax.tree.map(jnp.add, grad_sum, g)
       return (loss_sum + loss_i, acc_sum + acc_i, grad_sum, model_state), None
 
@@ -223,6 +314,9 @@ def train_step(state: TrainState, batch, *, model, tx, schedule, config, num_cla
     loss, acc, grads = jax.tree.map(lambda x: x / accum, (loss, acc, grads))
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
+  ema_params = state.ema_params
+  if ema_enabled(config):
+    ema_params = ema_update(config, state.step, params, ema_params)
   metrics = {
     "train/loss": loss,
     "train/accuracy": acc,
@@ -230,7 +324,11 @@ def train_step(state: TrainState, batch, *, model, tx, schedule, config, num_cla
     "train/grad_norm": optax.tree.norm(grads),
   }
   new_state = TrainState(
-    step=state.step + 1, params=params, opt_state=opt_state, model_state=model_state
+    step=state.step + 1,
+    params=params,
+    opt_state=opt_state,
+    model_state=model_state,
+    ema_params=ema_params,
   )
   return new_state, metrics
 
@@ -278,6 +376,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   train_source = data_lib.make_source(config.data, config.data.train_split)
   eval_source = data_lib.make_source(config.data, config.data.eval_split)
   num_classes = config.data.get("num_classes") or train_source.num_classes
+  validate_recipe(config, num_classes)
+  image_shape = (config.data.image_size, config.data.image_size, train_source[0]["image"].shape[-1])
+  warmstart = None
+  if from_checkpoint.enabled(config):  # e.g. a pruned model (Cordonnier et al., appendix E)
+    config = ml_collections.ConfigDict(config.to_dict())  # don't edit the caller's config
+    warmstart = from_checkpoint.load(config, num_classes, image_shape)
+    from_checkpoint.apply_layer_heads(config, warmstart)
   model = build_model(config, num_classes)
   validate(config, mesh, rules, model)
   total_steps, steps_per_epoch = training_length(config, len(train_source))
@@ -299,12 +404,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   )
 
   # Model, optimizer and the sharded state.
-  image_shape = (config.data.image_size, config.data.image_size, train_source[0]["image"].shape[-1])
   boxed_variables, init_variables = abstract_variables(model, image_shape)
   boxed_params, boxed_model_state = split_variables(boxed_variables)
   schedule = optim.make_schedule(config, total_steps, steps_per_epoch)
   tx = optim.make_optimizer(config, nn.meta.unbox(boxed_params), schedule)
-  shardings = state_shardings(boxed_params, tx, mesh, rules, boxed_model_state)
+  use_ema = ema_enabled(config)
+  shardings = state_shardings(boxed_params, tx, mesh, rules, boxed_model_state, ema=use_ema)
+  teacher = None
+  if distill.enabled(config):
+    teacher = distill.load_teacher(config, num_classes, image_shape, mesh, rules)
 
   def init_state(rng):
     params, model_state = split_variables(nn.meta.unbox(init_variables(rng)))
@@ -313,6 +421,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       params=params,
       opt_state=tx.init(params),
       model_state=model_state,
+      ema_params=jax.tree.map(jnp.copy, params) if use_ema else {},
     )
 
   # Resume from the workdir, else initialise.
@@ -338,18 +447,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       start = 0
       init_rng = jax.random.key(config.seed + 1)  # separate stream from dropout keys
       state = jax.jit(init_state, out_shardings=shardings)(init_rng)
-      state = apply_initializer(config, state, model, tx, shardings)
+      state = apply_initializer(config, state, model, tx, shardings, warmstart)
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     logging.info("%s: %.2fM parameters; %d steps", config.model.name, num_params / 1e6, total_steps)
 
     step_fn = jax.jit(
       functools.partial(
-        train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=num_classes
+        train_step,
+        model=model,
+        tx=tx,
+        schedule=schedule,
+        config=config,
+        num_classes=num_classes,
+        teacher=teacher,
       ),
-      in_shardings=(shardings, sharding.batch_sharding(mesh, rules)),
+      in_shardings=(
+        shardings,
+        sharding.batch_sharding(mesh, rules),
+        teacher.shardings if teacher else (),
+      ),
       out_shardings=(shardings, sharding.replicated(mesh)),
       donate_argnums=0,
     )
+    teacher_variables = teacher.variables if teacher else ()
     eval_fn = eval_lib.make_eval_step(model, mesh, rules, (shardings.params, shardings.model_state))
     # Locality metrics (nonlocality, gates, centres) at each evaluation, if config.analysis asks.
     locality_fn = locality.make_locality_logger(config, model, mesh, eval_source)
@@ -365,7 +485,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     with PreemptionWatcher() as preemption:
       for step in range(start + 1, total_steps + 1):
         batch = sharding.global_batch(next(train_iter), batch_sharding)
-        state, train_metrics = step_fn(state, batch)
+        state, train_metrics = step_fn(state, batch, teacher_variables)
         last = step == total_steps
         preempted = preemption.requested or checkpointer.reached_preemption(step)
 
@@ -378,6 +498,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           final = eval_lib.evaluate(
             eval_fn, (state.params, state.model_state), eval_batches, batch_sharding
           )
+          if use_ema:  # timm evaluates both the model and its EMA
+            ema_metrics = eval_lib.evaluate(
+              eval_fn, (state.ema_params, state.model_state), eval_batches, batch_sharding
+            )
+            final.update({k.replace("eval/", "eval_ema/"): v for k, v in ema_metrics.items()})
           record.update(final)
           if locality_fn is not None:
             record.update(locality_fn(state.params))
@@ -406,32 +531,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 def evaluate_checkpoint(
   config: ml_collections.ConfigDict, workdir: str, step: int | None = None
 ) -> dict[str, Any]:
-  """Eval-only mode: restores parameters from ``workdir`` (latest or ``step``) and evaluates."""
+  """Eval-only mode: restores parameters from ``workdir`` (latest or ``step``) and evaluates.
+
+  With ``config.ema.decay > 0`` the EMA weights are evaluated too (``eval_ema/*``).
+  """
   mesh = sharding.make_mesh(config.mesh)
   rules = sharding.logical_rules(config.mesh)
   eval_source = data_lib.make_source(config.data, config.data.eval_split)
   num_classes = config.data.get("num_classes") or eval_source.num_classes
   model = build_model(config, num_classes)
   validate(config, mesh, rules, model)
-  checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
-  step = checkpointer.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(f"No checkpoint found in {workdir}/checkpoints.")
-  ckpt_lib.check_compatible(checkpointer.saved_meta(step)["config"], config, workdir)
   image_shape = (config.data.image_size, config.data.image_size, eval_source[0]["image"].shape[-1])
-  boxed_params, boxed_model_state = split_variables(abstract_variables(model, image_shape)[0])
+  boxed_params, boxed_model_state = ckpt_lib.model_variable_shapes(model, image_shape)
   variable_shardings = (
     sharding.tree_shardings(boxed_params, mesh, rules),
     sharding.tree_shardings(boxed_model_state, mesh, rules),
   )
-  abstract = jax.tree.map(
-    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-    nn.meta.unbox((boxed_params, boxed_model_state)),
-    variable_shardings,
+  params, model_state, step = ckpt_lib.restore_model_variables(
+    workdir, model, image_shape, step=step, shardings=variable_shardings, config=config
   )
-  restored = checkpointer.manager.restore(
-    step, args=restore_variables_args({"params": abstract[0], "model_state": abstract[1]})
-  )["state"]
+  ema = None
+  if ema_enabled(config):
+    ema = ckpt_lib.restore_ema_params(workdir, step, variable_shardings[0], boxed_params)
   eval_batch_size = config.get("eval_batch_size") or config.batch_size
   batches = data_lib.make_eval_iterator(
     config.data,
@@ -442,23 +563,10 @@ def evaluate_checkpoint(
   )
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     eval_fn = eval_lib.make_eval_step(model, mesh, rules, variable_shardings)
-    result = eval_lib.evaluate(
-      eval_fn,
-      (restored["params"], restored["model_state"]),
-      batches,
-      sharding.batch_sharding(mesh, rules),
-    )
-  checkpointer.close()
+    batch_sharding = sharding.batch_sharding(mesh, rules)
+    result = eval_lib.evaluate(eval_fn, (params, model_state), batches, batch_sharding)
+    if ema is not None:
+      ema_result = eval_lib.evaluate(eval_fn, (ema, model_state), batches, batch_sharding)
+      result.update({k.replace("eval/", "eval_ema/"): v for k, v in ema_result.items()})
   result["step"] = step
   return result
-
-
-def restore_variables_args(abstract: dict[str, Any]):
-  """Restore args for a subset (``params``, ``model_state``) of a saved TrainState."""
-  return ocp.args.Composite(
-    state=ocp.args.PyTreeRestore(
-      item=abstract,
-      restore_args=jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding), abstract),
-      partial_restore=True,
-    )
-  )

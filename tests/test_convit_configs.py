@@ -172,7 +172,7 @@ def test_table2_fractions_scale_the_epochs(percent):
 
 @pytest.fixture
 def imagenet100_root(monkeypatch, tmp_path):
-  monkeypatch.setenv("IMAGENET100_ROOT", str(tmp_path))
+  monkeypatch.setenv("IMAGENET_ROOT", str(tmp_path))
   return str(tmp_path)
 
 
@@ -181,9 +181,10 @@ def test_table3_rows(imagenet100_root):
     c = convit_table3.get_config(row)
     assert (c.model.name, c.batch_size, c.optimizer.lr) == (model_name, 512, 4e-4)
     d = c.data
-    assert (d.source, d.root, d.num_classes, d.eval_split) == (
+    assert (d.source, d.root, d.num_classes, d.class_limit, d.eval_split) == (
       "image_folder",
       imagenet100_root,
+      100,
       100,
       "val",
     )

@@ -598,7 +598,10 @@ def test_configs_every_table_row():
     assert (c.optimizer.name, c.optimizer.momentum, c.optimizer.weight_decay) == ("sgd", 0.9, 1e-4)
     assert (c.batch_size, c.data.train_augment, c.data.source) == (100, "crop_flip", "tfds")
     assert c.data.mean == (0.4914, 0.4822, 0.4465) and c.data.std == (0.2023, 0.1994, 0.2010)
-    model = create_model(c.model.name, num_classes=10, **dict(c.model.overrides))
+    overrides = dict(c.model.overrides)
+    if c.init_from.prune_degenerate_heads:  # the trainer sets the heads left after pruning
+      overrides["layer_heads"] = cordonnier_cifar10.PAPER_PRUNED_LAYER_HEADS
+    model = create_model(c.model.name, num_classes=10, **overrides)
     shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
     sizes[row] = num_params(flax.linen.meta.unbox(shapes["params"]))
     if c.paper.params:
@@ -609,7 +612,8 @@ def test_configs_every_table_row():
   assert quadratic.schedule.warmup_epochs == 15 and quadratic.paper.top1 == 0.938
   pruned = cordonnier_cifar10.get_config("quadratic_generalized_pruned")
   assert (pruned.optimizer.lr, pruned.num_epochs) == (0.01, 100)
-  assert tuple(pruned.model.overrides.layer_heads) == (7, 5, 8, 7, 3, 9)
+  assert pruned.init_from.prune_degenerate_heads and "layer_heads" not in pruned.model.overrides
+  assert (pruned.init_from.min_eigenvalue, pruned.init_from.max_condition) == (1e-5, 1e3)
   resnet = cordonnier_cifar10.get_config("resnet18")
   assert resnet.schedule.name == "step"
   assert tuple(resnet.schedule.boundaries_epochs) == (80, 150, 250)

@@ -592,3 +592,150 @@ def test_augment_registry_extensible():
   finally:
     A._OPS.pop("test_invert")
     A._RECIPES.pop("test_invert_recipe")
+
+
+# ------------------------------------------------------------------------- repeated augmentation
+
+
+@pytest.fixture
+def rng_mark_recipe():
+  """A recipe writing one draw of the example's generator into pixel (0, 0), channel 2."""
+
+  @D.register_op("test_rng_mark")
+  def _mark(cfg):
+    def op(image, rng):
+      image = image.copy()
+      image[0, 0, 2] = rng.integers(0, 256)
+      return image
+
+    return op
+
+  D.register_recipe("test_rng_mark", ["test_rng_mark"])
+  yield "test_rng_mark"
+  A._OPS.pop("test_rng_mark")
+  A._RECIPES.pop("test_rng_mark")
+
+
+def _marks(batch) -> np.ndarray:
+  return np.rint(batch["image"][:, 0, 0, 2] * 255).astype(np.int64)
+
+
+def test_repeated_augmentation_epoch_order_and_copies(rng_mark_recipe):
+  n, k, seed = 100, 3, 5
+  cfg = _index_cfg(repeated_augmentations=k)
+  cfg.train_augment = rng_mark_recipe
+  it = D.make_train_iterator(cfg, IndexSource(n), seed=seed, local_batch_size=10)
+  for epoch in range(2):
+    batches = _take(it, 10)  # Epoch length stays n = 100 examples.
+    seq = np.concatenate([_indices(b) for b in batches])
+    perm = np.random.default_rng([0, seed, epoch]).permutation(n)
+    np.testing.assert_array_equal(seq, np.repeat(perm[:34], k)[:n])  # ceil(100 / 3) = 34.
+    counts = np.bincount(seq, minlength=n)
+    assert sorted(set(counts.tolist())) == [0, 1, 3] and (counts == 3).sum() == 33
+    # Copy c of example i draws from default_rng([1, seed, epoch, i, c]).
+    marks = np.concatenate([_marks(b) for b in batches])
+    expected = [
+      np.random.default_rng([1, seed, epoch, int(i), j % k]).integers(0, 256)
+      for j, i in enumerate(seq)
+    ]
+    np.testing.assert_array_equal(marks, expected)
+    triples = marks[:99].reshape(33, 3)
+    assert (triples[:, 0] == triples[:, 1]).sum() + (triples[:, 1] == triples[:, 2]).sum() < 4
+    for b in batches:
+      np.testing.assert_array_equal(b["label"], _indices(b) % 10)
+
+
+def test_single_augmentation_stream_unchanged(rng_mark_recipe):
+  cfg = _index_cfg()
+  cfg.train_augment = rng_mark_recipe
+  b = next(D.make_train_iterator(cfg, IndexSource(50), seed=2, local_batch_size=25))
+  expected = [np.random.default_rng([1, 2, 0, int(i)]).integers(0, 256) for i in _indices(b)]
+  np.testing.assert_array_equal(_marks(b), expected)
+
+
+@pytest.mark.parametrize("process_count", [2, 4])
+def test_repeated_augmentation_process_split_equals_single_process(rng_mark_recipe, process_count):
+  cfg = _index_cfg(repeated_augmentations=3)
+  cfg.train_augment = rng_mark_recipe
+  src = IndexSource(100)
+  single = _take(D.make_train_iterator(cfg, src, seed=3, local_batch_size=16), 8)
+  local = [
+    _take(
+      D.make_train_iterator(
+        cfg,
+        src,
+        seed=3,
+        local_batch_size=16 // process_count,
+        process_index=p,
+        process_count=process_count,
+      ),
+      8,
+    )
+    for p in range(process_count)
+  ]
+  for step in range(8):  # Crosses the epoch boundary (6 global batches of 16 per epoch).
+    for key in ("image", "label"):
+      joined = np.concatenate([local[p][step][key] for p in range(process_count)])
+      np.testing.assert_array_equal(joined, single[step][key])
+
+
+def test_repeated_augmentation_resume_and_validation():
+  cfg = _cfg(train_augment="crop_flip", crop_padding=2, repeated_augmentations=3)
+  src = D.DigitsSource("train")
+  it = D.make_train_iterator(cfg, src, seed=1, local_batch_size=100)
+  _take(it, 15)
+  state = it.get_state()
+  expected = _take(it, 2)
+  fresh = D.make_train_iterator(cfg, src, seed=1, local_batch_size=100)
+  fresh.set_state(state)
+  _assert_batches_equal(_take(fresh, 2), expected)
+  for bad in (0, -2):
+    with pytest.raises(
+      ValueError, match=rf"data\.repeated_augmentations={bad!r} must be an integer"
+    ):
+      D.validate_data_config(_cfg(repeated_augmentations=bad))
+
+
+# ----------------------------------------------------------------------------- class limit
+
+
+def test_class_limit_digits_all_splits():
+  full_train, full_test = D.DigitsSource("train"), D.DigitsSource("test")
+  cfg = _cfg(class_limit=3)
+  for split, full in (("train", full_train), ("test", full_test)):
+    src = D.make_source(cfg, split)
+    keep = np.flatnonzero(full.labels < 3)
+    assert len(src) == len(keep) and src.num_classes == 3 and D.num_classes(cfg, src) == 3
+    assert src.class_names == ["0", "1", "2"]
+    np.testing.assert_array_equal(src.labels, full.labels[keep])
+    np.testing.assert_array_equal(src[5]["image"], full[keep[5]]["image"])
+  # train_fraction applies per class on the limited source.
+  half = D.make_source(_cfg(class_limit=3, train_fraction=0.5), "train")
+  counts = np.bincount(full_train.labels)[:3]
+  np.testing.assert_array_equal(np.bincount(half.labels), [int(c * 0.5) for c in counts])
+  assert half.num_classes == 3
+  # Eval covers exactly the limited examples.
+  ev = D.make_eval_iterator(cfg, D.make_source(cfg, "test"), local_batch_size=32)
+  labels = np.concatenate([b["label"][b["mask"]] for b in ev])
+  np.testing.assert_array_equal(np.sort(labels), np.sort(full_test.labels[full_test.labels < 3]))
+  assert len(D.make_source(_cfg(class_limit=10), "train")) == len(full_train)
+
+
+def test_class_limit_errors():
+  with pytest.raises(
+    ValueError,
+    match=r"data\.class_limit=11 must be in \[1, 10\]: it exceeds the 10 classes of DigitsSource",
+  ):
+    D.make_source(_cfg(class_limit=11), "train")
+  with pytest.raises(ValueError, match=r"data\.class_limit=0 must be an integer in \[1, "):
+    D.make_source(_cfg(class_limit=0), "train")
+  with pytest.raises(ValueError, match=r"data\.num_classes=2 is smaller than the 3 classes"):
+    D.make_source(_cfg(class_limit=3, num_classes=2), "train")
+
+
+def test_class_limit_image_folder(cifar10_folder):
+  cfg = _cfg(source="image_folder", root=str(cifar10_folder), image_size=32, class_limit=2)
+  train, test = D.make_source(cfg, "train"), D.make_source(cfg, "test")
+  assert (len(train), len(test)) == (10_000, 2_000)
+  assert train.class_names == ["airplane", "automobile"] and train.num_classes == 2
+  assert Path(train.source.paths[int(train.indices[-1])]).parent.name == "automobile"

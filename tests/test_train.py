@@ -1,7 +1,6 @@
 """The training system: sharding layouts, resume, evaluation and bad input."""
 
 import os
-import signal
 
 import flax.linen as nn
 import jax
@@ -10,7 +9,7 @@ import pytest
 
 from locvit import sharding, train
 from locvit.metrics import read_metrics
-from tests.train_utils import tiny_config
+from tests.train_utils import sigterm_after_step, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -104,18 +103,8 @@ def test_sigterm_resume_reproduces_uninterrupted_run(tmp_path, single_device_run
   config = tiny_config()
   config.mesh.num_devices, config.mesh.shape = 1, (1, 1)
   workdir = str(tmp_path / "split")
-  orig_write = train.metrics_lib.MetricWriter.write
-
-  def write_and_signal(self, step, record):
-    orig_write(self, step, record)
-    if step == 3:
-      os.kill(os.getpid(), signal.SIGTERM)
-
-  train.metrics_lib.MetricWriter.write = write_and_signal
-  try:
+  with sigterm_after_step(3):
     first = train.train_and_evaluate(config, workdir)
-  finally:
-    train.metrics_lib.MetricWriter.write = orig_write
   # The flag is read between steps: the step in flight completes and is checkpointed.
   assert first == {"preempted": True, "step": 4}
   assert os.path.isdir(os.path.join(workdir, "checkpoints", "4"))

@@ -1,6 +1,11 @@
-"""Small configs shared by the training-system tests."""
+"""Small configs and helpers shared by the training-system tests."""
+
+import contextlib
+import os
+import signal
 
 from configs.common import base_config
+from locvit import metrics
 
 
 def tiny_config(**top_level):
@@ -26,3 +31,20 @@ def tiny_config(**top_level):
   for key, value in top_level.items():
     c[key] = value
   return c
+
+
+@contextlib.contextmanager
+def sigterm_after_step(step: int):
+  """Sends this process SIGTERM right after the metrics of ``step`` are written."""
+  orig_write = metrics.MetricWriter.write
+
+  def write_and_signal(self, at_step, record):
+    orig_write(self, at_step, record)
+    if at_step == step:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  metrics.MetricWriter.write = write_and_signal
+  try:
+    yield
+  finally:
+    metrics.MetricWriter.write = orig_write

@@ -96,25 +96,10 @@ def restore_params(
 ) -> tuple[Any, int]:
   """``(params, step)`` of a checkpoint in ``workdir/checkpoints`` (latest by default), restored
   onto one device without the optimizer state."""
-  from locvit import train  # the trainer's restore helpers; imported lazily (heavy)
-
-  checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
-  try:
-    step = checkpointer.latest_step() if step is None else step
-    if step is None:
-      raise FileNotFoundError(f"No checkpoint found in {workdir}/checkpoints.")
-    ckpt_lib.check_compatible(checkpointer.saved_meta(step)["config"], config, workdir)
-    boxed, _ = train.abstract_train_state(model, None, image_shape)
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = jax.tree.map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), nn.meta.unbox(boxed)
-    )
-    restored = checkpointer.manager.restore(
-      step, args=train.restore_variables_args({"params": abstract})
-    )
-  finally:
-    checkpointer.close()
-  return restored["state"]["params"], step
+  params, _, step = ckpt_lib.restore_model_variables(
+    workdir, model, image_shape, step=step, config=config
+  )
+  return params, step
 
 
 def display_image(config: ml_collections.ConfigDict, image: np.ndarray) -> np.ndarray:

@@ -150,8 +150,11 @@ def layer_kinds(model: VisionTransformer) -> tuple[str, ...]:
 
 
 def prefix_tokens(model: VisionTransformer, layer: int) -> int:
-  """Class tokens present in the input of ``layer`` (ConViT inserts it at class_token_layer)."""
-  return int(model.pool == "token" and layer >= model.class_token_layer)
+  """Class (and distillation) tokens in the input of ``layer`` (ConViT inserts them at
+  class_token_layer)."""
+  if layer < model.class_token_layer:
+    return 0
+  return model.num_prefix_tokens
 
 
 def token_grid(model: VisionTransformer, images: Array) -> TokenGrid:

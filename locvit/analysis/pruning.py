@@ -314,31 +314,16 @@ def load_params(
   ``config`` is the run's config (the model is rebuilt from it); ``num_classes`` defaults to
   ``config.data.num_classes`` or 10; images are ``data.image_size`` squared with ``channels``.
   """
-  import os
-
   from locvit import checkpoint as ckpt_lib
   from locvit import train  # lazy: the training stack is only needed here
 
   classes = num_classes or config.data.get("num_classes") or 10
   model = train.build_model(config, classes)
-  checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
-  try:
-    step = checkpointer.latest_step() if step is None else step
-    if step is None:
-      raise FileNotFoundError(f"No checkpoint found in {workdir}/checkpoints.")
-    size = config.data.image_size
-    boxed, _ = train.abstract_variables(model, (size, size, channels))
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = jax.tree.map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
-      nn.meta.unbox(boxed["params"]),
-    )
-    restored = checkpointer.manager.restore(
-      step, args=train.restore_variables_args({"params": abstract})
-    )["state"]
-  finally:
-    checkpointer.close()
-  return restored["params"], step
+  size = config.data.image_size
+  params, _, step = ckpt_lib.restore_model_variables(
+    workdir, model, (size, size, channels), step=step
+  )
+  return params, step
 
 
 def prune_checkpoint(

@@ -1,5 +1,6 @@
 """locvit data: sources (digits, image folder, TFDS), augmentation and grain pipelines."""
 
+from locvit.data import autoaugment
 from locvit.data.augment import (
   build_eval_transform,
   build_train_transform,
@@ -31,6 +32,7 @@ from locvit.data.sources import (
   ImageFolderSource,
   SubsetSource,
   TfdsSource,
+  limit_classes,
   make_source,
   num_classes,
   subsample_per_class,
@@ -48,10 +50,12 @@ __all__ = [
   "ImageFolderSource",
   "SubsetSource",
   "TfdsSource",
+  "autoaugment",
   "build_eval_transform",
   "build_train_transform",
   "default_data_config",
   "examples_per_epoch",
+  "limit_classes",
   "list_ops",
   "list_recipes",
   "make_eval_iterator",

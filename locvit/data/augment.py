@@ -6,7 +6,9 @@ deterministic given the generator. Images stay uint8 until the batch is normalis
 
 Extending: register an op factory with `@register_op("name")` (it receives the data config and
 returns `fn(image, rng) -> image`), then a recipe with `register_recipe("name", ["op", ...])`.
-`data.train_augment` names a recipe; e.g. a later RandAugment is one more op appended to a recipe.
+`data.train_augment` names a recipe. `data.auto_augment` (RandAugment / AutoAugment, see
+`locvit.data.autoaugment`) is the registered op "auto_augment", appended after the recipe's ops
+(after the crop and flip, as timm orders them) unless the recipe already lists it.
 """
 
 from __future__ import annotations
@@ -26,13 +28,15 @@ _RESAMPLE = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.
 # ----------------------------------------------------------------------------- primitive ops
 
 
-def _to_pil(image: np.ndarray) -> Image.Image:
+def to_pil(image: np.ndarray) -> Image.Image:
+  """uint8 HWC (C = 1 or 3) -> PIL image (mode "L" or "RGB")."""
   if image.ndim == 3 and image.shape[2] == 1:
     image = image[:, :, 0]  # 2-D uint8 -> mode "L".
   return Image.fromarray(np.ascontiguousarray(image))
 
 
-def _from_pil(img: Image.Image, channels: int) -> np.ndarray:
+def from_pil(img: Image.Image, channels: int) -> np.ndarray:
+  """PIL image -> uint8 HWC with `channels` channels (restores the axis of 1-channel images)."""
   out = np.asarray(img, dtype=np.uint8)
   return out[:, :, None] if channels == 1 and out.ndim == 2 else out
 
@@ -47,8 +51,8 @@ def resize(
   h, w = size
   if box is None and image.shape[:2] == (h, w):
     return image
-  img = _to_pil(image).resize((w, h), resample=_RESAMPLE[interpolation], box=box)
-  return _from_pil(img, image.shape[2])
+  img = to_pil(image).resize((w, h), resample=_RESAMPLE[interpolation], box=box)
+  return from_pil(img, image.shape[2])
 
 
 def random_crop_with_padding(
@@ -210,11 +214,22 @@ def compose(ops: Sequence[Op]) -> Op:
   return apply
 
 
-def build_train_transform(cfg: Any) -> Op:
-  """The per-example train transform for `cfg.train_augment`; output is image_size^2 uint8."""
+def train_op_names(cfg: Any) -> tuple[str, ...]:
+  """Op names of the train transform: the recipe's, then "auto_augment" if data.auto_augment."""
   if cfg.train_augment not in _RECIPES:
     raise ValueError(f"data.train_augment={cfg.train_augment!r} is not one of {list_recipes()}")
-  return compose([_OPS[name](cfg) for name in _RECIPES[cfg.train_augment]])
+  names = _RECIPES[cfg.train_augment]
+  if cfg.get("auto_augment") and "auto_augment" not in names:
+    names += ("auto_augment",)
+  return names
+
+
+def build_train_transform(cfg: Any) -> Op:
+  """The per-example train transform for `cfg.train_augment` (+ `cfg.auto_augment`).
+
+  Output is image_size^2 uint8.
+  """
+  return compose([_OPS[name](cfg) for name in train_op_names(cfg)])
 
 
 def build_eval_transform(cfg: Any) -> Callable[[np.ndarray], np.ndarray]:
@@ -251,6 +266,13 @@ def _rrc_op(cfg: Any) -> Op:
 @register_op("hflip")
 def _hflip_op(cfg: Any) -> Op:
   return lambda image, rng: horizontal_flip(image, rng)
+
+
+@register_op("auto_augment")
+def _auto_augment_op(cfg: Any) -> Op:
+  from locvit.data import autoaugment  # Local import: autoaugment imports this module.
+
+  return autoaugment.from_data_config(cfg)
 
 
 register_recipe("none", ["resize_center_crop"])

@@ -39,10 +39,22 @@ def default_data_config() -> ml_collections.ConfigDict:
     image_size: final square side fed to the model.
     num_classes: None -> taken from the source.
     train_fraction: keep the first int(n_c * f) train examples of each class (>= 1).
+    class_limit: None, or k >= 1: keep only examples with label < k in every split (e.g. the
+      first 100 ImageNet classes of ConViT Table 3); the source then has k classes.
     on_corrupt: 'error' | 'skip' for unreadable image files.
     train_augment: a recipe name registered in `locvit.data.augment` ('none', 'crop_flip',
       'rrc_flip', ...).
-    crop_padding, rrc_scale, rrc_ratio, interpolation: augmentation parameters.
+    auto_augment: None, or a RandAugment / AutoAugment string applied to training images after
+      the recipe's ops: 'rand-m9-mstd0.5-inc1' (timm RandAugment), 'autoaug-cifar10',
+      'autoaug-svhn', 'autoaug-imagenet' (paper policies, torchvision bins), 'original', 'v0'
+      (timm's ImageNet policies); see `locvit.data.autoaugment`.
+    auto_augment_fill: None (fill geometric auto_augment ops with round(255 * mean), as timm) or
+      an int 0..255 used on every channel (128: timm's op default and the GMM code's).
+    repeated_augmentations: k >= 1. Each epoch takes the first ceil(n / k) examples of its
+      permutation, each k times with different augmentations; the epoch keeps n examples (DeiT's
+      RASampler). 1: off.
+    crop_padding, rrc_scale, rrc_ratio, interpolation: augmentation parameters (interpolation is
+      also the resampling of auto_augment's geometric ops).
     eval_crop_pct: eval resizes the shorter side to image_size / eval_crop_pct, then centre-crops.
     mean, std: per-channel normalisation in [0, 1] units. A 3-tuple applied to 1-channel images
       is averaged to one value.
@@ -60,8 +72,12 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.image_size = 8
   c.num_classes = ml_collections.config_dict.placeholder(int)
   c.train_fraction = 1.0
+  c.class_limit = ml_collections.config_dict.placeholder(int)
   c.on_corrupt = "error"
   c.train_augment = "none"
+  c.auto_augment = ml_collections.config_dict.placeholder(str)
+  c.auto_augment_fill = ml_collections.config_dict.placeholder(int)
+  c.repeated_augmentations = 1
   c.crop_padding = 4
   c.rrc_scale = (0.08, 1.0)
   c.rrc_ratio = (3.0 / 4.0, 4.0 / 3.0)
@@ -105,7 +121,8 @@ def _pair(cfg: Any, field: str, *, lo: float, hi: float) -> None:
 
 def validate_data_config(cfg: Any) -> None:
   """Raises ValueError naming the field, the bad value and the valid choices/range."""
-  from locvit.data import augment  # Local import: augment's registry is the source of truth.
+  # Local imports: augment's registry is the source of truth (and imports this module).
+  from locvit.data import augment, autoaugment
 
   _choice(cfg, "source", SOURCES)
   _choice(cfg, "on_corrupt", ON_CORRUPT)
@@ -125,6 +142,13 @@ def validate_data_config(cfg: Any) -> None:
   if cfg.num_classes is not None:
     _number(cfg, "num_classes", lo=1, hi=1 << 31, lo_open=False, integer=True)
   _number(cfg, "train_fraction", lo=0.0, hi=1.0, lo_open=True, integer=False)
+  if cfg.get("class_limit") is not None:
+    _number(cfg, "class_limit", lo=1, hi=1 << 31, lo_open=False, integer=True)
+  autoaugment.validate(cfg.get("auto_augment"))
+  if cfg.get("auto_augment_fill") is not None:
+    _number(cfg, "auto_augment_fill", lo=0, hi=255, lo_open=False, integer=True)
+  if "repeated_augmentations" in cfg:
+    _number(cfg, "repeated_augmentations", lo=1, hi=1 << 16, lo_open=False, integer=True)
   _number(cfg, "crop_padding", lo=0, hi=1 << 16, lo_open=False, integer=True)
   _number(cfg, "eval_crop_pct", lo=0.0, hi=1.0, lo_open=True, integer=False)
   _pair(cfg, "rrc_scale", lo=0.0, hi=1.0)

@@ -10,6 +10,14 @@ per-row dropout masks. The augmentation of source example i in epoch e draws
 from `default_rng([1, seed, e, i])`, so it depends only on (seed, epoch, index), not on the batch
 size or the number of processes.
 
+Repeated augmentation (`data.repeated_augmentations` = k > 1, DeiT's RASampler). The epoch
+sequence is `repeat(perm_e[:ceil(n / k)], k)[:n]`: the first ceil(n / k) examples of the
+permutation, each k times in a row, still n examples per epoch; it is cut into global batches as
+above, so the multi-host property holds unchanged. Copy c of example i draws its augmentation from
+`default_rng([1, seed, e, i, c])`. (RASampler also spreads the k copies over the k ranks of a step;
+here they are adjacent rows of the same global batch, which is the same batch as a whole. It trims
+the epoch to a multiple of 256 examples; here the remainder n mod G is dropped, as for k = 1.)
+
 Performance. Each grain prefetch thread builds whole batches (decode + augment in uint8, then
 one vectorised normalisation per batch), which keeps per-example Python work to the decode and
 the ops themselves. The returned grain `DatasetIterator` checkpoints its position exactly
@@ -33,7 +41,10 @@ Batch = dict[str, np.ndarray]
 
 
 def examples_per_epoch(source: Any) -> int:
-  """Examples in one epoch of `source` (after any train_fraction subsampling)."""
+  """Examples in one epoch of `source` (after any class_limit / train_fraction subsampling).
+
+  Repeated augmentation keeps this number: an epoch then has fewer distinct examples.
+  """
   return len(source)
 
 
@@ -62,23 +73,40 @@ def _normalizer(cfg: Any):
 
 
 class _EpochOrder:
-  """Maps a per-process stream position to (epoch, source index); see the module docstring."""
+  """Maps a per-process stream position to (epoch, source index, copy); see the module docstring."""
 
   def __init__(
-    self, n: int, seed: int, process_index: int, process_count: int, local_batch_size: int
+    self,
+    n: int,
+    seed: int,
+    process_index: int,
+    process_count: int,
+    local_batch_size: int,
+    repeats: int = 1,
   ) -> None:
-    self.n, self.seed = n, seed
+    self.n, self.seed, self.repeats = n, seed, repeats
     self.p, self.P, self.L = process_index, process_count, local_batch_size
     self.per_process = n // (process_count * local_batch_size) * local_batch_size
 
   @functools.lru_cache(maxsize=2)  # noqa: B019  (one object per pipeline; epochs are sequential)
-  def permutation(self, epoch: int) -> np.ndarray:
-    return np.random.default_rng([0, self.seed, epoch]).permutation(self.n)
+  def sequence(self, epoch: int) -> np.ndarray:
+    """The epoch's n source indices in global order (each repeated `repeats` times in a row)."""
+    perm = np.random.default_rng([0, self.seed, epoch]).permutation(self.n)
+    if self.repeats == 1:
+      return perm
+    return np.repeat(perm[: -(-self.n // self.repeats)], self.repeats)[: self.n]
 
-  def __call__(self, position: int) -> tuple[int, int]:
+  def __call__(self, position: int) -> tuple[int, int, int]:
     epoch, k = divmod(int(position), self.per_process)
     batch, row = divmod(k, self.L)
-    return epoch, int(self.permutation(epoch)[(batch * self.P + self.p) * self.L + row])
+    j = (batch * self.P + self.p) * self.L + row  # Position in the epoch's global sequence.
+    return epoch, int(self.sequence(epoch)[j]), j % self.repeats
+
+  def rng(self, epoch: int, index: int, copy: int) -> np.random.Generator:
+    """The augmentation generator of one (copy of an) example."""
+    if self.repeats == 1:  # Kept as it was before repeated augmentation existed.
+      return np.random.default_rng([1, self.seed, epoch, index])
+    return np.random.default_rng([1, self.seed, epoch, index, copy])
 
 
 def make_train_dataset(
@@ -103,14 +131,14 @@ def make_train_dataset(
       f"(a global batch of {local_batch_size} x {process_count} processes must fit in the "
       f"{n} examples of one epoch)"
     )
-  order = _EpochOrder(n, seed, process_index, process_count, local_batch_size)
+  repeats = int(data_config.get("repeated_augmentations", 1))
+  order = _EpochOrder(n, seed, process_index, process_count, local_batch_size, repeats)
   transform = augment.build_train_transform(data_config)
 
   def load(position: int, _: Any) -> dict[str, Any]:
-    epoch, index = order(position)
+    epoch, index, copy = order(position)
     ex = source[index]
-    rng = np.random.default_rng([1, seed, epoch, index])
-    return {"image": transform(ex["image"], rng), "label": ex["label"]}
+    return {"image": transform(ex["image"], order.rng(epoch, index, copy)), "label": ex["label"]}
 
   ds = grain.MapDataset.range(order.per_process).repeat()  # repeat() = infinite epochs.
   ds = ds.map_with_index(load)

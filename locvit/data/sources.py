@@ -323,14 +323,18 @@ def subsample_per_class(labels: np.ndarray | Sequence[int], fraction: float) -> 
 
 
 class SubsetSource:
-  """An index-mapped view of a source (keeps num_classes/class_names; labels re-indexed)."""
+  """An index-mapped view of a source (labels unchanged).
 
-  def __init__(self, source: Any, indices: np.ndarray) -> None:
+  Keeps the source's num_classes/class_names unless `num_classes` is given (class_limit), in
+  which case class_names are the first `num_classes` names.
+  """
+
+  def __init__(self, source: Any, indices: np.ndarray, num_classes: int | None = None) -> None:
     self.source = source
     self.indices = np.asarray(indices, dtype=np.int64)
     self.labels = np.asarray(source.labels)[self.indices]
-    self.num_classes = source.num_classes
-    self.class_names = source.class_names
+    self.num_classes = source.num_classes if num_classes is None else int(num_classes)
+    self.class_names = list(source.class_names)[: self.num_classes]
 
   def __len__(self) -> int:
     return len(self.indices)
@@ -348,11 +352,28 @@ class SubsetSource:
     return f"SubsetSource({self.source!r}, n={len(self)})"
 
 
+def limit_classes(source: Any, class_limit: int) -> Any:
+  """The examples of `source` with label < class_limit, as a source of class_limit classes.
+
+  Source order is kept. Raises ValueError when class_limit exceeds the source's classes.
+  """
+  if not 1 <= class_limit <= source.num_classes:
+    raise ValueError(
+      f"data.class_limit={class_limit} must be in [1, {source.num_classes}]: it exceeds the "
+      f"{source.num_classes} classes of {source!r}"
+    )
+  if class_limit == source.num_classes:
+    return source
+  keep = np.flatnonzero(np.asarray(source.labels) < class_limit)
+  return SubsetSource(source, keep, num_classes=class_limit)
+
+
 def make_source(data_config: Any, split: str) -> Any:
   """Builds the source for `split` (a split name, e.g. data_config.train_split).
 
-  When `split == data_config.train_split` and train_fraction < 1 the source is wrapped in a
-  per-class `SubsetSource`; `len()` of the result is the subsampled epoch length.
+  With data.class_limit = k every split keeps only the examples of labels < k (and reports k
+  classes). Then, when `split == data_config.train_split` and train_fraction < 1, the source is
+  wrapped in a per-class `SubsetSource`; `len()` of the result is the subsampled epoch length.
   """
   validate_data_config(data_config)
   cfg = data_config
@@ -362,6 +383,8 @@ def make_source(data_config: Any, split: str) -> Any:
     source = ImageFolderSource(cfg.root, split, on_corrupt=cfg.on_corrupt)
   else:
     source = TfdsSource(cfg.name, split, cfg.data_dir)
+  if cfg.get("class_limit") is not None:
+    source = limit_classes(source, cfg.class_limit)
   if cfg.num_classes is not None and cfg.num_classes < source.num_classes:
     raise ValueError(
       f"data.num_classes={cfg.num_classes} is smaller than the {source.num_classes} "

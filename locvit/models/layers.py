@@ -95,7 +95,7 @@ class Mlp(nn.Module):
     return nn.Dropout(self.drop)(x, deterministic=not train)
 
 
-def classifier_head(num_classes: int, dtype: Any, param_dtype: Any) -> nn.Dense:
+def classifier_head(num_classes: int, dtype: Any, param_dtype: Any, name: str = "head") -> nn.Dense:
   """The linear classifier ``head`` shared by the transformer backbones (trunc-normal 0.02)."""
   return nn.Dense(
     num_classes,
@@ -103,7 +103,7 @@ def classifier_head(num_classes: int, dtype: Any, param_dtype: Any) -> nn.Dense:
     param_dtype=param_dtype,
     kernel_init=partitioned(trunc_normal, ("embed", "classes")),
     bias_init=partitioned(zeros, ("classes",)),
-    name="head",
+    name=name,
   )
 
 

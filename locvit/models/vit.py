@@ -50,6 +50,11 @@ class VisionTransformer(nn.Module):
       (linearly spaced from 0 to ``drop_path_rate`` over depth).
     dtype: computation dtype (``jnp.bfloat16`` for mixed precision); parameters are float32.
     remat: rematerialise each block in the backward pass to save memory.
+    distilled: add DeiT's distillation token (inserted with the class token, right after it) and
+      its head ``head_dist`` (Touvron et al. 2021, Sec. 5; ConViT appendix B). Training then
+      returns ``(class_logits, distillation_logits)``; evaluation returns
+      ``log((softmax(class) + softmax(distillation)) / 2)``, the log of the two heads' averaged
+      softmaxes, so argmax and cross-entropy of the output are those of the averaged prediction.
   """
 
   num_classes: int
@@ -73,6 +78,7 @@ class VisionTransformer(nn.Module):
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   remat: bool = False
+  distilled: bool = False
 
   def check(self) -> None:
     """Validates the static configuration; called before tracing so errors are immediate."""
@@ -80,6 +86,11 @@ class VisionTransformer(nn.Module):
       raise ValueError(f"pos_embed={self.pos_embed!r} is not one of {POS_EMBED}.")
     if self.pool not in POOL:
       raise ValueError(f"pool={self.pool!r} is not one of {POOL}.")
+    if self.distilled and (self.pool != "token" or not self.num_classes):
+      raise ValueError(
+        f"distilled=True needs pool='token' and num_classes > 0 (got pool={self.pool!r}, "
+        f"num_classes={self.num_classes}): the distillation token has its own classifier head."
+      )
     if not 0 <= self.class_token_layer <= self.depth:
       raise ValueError(f"class_token_layer={self.class_token_layer} must be in [0, {self.depth}].")
     if self.layer_attention is not None:
@@ -96,12 +107,29 @@ class VisionTransformer(nn.Module):
         "set head_dim explicitly."
       )
 
+  @property
+  def num_prefix_tokens(self) -> int:
+    """Tokens before the patches once the class (and distillation) tokens are in."""
+    return (self.pool == "token") * (1 + self.distilled)
+
   def _add_class_token(self, x: Array) -> Array:
-    cls = self.param(
-      "cls_token", partitioned(trunc_normal, (None, None, "embed")), (1, 1, x.shape[-1])
-    )
-    cls = jnp.broadcast_to(cls.astype(x.dtype), (x.shape[0], 1, x.shape[-1]))
-    return jnp.concatenate([cls, x], axis=1)
+    names = ("cls_token", "dist_token") if self.distilled else ("cls_token",)
+    tokens = [
+      self.param(name, partitioned(trunc_normal, (None, None, "embed")), (1, 1, x.shape[-1]))
+      for name in names
+    ]
+    tokens = [jnp.broadcast_to(t.astype(x.dtype), (x.shape[0], 1, x.shape[-1])) for t in tokens]
+    return jnp.concatenate([*tokens, x], axis=1)
+
+  def _distilled_output(self, x: Array, train: bool) -> Array | tuple[Array, Array]:
+    logits = classifier_head(self.num_classes, self.dtype, self.param_dtype)(x[:, 0])
+    dist_head = classifier_head(self.num_classes, self.dtype, self.param_dtype, name="head_dist")
+    dist_logits = dist_head(x[:, 1])
+    logits, dist_logits = logits.astype(jnp.float32), dist_logits.astype(jnp.float32)
+    if train:
+      return logits, dist_logits
+    log_probs = jnp.stack([jax.nn.log_softmax(logits), jax.nn.log_softmax(dist_logits)])
+    return jax.nn.logsumexp(log_probs, axis=0) - jnp.log(2.0)
 
   @nn.compact
   def __call__(self, images: Array, *, train: bool = False) -> Array:
@@ -113,7 +141,7 @@ class VisionTransformer(nn.Module):
     num_prefix = 0
     if use_cls and self.class_token_layer == 0:
       x = self._add_class_token(x)
-      num_prefix = 1
+      num_prefix = self.num_prefix_tokens
 
     if self.pos_embed == "learn":
       pos = self.param(
@@ -136,7 +164,7 @@ class VisionTransformer(nn.Module):
     for i in range(self.depth):
       if use_cls and i == self.class_token_layer and i > 0:
         x = self._add_class_token(x)
-        num_prefix = 1
+        num_prefix = self.num_prefix_tokens
       x = block_cls(
         num_heads=self.num_heads,
         mlp_ratio=self.mlp_ratio,
@@ -157,6 +185,10 @@ class VisionTransformer(nn.Module):
 
     if use_cls and self.class_token_layer == self.depth:
       x = self._add_class_token(x)
+    if self.distilled:
+      x = layer_norm(self.norm_eps, self.dtype, "norm")(x)
+      self.sow("intermediates", "pre_logits", x[:, :2])
+      return self._distilled_output(x, train)
     if self.pool == "token":
       x = layer_norm(self.norm_eps, self.dtype, "norm")(x)[:, 0]
     else:

@@ -1,0 +1,251 @@
+"""Batch augmentations that run on device inside the jitted train step.
+
+Random erasing (Zhong et al. 2020), Mixup (Zhang et al. 2018) and CutMix (Yun et al. 2019) with
+timm's semantics, as used by the DeiT recipe (ConViT Table 1) and the GMM paper's small-ViT recipe.
+They act on the normalised float batch, so the host pipeline stays uint8 and cheap, and draw all
+randomness from a JAX key: a step's augmentation depends only on (seed, step), not on the device
+or process count.
+
+Order (as in timm): random erasing per example, then Mixup/CutMix across the batch, which also
+turns integer labels into soft targets that fold in label smoothing:
+
+    target = lam * smooth(one_hot(y)) + (1 - lam) * smooth(one_hot(y[::-1]))
+
+where ``smooth(t) = (1 - eps) t + eps / num_classes`` (timm's ``mixup_target``).
+
+Config (top-level fields of the experiment config, see ``default_mixup_config`` and
+``default_erasing_config``)::
+
+  mixup.mixup_alpha, mixup.cutmix_alpha   Beta(alpha, alpha) concentrations; 0 turns one off
+  mixup.prob                              probability of mixing a batch (or an example)
+  mixup.switch_prob                       probability of CutMix when both are on
+  mixup.mode                              'batch' (one lam per batch, timm's default) | 'elem'
+  mixup.correct_lam                       lam from the clipped CutMix box area (timm's default)
+  random_erasing.prob, .mode ('pixel' | 'rand' | 'const'), .min_area, .max_area, .min_aspect
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+Array = jax.Array
+MIXUP_MODES = ("batch", "elem")
+ERASING_MODES = ("pixel", "rand", "const")
+_ERASING_ATTEMPTS = 10  # timm's RandomErasing tries 10 boxes before giving up.
+
+
+def default_mixup_config() -> ml_collections.ConfigDict:
+  """Mixup/CutMix off. DeiT: mixup_alpha 0.8, cutmix_alpha 1.0, prob 1.0, switch_prob 0.5."""
+  c = ml_collections.ConfigDict()
+  c.mixup_alpha = 0.0
+  c.cutmix_alpha = 0.0
+  c.prob = 1.0
+  c.switch_prob = 0.5
+  c.mode = "batch"
+  c.correct_lam = True
+  return c
+
+
+def default_erasing_config() -> ml_collections.ConfigDict:
+  """Random erasing off. DeiT: prob 0.25, mode 'pixel' (timm's ``--reprob 0.25 --remode pixel``)."""
+  c = ml_collections.ConfigDict()
+  c.prob = 0.0
+  c.mode = "pixel"
+  c.min_area = 0.02
+  c.max_area = 1.0 / 3.0
+  c.min_aspect = 0.3
+  return c
+
+
+def mixing_enabled(mixup: Any) -> bool:
+  return mixup is not None and mixup.prob > 0 and (mixup.mixup_alpha > 0 or mixup.cutmix_alpha > 0)
+
+
+def validate_mixup_config(mixup: Any, num_classes: int) -> None:
+  """Raises ValueError naming the field and the valid range; runs before anything compiles."""
+  for field in ("mixup_alpha", "cutmix_alpha"):
+    if not mixup[field] >= 0:
+      raise ValueError(f"mixup.{field}={mixup[field]!r} must be >= 0 (0 turns it off)")
+  for field in ("prob", "switch_prob"):
+    if not 0 <= mixup[field] <= 1:
+      raise ValueError(f"mixup.{field}={mixup[field]!r} must be a probability in [0, 1]")
+  if mixup.mode not in MIXUP_MODES:
+    raise ValueError(f"mixup.mode={mixup.mode!r} is not one of {MIXUP_MODES}")
+  if mixing_enabled(mixup) and not (isinstance(num_classes, int) and num_classes >= 2):
+    raise ValueError(
+      f"Mixup/CutMix mix one-hot targets, which needs integer class labels and num_classes >= 2; "
+      f"got num_classes={num_classes!r}. Set data.num_classes or turn mixing off "
+      "(mixup.mixup_alpha = mixup.cutmix_alpha = 0)."
+    )
+
+
+def validate_erasing_config(erasing: Any) -> None:
+  if not 0 <= erasing.prob <= 1:
+    raise ValueError(f"random_erasing.prob={erasing.prob!r} must be a probability in [0, 1]")
+  if erasing.mode not in ERASING_MODES:
+    raise ValueError(f"random_erasing.mode={erasing.mode!r} is not one of {ERASING_MODES}")
+  if not 0 < erasing.min_area <= erasing.max_area <= 1:
+    raise ValueError(
+      f"random_erasing.min_area={erasing.min_area!r}, max_area={erasing.max_area!r} must satisfy "
+      "0 < min_area <= max_area <= 1"
+    )
+  if not 0 < erasing.min_aspect <= 1:
+    raise ValueError(f"random_erasing.min_aspect={erasing.min_aspect!r} must be in (0, 1]")
+
+
+# ----------------------------------------------------------------------------- boxes
+
+
+def _box_mask(height: int, width: int, top: Array, left: Array, h: Array, w: Array) -> Array:
+  """(B, H, W) boolean masks of the boxes [top, top + h) x [left, left + w), one per example."""
+  rows = jnp.arange(height)[None, :, None]
+  cols = jnp.arange(width)[None, None, :]
+  top, left, h, w = (a[:, None, None] for a in (top, left, h, w))
+  return (rows >= top) & (rows < top + h) & (cols >= left) & (cols < left + w)
+
+
+def cutmix_boxes(key: Array, lam: Array, height: int, width: int) -> tuple[Array, Array]:
+  """timm's ``rand_bbox``: a box of area fraction ~(1 - lam), centred uniformly, then clipped.
+
+  ``lam`` has shape (B,). Returns the (B, H, W) box masks and the corrected lam
+  ``1 - clipped_area / (H W)`` (the fraction of each image left unpasted).
+  """
+  cut = jnp.sqrt(1.0 - lam)
+  cut_h, cut_w = (cut * height).astype(jnp.int32), (cut * width).astype(jnp.int32)
+  k_y, k_x = jax.random.split(key)
+  cy = jax.random.randint(k_y, lam.shape, 0, height)
+  cx = jax.random.randint(k_x, lam.shape, 0, width)
+  y0, y1 = jnp.clip(cy - cut_h // 2, 0, height), jnp.clip(cy + cut_h // 2, 0, height)
+  x0, x1 = jnp.clip(cx - cut_w // 2, 0, width), jnp.clip(cx + cut_w // 2, 0, width)
+  masks = _box_mask(height, width, y0, x0, y1 - y0, x1 - x0)
+  corrected = 1.0 - ((y1 - y0) * (x1 - x0)).astype(jnp.float32) / (height * width)
+  return masks, corrected
+
+
+# ----------------------------------------------------------------------------- random erasing
+
+
+def random_erasing(key: Array, images: Array, erasing: Any) -> Array:
+  """timm's ``RandomErasing`` (one box per example) on a normalised (B, H, W, C) batch.
+
+  With probability ``prob`` an example gets one box of area fraction U(min_area, max_area) and
+  log-uniform aspect in [min_aspect, 1 / min_aspect]; the first of 10 draws that fits is used
+  (none fits: the example is unchanged). The box is filled with per-pixel N(0, 1) noise ('pixel'),
+  one N(0, 1) colour per box ('rand') or zeros ('const'); in normalised space 0 is the mean colour.
+  """
+  if erasing.prob <= 0:
+    return images
+  b, height, width, channels = images.shape
+  k_apply, k_area, k_aspect, k_top, k_left, k_fill = jax.random.split(key, 6)
+  shape = (b, _ERASING_ATTEMPTS)
+  area = (
+    height
+    * width
+    * jax.random.uniform(k_area, shape, minval=erasing.min_area, maxval=erasing.max_area)
+  )
+  log_aspect = math.log(erasing.min_aspect)
+  aspect = jnp.exp(jax.random.uniform(k_aspect, shape, minval=log_aspect, maxval=-log_aspect))
+  h = jnp.round(jnp.sqrt(area * aspect)).astype(jnp.int32)
+  w = jnp.round(jnp.sqrt(area / aspect)).astype(jnp.int32)
+  fits = (h < height) & (w < width)
+  first = jnp.argmax(fits, axis=1)  # First attempt that fits (0 if none; masked out below).
+  pick = lambda a: jnp.take_along_axis(a, first[:, None], axis=1)[:, 0]
+  h, w = pick(h), pick(w)
+  top = jnp.floor(jax.random.uniform(k_top, (b,)) * (height - h + 1)).astype(jnp.int32)
+  left = jnp.floor(jax.random.uniform(k_left, (b,)) * (width - w + 1)).astype(jnp.int32)
+  erase = jnp.any(fits, axis=1) & (jax.random.uniform(k_apply, (b,)) < erasing.prob)
+  mask = _box_mask(height, width, top, left, h, w) & erase[:, None, None]
+  if erasing.mode == "pixel":
+    fill = jax.random.normal(k_fill, images.shape, images.dtype)
+  elif erasing.mode == "rand":
+    fill = jax.random.normal(k_fill, (b, 1, 1, channels), images.dtype)
+  else:
+    fill = jnp.zeros((), images.dtype)
+  return jnp.where(mask[..., None], fill, images)
+
+
+# ----------------------------------------------------------------------------- mixup / cutmix
+
+
+def soft_targets(labels: Array, num_classes: int, label_smoothing: float) -> Array:
+  """Smoothed one-hot targets: (1 - eps) one_hot + eps / num_classes."""
+  one_hot = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
+  return one_hot * (1.0 - label_smoothing) + label_smoothing / num_classes
+
+
+def _sample_lam(key: Array, mixup: Any, shape: tuple[int, ...]) -> tuple[Array, Array]:
+  """(lam, use_cutmix) per timm's ``_params_per_batch`` / ``_params_per_elem``."""
+  k_switch, k_mix, k_cut, k_apply = jax.random.split(key, 4)
+  if mixup.mixup_alpha > 0 and mixup.cutmix_alpha > 0:
+    use_cutmix = jax.random.uniform(k_switch, shape) < mixup.switch_prob
+  else:
+    use_cutmix = jnp.full(shape, mixup.cutmix_alpha > 0)
+  lam_mix = jax.random.beta(
+    k_mix, max(mixup.mixup_alpha, 1e-3), max(mixup.mixup_alpha, 1e-3), shape
+  )
+  lam_cut = jax.random.beta(
+    k_cut, max(mixup.cutmix_alpha, 1e-3), max(mixup.cutmix_alpha, 1e-3), shape
+  )
+  lam = jnp.where(use_cutmix, lam_cut, lam_mix)
+  apply = jax.random.uniform(k_apply, shape) < mixup.prob
+  return jnp.where(apply, lam, 1.0), use_cutmix & apply
+
+
+def mix_batch(
+  key: Array,
+  images: Array,
+  labels: Array,
+  mixup: Any,
+  num_classes: int,
+  label_smoothing: float = 0.0,
+) -> tuple[Array, Array]:
+  """Mixup or CutMix of each example with its mirror in the batch (``x[::-1]``, as timm does).
+
+  Returns the mixed images and soft targets (B, num_classes) that fold in label smoothing.
+  In 'batch' mode one lam and one Mixup/CutMix choice serve the whole batch (timm's default);
+  in 'elem' mode each example draws its own. With mixing off the images are unchanged and the
+  targets are the smoothed one-hot labels.
+  """
+  targets = soft_targets(labels, num_classes, label_smoothing)
+  if not mixing_enabled(mixup):
+    return images, targets
+  b, height, width, _ = images.shape
+  k_lam, k_box = jax.random.split(key)
+  shape = (1,) if mixup.mode == "batch" else (b,)
+  lam, use_cutmix = _sample_lam(k_lam, mixup, shape)
+  lam, use_cutmix = jnp.broadcast_to(lam, (b,)), jnp.broadcast_to(use_cutmix, (b,))
+  # One box per batch in 'batch' mode: draw it for one example and broadcast.
+  boxes, corrected = cutmix_boxes(k_box, lam[: shape[0]], height, width)
+  boxes, corrected = jnp.broadcast_to(boxes, (b, height, width)), jnp.broadcast_to(corrected, (b,))
+  if mixup.correct_lam:
+    lam = jnp.where(use_cutmix, corrected, lam)
+  flipped = images[::-1]
+  paste = boxes & use_cutmix[:, None, None]
+  blend = lam[:, None, None, None] * images + (1.0 - lam[:, None, None, None]) * flipped
+  mixed = jnp.where(
+    use_cutmix[:, None, None, None], jnp.where(paste[..., None], flipped, images), blend
+  )
+  targets = lam[:, None] * targets + (1.0 - lam[:, None]) * targets[::-1]
+  return mixed.astype(images.dtype), targets
+
+
+def augment_batch(
+  key: Array,
+  images: Array,
+  labels: Array,
+  *,
+  mixup: Any,
+  erasing: Any,
+  num_classes: int,
+  label_smoothing: float,
+) -> tuple[Array, Array]:
+  """Random erasing then Mixup/CutMix: (images, soft targets) for the training loss."""
+  k_erase, k_mix = jax.random.split(key)
+  if erasing is not None:
+    images = random_erasing(k_erase, images, erasing)
+  return mix_batch(k_mix, images, labels, mixup, num_classes, label_smoothing)

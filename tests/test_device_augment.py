@@ -1,0 +1,192 @@
+"""On-device batch augmentation: random erasing, Mixup, CutMix and the soft targets they make."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from locvit.data import device_augment as da
+
+B, H, W, C, K = 8, 16, 12, 3, 5
+
+
+def images(seed=0):
+  return jax.random.normal(jax.random.key(seed), (B, H, W, C))
+
+
+def mixup_cfg(**fields):
+  c = da.default_mixup_config()
+  c.update(fields)
+  return c
+
+
+def erasing_cfg(**fields):
+  c = da.default_erasing_config()
+  c.update(fields)
+  return c
+
+
+def constant_batch():
+  """Example i is the constant image i + 1 (so every pixel tells which example it came from)."""
+  return jnp.broadcast_to(jnp.arange(1.0, B + 1.0)[:, None, None, None], (B, H, W, C))
+
+
+LABELS = jnp.arange(B) % K
+
+
+# ----------------------------------------------------------------------------- random erasing
+
+
+def test_erasing_boxes_area_fill_and_determinism():
+  x = images()
+  cfg = erasing_cfg(prob=1.0)
+  out = da.random_erasing(jax.random.key(1), x, cfg)
+  assert out.shape == x.shape and out.dtype == x.dtype
+  np.testing.assert_array_equal(out, da.random_erasing(jax.random.key(1), x, cfg))
+  assert not np.array_equal(out, da.random_erasing(jax.random.key(2), x, cfg))
+  changed = np.asarray(jnp.any(out != x, axis=-1))  # (B, H, W)
+  for mask in changed:
+    rows, cols = np.nonzero(mask)
+    # One axis-aligned box per example, of area in [min_area, max_area] up to rounding.
+    h, w = rows.max() - rows.min() + 1, cols.max() - cols.min() + 1
+    assert mask.sum() == h * w
+    assert 0.02 * H * W * 0.5 <= h * w <= H * W / 3 * 1.5
+  # 'pixel' fills with N(0, 1) noise: the erased values are fresh, not the image's.
+  erased = np.asarray(out)[changed]
+  assert abs(erased.mean()) < 0.3 and 0.7 < erased.std() < 1.3
+
+
+def test_erasing_probability_modes_and_identity():
+  x = images()
+  np.testing.assert_array_equal(da.random_erasing(jax.random.key(0), x, erasing_cfg(prob=0.0)), x)
+  const = da.random_erasing(jax.random.key(0), x, erasing_cfg(prob=1.0, mode="const"))
+  assert np.all((np.asarray(const) == 0) | (np.asarray(const) == np.asarray(x)))
+  rand = np.asarray(da.random_erasing(jax.random.key(0), x, erasing_cfg(prob=1.0, mode="rand")))
+  for i in range(B):  # one colour per box and channel
+    box = np.any(rand[i] != np.asarray(x[i]), axis=-1)
+    assert len(np.unique(rand[i][box], axis=0)) == 1
+  # prob 0.5 over many examples erases about half of them.
+  big = jnp.zeros((400, 8, 8, 1))
+  hit = np.any(
+    np.asarray(da.random_erasing(jax.random.key(3), big, erasing_cfg(prob=0.5))) != 0,
+    axis=(1, 2, 3),
+  )
+  assert 0.4 < hit.mean() < 0.6
+
+
+# ----------------------------------------------------------------------------- mixup / cutmix
+
+
+def test_soft_targets_fold_label_smoothing():
+  t = da.soft_targets(LABELS, K, 0.1)
+  np.testing.assert_allclose(t.sum(-1), 1.0, rtol=1e-6)
+  np.testing.assert_allclose(t[0], [0.92, 0.02, 0.02, 0.02, 0.02], rtol=1e-6)
+  x, targets = da.mix_batch(jax.random.key(0), images(), LABELS, mixup_cfg(), K, 0.1)
+  np.testing.assert_array_equal(x, images())  # mixing off: identity, smoothed one-hot
+  np.testing.assert_allclose(targets, t)
+
+
+def test_mixup_is_a_convex_combination_with_the_mirrored_batch():
+  x = images()
+  cfg = mixup_cfg(mixup_alpha=0.8)
+  mixed, targets = da.mix_batch(jax.random.key(4), x, LABELS, cfg, K, 0.0)
+  lam = float(targets[0, LABELS[0]]) if LABELS[0] != LABELS[-1] else None
+  assert lam is not None and 0 < lam < 1
+  np.testing.assert_allclose(mixed, lam * x + (1 - lam) * x[::-1], rtol=1e-5, atol=1e-6)
+  expected = lam * da.soft_targets(LABELS, K, 0) + (1 - lam) * da.soft_targets(LABELS[::-1], K, 0)
+  np.testing.assert_allclose(targets, expected, rtol=1e-5)
+  # With label smoothing the mix applies to the smoothed targets (timm's mixup_target).
+  _, smooth = da.mix_batch(jax.random.key(4), x, LABELS, cfg, K, 0.1)
+  expected = lam * da.soft_targets(LABELS, K, 0.1) + (1 - lam) * da.soft_targets(
+    LABELS[::-1], K, 0.1
+  )
+  np.testing.assert_allclose(smooth, expected, rtol=1e-5)
+  np.testing.assert_allclose(smooth.sum(-1), 1.0, rtol=1e-6)
+
+
+def test_cutmix_pastes_one_box_and_lam_is_the_area_kept():
+  x = constant_batch()
+  cfg = mixup_cfg(cutmix_alpha=1.0)
+  seen_fractions = []
+  for seed in range(20):
+    mixed, targets = da.mix_batch(jax.random.key(seed), x, LABELS, cfg, K, 0.0)
+    mixed = np.asarray(mixed)
+    pasted = mixed[..., 0] == np.asarray(x[::-1])[..., 0]  # (B, H, W)
+    kept = mixed[..., 0] == np.asarray(x)[..., 0]
+    assert np.all(pasted | kept)
+    # 'batch' mode: the same box for every example.
+    assert all(np.array_equal(pasted[0], pasted[i]) for i in range(B) if i != B - 1 - i)
+    fraction = pasted[0].mean()
+    lam = float(targets[0, LABELS[0]])  # labels 0 and 2 differ
+    np.testing.assert_allclose(lam, 1 - fraction, rtol=1e-6)  # correct_lam: exact area kept
+    if 0 < fraction < 1:
+      rows, cols = np.nonzero(pasted[0])
+      assert pasted[0].sum() == (rows.max() - rows.min() + 1) * (cols.max() - cols.min() + 1)
+    seen_fractions.append(fraction)
+  assert 0.15 < np.mean(seen_fractions) < 0.6  # Beta(1, 1) area, less what the border clips
+
+
+def test_switch_probability_and_elementwise_mode():
+  x = constant_batch()
+  both = mixup_cfg(mixup_alpha=1.0, cutmix_alpha=1.0, switch_prob=0.5)
+  kinds = []
+  for seed in range(40):
+    mixed = np.asarray(da.mix_batch(jax.random.key(seed), x, LABELS, both, K, 0.0)[0])
+    values = np.unique(mixed[0])
+    kinds.append(set(values) <= {1.0, float(B)})  # CutMix keeps original pixel values
+  assert 0.25 < np.mean(kinds) < 0.75
+  elem = mixup_cfg(mixup_alpha=1.0, mode="elem")
+  mixed, targets = da.mix_batch(jax.random.key(0), x, LABELS, elem, K, 0.0)
+  lams = [float(targets[i, LABELS[i]]) for i in range(B) if LABELS[i] != LABELS[B - 1 - i]]
+  assert len(set(np.round(lams, 6))) > 1  # one lam per example
+  off = mixup_cfg(mixup_alpha=1.0, prob=0.0)
+  np.testing.assert_array_equal(da.mix_batch(jax.random.key(0), x, LABELS, off, K, 0.0)[0], x)
+
+
+def test_augment_batch_is_deterministic_and_jits():
+  fn = jax.jit(
+    lambda key, x, y: da.augment_batch(
+      key,
+      x,
+      y,
+      mixup=mixup_cfg(mixup_alpha=0.8, cutmix_alpha=1.0),
+      erasing=erasing_cfg(prob=0.25),
+      num_classes=K,
+      label_smoothing=0.1,
+    )
+  )
+  a = fn(jax.random.key(7), images(), LABELS)
+  b = fn(jax.random.key(7), images(), LABELS)
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+  assert a[1].shape == (B, K)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+  "fields, num_classes, match",
+  [
+    ({"mixup_alpha": -1.0}, 10, r"mixup.mixup_alpha=-1.0 must be >= 0"),
+    ({"prob": 1.5}, 10, r"mixup.prob=1.5 must be a probability"),
+    ({"mode": "pair"}, 10, r"mixup.mode='pair' is not one of \('batch', 'elem'\)"),
+    ({"mixup_alpha": 0.8}, 1, r"needs integer class labels and num_classes >= 2"),
+    ({"cutmix_alpha": 1.0}, None, r"num_classes=None"),
+  ],
+)
+def test_bad_mixup_config(fields, num_classes, match):
+  with pytest.raises(ValueError, match=match):
+    da.validate_mixup_config(mixup_cfg(**fields), num_classes)
+
+
+@pytest.mark.parametrize(
+  "fields, match",
+  [
+    ({"prob": -0.1}, r"random_erasing.prob=-0.1 must be a probability"),
+    ({"mode": "noise"}, r"random_erasing.mode='noise' is not one of"),
+    ({"min_area": 0.5, "max_area": 0.2}, r"0 < min_area <= max_area <= 1"),
+  ],
+)
+def test_bad_erasing_config(fields, match):
+  with pytest.raises(ValueError, match=match):
+    da.validate_erasing_config(erasing_cfg(**fields))
