@@ -32,6 +32,9 @@ NO_DECAY_NAMES = (
   "gating_param",
   "attention_centers",
   "attention_spreads",
+  "alpha",  # GMM mixture weights (K, H)
+  "sigma",  # GMM widths (K, H)
+  "elm",  # element-wise learnable mask (N, N)
   "scale",
   "bias",
 )

@@ -166,3 +166,18 @@ def test_checkpoints_keep_last_n_and_best(tmp_path):
   restored = ckpt.best.restore(7, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
   np.testing.assert_array_equal(restored["state"]["w"], np.full(3, 7.0))
   ckpt.close()
+
+
+def test_intended_mask_spares_gmm_and_elm_mask_parameters():
+  import flax.linen as nn
+
+  for name, mask_params in [
+    ("gmm_vit_smalldata_d9_patch4_32", ("alpha", "sigma")),
+    ("elm_vit_smalldata_d6_patch4_32", ("elm",)),
+  ]:
+    model = create_model(name, num_classes=10)
+    boxed, _ = train.abstract_train_state(model, None, (32, 32, 3))
+    mask = _flat(optim.decay_mask(nn.meta.unbox(boxed), "intended"))
+    masked = {k: v for k, v in mask.items() if k.split("/")[-1] in mask_params}
+    assert masked and not any(masked.values()), masked  # every layer's mask parameters
+    assert _flat(optim.decay_mask(nn.meta.unbox(boxed), "all"))[next(iter(masked))]
