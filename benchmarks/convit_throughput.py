@@ -68,6 +68,8 @@ def jax_step(name: str, image_size: int, batch_size: int):
   from locvit import optim, train
 
   config = deit_recipe(base_config())
+  # The model step only: the PyTorch reference has no on-device Mixup/CutMix/erasing either.
+  config.mixup.mixup_alpha = config.mixup.cutmix_alpha = config.random_erasing.prob = 0.0
   config.batch_size = batch_size
   config.model.name = name
   config.model.overrides.drop_path_rate = 0.0

@@ -79,8 +79,8 @@ def test_matches_numpy_reference(variant, num_heads):
   module = GPSA(num_heads=num_heads, variant=variant)
   variables = perturb(init(module, x))
   expected = numpy_reference(variables["params"], x, num_heads, variant)
-  for fast in (True, False):
-    out = module.clone(fast_path=fast).apply(variables, x, grid=GRID)
+  for fast, implementation in ((True, None), (True, "xla"), (True, "einsum"), (False, None)):
+    out = module.clone(fast_path=fast, implementation=implementation).apply(variables, x, grid=GRID)
     np.testing.assert_allclose(out, expected, atol=2e-5, rtol=1e-5)
 
 
@@ -303,3 +303,17 @@ def test_convit_overrides_layers_and_locality():
   assert inter["blocks_0"]["attn"]["attention"][0].shape == (2, 4, 64, 64)
   assert inter["blocks_2"]["attn"]["attention"][0].shape == (2, 4, 65, 65)  # with class token
   np.testing.assert_allclose(logits, jax.jit(model.apply)(variables, images), atol=1e-5)
+
+
+def test_attention_implementations_agree_and_bad_name_is_rejected():
+  from locvit.attention.attention import dot_product_attention
+
+  q, k, v = (jax.random.normal(jax.random.key(i), (2, 7, 3, 4)) for i in range(3))
+  bias = jax.random.normal(jax.random.key(4), (1, 3, 7, 7))
+  np.testing.assert_allclose(
+    dot_product_attention(q, k, v, bias, "einsum"),
+    dot_product_attention(q, k, v, bias, "xla"),
+    atol=1e-6,
+  )
+  with pytest.raises(ValueError, match=r"implementation='flash' is not one of"):
+    dot_product_attention(q, k, v, implementation="flash")

@@ -35,6 +35,7 @@ from locvit.attention.attention import (
   IMPLEMENTATIONS,
   DenseGeneral,
   OutputProjection,
+  dot_product_attention,
   partitioned,
   record_attention,
   register_attention,
@@ -236,13 +237,13 @@ class GPSA(nn.Module):
       self.fast_path and not wants_attention_maps(self) and not (train and self.attn_drop > 0.0)
     )
     if fast and gate is not None:
-      content = jax.nn.dot_product_attention(q, k, v, implementation=self.implementation)
+      content = dot_product_attention(q, k, v, implementation=self.implementation)
       positional = jnp.einsum("hnm,bmhd->bnhd", pos.astype(self.dtype), v)
       g = gate[:, None].astype(self.dtype)  # broadcasts over (B, N, H, Dh)
       y = (1 - g) * content + g * positional
     elif fast:  # PSA: positional logits are an additive bias of the fused kernel
       bias = pos_logits[None].astype(q.dtype)
-      y = jax.nn.dot_product_attention(q, k, v, bias=bias, implementation=self.implementation)
+      y = dot_product_attention(q, k, v, bias=bias, implementation=self.implementation)
     else:
       logits = jnp.einsum("bnhd,bmhd->bhnm", q, k).astype(jnp.float32) * head_dim**-0.5
       if gate is not None:

@@ -56,6 +56,7 @@ import numpy as np
 from locvit.attention.attention import (
   IMPLEMENTATIONS,
   Attention,
+  dot_product_attention,
   partitioned,
   record_attention,
   register_attention,
@@ -379,7 +380,7 @@ class MaskedAttention(Attention):
       # cuDNN reads the bias from memory: give it the un-broadcast table.
       batch = 1 if self.implementation == "cudnn" else x.shape[0]
       bias = batch_broadcast(table, batch).astype(q.dtype)
-      y = jax.nn.dot_product_attention(q, k, v, bias=bias, implementation=self.implementation)
+      y = dot_product_attention(q, k, v, bias=bias, implementation=self.implementation)
       return self._project(y, dim, train)
     logits = jnp.einsum("bnhd,bmhd->bhnm", q, k).astype(jnp.float32) * q.shape[-1] ** -0.5
     logits = combine_mask(logits, table, self.combine)

@@ -60,6 +60,7 @@ import numpy as np
 from locvit.attention.attention import (
   IMPLEMENTATIONS,
   Attention,
+  dot_product_attention,
   partitioned,
   record_attention,
   register_attention,
@@ -420,7 +421,7 @@ class RelativeAttention(nn.Module):
       )
       if fast:
         v = jnp.broadcast_to(x[:, :, None, :], (batch, num_tokens, heads, dim))
-        y = jax.nn.dot_product_attention(
+        y = dot_product_attention(
           q, k, v, bias=table[None].astype(q.dtype), implementation=self.implementation
         )
       else:
