@@ -62,14 +62,15 @@ def plot_mask_table(
   table: Any, grid: TokenGrid, path: str | os.PathLike, *, title: str = ""
 ) -> Path:
   """Writes one PNG for one layer: per head, the raw mask (top) and its unfolding (bottom)."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  # A bare Figure on the Agg canvas: no pyplot, so a notebook's backend is left alone.
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
 
   table = _heads_to_plot(np.asarray(table, np.float32))
   heads = table.shape[0]
-  fig, axes = plt.subplots(2, heads, figsize=(2.4 * heads, 5.0), squeeze=False)
+  fig = Figure(figsize=(2.4 * heads, 5.0))
+  FigureCanvasAgg(fig)
+  axes = fig.subplots(2, heads, squeeze=False)
   for h in range(heads):
     for row, image in enumerate((table[h], unfold_mask(table[h], grid))):
       ax = axes[row, h]
@@ -84,7 +85,6 @@ def plot_mask_table(
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path, dpi=100)
-  plt.close(fig)
   return path
 
 

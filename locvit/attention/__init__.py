@@ -19,7 +19,10 @@ from locvit.attention.relative import RelativeAttention as RelativeAttention  # 
 
 __all__ = [
   "COMBINE_RULES",
+  "GPSA",
   "Attention",
+  "GMMAttention",
+  "RelativeAttention",
   "TokenGrid",
   "get_attention",
   "gpsa_relative_features",
