@@ -95,12 +95,15 @@ class Checkpointer:
     self.best = _manager(os.path.join(self.directory, "best"), 1, async_save) if keep_best else None
 
   def latest_step(self) -> int | None:
+    """The newest saved step in ``DIR``, or None when there is none."""
     return self.manager.latest_step()
 
   def best_step(self) -> int | None:
+    """The step kept in ``DIR/best``, or None (nothing saved yet, or ``keep_best=False``)."""
     return self.best.latest_step() if self.best is not None else None
 
   def best_score(self) -> float | None:
+    """``eval/top1`` of the best checkpoint (read from its metadata), or None."""
     step = self.best_step()
     if step is None:
       return None
@@ -108,6 +111,8 @@ class Checkpointer:
     return meta["metrics"][BEST_METRIC]
 
   def saved_meta(self, step: int | None = None) -> dict[str, Any] | None:
+    """The ``meta`` JSON (step, config fingerprint, eval metrics) of ``step`` (default: latest),
+    or None when nothing is saved."""
     step = self.latest_step() if step is None else step
     if step is None:
       return None
@@ -156,11 +161,13 @@ class Checkpointer:
     return jax.process_count() > 1 and self.manager.reached_preemption(step)
 
   def wait(self) -> None:
+    """Blocks until every asynchronous save (last-N and best) has been committed."""
     self.manager.wait_until_finished()
     if self.best is not None:
       self.best.wait_until_finished()
 
   def close(self) -> None:
+    """Waits for pending saves and releases both managers."""
     self.manager.close()
     if self.best is not None:
       self.best.close()

@@ -1,4 +1,5 @@
-"""DeiT-style knowledge distillation (Touvron et al. 2021, Sec. 5), as in ConViT appendix B.
+"""DeiT-style knowledge distillation (Touvron et al. 2021, "Distillation through attention"), as in
+ConViT appendix B.
 
 The student is a ``VisionTransformer`` with ``distilled=True``: a distillation token beside the
 class token and a second head. The teacher is any registered locvit model restored from a
@@ -57,6 +58,7 @@ def default_distillation_config() -> ml_collections.ConfigDict:
 
 
 def enabled(config: ml_collections.ConfigDict) -> bool:
+  """Whether ``config.distillation`` is present and its ``type`` is not 'none'."""
   dist = config.get("distillation")
   return dist is not None and dist.type != "none"
 
@@ -145,7 +147,9 @@ def teacher_logits(teacher: Teacher | None, variables: Any, images: Array) -> Ar
 def distillation_loss(
   student_logits: Array, dist_logits: Array, targets: Array, teacher: Array, dist: Any
 ) -> Array:
-  """The DeiT objective for one batch (see the module docstring)."""
+  """The DeiT objective for one batch, a scalar: ``(1 - alpha) CE(student_logits, targets)
+  + alpha KD`` with KD the hard-label CE of ``dist_logits`` against the teacher's argmax ('hard')
+  or the ``tau^2``-scaled KL ('soft'); see the module docstring."""
   base = jnp.mean(optax.softmax_cross_entropy(student_logits, targets))
   if dist.type == "hard":
     kd = jnp.mean(

@@ -48,6 +48,7 @@ def _init_distributed() -> None:
 
 
 def main(argv):
+  """Runs ``--mode`` (train, eval or analyze) on ``--config`` and ``--workdir``."""
   del argv
   _init_distributed()
   from locvit import train
@@ -83,6 +84,7 @@ def _main_with_clear_errors(argv):
 
 
 def run() -> None:
+  """Console entry point: parses flags and runs ``main`` with one-line config/data errors."""
   app.run(_main_with_clear_errors)
 
 

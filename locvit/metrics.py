@@ -47,6 +47,8 @@ class MetricWriter:
     os.replace(tmp, self.path)
 
   def write(self, step: int, metrics: dict[str, Any]) -> None:
+    """Appends ``{'step': step, **metrics}`` to ``metrics.jsonl``; finite scalars also go to
+    TensorBoard. A no-op on processes other than 0."""
     if not self.enabled:
       return
     record = {"step": int(step), **{k: _jsonable(v) for k, v in metrics.items()}}
@@ -57,6 +59,7 @@ class MetricWriter:
         self._tb.add_scalar(key, value, int(step))
 
   def close(self) -> None:
+    """Flushes and closes the TensorBoard writer."""
     if self._tb is not None:
       self._tb.flush()
       self._tb.close()
@@ -78,6 +81,8 @@ class Progress:
     self.tty = sys.stdout.isatty()
 
   def update(self, step: int, loss: float) -> dict[str, float]:
+    """Prints the progress line for ``step`` and returns the throughput since the last call as
+    ``{'perf/steps_per_sec', 'perf/images_per_sec'}``."""
     now = time.perf_counter()
     steps_per_s = (step - self._last_step) / max(now - self._last_time, 1e-9)
     self._last_step, self._last_time = step, now
@@ -91,6 +96,7 @@ class Progress:
     return {"perf/steps_per_sec": steps_per_s, "perf/images_per_sec": steps_per_s * self.batch_size}
 
   def done(self) -> None:
+    """Ends the rewritten terminal line with a newline."""
     if self.enabled and self.tty:
       print(flush=True)
 

@@ -92,10 +92,12 @@ def data_parallel_size(mesh: Mesh, rules: Rules) -> int:
 
 
 def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
+  """Leading (batch) axis split as the logical axis 'batch' maps under ``rules``."""
   return NamedSharding(mesh, nn.logical_to_mesh_axes(("batch",), rules))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
+  """A full copy on every device of ``mesh``."""
   return NamedSharding(mesh, P())
 
 

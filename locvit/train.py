@@ -60,6 +60,8 @@ class TrainState:
 
 
 def build_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Module:
+  """The registered ``config.model.name`` with ``model.overrides`` (bf16 compute under
+  ``mixed_precision``), cloned with ``distilled=True`` when distillation is on."""
   overrides = dict(config.model.get("overrides") or {})
   if config.get("mixed_precision"):
     overrides["dtype"] = jnp.bfloat16
@@ -71,6 +73,7 @@ def build_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Modul
 
 
 def ema_enabled(config: ml_collections.ConfigDict) -> bool:
+  """Whether ``config.ema`` is present with ``decay > 0`` (the state then carries EMA weights)."""
   return config.get("ema") is not None and config.ema.decay > 0
 
 
@@ -333,6 +336,29 @@ def train_step(
   return new_state, metrics
 
 
+def center_plotter(config, params, workdir: str):
+  """``fn(step, params)`` writing the attention-centre plot (Cordonnier et al. Figs. 3-4) at each
+  evaluation when ``config.analysis.center_plots``; a no-op otherwise or on processes > 0."""
+  analysis = config.get("analysis")
+  if not analysis or not analysis.get("center_plots"):
+    return lambda step, params: None
+  from locvit.analysis import centers  # lazy: matplotlib
+
+  paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)]
+  if not any("attention_centers" in p for p in paths):
+    raise ValueError(
+      f"analysis.center_plots=True needs Gaussian attention layers ('quadratic', "
+      f"'quadratic_generalized'); model {config.model.name!r} has none."
+    )
+
+  def plot(step: int, params) -> None:
+    if jax.process_index() == 0:
+      path = os.path.join(workdir, "plots", f"centers_step_{step:06d}.png")
+      centers.plot_attention_centers(jax.device_get(params), path)
+
+  return plot
+
+
 # ------------------------------------------------------------------------------------------------
 # Preemption
 
@@ -475,6 +501,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     locality_fn = locality.make_locality_logger(config, model, mesh, eval_source)
     if locality_fn is not None and start == 0:  # the curves (ConViT Figs. 5-6) start at init
       writer.write(0, locality_fn(state.params))
+    plot_centers = center_plotter(config, state.params, workdir)
+    if start == 0:
+      plot_centers(0, state.params)
     batch_sharding = sharding.batch_sharding(mesh, rules)
     progress = metrics_lib.Progress(total_steps, config.batch_size, start)
     log_every = config.get("log_every_steps", 50)
@@ -506,6 +535,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           record.update(final)
           if locality_fn is not None:
             record.update(locality_fn(state.params))
+          plot_centers(step, state.params)
         if record:
           writer.write(step, record)
         if (ckpt_every and step % ckpt_every == 0) or last or preempted:

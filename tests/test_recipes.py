@@ -1,6 +1,7 @@
 """Training recipes end to end: presets, on-device augmentation + EMA with exact resume,
 hard distillation from a checkpointed teacher, and starting from (pruned) checkpoints."""
 
+import os
 
 import flax.linen as nn
 import jax
@@ -303,3 +304,19 @@ def test_ema_update_rule():
     optax.incremental_update(params, ema, 0.1)["w"],
     rtol=1e-6,
   )
+
+
+def test_center_plots_over_training(tmp_path):
+  c = recipe_config(total_steps=2, eval_every_steps=1)
+  c.mixup.mixup_alpha = c.mixup.cutmix_alpha = 0.0
+  c.model.name = "cordonnier_sa"
+  c.model.overrides = {"hidden_dim": 16, "mlp_dim": 24, "depth": 2, "num_heads": 4}
+  c.analysis.center_plots = True
+  train.train_and_evaluate(c, str(tmp_path))
+  plots = sorted(os.listdir(tmp_path / "plots"))
+  assert plots == [f"centers_step_00000{i}.png" for i in range(3)]
+  assert (tmp_path / "plots" / plots[-1]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  c = tiny_config()
+  c.analysis.center_plots = True
+  with pytest.raises(ValueError, match="center_plots=True needs Gaussian attention layers"):
+    train.train_and_evaluate(c, str(tmp_path / "deit"))

@@ -40,7 +40,8 @@ LINESTYLES = ("solid", "dotted", "dashed", "dashdot")
 
 
 def gaussian_mass_levels(masses: Sequence[float] = DEFAULT_MASSES) -> np.ndarray:
-  """Levels of ``f / f_max`` whose superlevel sets hold ``masses`` of a 2-D Gaussian.
+  """Levels of ``f / f_max`` whose superlevel sets hold ``masses`` of a 2-D Gaussian (the 50% / 90%
+  contours of Cordonnier et al. Figs. 3, 4, 12 and 14). Raises ValueError outside (0, 1).
 
   The Mahalanobis radius ``r`` enclosing mass ``m`` solves ``1 - exp(-r^2 / 2) = m``, and there
   ``f / f_max = exp(-r^2 / 2) = 1 - m``.
@@ -69,7 +70,8 @@ def mass_contour_levels(
 
 
 def quadratic_heads(params: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-  """``{layer path: (centres (H, 2), Sigma^{-1} (H, 2, 2))}`` of every Gaussian attention layer."""
+  """``{layer path: (centres (H, 2), Sigma^{-1} (H, 2, 2))}`` of every Gaussian attention layer
+  (Cordonnier et al. Eq. 9 / appendix E parameters)."""
   out = {}
   for path, layer in attention_layers(params).items():
     pos = layer["positional"]
@@ -84,7 +86,10 @@ def quadratic_heads(params: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 def gaussian_on_mesh(
   center: np.ndarray, inv_cov: np.ndarray, d1: np.ndarray, d2: np.ndarray
 ) -> np.ndarray:
-  """Unnormalised ``exp(-1/2 (delta - Delta)^T Sigma^{-1} (delta - Delta))``, max 1 at ``Delta``."""
+  """Unnormalised ``exp(-1/2 (delta - Delta)^T Sigma^{-1} (delta - Delta))``, max 1 at ``Delta``.
+
+  The Gaussian of Cordonnier et al. Eqs. 18-19 on the offset mesh ``(d1, d2)``.
+  """
   e1, e2 = d1 - center[0], d2 - center[1]
   a, b, c = inv_cov[0, 0], inv_cov[0, 1], inv_cov[1, 1]
   return np.exp(-0.5 * (a * e1 * e1 + 2 * b * e1 * e2 + c * e2 * e2))
@@ -118,7 +123,8 @@ def plot_attention_centers(
   ncols: int = 3,
   panel_size: float = 3.0,
 ) -> str:
-  """Writes the attention-centre plot of every Gaussian attention layer in ``params`` to ``path``.
+  """Writes the attention-centre plot of every Gaussian attention layer in ``params`` to ``path``
+  (Cordonnier et al. Figs. 3, 4, 12 and 14).
 
   Args:
     params: params (or variables) of a model with 'quadratic' / 'quadratic_generalized' layers.
@@ -281,7 +287,8 @@ def plot_attention_probabilities(
   query: tuple[int, int] | None = None,
   window: int | None = 7,
 ) -> str:
-  """Attention-probability grid (Figs. 5-10) of ``model`` for one query, averaged over ``images``.
+  """Attention-probability grid (Cordonnier et al. Figs. 5-10) of ``model`` for one query, averaged
+  over ``images``.
 
   Positional-only models do not depend on the images: with ``images=None`` one zero image of
   ``image_size`` is used. Content models need real images (Fig. 6 averages 100 test images).

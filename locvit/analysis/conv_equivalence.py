@@ -63,7 +63,8 @@ def interior_mask(height: int, width: int, kernel_size: tuple[int, int]) -> np.n
 
 @dataclasses.dataclass(frozen=True)
 class ConvAsAttention:
-  """A quadratic-attention layer and its variables that compute a convolution (Theorem 1).
+  """A quadratic-attention layer and its variables that compute a convolution (Cordonnier et al.
+  Theorem 1).
 
   Attributes:
     module: the attention layer (``RelativeAttention`` or ``Attention``), called on ``(B, N, Din)``
@@ -102,7 +103,8 @@ def conv_to_quadratic_attention(
   head_dim: int | None = None,
   generalized: bool = False,
 ) -> ConvAsAttention:
-  """Parameters of a quadratic-attention layer equal to the convolution ``kernel`` (Theorem 1).
+  """Parameters of a quadratic-attention layer equal to the convolution ``kernel`` (Cordonnier et
+  al. Theorem 1: Lemma 1's heads, Lemma 2's Eq. 9 encoding).
 
   Args:
     kernel: ``(K1, K2, Din, Dout)`` (HWIO, as ``lax.conv_general_dilated`` with

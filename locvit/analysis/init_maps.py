@@ -153,6 +153,7 @@ def load_images(source: Any, count: int, mean, std) -> np.ndarray:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+  """Command-line entry point (see the module docstring); prints the path of every PNG written."""
   import argparse
 
   from locvit.data import ImageFolderSource

@@ -68,6 +68,9 @@ def default_analysis_config() -> ml_collections.ConfigDict:
       layers 2 and 10 (indices 1 and 9) clipped to the depth.
     query: (row, col) of the query patch of the maps; () = the centre patch.
     map_image_index: which of the fixed eval images the maps use.
+    center_plots: at each evaluation, write the attention-centre plot of the Gaussian
+      (Cordonnier quadratic) layers to ``WORKDIR/plots/centers_step_<step>.png`` (Figs. 3-4 over
+      training); an error at start-up for a model without such layers.
   """
   c = ml_collections.ConfigDict()
   c.locality = False
@@ -76,6 +79,7 @@ def default_analysis_config() -> ml_collections.ConfigDict:
   c.map_layers = ()
   c.query = ()
   c.map_image_index = 0
+  c.center_plots = False
   return c
 
 
@@ -84,12 +88,12 @@ def default_analysis_config() -> ml_collections.ConfigDict:
 
 
 def distance_matrix(grid: TokenGrid) -> np.ndarray:
-  """``(N, N)`` Euclidean distances ``||delta_ij||`` between patches, in patches."""
+  """``(N, N)`` Euclidean distances ``||delta_ij||`` between patches, in patches (ConViT Eq. 8)."""
   return np.sqrt(squared_distances(grid))
 
 
 def nonlocality(attention: Array, grid: TokenGrid, num_prefix_tokens: int = 0) -> Array:
-  """Eq. 8 per head: ``einsum('nm,hnm->h', dist, A.mean(batch)) / N``.
+  """ConViT's nonlocality (Eq. 8) per head: ``einsum('nm,hnm->h', dist, A.mean(batch)) / N``.
 
   Args:
     attention: ``(B, H, T, T)`` or ``(H, T, T)`` probabilities with ``T = prefix + N``.
@@ -112,14 +116,18 @@ def nonlocality(attention: Array, grid: TokenGrid, num_prefix_tokens: int = 0) -
 
 
 def attention_centres(pos_proj_kernel: Array) -> tuple[Array, Array]:
-  """``(Delta (H, 2) as (dx, dy), span (H,))`` from a ``(3, H)`` Flax ``pos_proj`` kernel."""
+  """``(Delta (H, 2) as (dx, dy), span (H,))`` from a ``(3, H)`` Flax ``pos_proj`` kernel.
+
+  Inverts ConViT Eq. 5: ``v_pos = -alpha (1, -2 Delta)`` gives ``span = 1 / alpha``.
+  """
   w = jnp.asarray(pos_proj_kernel, jnp.float32).T  # timm's (H, 3) weight
   span = -1.0 / w[:, 2]
   return jnp.stack([w[:, 0] * span / 2, w[:, 1] * span / 2], axis=-1), span
 
 
 def parameter_statistics(attn_params: Mapping[str, Any]) -> LayerStats:
-  """Gate, centre, centre distance and span of one layer's attention, where it has them."""
+  """Gate ``sigmoid(lambda_h)`` (ConViT Eq. 7), centre, centre distance and span (Eq. 5) of one
+  layer's attention, where it has them."""
   stats: LayerStats = {}
   if "gating_param" in attn_params:
     stats["gate"] = jax.nn.sigmoid(jnp.asarray(attn_params["gating_param"], jnp.float32))
@@ -158,6 +166,7 @@ def prefix_tokens(model: VisionTransformer, layer: int) -> int:
 
 
 def token_grid(model: VisionTransformer, images: Array) -> TokenGrid:
+  """The patch grid of ``model`` on NHWC ``images``: ``(height // patch, width // patch)``."""
   return TokenGrid(images.shape[1] // model.patch_size, images.shape[2] // model.patch_size)
 
 

@@ -67,7 +67,8 @@ HEAD_AXES: dict[tuple[str, ...], int] = {
 
 @dataclasses.dataclass(frozen=True)
 class PruneThresholds:
-  """When a Gaussian head counts as degenerate (see the module docstring)."""
+  """When a Gaussian head counts as degenerate (Cordonnier et al. appendix E; see the module
+  docstring)."""
 
   min_sq_spread: float = 1e-5
   min_eigenvalue: float = 1e-5
@@ -116,6 +117,7 @@ def attention_layers(params: Any) -> dict[str, dict[str, Any]]:
 
 
 def layer_num_heads(layer: Mapping[str, Any]) -> int:
+  """Heads H of one attention layer's params, read from its positional term (centres or keys)."""
   pos = layer["positional"]
   if "attention_centers" in pos:
     return int(np.shape(pos["attention_centers"])[0])
@@ -125,7 +127,8 @@ def layer_num_heads(layer: Mapping[str, Any]) -> int:
 def degenerate_heads(
   params: Any, thresholds: PruneThresholds = PruneThresholds()
 ) -> dict[str, list[int]]:
-  """``{layer path: [head indices]}`` of degenerate Gaussian heads (learned layers are skipped)."""
+  """``{layer path: [head indices]}`` of degenerate Gaussian heads (Cordonnier et al. appendix E;
+  learned layers are skipped)."""
   out: dict[str, list[int]] = {}
   for path, layer in attention_layers(params).items():
     pos = layer["positional"]
@@ -192,11 +195,13 @@ def prune_heads(params: Any, heads: Mapping[str, Sequence[int]]) -> tuple[Any, d
 
 
 def count_params(params: Any) -> int:
+  """Total number of scalars in a params tree (or ``{'params': ...}`` variables)."""
   tree, _ = _unwrap(params)
   return int(sum(np.size(x) for x in jax.tree.leaves(tree)))
 
 
 def tree_get(tree: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+  """The subtree at ``path`` (keys from the root); raises KeyError if a key is missing."""
   for key in path:
     tree = tree[key]
   return tree
@@ -259,9 +264,12 @@ class PruneReport:
     return tuple(self.heads_after.values())
 
   def num_pruned(self) -> int:
+    """Heads removed over all layers (15 of 54 in the paper's pruned model)."""
     return sum(len(v) for v in self.pruned.values())
 
   def summary(self) -> str:
+    """Three human-readable lines: heads pruned per layer, parameters (M) and FLOPs (B) before
+    -> after, FLOPs both in the paper's dense-only convention and with the attention terms."""
     per_layer = [len(self.pruned.get(k, ())) for k in self.heads_before]
     lines = [
       f"pruned {self.num_pruned()} of {sum(self.heads_before.values())} heads, per layer "
@@ -282,7 +290,8 @@ def prune_degenerate_heads(
   thresholds: PruneThresholds = PruneThresholds(),
   content: bool | None = None,
 ) -> tuple[Any, PruneReport]:
-  """Finds degenerate Gaussian heads, removes them and reports sizes before/after.
+  """Finds degenerate Gaussian heads, removes them and reports sizes before/after (Cordonnier et
+  al. appendix E, Table 4's pruned row).
 
   ``grid`` is the token grid the FLOPs are counted on (None: 16x16, CIFAR after the 2x2
   space-to-depth). Raises ValueError when a layer would lose all its heads.

@@ -81,6 +81,7 @@ def record_attention(module: nn.Module, probs: Array) -> None:
 
 
 def wants_attention_maps(module: nn.Module) -> bool:
+  """True when the caller collects intermediates, so attention maps must be materialised."""
   return module.is_mutable_collection("intermediates")
 
 
@@ -170,6 +171,11 @@ class OutputProjection(nn.Module):
 
 class Attention(nn.Module):
   """Multi-head self-attention with an optional positional term.
+
+  Without one: ``softmax(q k^T / sqrt(Dh)) v`` per head, heads merged by the output projection
+  (ConViT Eqs. 1-3). With one, ``combine`` selects Cordonnier et al.'s relative logits
+  ('add', Eq. 8), Li & Zhang's masks ('multiply', Eq. 9) or positional-only attention ('replace',
+  Cordonnier et al. Secs. 4.2-4.3); see the module docstring.
 
   Attributes:
     num_heads: number of heads H.
@@ -302,10 +308,12 @@ def register_attention(name: str) -> Callable[[AttentionFactory], AttentionFacto
 
 
 def list_attention() -> list[str]:
+  """Registered attention kind names, sorted ('mhsa', 'gpsa', 'quadratic', 'gmm', ...)."""
   return sorted(_ATTENTION)
 
 
 def get_attention(name: str) -> AttentionFactory:
+  """The factory registered as ``name``; raises ValueError listing the valid kinds otherwise."""
   if name not in _ATTENTION:
     raise ValueError(f"Unknown attention kind {name!r}. Valid kinds: {list_attention()}.")
   return _ATTENTION[name]

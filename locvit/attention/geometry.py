@@ -31,10 +31,12 @@ class TokenGrid:
 
   @property
   def num_tokens(self) -> int:
+    """N = height * width."""
     return self.height * self.width
 
   @property
   def is_square(self) -> bool:
+    """Whether height == width (the papers' masks and learned tables assume it)."""
     return self.height == self.width
 
   def require_square(self, what: str) -> None:
@@ -48,7 +50,10 @@ class TokenGrid:
 
 @functools.lru_cache(maxsize=64)
 def relative_offsets(grid: TokenGrid) -> np.ndarray:
-  """Returns ``(N, N, 2)`` int32 offsets ``(dy, dx)`` of key ``j`` relative to query ``i``."""
+  """Returns ``(N, N, 2)`` int32 offsets ``(dy, dx)`` of key ``j`` relative to query ``i``.
+
+  The shift ``delta = k - q`` of Cordonnier et al. (Eq. 8) and ``delta_ij`` of ConViT (Eqs. 4, 8).
+  """
   rows, cols = np.divmod(np.arange(grid.num_tokens), grid.width)
   dy = rows[None, :] - rows[:, None]
   dx = cols[None, :] - cols[:, None]
@@ -59,7 +64,10 @@ def relative_offsets(grid: TokenGrid) -> np.ndarray:
 
 @functools.lru_cache(maxsize=64)
 def squared_distances(grid: TokenGrid) -> np.ndarray:
-  """Returns ``(N, N)`` float32 squared Euclidean distances ``dx^2 + dy^2`` between tokens."""
+  """Returns ``(N, N)`` float32 squared Euclidean distances ``dx^2 + dy^2`` between tokens.
+
+  ``x^2 + y^2`` of Li & Zhang's Eqs. 1-2 and ``||delta||^2`` of ConViT Eq. 5.
+  """
   offsets = relative_offsets(grid).astype(np.float32)
   out = np.sum(offsets**2, axis=-1)
   out.setflags(write=False)
@@ -68,7 +76,10 @@ def squared_distances(grid: TokenGrid) -> np.ndarray:
 
 @functools.lru_cache(maxsize=64)
 def gpsa_relative_features(grid: TokenGrid) -> np.ndarray:
-  """Returns ConViT's ``(N, N, 3)`` relative features ``(dx, dy, dx^2 + dy^2)`` (float32)."""
+  """Returns ConViT's ``(N, N, 3)`` relative features ``(dx, dy, dx^2 + dy^2)`` (float32).
+
+  ``r_delta`` of ConViT Eq. 5 with ``D_pos = 3`` (Sec. 3), in timm's order (squared norm last).
+  """
   offsets = relative_offsets(grid).astype(np.float32)
   dy, dx = offsets[..., 0], offsets[..., 1]
   out = np.stack([dx, dy, dx**2 + dy**2], axis=-1)

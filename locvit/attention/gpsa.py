@@ -63,7 +63,7 @@ def kernel_centres(num_heads: int) -> list[tuple[int, float, float]]:
 
 
 def local_pos_proj_init(num_heads: int, locality_strength: float, base: Callable) -> Callable:
-  """Initializer for the ``(3, H)`` ``pos_proj`` kernel: Eq. 5 centres on top of ``base``.
+  """Initializer for the ``(3, H)`` ``pos_proj`` kernel: ConViT Eq. 5 centres on top of ``base``.
 
   Column ``p`` (timm's row ``p``) becomes ``(2 dx_p, 2 dy_p, -1)`` so the logit is
   ``-||delta - Delta_p||^2 + const``; then the whole kernel is scaled by ``locality_strength``,
@@ -93,14 +93,15 @@ def warn_if_not_square(num_heads: int) -> None:
 
 
 def identity_init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
-  """``W_val = I`` (Eq. 5) for a ``(C, H, Dh)`` kernel; rectangular when ``H * Dh != C``."""
+  """``W_val = I`` (ConViT Eq. 5) for a ``(C, H, Dh)`` kernel; rectangular when ``H * Dh != C``."""
   del key
   return jnp.eye(shape[0], math.prod(shape[1:]), dtype=dtype).reshape(shape)
 
 
 @register_attention("gpsa")
 class GPSA(nn.Module):
-  """ConViT's gated positional self-attention (Eqs. 6-7), or ungated PSA (Eq. 4).
+  """ConViT's gated positional self-attention (d'Ascoli et al. 2021, Eqs. 6-7, Sec. 3), or ungated
+  PSA (Eq. 4), with the convolutional init of Eq. 5.
 
   Called as ``attn(x, grid=grid, num_prefix_tokens=0, train=train)`` on ``(B, N, C)`` patch
   tokens. The positional term is defined on patch tokens only: ConViT inserts the class token

@@ -94,6 +94,9 @@ def distance_levels(grid: TokenGrid) -> tuple[np.ndarray, np.ndarray]:
 def faithful_base(d2: np.ndarray) -> np.ndarray:
   """``exp(-d^2) ** 0.5`` in float32 NumPy, subnormals kept (as NumPy and PyTorch on CPU do).
 
+  The base of Li & Zhang's Eq. 1 in the official code's form, raised there to
+  ``1 / (sigma^2 + 1e-5)``.
+
   Computed in NumPy rather than XLA, whose CPU backend flushes subnormals to zero and would add
   zeros for ``87 < d^2 < 104`` that the official code does not have.
   """
@@ -109,7 +112,8 @@ def gaussian_base_table(grid: TokenGrid) -> np.ndarray:
 
 
 def gaussian_mixture(alpha: Array, sigma: Array, grid: TokenGrid, kernel: Kernel) -> Array:
-  """GMM table ``(H, N, N)`` from ``alpha``, ``sigma`` of shape ``(K, H)`` (Eq. 1, module doc).
+  """GMM table ``(H, N, N)`` from ``alpha``, ``sigma`` of shape ``(K, H)`` (Li & Zhang Eq. 1 and
+  Algorithm 1; the 'faithful' / 'intended' kernels are described in the module docstring).
 
   Evaluated in float32 on the distinct distances of ``grid`` and gathered to the full table.
   """
@@ -167,6 +171,8 @@ def pad_prefix(table: Array, num_prefix_tokens: int, combine: str) -> Array:
 def combine_mask(logits: Array, table: Array, combine: str, num_prefix_tokens: int = 0) -> Array:
   """Applies an ``(H, N, N)`` patch-token mask to ``(B, H, n, n)`` float32 logits.
 
+  'multiply' is Li & Zhang Eq. 7 (``B = A o M``, the logits of Eq. 9); 'add' adds ``M`` instead.
+
   Prefix tokens (class tokens) are left untouched: their rows and columns get 1 for 'multiply'
   and 0 for 'add', as the official PiT does (``dots[:, :, 1:, 1:] = mask(dots[:, :, 1:, 1:])``).
   """
@@ -179,7 +185,7 @@ def combine_mask(logits: Array, table: Array, combine: str, num_prefix_tokens: i
 
 
 def normal_init(mean: float, std: float) -> Callable:
-  """``N(mean, std^2)`` initializer (``torch.randn(...) * std + mean``)."""
+  """``N(mean, std^2)`` initializer (``torch.randn(...) * std + mean``; Li & Zhang Algorithm 1)."""
 
   def init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
     return mean + std * jax.random.normal(key, shape, dtype)
@@ -188,6 +194,7 @@ def normal_init(mean: float, std: float) -> Callable:
 
 
 def check_grid(grid: TokenGrid, allow_non_square: bool, what: str) -> None:
+  """Raises ValueError on a non-square grid unless ``allow_non_square`` (Li & Zhang Eq. 2)."""
   if not allow_non_square:
     grid.require_square(
       f"{what} (Li & Zhang Eq. 2 is defined on a square grid; set "
@@ -196,6 +203,7 @@ def check_grid(grid: TokenGrid, allow_non_square: bool, what: str) -> None:
 
 
 def check_num_kernels(num_kernels: int) -> None:
+  """Raises ValueError unless ``num_kernels`` (K of Eq. 1) is an int >= 1."""
   if not isinstance(num_kernels, int) or num_kernels < 1:
     raise ValueError(
       f"GMM needs num_kernels >= 1 Gaussian kernels per head, got {num_kernels!r} "
@@ -204,7 +212,8 @@ def check_num_kernels(num_kernels: int) -> None:
 
 
 class GaussianMixtureMask(nn.Module):
-  """Multi-head Gaussian mixture mask (Eq. 1 / Algorithm 1), ``(H, N, N)`` per call.
+  """Li & Zhang's multi-head Gaussian mixture mask (Sec. 3.2, Eq. 1 / Algorithm 1), ``(H, N, N)``
+  per call; init of Sec. 4.2.
 
   Attributes:
     num_heads: H; each head has its own K kernels.
@@ -253,7 +262,8 @@ class GaussianMixtureMask(nn.Module):
 
 
 class ElementwiseMask(nn.Module):
-  """Element-wise learnable mask (Sec. 3.1): one ``(N, N)`` parameter shared by the H heads.
+  """Li & Zhang's element-wise learnable mask (Sec. 3.1): one ``(N, N)`` parameter shared by the
+  H heads.
 
   Attributes:
     num_heads: H (the table is broadcast to every head).
@@ -392,7 +402,8 @@ class MaskedAttention(Attention):
 
 
 class GMMAttention(MaskedAttention):
-  """Multi-head GMM attention (Eq. 9, ``softmax((q k^T / sqrt(d)) * M) v``); kind 'gmm'."""
+  """Multi-head GMM attention (Li & Zhang Sec. 3.3, Eq. 9: ``softmax((q k^T / sqrt(d)) * M) v``);
+  attention kind 'gmm'."""
 
   mask_kind: ClassVar[str] = "gmm"
   num_kernels: int = 5
@@ -422,7 +433,8 @@ class GMMAttention(MaskedAttention):
 
 
 class ELMAttention(MaskedAttention):
-  """Attention with an element-wise learnable mask on the logits (attention kind 'elm')."""
+  """Attention with Li & Zhang's element-wise learnable mask (Sec. 3.1) on the logits, applied as
+  in Eq. 9 (attention kind 'elm')."""
 
   mask_kind: ClassVar[str] = "elm"
 

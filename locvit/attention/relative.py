@@ -97,7 +97,8 @@ def torch_linear_bias_init(fan_in: int) -> Callable:
 
 @functools.lru_cache(maxsize=64)
 def quadratic_features(grid: TokenGrid) -> np.ndarray:
-  """``(N, N, 5)`` float32 encoding ``r(delta) = (d1, d2, d1^2, d2^2, d1 d2)``, ``delta = k - q``.
+  """``(N, N, 5)`` float32 encoding ``r(delta) = (d1, d2, d1^2, d2^2, d1 d2)``, ``delta = k - q``:
+  the relative encoding of Cordonnier et al. appendix E (below Eq. 19).
 
   ``d1`` is the row offset and ``d2`` the column offset of key ``k`` relative to query ``q``.
   """
@@ -109,7 +110,11 @@ def quadratic_features(grid: TokenGrid) -> np.ndarray:
 
 
 def inverse_covariance(spreads: Array) -> Array:
-  """``Sigma^{-1}`` (H, 2, 2): ``s^2 I`` for isotropic ``s`` (H,), ``S S^T`` for ``S`` (H, 2, 2)."""
+  """``Sigma^{-1}`` (H, 2, 2): ``s^2 I`` for isotropic ``s`` (H,), ``S S^T`` for ``S`` (H, 2, 2).
+
+  ``S`` is the ``Sigma^{-1/2}`` parameter of Cordonnier et al. appendix E (Eq. 19). Raises
+  ValueError for any other shape.
+  """
   spreads = jnp.asarray(spreads)
   if spreads.ndim == 1:
     return (spreads**2)[:, None, None] * jnp.eye(2, dtype=spreads.dtype)
@@ -119,7 +124,11 @@ def inverse_covariance(spreads: Array) -> Array:
 
 
 def quadratic_target_vectors(centers: Array, spreads: Array) -> Array:
-  """The reference's per-head target vector ``u`` (H, 5) with ``u . r(delta)`` the logit."""
+  """The per-head target vector ``u`` (H, 5) with ``u . r(delta)`` the logit (the reference's form).
+
+  Cordonnier et al. appendix E: ``u . r(delta) = -1/2 (delta - Delta)^T Sigma^{-1} (delta - Delta)``
+  up to a constant (Eq. 19); isotropic spreads give Eq. 9 with ``alpha = s^2 / 2``.
+  """
   inv = inverse_covariance(spreads)
   a, b, c = inv[:, 0, 0], inv[:, 0, 1], inv[:, 1, 1]
   mu1, mu2 = centers[:, 0], centers[:, 1]
@@ -136,7 +145,9 @@ def _normal(std: float, mean: Any = 0.0) -> Callable:
 
 
 class QuadraticPositional(nn.Module):
-  """Gaussian (quadratic) positional logits, isotropic (Eq. 9) or generalized (appendix E).
+  """Cordonnier et al.'s Gaussian (quadratic) positional logits ``(H, N, N)``: isotropic (Sec. 3,
+  Eq. 9) or generalized (appendix E, Eq. 19). Parameters ``attention_centers`` and
+  ``attention_spreads``; no content term.
 
   Attributes:
     num_heads: H.
@@ -179,13 +190,17 @@ class QuadraticPositional(nn.Module):
 
 
 def learned_relative_indices(grid: TokenGrid, max_position: int) -> tuple[np.ndarray, np.ndarray]:
-  """``(row_table_index, col_table_index)``, each (N, N): ``dx + M - 1`` and ``dy + M - 1``."""
+  """``(row_table_index, col_table_index)``, each (N, N): ``dx + M - 1`` and ``dy + M - 1``.
+
+  The embedding-table rows of every (query, key) shift, for Cordonnier et al. Sec. 4.3.
+  """
   offsets = relative_offsets(grid)
   return offsets[..., 1] + max_position - 1, offsets[..., 0] + max_position - 1
 
 
 class LearnedRelativePositional(nn.Module):
-  """Learned 2-D relative positional logits (Sec. 4.3), positional part ``w_q^T r`` of Eq. 8.
+  """Cordonnier et al.'s learned 2-D relative positional logits (Sec. 4.3): the positional last
+  term of Eq. 8, per head a projection of ``r_delta`` = (row-shift, column-shift) embeddings.
 
   Attributes:
     num_heads: H.
@@ -311,6 +326,9 @@ class HeadDense(nn.Module):
 
 class RelativeAttention(nn.Module):
   """Relative positional self-attention in the reference code's parameterisation (Dh = D_in).
+
+  Cordonnier et al. Eqs. 11-12: per head the merged ``W^(h) = W_val^(h) W_out^(h)`` is the
+  ``value`` kernel, learned directly; positional logits from Eq. 9 / Eq. 19 / Sec. 4.3.
 
   ``out = sum_h softmax(A_h) X W_h + b`` with ``W`` the ``value`` kernel ``(H, D_in, D_out)``;
   ``A_h = P_h`` (positional only) or ``P_h + q_h k_h^T / sqrt(Dh)`` (``content=True``).
@@ -452,7 +470,8 @@ _POSITIONAL_KWARGS = ("center_init_std", "spread_init_std", "embed_dim", "max_po
 def relative_attention(
   kind: str, *, num_heads: int, content: bool = False, layout: str = "standard", **kwargs: Any
 ) -> nn.Module:
-  """An attention layer with the ``kind`` positional term.
+  """An attention layer with the ``kind`` positional term (Cordonnier et al. Eq. 9, appendix E or
+  Sec. 4.3).
 
   ``layout='standard'`` returns the library's ``Attention`` with ``positional=<term>`` and
   ``combine='add'`` (content) or ``'replace'`` (positional only); ``layout='reference'`` returns

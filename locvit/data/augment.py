@@ -196,10 +196,12 @@ def register_recipe(name: str, ops: Sequence[str]) -> None:
 
 
 def list_ops() -> list[str]:
+  """Registered augmentation op names, sorted."""
   return sorted(_OPS)
 
 
 def list_recipes() -> list[str]:
+  """Registered recipe names (valid values of ``data.train_augment``), sorted."""
   return sorted(_RECIPES)
 
 

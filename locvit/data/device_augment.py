@@ -63,6 +63,8 @@ def default_erasing_config() -> ml_collections.ConfigDict:
 
 
 def mixing_enabled(mixup: Any) -> bool:
+  """Whether the ``mixup`` block mixes anything: ``prob > 0`` and a positive Mixup or CutMix
+  alpha (None: off)."""
   return mixup is not None and mixup.prob > 0 and (mixup.mixup_alpha > 0 or mixup.cutmix_alpha > 0)
 
 
@@ -85,6 +87,7 @@ def validate_mixup_config(mixup: Any, num_classes: int) -> None:
 
 
 def validate_erasing_config(erasing: Any) -> None:
+  """Raises ValueError naming the ``random_erasing`` field and its valid range or choices."""
   if not 0 <= erasing.prob <= 1:
     raise ValueError(f"random_erasing.prob={erasing.prob!r} must be a probability in [0, 1]")
   if erasing.mode not in ERASING_MODES:
@@ -244,7 +247,10 @@ def augment_batch(
   num_classes: int,
   label_smoothing: float,
 ) -> tuple[Array, Array]:
-  """Random erasing then Mixup/CutMix: (images, soft targets) for the training loss."""
+  """Random erasing then Mixup/CutMix: (images, soft targets) for the training loss.
+
+  The batch-level part of the DeiT recipe that ConViT trains with (Table 1) and of Li & Zhang's
+  small-dataset recipe (Sec. 4.1)."""
   k_erase, k_mix = jax.random.split(key)
   if erasing is not None:
     images = random_erasing(k_erase, images, erasing)

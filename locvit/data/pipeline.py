@@ -237,6 +237,7 @@ class EvalIterable:
     }
 
   def dataset(self) -> grain.IterDataset:
+    """A fresh grain pipeline over this process's padded range: ``len(self)`` normalised batches."""
     ds = grain.MapDataset.range(self.num_batches * self.local_batch_size).map(self._load)
     ds = ds.batch(self.local_batch_size, drop_remainder=True, batch_fn=_stack)
     ds = ds.map(_normalizer(self._cfg))

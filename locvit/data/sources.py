@@ -164,6 +164,7 @@ class ImageFolderSource:
 
   @property
   def skipped_paths(self) -> list[str]:
+    """Paths of the distinct corrupt files met so far, in the order found (on_corrupt='skip')."""
     with self._lock:
       return list(self._skipped)
 
@@ -343,6 +344,7 @@ class SubsetSource:
     return self.source[int(self.indices[index])]
 
   def get_checked(self, index: int) -> tuple[dict[str, np.ndarray], bool]:
+    """Returns (example, ok) from the underlying source; ok is always True if it cannot tell."""
     inner = int(self.indices[index])
     if hasattr(self.source, "get_checked"):
       return self.source.get_checked(inner)

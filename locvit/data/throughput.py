@@ -13,6 +13,7 @@ from locvit.data import default_data_config, make_source, make_train_iterator
 
 
 def main() -> None:
+  """Parses the flags above, runs ``--warmup`` then ``--steps`` batches and prints images/s."""
   p = argparse.ArgumentParser(description=__doc__)
   p.add_argument("--source", default="digits")
   p.add_argument("--root", default=None)

@@ -45,6 +45,7 @@ def input_axes(path: Path, shape: tuple[int, ...]) -> int:
 
 
 def fan_in(path: Path, shape: tuple[int, ...]) -> int:
+  """PyTorch's fan-in of the kernel at ``path``: the product of its input axes."""
   return int(np.prod(shape[: input_axes(path, shape)]))
 
 

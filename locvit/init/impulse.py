@@ -55,7 +55,8 @@ ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.999, 1e-8
 
 @dataclasses.dataclass(frozen=True)
 class SolverConfig:
-  """Settings of the impulse solve; the defaults are the paper's / reference code's.
+  """Settings of the impulse solve; the defaults are the paper's / reference code's (Zheng, Li,
+  Lucey Sec. 4.2: Adam, lr 1e-4, 10,000 steps; Sec. 5.4 for the pseudo inputs and modes).
 
   Attributes:
     filter_size: odd impulse filter size f (Imp.-3, Imp.-5, ...).
@@ -81,6 +82,8 @@ class SolverConfig:
   rank_tol: float = 1e-7
 
   def validate(self, grid: TokenGrid) -> None:
+    """Raises ValueError naming the bad field (filter size for ``grid``, mode, pseudo inputs,
+    steps / norm_every / lr, rank_tol) before anything is compiled."""
     check_filter_size(self.filter_size, grid)
     if self.mode not in MODES:
       raise ValueError(f"mode={self.mode!r} is not one of {MODES}.")
@@ -133,6 +136,8 @@ class ImpulseSolution:
     return self.q[s], self.k[s]
 
   def report(self) -> str:
+    """One line per solve: its layers, pseudo input, Eq. 8 loss, per-head argmax fraction and
+    impulse offsets ``(m, n)``."""
     lines = []
     for s, kind in enumerate(self.pseudo_inputs):
       layers = np.flatnonzero(self.layer_solve == s).tolist()
@@ -195,7 +200,8 @@ def _features(xs: np.ndarray, head_dim: int, rank_tol: float):
 
 
 def attention_logits_dense(q, k, x, scale):
-  """``X Q[h] K[h] X^T * scale`` for all heads: ``(H, N, N)``."""
+  """``X Q[h] K[h] X^T * scale`` for all heads: ``(H, N, N)`` (the softmax argument of Zheng, Li,
+  Lucey Eq. 8, with ``scale = sigma = hd^-0.5``)."""
   a = jnp.einsum("nd,hde->hne", x, q)
   b = jnp.einsum("nd,hed->hne", x, k)
   return jnp.einsum("hne,hme->hnm", a, b) * scale
@@ -324,7 +330,8 @@ def optimize_qk(
   rank_tol: float = 1e-7,
   batching: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray, float, float]:
-  """Runs Algorithm 1's loop for S solves from given starting points, in one compiled call.
+  """Runs the loop of Zheng, Li, Lucey's Algorithm 1 (minimising Eq. 8) for S solves from given
+  starting points, in one compiled call.
 
   Args:
     q0, k0: ``(S, H, D, hd)`` and ``(S, H, hd, D)`` initial parameters.
@@ -362,7 +369,8 @@ def solve_impulse(
   seed: int = 0,
   cache_dir: str | None = None,
 ) -> ImpulseSolution:
-  """Solves Eq. 8 for every solve of ``cfg.plan(depth)`` in one compiled call.
+  """Solves Zheng, Li, Lucey's Eq. 8 (Algorithm 1) for every solve of ``cfg.plan(depth)`` in one
+  compiled call; returns an ``ImpulseSolution`` (cached on disk under ``cache_dir``).
 
   Args:
     cfg: solver settings.

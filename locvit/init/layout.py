@@ -40,6 +40,7 @@ class AttentionLayout:
   proj_module: str | None = "proj"
 
   def with_pattern(self, pattern: str | None) -> AttentionLayout:
+    """A copy whose ``qk_pattern`` is ``pattern`` (self when ``pattern`` is empty)."""
     return self if not pattern else dataclasses.replace(self, qk_pattern=pattern)
 
 
@@ -59,10 +60,12 @@ def get_layout(layout: str | AttentionLayout, pattern: str | None = None) -> Att
 
 
 def flatten(params: Any) -> dict[Path, Any]:
+  """``{path tuple: leaf}`` of a (possibly frozen) params tree."""
   return flax.traverse_util.flatten_dict(flax.core.unfreeze(params))
 
 
 def unflatten(flat: dict[Path, Any], like: Any) -> Any:
+  """Inverse of ``flatten``; frozen if ``like`` is a ``FrozenDict``."""
   tree = flax.traverse_util.unflatten_dict(flat)
   return flax.core.freeze(tree) if isinstance(like, flax.core.FrozenDict) else tree
 

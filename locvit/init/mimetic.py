@@ -1,5 +1,7 @@
 """Mimetic initialization (Trockman & Kolter 2023), as the structured-init reference applies it.
 
+The "Mimetic" baseline of Zheng, Li, Lucey (Sec. 5.1; Tables 2, 3 and 6; Fig. 3).
+
 Per layer and head, ``A = alpha * Z + beta * I`` with ``Z ~ U(-sqrt(3/D), sqrt(3/D))`` (D x D);
 ``A = U S V`` (SVD), ``L = U sqrt(S)``, ``R = sqrt(S) V``. The query kernel of the head is
 ``L[:, :hd]`` and the key kernel ``R^T[:, :hd]``, so ``W_q W_k^T`` is the best rank-``hd``
@@ -79,7 +81,8 @@ def apply_mimetic(
   v_beta: float = -0.4,
   vproj: str = "reference",
 ) -> Any:
-  """Writes mimetic q/k (and value/output) kernels into every attention layer of ``params``."""
+  """Writes mimetic q/k (and value/output) kernels into every attention layer of ``params``
+  (Trockman & Kolter's init, the "Mimetic" rows of Zheng, Li, Lucey Tables 2, 3 and 6)."""
   if vproj not in VPROJ_MODES:
     raise ValueError(f"vproj={vproj!r} is not one of {VPROJ_MODES}.")
   flat = {k: np.asarray(v) for k, v in flatten(params).items()}

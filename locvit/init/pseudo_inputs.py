@@ -4,7 +4,8 @@ The solver never sees data: it fits ``softmax(X Q K X^T / sqrt(hd))`` to impulse
 pseudo input ``X = LayerNorm(P)`` (no affine, eps 1e-5, Algorithm 1 line 3). ``P`` is one of
 
 - ``'pe'``: the fixed 2-D sin-cos position embedding of the model (reference code 'P');
-- ``'gaussian'``: trunc-normal, std sqrt(0.5), truncated at [-2, 2] (absolute; 'G');
+- ``'gaussian'``: trunc-normal, std sqrt(0.5), truncated at [-2, 2] (absolute; 'G'); the
+  reference code's std, where Sec. 5.4's text says 0.5;
 - ``'uniform'``: U(-1, 1) ('U');
 - ``'pe+gaussian'`` ('B') and ``'pe+uniform'`` ('A'): the embedding plus that noise.
 
@@ -49,7 +50,11 @@ def canonical_pseudo_input(kind: str) -> str:
 def raw_pseudo_input(
   kind: str, grid: TokenGrid, dim: int, rng: np.random.Generator | None = None
 ) -> np.ndarray:
-  """``P`` of shape ``(N, dim)`` float32, before the layer norm (``rng`` for random kinds)."""
+  """``P`` of shape ``(N, dim)`` float32, before the layer norm (``rng`` for random kinds).
+
+  The pseudo inputs of Zheng, Li, Lucey Sec. 4.1 / Sec. 5.4 (Tables 4 and 7). Raises ValueError
+  for an unknown kind or a random kind without ``rng``.
+  """
   kind = canonical_pseudo_input(kind)
   shape = (grid.num_tokens, dim)
   out = np.zeros(shape, np.float64)
@@ -82,5 +87,6 @@ def layer_norm_np(x: np.ndarray, eps: float = LAYER_NORM_EPS) -> np.ndarray:
 def pseudo_input(
   kind: str, grid: TokenGrid, dim: int, rng: np.random.Generator | None = None
 ) -> np.ndarray:
-  """The solver's ``X = LayerNorm(P)``, shape ``(N, dim)`` float32 (Algorithm 1, line 3)."""
+  """The solver's ``X = LayerNorm(P)``, shape ``(N, dim)`` float32 (Zheng, Li, Lucey Algorithm 1,
+  line 3; Eq. 8's ``X~``)."""
   return layer_norm_np(raw_pseudo_input(kind, grid, dim, rng)).astype(np.float32)

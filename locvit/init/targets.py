@@ -35,7 +35,10 @@ def check_filter_size(filter_size: int, grid: TokenGrid) -> None:
 
 
 def tap_to_offset(taps: np.ndarray, filter_size: int) -> np.ndarray:
-  """Impulse tap index ``k`` -> ``(m, n)`` row/col offsets, shape ``(..., 2)`` int32."""
+  """Impulse tap index ``k`` -> ``(m, n)`` row/col offsets, shape ``(..., 2)`` int32.
+
+  The shift of the ``f x f`` impulse filter with its 1 at tap ``k`` (Zheng, Li, Lucey Sec. 4.1).
+  """
   taps = np.asarray(taps)
   half = filter_size // 2
   return np.stack([taps // filter_size - half, taps % filter_size - half], -1).astype(np.int32)
@@ -44,7 +47,8 @@ def tap_to_offset(taps: np.ndarray, filter_size: int) -> np.ndarray:
 def draw_taps(
   rng: np.random.Generator, num_heads: int, filter_size: int, cover: bool = False
 ) -> np.ndarray:
-  """Impulse tap index per head, in ``[0, f^2)``.
+  """Impulse tap index per head, in ``[0, f^2)``: the random impulse filters of Zheng, Li, Lucey
+  Sec. 4.1 (one per head).
 
   ``cover=False``: independent uniform draws with replacement (the reference's ``randint``).
   ``cover=True``: a random permutation of all ``f^2`` taps for the first ``f^2`` heads (so every
@@ -62,6 +66,9 @@ def draw_taps(
 def impulse_key_indices(grid: TokenGrid, offsets: np.ndarray) -> np.ndarray:
   """Target key of every query for each ``(m, n)`` offset: ``(..., N)`` int32, -1 if outside.
 
+  The one-hot column of each row of ``H_impulse`` (Zheng, Li, Lucey Eq. 7, Appendix A), stored
+  sparsely for the solver.
+
   ``offsets`` has shape ``(..., 2)``; tokens are numbered row-major (``i = row * width + col``).
   """
   offsets = np.asarray(offsets, np.int32)
@@ -73,7 +80,8 @@ def impulse_key_indices(grid: TokenGrid, offsets: np.ndarray) -> np.ndarray:
 
 
 def impulse_attention_matrix(grid: TokenGrid, offsets: np.ndarray) -> np.ndarray:
-  """Dense ``(..., N, N)`` float32 impulse convolution matrices (Appendix A, zero padding)."""
+  """Dense ``(..., N, N)`` float32 impulse convolution matrices ``H_impulse`` (Zheng, Li, Lucey
+  Eq. 7; Appendix A, Eqs. 10-12, zero padding)."""
   index = impulse_key_indices(grid, offsets)
   keys = np.arange(grid.num_tokens, dtype=np.int32)
   return (index[..., None] == keys).astype(np.float32)

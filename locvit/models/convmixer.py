@@ -151,6 +151,7 @@ class ConvMixer(nn.Module, _Layers):
   param_dtype: Any = jnp.float32
 
   def check(self) -> None:
+    """Validates ``filter_init`` and ``box_taps`` for ``kernel_size``; raises ValueError."""
     depthwise_filter_init(self.filter_init, self.kernel_size, self.box_taps)
 
   @nn.compact
@@ -192,6 +193,12 @@ class ConvMixer(nn.Module, _Layers):
 
 
 def convmixer(num_classes: int, *, dim: int, kernel_size: int) -> ConvMixer:
+  """ConvMixer-``dim``/8 with ``kernel_size`` depthwise filters and patch 2 (Zheng, Li, Lucey,
+  Sec. 5.6 and Table 5: dim 256 or 512, k 3, 5 or 8, on CIFAR-10).
+
+  Registered as ``convmixer_{256,512}_8_k{3,5,8}_patch2_32``; ``filter_init`` defaults to
+  'random' (override it for the Impulse / Box columns).
+  """
   return ConvMixer(num_classes, dim=dim, depth=8, kernel_size=kernel_size, patch_size=2)
 
 

@@ -15,6 +15,13 @@ RESOLUTIONS = ((16, 224), (4, 32), (2, 32), (8, 64))
 
 
 def deit(num_classes: int, *, heads: int, patch_size: int) -> VisionTransformer:
+  """A DeiT ViT with ``heads`` heads of 64 (embed ``64 * heads``), depth 12, MLP ratio 4, qkv bias,
+  learned position embedding, class-token pooling, drop path 0.1.
+
+  ``heads`` 3 / 6 / 12 give DeiT-Ti / S / B (Touvron et al. 2021, Table 1); 4 / 9 / 16 the "+"
+  sizes of ConViT Table 1 (Ti+ 256, S+ 576, B+ 1024 wide). Registered as ``deit_{size}`` (patch 16
+  at 224) and ``deit_{size}_patch{p}_{res}`` for the resolutions in ``RESOLUTIONS``.
+  """
   return VisionTransformer(
     num_classes=num_classes,
     patch_size=patch_size,

@@ -108,6 +108,8 @@ def classifier_head(num_classes: int, dtype: Any, param_dtype: Any, name: str = 
 
 
 def layer_norm(eps: float, dtype: Any, name: str) -> nn.LayerNorm:
+  """``nn.LayerNorm`` over the last axis with ``eps``; scale (ones) and bias (zeros) are
+  partitioned on the logical 'embed' axis."""
   return nn.LayerNorm(
     epsilon=eps,
     dtype=dtype,

@@ -96,6 +96,8 @@ class PiT(nn.Module):
   param_dtype: Any = jnp.float32
 
   def check(self) -> None:
+    """Validates the static configuration before tracing; raises ValueError naming the field and
+    the valid choices (``create_model`` calls it)."""
     if self.attention not in list_attention():
       raise ValueError(
         f"PiT attention={self.attention!r} is unknown. Valid kinds: {list_attention()}."
@@ -151,6 +153,12 @@ class PiT(nn.Module):
 
 
 def pit_smalldata(num_classes: int, *, patch_size: int, mask: str | None) -> PiT:
+  """Li & Zhang's PiT (GMM paper, Table 1): dim 96, stages of depth (2, 6, 4) with (2, 4, 8) heads
+  of 48, MLP ratio 2, class token; ``mask`` None (MHSA) or 'gmm' / 'elm' on the patch-to-patch
+  logits of every block (``mask_attention_kwargs`` defaults, K = 5).
+
+  Registered as ``{gmm_}pit_smalldata_patch2_32`` and ``..._patch4_64``.
+  """
   return PiT(
     num_classes=num_classes,
     patch_size=patch_size,

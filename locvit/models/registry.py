@@ -38,6 +38,8 @@ def _unknown(name: str) -> ValueError:
 
 
 def default_image_size(name: str) -> int:
+  """The image side a registered model was defined for (e.g. 32 or 224); raises ValueError
+  with close matches for an unknown name."""
   if name not in _MODELS:
     raise _unknown(name)
   return _DEFAULT_IMAGE_SIZE[name]

@@ -90,6 +90,8 @@ def small_vit(
 
 
 def model_name(size: str, resolution: str, mask: str | None = None) -> str:
+  """The registered name: ``model_name('d9', 'patch4_32', 'gmm')`` is
+  ``'gmm_vit_smalldata_d9_patch4_32'``."""
   return f"{mask + '_' if mask else ''}vit_smalldata_{size}_{resolution}"
 
 

@@ -39,6 +39,10 @@ DEPTH8_HEADS = (4, 8, 16, 32)
 def structvit(
   num_classes: int, *, embed_dim: int, depth: int, heads: int, patch_size: int
 ) -> VisionTransformer:
+  """Zheng, Li, Lucey's ViT (Sec. 5.1, Table 1): ``depth`` blocks of width ``embed_dim`` with
+  ``heads`` heads, MLP ratio 4, qkv bias, fixed 2-D sin-cos position embedding, global average
+  pooling, no drop path. Sizes registered: see the module docstring (ViT-T/h3 is 192 / 12 / 3).
+  """
   return VisionTransformer(
     num_classes=num_classes,
     patch_size=patch_size,

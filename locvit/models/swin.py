@@ -264,9 +264,12 @@ class SwinTransformer(nn.Module):
   param_dtype: Any = jnp.float32
 
   def mask_options(self) -> Mapping[str, Any] | None:
+    """``attention_kwargs[attention]``: the GMM / ELM options of the window attention, or None."""
     return (self.attention_kwargs or {}).get(self.attention)
 
   def check(self) -> None:
+    """Validates the static configuration before tracing; raises ValueError naming the field and
+    the valid choices (``create_model`` calls it)."""
     if self.attention not in SWIN_ATTENTION:
       raise ValueError(f"Swin attention={self.attention!r} is not one of {SWIN_ATTENTION}.")
     if len(self.depths) != len(self.num_heads):
@@ -323,6 +326,12 @@ class SwinTransformer(nn.Module):
 
 
 def swin_smalldata(num_classes: int, *, patch_size: int, mask: str | None) -> SwinTransformer:
+  """Li & Zhang's Swin (GMM paper, Tables 1 and 2): embed 96, depths (2, 6, 4), heads (3, 6, 12),
+  window 4, MLP ratio 2; ``mask`` None (MHSA) or 'gmm' / 'elm' inside every window
+  (``mask_attention_kwargs`` defaults, K = 5).
+
+  Registered as ``{gmm_}swin_smalldata_patch2_32`` and ``..._patch4_64``.
+  """
   return SwinTransformer(
     num_classes=num_classes,
     patch_size=patch_size,

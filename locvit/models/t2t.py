@@ -173,6 +173,8 @@ class T2TViT(nn.Module):
   param_dtype: Any = jnp.float32
 
   def check(self) -> None:
+    """Validates the static configuration before tracing; raises ValueError naming the field and
+    the valid choices (``create_model`` calls it)."""
     if self.attention not in list_attention():
       raise ValueError(
         f"T2T attention={self.attention!r} is unknown. Valid kinds: {list_attention()}."
@@ -234,6 +236,12 @@ class T2TViT(nn.Module):
 
 
 def t2t_smalldata(num_classes: int, *, num_t2t: int, mask: str | None) -> T2TViT:
+  """Li & Zhang's T2T-ViT (GMM paper, Table 1): ``num_t2t`` token transformers (token dim 64),
+  then 12 blocks of width 256 with 4 heads and MLP ratio 2; ``mask`` None (MHSA) or 'gmm' / 'elm'
+  in every attention, token transformers included (``mask_attention_kwargs`` defaults, K = 5).
+
+  Registered as ``{gmm_}t2t_smalldata_32`` (one token transformer) and ``..._64`` (two).
+  """
   return T2TViT(
     num_classes=num_classes,
     num_t2t=num_t2t,
