@@ -968,9 +968,11 @@ if reference is not None:
 ### The command line
 
 `python -m locvit.convert` reads a `.pth`/`.pt`/`.bin` file (also an official training checkpoint
-that wraps the weights as `{"model": state_dict, ...}`) or a `.safetensors` file, converts it and
-writes an orbax checkpoint that `locvit.convert.load_converted` restores. Here it converts the
-state dict above after saving it to a file (no network needed):
+that wraps the weights as `{"model": state_dict, ...}`), a `.safetensors` file or a `.npz` of
+NumPy arrays, converts it and writes an orbax checkpoint that `locvit.convert.load_converted`
+restores; `--override FIELD=VALUE` passes the model fields a checkpoint was trained with (e.g.
+`--override depth=6`). Here it converts the state dict above after saving it to a file (no
+network needed):
 """,
   ),
   (
@@ -978,21 +980,20 @@ state dict above after saving it to a file (no network needed):
     """
 import subprocess, tempfile
 from locvit.convert import load_converted
+from locvit.convert.timm import to_numpy
 
-if torch is not None:
-  tmp = pathlib.Path(tempfile.mkdtemp())
-  torch.save({"model": state_dict, "epoch": 0}, tmp / "convit_tiny_32.pth")
-  command = [sys.executable, "-m", "locvit.convert", f"--model={name}",
-             f"--num_classes={num_classes}", f"--input={tmp / 'convit_tiny_32.pth'}",
-             f"--output={tmp / 'flax'}"]
-  print("$ python", " ".join(command[1:]).replace(str(tmp), "DIR"))
-  print(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
-  restored = load_converted(tmp / "flax")
-  same = np.array_equal(np.asarray(jax.jit(model.apply)(restored, x)), flax_logits)
-  print("restored checkpoint gives the same logits:", same)
-  assert same
-else:
-  print("PyTorch is not installed: skipping the .pth round trip.")
+# A .npz of the timm-named arrays needs no PyTorch (a .pth / .safetensors file works the same).
+tmp = pathlib.Path(tempfile.mkdtemp())
+np.savez(tmp / "convit_tiny_32.npz", **{k: to_numpy(v) for k, v in state_dict.items()})
+command = [sys.executable, "-m", "locvit.convert", f"--model={name}",
+           f"--num_classes={num_classes}", f"--input={tmp / 'convit_tiny_32.npz'}",
+           f"--output={tmp / 'flax'}"]
+print("$ python", " ".join(command[1:]).replace(str(tmp), "DIR"))
+print(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+restored = load_converted(tmp / "flax")
+same = np.array_equal(np.asarray(jax.jit(model.apply)(restored, x)), flax_logits)
+print("restored checkpoint gives the same logits:", same)
+assert same
 """,
   ),
   (

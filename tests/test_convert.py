@@ -165,3 +165,21 @@ def test_safetensors_without_package(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "safetensors.numpy", None)
   with pytest.raises(ImportError, match="pip install safetensors"):
     read_state_dict(tmp_path / "weights.safetensors")
+
+
+def test_cli_npz_input_and_overrides(tr, tmp_path, capsys):
+  model_t = reference(tr, "deit_tiny", depth=1, img_size=32, patch_size=4)
+  weights = tmp_path / "deit.npz"
+  np.savez(weights, **{k: v.numpy() for k, v in model_t.state_dict().items()})
+  out = tmp_path / "flax"
+  argv = ["--model=deit_tiny_patch4_32", f"--input={weights}", f"--output={out}"]
+  assert cli_main([*argv, "--override", "depth=1"]) == 0
+  x = images(seed=2, size=32)
+  logits = create_model("deit_tiny_patch4_32", depth=1).apply(load_converted(out), x)
+  np.testing.assert_allclose(logits, torch_logits(model_t, x), atol=1e-4, rtol=0)
+  # Without the override the key report names the missing blocks; a malformed override fails.
+  assert cli_main([*argv[:2], f"--output={tmp_path / 'y'}"]) == 1
+  assert "missing key(s)" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    cli_main([*argv, "--override", "depth"])
+  assert "must look like FIELD=VALUE" in capsys.readouterr().err

@@ -3,6 +3,12 @@ r"""Command line: convert a timm / official ConViT or DeiT checkpoint to a Flax 
   python -m locvit.convert --model=convit_tiny --input=weights.pth --output=DIR
   python -m locvit.convert --model=deit_small --input=model.safetensors --output=DIR \
     --num_classes=100
+  python -m locvit.convert --model=convit_tiny_patch4_32 --input=weights.npz --output=DIR \
+    --num_classes=10 --override depth=6 --override local_up_to_layer=4
+
+``--override FIELD=VALUE`` (repeatable) passes the module fields the checkpoint was trained with
+to ``create_model`` (values are Python literals). Inputs: ``.pth``/``.pt``/``.bin`` (torch),
+``.safetensors`` or ``.npz`` (NumPy arrays keyed by the timm names, no PyTorch needed).
 
 Restore with ``locvit.convert.load_converted(DIR)`` and use it with
 ``create_model(model, num_classes=...).apply``.
@@ -11,14 +17,28 @@ Restore with ``locvit.convert.load_converted(DIR)`` and use it with
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import sys
+from typing import Any
 
 from locvit.convert.checkpoint import read_state_dict, save_converted
 from locvit.convert.timm import ConversionError, from_timm, resolve_model_name
 
 
+def parse_override(text: str) -> tuple[str, Any]:
+  """``'depth=6'`` -> ``('depth', 6)``; a value that is not a Python literal stays a string."""
+  field, sep, value = text.partition("=")
+  if not sep or not field.isidentifier():
+    raise argparse.ArgumentTypeError(f"--override {text!r} must look like FIELD=VALUE")
+  try:
+    return field, ast.literal_eval(value)
+  except (ValueError, SyntaxError):
+    return field, value
+
+
 def main(argv: list[str] | None = None) -> int:
+  """Runs the converter; returns the process exit code (0, or 1 with the error on stderr)."""
   parser = argparse.ArgumentParser(
     prog="python -m locvit.convert", description=__doc__.split("\n")[0]
   )
@@ -28,24 +48,42 @@ def main(argv: list[str] | None = None) -> int:
     help="a ConViT/DeiT name, e.g. convit_tiny or deit_small_patch16_224 "
     "(all: locvit.convert.supported_models())",
   )
-  parser.add_argument("--input", required=True, help=".pth/.pt/.bin (torch) or .safetensors")
+  parser.add_argument(
+    "--input", required=True, help=".pth/.pt/.bin (torch), .safetensors or .npz (NumPy)"
+  )
   parser.add_argument("--output", required=True, help="orbax checkpoint directory to write")
   parser.add_argument("--num_classes", type=int, default=1000, help="classifier width")
   parser.add_argument("--force", action="store_true", help="overwrite an existing --output")
+  parser.add_argument(
+    "--override",
+    action="append",
+    type=parse_override,
+    default=[],
+    metavar="FIELD=VALUE",
+    help="a create_model field the checkpoint was trained with (repeatable), e.g. depth=6",
+  )
   args = parser.parse_args(argv)
   if os.path.exists(args.output) and not args.force:
     print(f"error: {args.output} already exists (pass --force to overwrite).", file=sys.stderr)
     return 1
   try:
     name = resolve_model_name(args.model)
-    variables = from_timm(name, read_state_dict(args.input), num_classes=args.num_classes)
-  except (ConversionError, ValueError, ImportError, FileNotFoundError) as e:
+    overrides = dict(args.override)
+    variables = from_timm(
+      name, read_state_dict(args.input), num_classes=args.num_classes, **overrides
+    )
+  except (ConversionError, ValueError, TypeError, ImportError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
   path = save_converted(
     args.output,
     variables,
-    metadata={"model": name, "num_classes": args.num_classes, "source": args.input},
+    metadata={
+      "model": name,
+      "num_classes": args.num_classes,
+      "overrides": {k: repr(v) for k, v in overrides.items()},
+      "source": args.input,
+    },
     force=args.force,
   )
   print(f"Wrote {name} (num_classes={args.num_classes}) to {path}")

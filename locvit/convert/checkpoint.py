@@ -19,8 +19,14 @@ def unwrap_state_dict(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def read_state_dict(path: str | os.PathLike) -> Mapping[str, Any]:
-  """Loads ``.pth`` / ``.pt`` / ``.bin`` (torch, ``weights_only=True``) or ``.safetensors``."""
+  """Loads ``.pth`` / ``.pt`` / ``.bin`` (torch, ``weights_only=True``), ``.safetensors`` or
+  ``.npz`` (NumPy arrays keyed by the timm parameter names; needs neither torch nor safetensors)."""
   path = os.fspath(path)
+  if path.endswith(".npz"):
+    import numpy as np
+
+    with np.load(path) as archive:
+      return {key: archive[key] for key in archive.files}
   if path.endswith(".safetensors"):
     try:
       from safetensors.numpy import load_file
