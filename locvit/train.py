@@ -337,18 +337,19 @@ def train_step(
 
 
 def center_plotter(config, params, workdir: str):
-  """``fn(step, params)`` writing the attention-centre plot (Cordonnier et al. Figs. 3-4) at each
-  evaluation when ``config.analysis.center_plots``; a no-op otherwise or on processes > 0."""
+  """``fn(step, params)`` writing the attention-centre plot (Cordonnier et al. Figs. 3-4; also GPSA
+  heads) at each evaluation when ``config.analysis.center_plots``; a no-op otherwise or on
+  processes > 0."""
   analysis = config.get("analysis")
   if not analysis or not analysis.get("center_plots"):
     return lambda step, params: None
   from locvit.analysis import centers  # lazy: matplotlib
 
   paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)]
-  if not any("attention_centers" in p for p in paths):
+  if not any("attention_centers" in p or "pos_proj" in p for p in paths):
     raise ValueError(
       f"analysis.center_plots=True needs Gaussian attention layers ('quadratic', "
-      f"'quadratic_generalized'); model {config.model.name!r} has none."
+      f"'quadratic_generalized', 'gpsa', 'psa'); model {config.model.name!r} has none."
     )
 
   def plot(step: int, params) -> None:

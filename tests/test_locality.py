@@ -387,3 +387,36 @@ def test_the_init_record_has_the_initial_gates(trained):
   gates = [init[f"locality/gate/layer_0/head_{h}"] for h in range(4)]
   np.testing.assert_allclose(gates, np.full(4, 1 / (1 + math.exp(-1))), rtol=1e-6)
   assert init["locality/span/layer_0/head_0"] == pytest.approx(1.0)  # alpha = 1
+
+
+def test_gpsa_heads_are_gaussians_at_the_local_init_offsets(tmp_path):
+  from locvit.analysis import centers
+  from locvit.models import create_model
+  from locvit.models.convit import convit_overrides
+
+  model = create_model(
+    "convit_tiny_patch4_32", num_classes=10, num_heads=9, embed_dim=144, **convit_overrides(2, 3)
+  )
+  params = jax.tree.map(
+    np.asarray,
+    nn.meta.unbox(model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))["params"]),
+  )
+  heads = centers.gpsa_heads(params)
+  assert sorted(heads) == ["blocks_0/attn", "blocks_1/attn"]
+  rows_cols, inv = heads["blocks_0/attn"]
+  # Local init (ConViT Eq. 5): the 9 heads sit on the 3x3 kernel offsets, alpha = 1 -> 2 I.
+  assert sorted(map(tuple, np.round(rows_cols).astype(int))) == [
+    (r, c) for r in (-1, 0, 1) for c in (-1, 0, 1)
+  ]
+  np.testing.assert_allclose(inv, np.broadcast_to(2 * np.eye(2), (9, 2, 2)), rtol=1e-5)
+  # The positional logits are that Gaussian: -alpha ||delta - Delta||^2 + const, per head.
+  w = params["blocks_0"]["attn"]["pos_proj"]["kernel"][:, :, None, None]
+  dy, dx = np.mgrid[-2:3, -2:3]
+  logits = w[0] * dx + w[1] * dy + w[2] * (dx**2 + dy**2)
+  alpha = inv[:, 0, 0, None, None] / 2
+  row, col = rows_cols[:, 0, None, None], rows_cols[:, 1, None, None]
+  diff = logits + alpha * ((dy - row) ** 2 + (dx - col) ** 2)
+  np.testing.assert_allclose(diff - diff[:, :1, :1], 0, atol=1e-4)
+  path = centers.plot_attention_centers(params, tmp_path / "gpsa.png")
+  with open(path, "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -83,6 +83,37 @@ def quadratic_heads(params: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   return out
 
 
+def gpsa_heads(params: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+  """``{layer path: (centres (H', 2) as (row, col), Sigma^{-1} (H', 2, 2))}`` of every GPSA / PSA
+  layer, in the format of ``quadratic_heads``.
+
+  ConViT's positional logits ``w . (dx, dy, dx^2 + dy^2)`` equal ``-alpha ||delta - Delta||^2``
+  up to a constant (ConViT Eq. 5), the Gaussian of Cordonnier et al. Eq. 9 with
+  ``Sigma^{-1} = 2 alpha I``. Heads with ``alpha <= 0`` (the positional term prefers far keys)
+  have no centre and are left out.
+  """
+  from flax import traverse_util
+
+  from locvit.analysis.locality import attention_centres  # (dx, dy) and span = 1 / alpha
+
+  tree, _ = (params["params"], True) if "params" in params else (params, False)
+  out = {}
+  for path, kernel in traverse_util.flatten_dict(dict(tree), sep="/").items():
+    if not path.endswith("pos_proj/kernel") or np.shape(kernel)[0] != 3:
+      continue
+    delta, span = (np.asarray(a, np.float64) for a in attention_centres(jnp.asarray(kernel)))
+    local = span > 0
+    centers = delta[local][:, ::-1]  # (dx, dy) -> (row, col) = (dy, dx)
+    inv = (2.0 / span[local])[:, None, None] * np.eye(2)
+    out[path[: -len("/pos_proj/kernel")]] = (centers, inv)
+  return out
+
+
+def gaussian_heads(params: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+  """The Gaussian heads of every Cordonnier quadratic layer and every GPSA / PSA layer."""
+  return {**quadratic_heads(params), **gpsa_heads(params)}
+
+
 def gaussian_on_mesh(
   center: np.ndarray, inv_cov: np.ndarray, d1: np.ndarray, d2: np.ndarray
 ) -> np.ndarray:
@@ -127,7 +158,8 @@ def plot_attention_centers(
   (Cordonnier et al. Figs. 3, 4, 12 and 14).
 
   Args:
-    params: params (or variables) of a model with 'quadratic' / 'quadratic_generalized' layers.
+    params: params (or variables) of a model with 'quadratic' / 'quadratic_generalized' or GPSA
+      / PSA layers (ConViT, whose local init puts the heads on the kernel offsets, Eq. 5).
     path: output PNG file.
     window: side of the window of offsets around the query pixel (11 as in the paper).
     masses: mass fractions to contour (50% solid, 90% dotted, ...).
@@ -137,11 +169,12 @@ def plot_attention_centers(
   Returns:
     the path written.
   """
-  heads_by_layer = quadratic_heads(params)
+  heads_by_layer = gaussian_heads(params)
   if not heads_by_layer:
     raise ValueError(
-      "No Gaussian (quadratic) attention layers in these params; attention-centre plots need "
-      "'attention_centers' / 'attention_spreads'. Use plot_attention_probabilities instead."
+      "No Gaussian attention layers in these params; attention-centre plots need Cordonnier "
+      "'attention_centers' / 'attention_spreads' or GPSA 'pos_proj' kernels. Use "
+      "plot_attention_probabilities instead."
     )
   levels = gaussian_mass_levels(masses)
   order = np.argsort(levels)  # contour() wants increasing levels

@@ -69,8 +69,8 @@ def default_analysis_config() -> ml_collections.ConfigDict:
     query: (row, col) of the query patch of the maps; () = the centre patch.
     map_image_index: which of the fixed eval images the maps use.
     center_plots: at each evaluation, write the attention-centre plot of the Gaussian
-      (Cordonnier quadratic) layers to ``WORKDIR/plots/centers_step_<step>.png`` (Figs. 3-4 over
-      training); an error at start-up for a model without such layers.
+      (Cordonnier quadratic, GPSA / PSA) layers to ``WORKDIR/plots/centers_step_<step>.png``
+      (Cordonnier Figs. 3-4 over training); an error at start-up for a model without such layers.
   """
   c = ml_collections.ConfigDict()
   c.locality = False
