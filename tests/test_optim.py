@@ -126,7 +126,9 @@ def test_sgd_with_momentum_trains(tmp_path):
 def test_label_smoothing_loss_matches_formula():
   logits = jnp.array([[2.0, 0.0, -1.0]])
   model = type("M", (), {"apply": lambda self, v, x, train, rngs: logits})()
-  loss, _ = train.loss_and_metrics({}, model, None, jnp.array([0]), None, 0.3, 3)
+  labels = jnp.array([0])
+  targets = train.device_augment.soft_targets(labels, 3, 0.3)  # what the step feeds the loss
+  loss, _ = train.loss_and_metrics({}, model, None, targets, labels, None)
   logp = jax.nn.log_softmax(logits)[0]
   target = np.array([0.7 + 0.1, 0.1, 0.1])
   assert float(loss) == pytest.approx(float(-(target * logp).sum()), rel=1e-6)
