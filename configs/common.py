@@ -17,6 +17,8 @@ Training recipes (DeiT, the small-dataset recipes of the papers) are presets in
 
 from __future__ import annotations
 
+import os
+
 import ml_collections
 
 from locvit.analysis.locality import default_analysis_config
@@ -99,3 +101,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.keep_checkpoints = 3
   c.async_checkpointing = True
   return c
+
+
+CIFAR10_ROOT_ENV = "CIFAR10_ROOT"
+
+
+def cifar10_image_folder(c: ml_collections.ConfigDict, train_fraction: float = 1.0) -> None:
+  """Points ``c.data`` at the CIFAR-10 image-folder copy in ``$CIFAR10_ROOT`` (train / test splits),
+  keeping the first ``train_fraction`` of each class (the reduced-scale runs of docs/results.md)."""
+  c.data.source = "image_folder"
+  c.data.root = os.environ.get(CIFAR10_ROOT_ENV)
+  c.data.train_split, c.data.eval_split = "train", "test"
+  c.data.train_fraction = train_fraction

@@ -28,17 +28,14 @@ evaluations at the middle and the end. Budget: one run takes about 10-11 minutes
 metrics (real per-layer inputs) are logged at each evaluation.
 """
 
-import os
-
 import ml_collections
 
-from configs.common import base_config
+from configs.common import base_config, cifar10_image_folder
 from configs.convit_common import choose, set_overrides
 from locvit.analysis.locality import default_analysis_config
 from locvit.data import CIFAR10_MEAN, CIFAR10_STD
 from locvit.models import convit_overrides
 
-ROOT_ENV = "CIFAR10_ROOT"
 HEADS, HEAD_DIM, DEPTH, GPSA_LAYERS = 4, 48, 6, 4
 BATCH_SIZE = 128
 TOTAL_STEPS = 360
@@ -57,11 +54,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.name = model
   set_overrides(c, drop_path_rate=0.1, **overrides)
 
-  c.data.source = "image_folder"
-  c.data.root = os.environ.get(ROOT_ENV)
-  c.data.train_split, c.data.eval_split = "train", "test"
+  cifar10_image_folder(c, train_fraction=0.1)
   c.data.image_size = 32
-  c.data.train_fraction = 0.1
   c.data.train_augment = "crop_flip"
   c.data.crop_padding = 4
   c.data.mean, c.data.std = CIFAR10_MEAN, CIFAR10_STD
