@@ -23,8 +23,8 @@ after ``model.init``:
   ``init.cache_dir`` is None so every run solves and logs the solver time.
 
 Seeds: ``init.seed`` follows ``seed`` (a config reference), so ``--config.seed=1`` changes the
-model draw, the impulse positions and the data order together (by default ``init.seed`` is a
-separate field fixed at 0).
+model draw, the impulse positions and the data order together (the runs above were made when
+``init.seed`` defaulted to a separate 0; it now follows ``seed`` by default too).
 
 Data: the image-folder copy of CIFAR-10 (JPEG q75), the first 10% of each class (5,000 images),
 32x32, horizontal flip only (the reference's resized crop with scale (1, 1) and ratio (1, 1)),

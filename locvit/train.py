@@ -194,8 +194,9 @@ def apply_initializer(
     from_checkpoint.check_matches(warmstart.model_state, state.model_state, "model state")
     params, model_state = warmstart.params, warmstart.model_state
   elif init_cfg is not None and init_cfg.name != "none":
+    seed = config.seed if init_cfg.get("seed") is None else init_cfg.seed  # follows the run's seed
     params = init_lib.apply_init(
-      init_cfg, jax.device_get(state.params), model, config.data.image_size
+      init_cfg, jax.device_get(state.params), model, config.data.image_size, seed=seed
     )
     model_state = state.model_state
   else:

@@ -46,7 +46,7 @@ from locvit.init.mimetic import VPROJ_MODES, apply_mimetic
 INIT_NAMES = ("none", "trunc_normal", "kaiming_uniform", "mimetic", "impulse")
 DEFAULT_CACHE_DIR = "~/.cache/locvit/impulse_init"
 
-_COMMON = dict(seed=0, qk_layout="vit", qk_pattern=None)
+_COMMON = dict(seed=None, qk_layout="vit", qk_pattern=None)  # seed None: the run's config.seed
 _FIELDS = {
   "none": {},
   "trunc_normal": {},
@@ -80,6 +80,8 @@ def init_config(name: str = "impulse", **overrides: Any) -> ml_collections.Confi
   for key, value in fields.items():
     if value is None and key in ("qk_pattern", "pseudo_input_first", "cache_dir"):
       cfg[key] = ml_collections.config_dict.placeholder(str)
+    elif value is None and key == "seed":
+      cfg[key] = ml_collections.config_dict.placeholder(int)
     else:
       cfg[key] = value
   return cfg
@@ -168,14 +170,17 @@ def apply_init(
     params: the model's params tree (plain or boxed with logical axes; structure is kept).
     model: the Linen module (needed for 'impulse': its ``patch_size`` gives the token grid).
     image_size: input side (or ``(height, width)``), needed for 'impulse'.
-    seed: overrides ``init_cfg.seed``; every draw is deterministic in it.
+    seed: overrides ``init_cfg.seed`` (the trainer passes ``config.seed`` when ``init.seed`` is
+      None); every draw is deterministic in it, 0 when neither is set.
 
   Returns host (NumPy) arrays with the input's structure and dtypes.
   """
   name = init_cfg.get("name", "none")
   if name not in INIT_NAMES:
     raise ValueError(f"Unknown init {name!r}. Valid names: {list(INIT_NAMES)}.")
-  seed = int(init_cfg.get("seed", 0) if seed is None else seed)
+  if seed is None:
+    seed = init_cfg.get("seed")
+  seed = 0 if seed is None else int(seed)
   values, boxes = _unbox(params)
   if name == "none":
     return params
