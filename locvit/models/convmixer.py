@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from locvit.attention.attention import partitioned
+from locvit.models.layers import gelu
 from locvit.models.registry import register_model
 
 Array = jax.Array
@@ -124,9 +125,9 @@ class MixerBlock(nn.Module, _Layers):
     filters = depthwise_filter_init(self.filter_init, k, self.box_taps)
     # Depthwise: torch fan_in = k^2, so the bias is U(-1/k, 1/k) as in the reference.
     y = self.conv(self.dim, k, k * k, "spatial", groups=self.dim, kernel_init=filters)(x)
-    x = x + self.bn("spatial_norm", train)(nn.gelu(y, approximate=False))
+    x = x + self.bn("spatial_norm", train)(gelu(y))
     x = self.conv(self.dim, 1, self.dim, "pointwise")(x)
-    return self.bn("pointwise_norm", train)(nn.gelu(x, approximate=False))
+    return self.bn("pointwise_norm", train)(gelu(x))
 
 
 class ConvMixer(nn.Module, _Layers):
@@ -164,7 +165,7 @@ class ConvMixer(nn.Module, _Layers):
       )
     p = self.patch_size
     x = self.conv(self.dim, p, p * p * channels, "stem", strides=p)(images.astype(self.dtype))
-    x = self.bn("stem_norm", train)(nn.gelu(x, approximate=False))
+    x = self.bn("stem_norm", train)(gelu(x))
     for i in range(self.depth):
       x = MixerBlock(
         self.dim,

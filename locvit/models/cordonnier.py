@@ -48,6 +48,7 @@ from locvit.attention.relative import (
   torch_linear_bias_init,
   torch_linear_kernel_init,
 )
+from locvit.models.layers import gelu
 from locvit.models.registry import register_model
 from locvit.models.resnet import ResNetCifar as ResNetCifar  # registers the Table 1 baseline
 
@@ -123,7 +124,7 @@ class PostNormLayer(nn.Module):
     a = nn.Dropout(self.drop)(a, deterministic=not train)
     a = bert_layer_norm(self.norm_eps, self.dtype, "attn_norm")(a + x)
     h = dense(self.mlp_dim, dim, ("embed", "mlp"), "mlp_dense1")(a)
-    h = nn.gelu(h, approximate=False)
+    h = gelu(h)
     h = dense(dim, self.mlp_dim, ("mlp", "embed"), "mlp_dense2")(h)
     h = nn.Dropout(self.drop)(h, deterministic=not train)
     out = bert_layer_norm(self.norm_eps, self.dtype, "mlp_norm")(h + a)
