@@ -10,7 +10,8 @@ head's centre from initialisation (open circle) through each checkpoint to the l
 ``<out_prefix>_final.png`` (``locvit.analysis.centers.plot_attention_centers`` of the last step,
 the paper's Fig. 3 layout), and prints a Markdown table per step and layer: mean distance of the
 centres to the query, mean distance to the nearest integer offset, the number of distinct integer
-offsets the centres round to, the mean inverse spread ``s`` (``Sigma^{-1} = s^2 I``) and the
+offsets the centres round to, how many of the 9 taps of a 3x3 kernel around the query some
+centre rounds to, the mean inverse spread ``s`` (``Sigma^{-1} = s^2 I``) and the
 mean and largest distance each centre moved since step 0.
 
 Step 0 is rebuilt as the trainer draws it (``model.init`` with ``key(seed + 1)``; the trainer
@@ -47,12 +48,15 @@ def params_by_step(config, workdir: str) -> dict[int, dict]:
 
 
 def centre_statistics(centers: np.ndarray, spreads: np.ndarray) -> dict[str, float]:
-  """Distance to the query, to the nearest integer offset, distinct rounded offsets, spread."""
+  """Distance to the query and to the nearest integer offset, distinct rounded offsets, 3x3 taps
+  covered, spread."""
   rounded = np.round(centers)
   return {
     "dist_query": float(np.linalg.norm(centers, axis=-1).mean()),
     "dist_lattice": float(np.linalg.norm(centers - rounded, axis=-1).mean()),
     "distinct": len({tuple(r) for r in rounded.astype(int).tolist()}),
+    # Taps of a 3x3 kernel around the query that some head's rounded centre lands on.
+    "taps3x3": len({tuple(r) for r in rounded.astype(int).tolist() if max(map(abs, r)) <= 1}),
     "spread": float(np.abs(spreads).mean()),
   }
 
@@ -108,7 +112,7 @@ def contour_figure(tables: dict[int, dict], steps: Sequence[int], window: int) -
         ax.plot(center[1], center[0], "o", color=f"C{h}", markersize=2.5)
       _panel(ax, window)
       if r == 0:
-        ax.set_title(f"layer {col + 1}", fontsize=8)
+        ax.set_title(f"layer {col}", fontsize=8)
       if col == 0:
         ax.set_ylabel(f"step {step}", fontsize=8)
   fig.suptitle("Quadratic heads: 50% mass contours and centres (offsets in tokens)", fontsize=9)
@@ -128,7 +132,7 @@ def path_figure(tables: dict[int, dict], window: int) -> Figure:
       ax.plot(track[0, h, 1], track[0, h, 0], "o", mfc="none", color=f"C{h}", markersize=3)
       ax.plot(track[-1, h, 1], track[-1, h, 0], "o", color=f"C{h}", markersize=3.5)
     _panel(ax, window)
-    ax.set_title(f"layer {layers.index(layer) + 1}", fontsize=8)
+    ax.set_title(f"layer {layers.index(layer)}", fontsize=8)
   fig.suptitle(f"Centre paths, steps {steps[0]} (open) to {steps[-1]} (filled)", fontsize=9)
   return fig
 
@@ -137,8 +141,8 @@ def markdown_table(tables: dict[int, dict]) -> str:
   """One row per step and layer: ``centre_statistics`` and the displacement since step 0."""
   rows = [
     "| step | layer | mean |Delta| | mean dist. to lattice | distinct offsets | mean s "
-    "| mean / max displacement from step 0 |",
-    "|---|---|---|---|---|---|---|",
+    "| 3x3 taps covered | mean / max displacement from step 0 |",
+    "|---|---|---|---|---|---|---|---|",
   ]
   first = tables[min(tables)]
   for step in sorted(tables):
@@ -146,8 +150,8 @@ def markdown_table(tables: dict[int, dict]) -> str:
       st = centre_statistics(centers, spreads)
       moved = np.linalg.norm(centers - first[layer][0], axis=-1)
       rows.append(
-        f"| {step} | {i + 1} | {st['dist_query']:.2f} | {st['dist_lattice']:.2f} | "
-        f"{st['distinct']}/{len(centers)} | {st['spread']:.2f} | "
+        f"| {step} | {i} | {st['dist_query']:.2f} | {st['dist_lattice']:.2f} | "
+        f"{st['distinct']}/{len(centers)} | {st['spread']:.2f} | {st['taps3x3']}/9 | "
         f"{moved.mean():.3f} / {moved.max():.3f} |"
       )
   return "\n".join(rows)

@@ -232,6 +232,27 @@ def test_modes_and_pseudo_input_plans():
 # Write-back into a params tree
 
 
+def test_apply_init_returns_the_solution_it_wrote(tmp_path):
+  model, params = tiny_vit()
+  cfg = init_config("impulse", base="keep", mode="different", cache_dir=str(tmp_path), **FAST)
+  out, sol = apply_init(cfg, params, model, 12, return_solution=True)
+  assert len(sol.layer_solve) == 3 and sol.q.shape[1:] == (2, 32, 16)
+  for layer in range(3):
+    q, k = sol.layer(layer)
+    kernel = out[f"blocks_{layer}"]["attn"]["qkv"]["kernel"]
+    np.testing.assert_array_equal(kernel[:, 0], np.transpose(q, (1, 0, 2)))
+    np.testing.assert_array_equal(kernel[:, 1], np.transpose(k, (2, 0, 1)))
+  plain = apply_init(cfg, params, model, 12)  # the default return is the params alone
+  np.testing.assert_array_equal(plain["blocks_0"]["attn"]["qkv"]["kernel"], kernel_of(out, 0))
+  for name in ("none", "trunc_normal", "mimetic"):
+    _, none = apply_init(init_config(name), params, model, 12, return_solution=True)
+    assert none is None, name
+
+
+def kernel_of(params, layer):
+  return params[f"blocks_{layer}"]["attn"]["qkv"]["kernel"]
+
+
 def test_write_back_reproduces_the_solved_attention(tmp_path):
   model, params = tiny_vit()
   cfg = init_config("impulse", base="keep", mode="different", cache_dir=str(tmp_path), **FAST)

@@ -128,7 +128,7 @@ def gaussian_on_mesh(
 
 def _layer_label(path: str) -> str:
   match = re.search(r"(\d+)", path)
-  return f"layer {int(match.group(1)) + 1}" if match else path
+  return f"layer {int(match.group(1))}" if match else path
 
 
 def _save(fig: Figure, path: str | os.PathLike) -> str:
@@ -301,10 +301,10 @@ def plot_attention_grid(
       else:
         ax.axis("off")
       if head == 0:
-        label = layer_labels[layer] if layer_labels else f"layer {layer + 1}"
+        label = layer_labels[layer] if layer_labels else f"layer {layer}"
         ax.set_ylabel(label, fontsize=7)
       if layer == 0:
-        ax.set_title(f"head {head + 1}", fontsize=7)
+        ax.set_title(f"head {head}", fontsize=7)
   fig.tight_layout()
   return _save(fig, path)
 

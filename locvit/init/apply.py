@@ -112,7 +112,7 @@ def write_impulse(params: Any, solution, layout: AttentionLayout) -> Any:
   return unflatten(flat, params)
 
 
-def _impulse(cfg: Mapping, params: Any, model, image_size, layout, seed: int) -> Any:
+def _impulse(cfg: Mapping, params: Any, model, image_size, layout, seed: int) -> tuple[Any, Any]:
   flat = flatten(params)
   paths = find_qk_kernels(flat, layout)
   dim, heads, head_dim = attention_dims(flat, paths)
@@ -135,7 +135,7 @@ def _impulse(cfg: Mapping, params: Any, model, image_size, layout, seed: int) ->
   )
   source = "cache" if solution.from_cache else f"{solution.solve_seconds:.1f}s"
   logging.info("Impulse init (%s, %s):\n%s", grid, source, solution.report())
-  return write_impulse(params, solution, layout)
+  return write_impulse(params, solution, layout), solution
 
 
 def _unbox(params: Any) -> tuple[Any, Any]:
@@ -162,6 +162,7 @@ def apply_init(
   image_size: int | tuple[int, int] | None = None,
   *,
   seed: int | None = None,
+  return_solution: bool = False,
 ) -> Any:
   """Returns ``params`` re-initialised per ``init_cfg`` (a ``config.init`` block).
 
@@ -172,8 +173,12 @@ def apply_init(
     image_size: input side (or ``(height, width)``), needed for 'impulse'.
     seed: overrides ``init_cfg.seed`` (the trainer passes ``config.seed`` when ``init.seed`` is
       None); every draw is deterministic in it, 0 when neither is set.
+    return_solution: also return the impulse solve (``locvit.init.ImpulseSolution``: the solved
+      Q/K per layer, the target maps and their quality report) that was written into the
+      params; ``None`` for the other inits.
 
-  Returns host (NumPy) arrays with the input's structure and dtypes.
+  Returns host (NumPy) arrays with the input's structure and dtypes, or ``(params, solution)``
+  with ``return_solution=True``.
   """
   name = init_cfg.get("name", "none")
   if name not in INIT_NAMES:
@@ -182,10 +187,19 @@ def apply_init(
     seed = init_cfg.get("seed")
   seed = 0 if seed is None else int(seed)
   values, boxes = _unbox(params)
+  solution = None
   if name == "none":
-    return params
-  if name in ("trunc_normal", "kaiming_uniform"):
-    return _rebox(apply_baseline(name, values, seed), boxes)
+    values, boxes = params, None
+  elif name in ("trunc_normal", "kaiming_uniform"):
+    values = apply_baseline(name, values, seed)
+  else:
+    values, solution = _structured(name, init_cfg, values, model, image_size, seed)
+  out = _rebox(values, boxes)
+  return (out, solution) if return_solution else out
+
+
+def _structured(name: str, init_cfg: Mapping, values: Any, model, image_size, seed: int):
+  """Mimetic or impulse on unboxed ``values``: ``(new values, impulse solution or None)``."""
 
   base = init_cfg.get("base", "kaiming_uniform")
   if base not in BASES:
@@ -204,8 +218,7 @@ def apply_init(
       **{k: init_cfg.get(k, _FIELDS["mimetic"][k]) for k in ("alpha", "beta", "v_alpha", "v_beta")},
       vproj=vproj,
     )
-  else:
-    if model is None or image_size is None:
-      raise ValueError("init.name='impulse' needs the model and the image size (token grid).")
-    values = _impulse(init_cfg, values, model, image_size, layout, seed)
-  return _rebox(values, boxes)
+    return values, None
+  if model is None or image_size is None:
+    raise ValueError("init.name='impulse' needs the model and the image size (token grid).")
+  return _impulse(init_cfg, values, model, image_size, layout, seed)
