@@ -3,7 +3,7 @@
   python benchmarks/convit_throughput.py [--image_size=224] [--batch_size=8] [--steps=2] \\
       [--rounds=3] [--threads=2] [--torch_image_size=112] [--torch_batch_size=8]
 
-Two tables, one run, one machine, the same resident batch for every model of a table:
+Three tables, one run, one machine, the same resident batch for every model of a table:
 
 1. locvit ConViT-Ti/S vs DeiT-Ti/S: images/s of the library's jitted training step
    (``locvit.train.train_step``: forward, backward, AdamW with the DeiT recipe, label smoothing).
@@ -12,14 +12,21 @@ Two tables, one run, one machine, the same resident batch for every model of a t
    pass, timm names): forward, backward (cross entropy with label smoothing 0.1) and
    ``torch.optim.AdamW``, ``torch.set_num_threads(threads)``. Goal: locvit >= 1.0x on CPU. By
    default at 112x112 (7x7 patches), batch 8, so that it runs in a few minutes on 2 cores.
+3. (``--tables=kernels``) locvit with its CPU code paths (the default on CPU: the einsum attention
+   kernels with hand-written backward passes, projections and patch embedding as 2-D matmuls)
+   against the same models with them off (``attention_implementation='xla'``,
+   ``locvit.ops.FLATTEN_MATMULS = False``: ``jax.nn.dot_product_attention``, the ``(1 - g) SDPA +
+   g P v`` GPSA decomposition, full-rank ``dot_general`` and ``lax.conv``), at
+   ``--torch_image_size``.
 
 Both frameworks are pinned to the first ``threads`` cores (``sched_setaffinity``). On a machine
 shared with other work, PyTorch's OpenMP threads slow down far more than XLA's when the load
 exceeds the cores; ``--threads=1`` gives a contention-robust comparison.
 
 Stochastic depth is off in every model (the PyTorch reference has none). Models are timed in
-interleaved rounds (``steps`` steps per model per round) so load from other processes hits them
-alike; the median round is reported, with the 1-minute load average before and after.
+interleaved rounds (``steps`` steps per model per round, after ``--warmup`` untimed steps, with a
+0.2 s pause between models) so load from other processes hits them alike; the median round is
+reported, with the 1-minute load average before and after.
 
 Memory, two methods:
 - ``xla MiB``: XLA's accounting of the compiled step (``memory_analysis()``): arguments (params,
@@ -56,8 +63,11 @@ NUM_CLASSES = 1000
 
 
 @functools.cache
-def jax_step(name: str, image_size: int, batch_size: int):
-  """``(run, xla_mb)``: ``run()`` performs one jitted training step on a resident batch."""
+def jax_step(name: str, image_size: int, batch_size: int, cpu_kernels: bool = True):
+  """``(run, xla_mb)``: ``run()`` performs one jitted training step on a resident batch.
+
+  ``cpu_kernels=False`` traces the step with locvit's CPU code paths off (table 3).
+  """
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
@@ -65,7 +75,7 @@ def jax_step(name: str, image_size: int, batch_size: int):
 
   from configs.common import base_config
   from configs.recipes import deit_recipe
-  from locvit import optim, train
+  from locvit import ops, optim, train
 
   config = deit_recipe(base_config())
   # The model step only: the PyTorch reference has no on-device Mixup/CutMix/erasing either.
@@ -73,6 +83,8 @@ def jax_step(name: str, image_size: int, batch_size: int):
   config.batch_size = batch_size
   config.model.name = name
   config.model.overrides.drop_path_rate = 0.0
+  if not cpu_kernels:
+    config.model.overrides.attention_implementation = "xla"
   model = train.build_model(config, NUM_CLASSES)
   _, init = train.abstract_train_state(model, None, (image_size, image_size, 3))
   params = nn.meta.unbox(jax.jit(init)(jax.random.key(0)))
@@ -87,7 +99,11 @@ def jax_step(name: str, image_size: int, batch_size: int):
   step = functools.partial(
     train.train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=1000
   )
-  compiled = jax.jit(step, donate_argnums=0).lower(state, batch).compile()
+  ops.FLATTEN_MATMULS = None if cpu_kernels else False  # read while tracing
+  try:
+    compiled = jax.jit(step, donate_argnums=0).lower(state, batch).compile()
+  finally:
+    ops.FLATTEN_MATMULS = None
   mem = compiled.memory_analysis()
   xla_bytes = (
     mem.argument_size_in_bytes
@@ -131,13 +147,25 @@ def torch_step(name: str, image_size: int, batch_size: int, threads: int):
 # Timing and memory
 
 
-def time_interleaved(runs: dict, steps: int, rounds: int) -> dict[str, float]:
-  """Median over rounds of the mean step time (s) of each model, models interleaved per round."""
+def time_interleaved(
+  runs: dict, steps: int, rounds: int, warmup: int = 3, pause_s: float = 0.2
+) -> dict[str, float]:
+  """Median over rounds of the mean step time (s) of each model, models interleaved per round.
+
+  ``warmup`` untimed steps per model first: the first three steps of a donated JAX step run at
+  15-60% of the steady-state speed (first touch of the new buffers), PyTorch's first step
+  allocates its optimizer state. ``pause_s`` of sleep before each timed block lets the previous
+  model's thread pool (OpenMP / Eigen workers spin before they sleep) go idle, so it does not
+  steal the cores of the next one (measured: without it, the JAX step that follows a PyTorch
+  step ran 10% slower).
+  """
   for run in runs.values():
-    run()  # warm-up (first-call overheads, lazily created optimizer state)
+    for _ in range(warmup):
+      run()
   times = {name: [] for name in runs}
   for _ in range(rounds):
     for name, run in runs.items():
+      time.sleep(pause_s)
       start = time.perf_counter()
       for _ in range(steps):
         run()
@@ -194,7 +222,7 @@ def locvit_table(args) -> None:
     for name in pair:
       runs[name], xla[name] = jax_step(name, args.image_size, args.batch_size)
   before = load()
-  step_s = time_interleaved(runs, args.steps, args.rounds)
+  step_s = time_interleaved(runs, args.steps, args.rounds, args.warmup)
   print(
     f"\n[1] locvit ConViT vs DeiT: train step at {args.image_size}x{args.image_size}, batch "
     f"{args.batch_size}, {args.threads} cores, {args.rounds} rounds x {args.steps} steps, "
@@ -214,7 +242,7 @@ def torch_table(args) -> None:
     runs[f"locvit {name}"], xla[name] = jax_step(name, size, batch)
     runs[f"torch {name}"] = torch_step(name, size, batch, args.threads)
   before = load()
-  step_s = time_interleaved(runs, args.steps, args.rounds)
+  step_s = time_interleaved(runs, args.steps, args.rounds, args.warmup)
   print(
     f"\n[2] locvit vs PyTorch reference ConViT: train step at {size}x{size}, batch {batch}, "
     f"{args.threads} cores / torch threads, {args.rounds} rounds x {args.steps} steps, "
@@ -232,6 +260,28 @@ def torch_table(args) -> None:
     )
 
 
+def kernels_table(args) -> None:
+  size, batch = args.torch_image_size, args.torch_batch_size
+  runs, xla = {}, {}
+  for name in ("convit_tiny", "deit_tiny", "convit_small"):
+    for on in (False, True):
+      runs[(name, on)], xla[(name, on)] = jax_step(name, size, batch, cpu_kernels=on)
+  before = load()
+  step_s = time_interleaved(runs, args.steps, args.rounds, args.warmup)
+  print(
+    f"\n[3] locvit CPU code paths on vs off: train step at {size}x{size}, batch {batch}, "
+    f"{args.threads} cores, {args.rounds} rounds x {args.steps} steps, load {before} -> {load()}"
+  )
+  header = ("model", "off img/s", "on img/s", "speed-up", "off MiB", "on MiB")
+  print(f"{header[0]:<14}" + "".join(f"{h:>11}" for h in header[1:]))
+  for name in ("convit_tiny", "deit_tiny", "convit_small"):
+    off, on = step_s[(name, False)], step_s[(name, True)]
+    print(
+      f"{name:<14}{batch / off:>11.2f}{batch / on:>11.2f}{off / on:>10.2f}x"
+      f"{xla[(name, False)]:>11.0f}{xla[(name, True)]:>11.0f}"
+    )
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--image_size", type=int, default=224)
@@ -240,8 +290,11 @@ def main() -> None:
   parser.add_argument("--torch_batch_size", type=int, default=8)
   parser.add_argument("--steps", type=int, default=2)
   parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--warmup", type=int, default=3, help="untimed steps per model first")
   parser.add_argument("--threads", type=int, default=2)
-  parser.add_argument("--tables", default="locvit,torch", help="which tables: locvit, torch")
+  parser.add_argument(
+    "--tables", default="locvit,torch", help="which tables: locvit, torch, kernels"
+  )
   parser.add_argument("--worker", nargs=2, metavar=("FRAMEWORK", "MODEL"), help=argparse.SUPPRESS)
   args = parser.parse_args()
   # Both frameworks get the same cores.
@@ -255,6 +308,8 @@ def main() -> None:
     locvit_table(args)
   if "torch" in tables:
     torch_table(args)
+  if "kernels" in tables:
+    kernels_table(args)
 
 
 if __name__ == "__main__":

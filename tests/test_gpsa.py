@@ -85,9 +85,10 @@ def test_matches_numpy_reference(variant, num_heads):
 
 
 @pytest.mark.parametrize("variant", ["gpsa", "psa"])
-def test_fast_path_equals_explicit_form_with_gradients(variant):
+@pytest.mark.parametrize("implementation", ["einsum", "xla"])  # fused kernel / SDPA + P v
+def test_fast_path_equals_explicit_form_with_gradients(variant, implementation):
   x = tokens()
-  module = GPSA(num_heads=9, variant=variant)
+  module = GPSA(num_heads=9, variant=variant, implementation=implementation)
   variables = perturb(init(module, x))
   cotangent = jax.random.normal(jax.random.key(3), x.shape)
 
@@ -98,7 +99,9 @@ def test_fast_path_equals_explicit_form_with_gradients(variant):
   (fast_value, fast_grads), (slow_value, slow_grads) = loss(True), loss(False)
   np.testing.assert_allclose(fast_value, slow_value, rtol=5e-5)  # a sum over 9 heads x 16 x 48
   for a, b in zip(jax.tree.leaves(fast_grads), jax.tree.leaves(slow_grads)):
-    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+    # atol: pos_proj's bias gradient is exactly 0 (a softmax ignores a shift), so both paths give
+    # float noise of ~1e-5 there.
+    np.testing.assert_allclose(a, b, atol=3e-5, rtol=1e-4)
   # The gate really receives gradient on both paths.
   if variant == "gpsa":
     assert np.abs(fast_grads[0]["params"]["gating_param"]).min() > 0

@@ -1,5 +1,6 @@
-"""The shared transformer layers: the exact GELU with a saved derivative."""
+"""The shared transformer layers: the exact GELU with a saved derivative, the patch embedding."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,3 +48,41 @@ def test_gelu_keeps_dtype():
   np.testing.assert_allclose(
     np.asarray(gelu(x), np.float32), np.asarray(reference_gelu(x), np.float32), atol=0.07
   )
+
+
+@pytest.mark.parametrize("flatten", [True, False])
+def test_patch_embed_is_the_strided_convolution_with_its_parameters(monkeypatch, flatten):
+  """The patchify + matmul form (CPU) and the convolution give nn.Conv's init and numbers."""
+  from locvit import ops
+  from locvit.models import layers
+
+  monkeypatch.setattr(ops, "FLATTEN_MATMULS", flatten)
+  images = jax.random.normal(jax.random.key(0), (2, 32, 48, 3))
+  embed = layers.PatchEmbed(patch_size=8, embed_dim=16)
+  variables = nn.meta.unbox(embed.init(jax.random.key(1), images))
+
+  class Reference(nn.Module):  # the pre-change PatchEmbed: nn.Conv named 'proj'
+    @nn.compact
+    def __call__(self, x):
+      y = nn.Conv(16, (8, 8), strides=8, padding="VALID", name="proj")(x)
+      return y.reshape(y.shape[0], -1, 16)
+
+  reference = Reference()
+  reference_variables = reference.init(jax.random.key(1), images)
+  for got, want in zip(
+    jax.tree.leaves(variables), jax.tree.leaves(reference_variables), strict=True
+  ):
+    np.testing.assert_array_equal(got, want)  # same parameter paths, shapes and init values
+  variables = jax.tree.map(lambda p: p + 0.1, variables)  # non-zero bias too
+
+  def loss(fn):
+    return jax.value_and_grad(lambda v, x: jnp.sum(jnp.sin(fn(v, x))), argnums=(0, 1))
+
+  (value, grads), (want_value, want_grads) = (
+    loss(lambda v, x: embed.apply(v, x)[0])(variables, images),
+    loss(reference.apply)(variables, images),
+  )
+  assert embed.apply(variables, images)[1] == layers.TokenGrid(4, 6)
+  np.testing.assert_allclose(value, want_value, rtol=1e-5)
+  for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -4,7 +4,7 @@ The four mechanisms differ only in how a positional table ``P`` of shape ``(H, N
 dimension) enters the attention:
 
 - ``combine='add'``: ``softmax(q k^T / sqrt(d) + P)`` -- relative positional logits
-  (Cordonnier et al., Eq. 8 / 9). Routed through ``jax.nn.dot_product_attention(bias=...)``.
+  (Cordonnier et al., Eq. 8 / 9). Routed through ``dot_product_attention(bias=...)``.
 - ``combine='multiply'``: ``softmax((q k^T / sqrt(d)) * P)`` -- the GMM / ELM masks as the
   official code applies them. No fused kernel can express this, so it runs explicitly.
 - ``combine='replace'``: ``softmax(P)`` -- positional-only attention; ``P V`` is computed without
@@ -15,7 +15,7 @@ dimension) enters the attention:
 
 Attention maps are materialised only when the caller asks for intermediates
 (``model.apply(..., mutable=['intermediates'])``); otherwise ``dot_product_attention`` is used
-(``jax.nn.dot_product_attention``, or two einsums around a float32 softmax with 'einsum').
+(``softmax_attention.py``: JAX's kernel, or the explicit form with a hand-written backward pass).
 """
 
 from __future__ import annotations
@@ -29,32 +29,12 @@ import jax
 import jax.numpy as jnp
 
 from locvit.attention.geometry import TokenGrid
+from locvit.attention.softmax_attention import IMPLEMENTATIONS, dot_product_attention
+from locvit.ops import contract
 
 Array = jax.Array
 Combine = Literal["add", "multiply", "replace"]
 COMBINE_RULES = ("add", "multiply", "replace")
-IMPLEMENTATIONS = (None, "xla", "cudnn", "einsum")
-
-
-def dot_product_attention(
-  q: Array, k: Array, v: Array, bias: Array | None = None, implementation: str | None = None
-) -> Array:
-  """``softmax(q k^T / sqrt(Dh) + bias) v`` on ``(B, N, H, Dh)`` inputs (Vaswani et al., Eq. 1).
-
-  ``implementation``: None (JAX's choice), 'xla' or 'cudnn' route to
-  ``jax.nn.dot_product_attention``; 'einsum' computes the logits and softmax in float32 with two
-  einsums (on 2 CPU cores it measured 17-18% slower than 'xla' in ViT-S/ConViT-S training steps,
-  docs/benchmarks.md).
-  """
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}.")
-  if implementation != "einsum":
-    return jax.nn.dot_product_attention(q, k, v, bias=bias, implementation=implementation)
-  logits = jnp.einsum("bnhd,bmhd->bhnm", q, k).astype(jnp.float32) * q.shape[-1] ** -0.5
-  if bias is not None:
-    logits = logits + bias.astype(jnp.float32)
-  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-  return jnp.einsum("bhnm,bmhd->bnhd", probs, v)
 
 
 # Inits shared across the library; timm's ViT uses trunc-normal(0.02) weights and zero biases.
@@ -123,7 +103,7 @@ class DenseGeneral(nn.Module):
       shape,
       self.param_dtype,
     )
-    y = jnp.tensordot(x.astype(self.dtype), kernel.astype(self.dtype), axes=1)
+    y = contract(x.astype(self.dtype), kernel.astype(self.dtype))
     if self.use_bias:
       bias = self.param(
         "bias", partitioned(zeros, self.kernel_axes[1:]), self.features, self.param_dtype
@@ -165,7 +145,7 @@ class OutputProjection(nn.Module):
       self.param_dtype,
     )
     bias = self.param("bias", partitioned(zeros, ("embed",)), (self.features,), self.param_dtype)
-    out = jnp.einsum("bnhd,hdc->bnc", y.astype(self.dtype), kernel.astype(self.dtype))
+    out = contract(y.astype(self.dtype), kernel.astype(self.dtype), num_contracting=2)
     return out + bias.astype(self.dtype)
 
 
@@ -187,8 +167,8 @@ class Attention(nn.Module):
     positional: optional Linen module called as ``positional(grid)`` returning an ``(H, N, N)``
       table over the patch tokens.
     combine: how the positional table enters (see module docstring).
-    implementation: attention backend (``dot_product_attention``): None (JAX's choice), 'xla',
-      'cudnn' (GPU, bf16/fp16 only) or 'einsum'.
+    implementation: attention backend (``softmax_attention.dot_product_attention``): None
+      ('einsum' on CPU, JAX's choice elsewhere), 'xla', 'cudnn' (GPU, bf16/fp16 only) or 'einsum'.
     dtype: computation dtype (bf16 for mixed precision); parameters stay ``param_dtype``.
   """
 

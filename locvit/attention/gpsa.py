@@ -12,9 +12,15 @@ Biases". With ``r_ij = (dx, dy, dx^2 + dy^2)`` (key minus query, see ``geometry.
   locality strength ``alpha``.
 
 The positional term ``softmax(v_pos . r)`` does not depend on the input, so the fast path computes
-it once per call as an ``(H, N, N)`` table and uses the exact identity
-``GPSA = (1 - g) SDPA(q, k, v) + g (P v)``: the content part runs in the fused
-``jax.nn.dot_product_attention`` kernel and no ``(B, H, N, N)`` tensor is built.
+it once per call as an ``(H, N, N)`` table shared by the batch (the reference builds it per
+example) and drops the renormalisation, an exact no-op. Then, by backend:
+
+- 'xla' / 'cudnn' (GPU, TPU): the exact identity ``GPSA = (1 - g) SDPA(q, k, v) + g (P v)``; the
+  content part runs in ``jax.nn.dot_product_attention`` (cuDNN's flash kernel where it applies)
+  and no ``(B, H, N, N)`` tensor is built.
+- 'einsum' (the CPU default): ``softmax_attention.gated_positional_attention``, the mixed map
+  ``(1 - g) softmax(q k^T) + g P`` times ``v`` in one kernel with a hand-written backward pass
+  (fewer matmuls than the decomposition when the map is materialised anyway).
 
 Parameter names follow timm's ``GPSA`` (``qk``, ``v``, ``proj``, ``pos_proj``, ``gating_param``)
 so checkpoint conversion is a reshape (see ``locvit.convert``).
@@ -44,6 +50,7 @@ from locvit.attention.attention import (
   zeros,
 )
 from locvit.attention.geometry import TokenGrid, gpsa_relative_features, grid_from_tokens
+from locvit.attention.softmax_attention import gated_positional_attention, resolve_implementation
 
 Array = jax.Array
 Variant = Literal["gpsa", "psa"]
@@ -113,7 +120,8 @@ class GPSA(nn.Module):
     qkv_bias: bias on ``qk`` and ``v`` (False in ConViT).
     attn_drop: dropout on the mixed attention (forces the explicit path when training).
     proj_drop: dropout after ``proj``.
-    implementation: ``jax.nn.dot_product_attention`` backend for the fast path.
+    implementation: backend of the fast path: None ('einsum' on CPU, JAX's choice elsewhere),
+      'xla', 'cudnn' or 'einsum' (see the module docstring).
     locality_strength: ``alpha`` of Eq. 5 (1.0 in ConViT).
     use_local_init: convolutional init (``v = I``, ``pos_proj`` centres) rather than plain
       trunc-normal. If H is not a perfect square only the first ``int(sqrt(H))^2`` heads get a
@@ -123,8 +131,9 @@ class GPSA(nn.Module):
       ConViT Table 3's "equal attention to content and position").
     variant: 'gpsa' (gate after the softmaxes) or 'psa' (content + positional logits in one
       softmax, no gate; registered as attention kind 'psa').
-    fast_path: use ``(1 - g) SDPA + g P V`` when no attention maps are collected and no attention
-      dropout is active. False always runs the reference's explicit form.
+    fast_path: use the batch-shared positional table and a fused kernel (module docstring) when
+      no attention maps are collected and no attention dropout is active. False always runs the
+      reference's explicit form.
     dtype, param_dtype: computation and parameter dtypes. Positional logits and softmaxes are
       computed in float32.
 
@@ -237,7 +246,9 @@ class GPSA(nn.Module):
     fast = (
       self.fast_path and not wants_attention_maps(self) and not (train and self.attn_drop > 0.0)
     )
-    if fast and gate is not None:
+    if fast and gate is not None and resolve_implementation(self.implementation) == "einsum":
+      y = gated_positional_attention(q, k, v, pos, gate)
+    elif fast and gate is not None:
       content = dot_product_attention(q, k, v, implementation=self.implementation)
       positional = jnp.einsum("hnm,bmhd->bnhd", pos.astype(self.dtype), v)
       g = gate[:, None].astype(self.dtype)  # broadcasts over (B, N, H, Dh)

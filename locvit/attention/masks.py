@@ -7,7 +7,7 @@ shape ``(H, N, N)`` (no batch dimension) enters the attention through the seam o
 - ``combine='multiply'`` (default, faithful): ``softmax((q k^T / sqrt(d)) * M) v`` -- Eq. 9, and
   what the official code does (``Gaussian_Mixture_Mask.forward`` returns ``attn * x``).
 - ``combine='add'``: ``softmax(q k^T / sqrt(d) + M) v`` -- the paper text's "we simply add the
-  obtained GMM"; runs in the fused ``jax.nn.dot_product_attention`` kernel.
+  obtained GMM"; runs in the fused ``dot_product_attention`` kernel (its ``bias``).
 
 GMM (Eq. 1, Algorithm 1), per layer and head ``h``, with ``K`` kernels and ``d^2 = dx^2 + dy^2``
 the squared distance between query and key on the token grid:

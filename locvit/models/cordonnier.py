@@ -51,6 +51,7 @@ from locvit.attention.relative import (
 from locvit.models.layers import gelu
 from locvit.models.registry import register_model
 from locvit.models.resnet import ResNetCifar as ResNetCifar  # registers the Table 1 baseline
+from locvit.ops import dense_dot_general
 
 Array = jax.Array
 
@@ -77,6 +78,7 @@ def torch_dense(features: int, fan_in: int, names: tuple[str, str], name: str, d
     param_dtype=param_dtype,
     kernel_init=partitioned(torch_linear_kernel_init, names),
     bias_init=partitioned(torch_linear_bias_init(fan_in), names[1:]),
+    dot_general=dense_dot_general,
     name=name,
   )
 
@@ -152,7 +154,8 @@ class CordonnierNet(nn.Module):
       ``{'quadratic': {'center_init_std': 1.0}}``.
     drop_rate, attn_drop_rate: hidden and attention-probability dropout (0.1 and 0.1).
     norm_eps: LayerNorm epsilon (1e-12, BERT's).
-    attention_implementation: ``jax.nn.dot_product_attention`` backend for content attention.
+    attention_implementation: ``softmax_attention.dot_product_attention`` backend for content
+      attention (None: the einsum kernel on CPU, JAX's choice elsewhere).
     dtype: computation dtype; parameters are ``param_dtype``. Positional logits and softmaxes are
       float32.
   """

@@ -45,6 +45,7 @@ from locvit.attention.masks import (
 )
 from locvit.models.layers import Mlp, PatchEmbed, classifier_head, drop_path, layer_norm
 from locvit.models.registry import register_model
+from locvit.ops import dense_dot_general
 
 Array = jax.Array
 SWIN_ATTENTION = ("mhsa", *MASK_KINDS)
@@ -228,6 +229,7 @@ class PatchMerging(nn.Module):
       dtype=self.dtype,
       param_dtype=self.param_dtype,
       kernel_init=partitioned(trunc_normal, ("mlp", "embed")),
+      dot_general=dense_dot_general,
       name="reduction",
     )(x)
     return x, grid

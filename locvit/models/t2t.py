@@ -50,6 +50,7 @@ from locvit.attention.masks import (
 )
 from locvit.models.layers import Mlp, classifier_head, drop_path, layer_norm
 from locvit.models.registry import register_model
+from locvit.ops import dense_dot_general
 
 Array = jax.Array
 
@@ -206,6 +207,7 @@ class T2TViT(nn.Module):
       param_dtype=self.param_dtype,
       kernel_init=partitioned(trunc_normal, (None, "embed")),
       bias_init=partitioned(zeros, ("embed",)),
+      dot_general=dense_dot_general,
       name="project",
     )(x)
     x = x + jnp.asarray(sinusoid_table(grid.num_tokens, self.embed_dim), x.dtype)
