@@ -1,7 +1,7 @@
 """Forward + backward time of the attention core and the token projections, per implementation.
 
   python benchmarks/attention_kernels.py [--tokens=196] [--heads=4,9] [--head_dim=48] \\
-      [--batch_size=8] [--threads=1] [--rounds=7] [--reps=5] [--no_torch]
+      [--batch_size=8] [--threads=1] [--rounds=7] [--reps=5] [--no_torch] [--sections=...]
 
 One run, one machine, interleaved rounds (median reported), gradients of a scalar loss with
 respect to every input and weight, ``jax.jit``-compiled, pinned to the first ``threads`` cores:
@@ -18,7 +18,10 @@ respect to every input and weight, ``jax.jit``-compiled, pinned to the first ``t
 4. GPSA's gated mix ``((1 - g) softmax(q k^T / sqrt(Dh)) + g P) v`` with ``P`` shared by the
    batch: the decomposition ``(1 - g) SDPA + g P v`` (SDPA in the einsum kernel) against the fused
    ``gated_positional_attention`` kernel and the reference's PyTorch form (per-example mixed map,
-   renormalised, ``@ v``).
+   renormalised, ``@ v``);
+5. the 16x16 patch embedding of ``(B, 16 sqrt(N), 16 sqrt(N), 3)`` images to ``C`` channels:
+   ``lax.conv_general_dilated`` (stride 16) against ``PatchProjection``'s patchify + matmul (its
+   CPU path) and ``torch.nn.Conv2d``; gradients for the kernel and bias only, as in training.
 
 Ratios are ``time(baseline) / time(candidate)``: above 1 means the candidate is faster.
 """
@@ -26,6 +29,7 @@ Ratios are ``time(baseline) / time(candidate)``: above 1 means the candidate is 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -223,6 +227,43 @@ def gpsa_runs(b, n, h, d, use_torch):
   return runs
 
 
+def patch_runs(b, n, h, d, use_torch):
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from locvit import ops
+  from locvit.models.layers import patchify
+
+  c, side = h * d, 16 * math.isqrt(n)
+  rng = np.random.default_rng(0)
+  images = rng.normal(size=(b, side, side, 3)).astype(np.float32)
+  kernel = (rng.normal(size=(16, 16, 3, c)) * 0.02).astype(np.float32)
+  bias = np.zeros(c, np.float32)
+
+  def conv(kernel, bias):
+    y = jax.lax.conv_general_dilated(
+      jnp.asarray(images), kernel, (16, 16), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
+    return y.reshape(b, -1, c) + bias
+
+  def patch_matmul(kernel, bias):
+    return ops.contract(patchify(jnp.asarray(images), 16), kernel.reshape(-1, c)) + bias
+
+  jargs = [jnp.asarray(kernel), jnp.asarray(bias)]
+  runs = {
+    "lax.conv_general_dilated": jax_runner(conv, jargs),
+    "locvit patchify + matmul": jax_runner(patch_matmul, jargs),
+  }
+  if use_torch:
+    import torch
+
+    conv_t = torch.nn.Conv2d(3, c, 16, 16)
+    images_t = torch.tensor(images.transpose(0, 3, 1, 2).copy())
+    runs["PyTorch"] = torch_runner(lambda: conv_t(images_t).flatten(2), (), (conv_t,))
+  return runs
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--tokens", type=int, default=196)
@@ -233,6 +274,7 @@ def main() -> None:
   parser.add_argument("--rounds", type=int, default=7)
   parser.add_argument("--reps", type=int, default=5)
   parser.add_argument("--no_torch", action="store_true")
+  parser.add_argument("--sections", default="core,qkv,mlp,gpsa,patch")
   args = parser.parse_args()
 
   os.sched_setaffinity(0, set(range(args.threads)))
@@ -249,12 +291,13 @@ def main() -> None:
   for heads in (int(h) for h in args.heads.split(",")):
     shape = (args.batch_size, args.tokens, heads, args.head_dim)
     builders = {
-      "attention core": core_runs,
-      "qkv projection": qkv_runs,
-      "MLP (4x)": mlp_runs,
-      "GPSA gated mix": gpsa_runs,
+      "core": ("attention core", core_runs),
+      "qkv": ("qkv projection", qkv_runs),
+      "mlp": ("MLP (4x)", mlp_runs),
+      "gpsa": ("GPSA gated mix", gpsa_runs),
+      "patch": ("16x16 patch embedding", patch_runs),
     }
-    for title, build in builders.items():
+    for title, build in (builders[name] for name in args.sections.split(",")):
       runs = build(*shape, use_torch)
       times = time_interleaved(runs, args.rounds, args.reps)
       baseline = next(iter(times.values()))

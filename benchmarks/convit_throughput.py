@@ -23,10 +23,17 @@ Both frameworks are pinned to the first ``threads`` cores (``sched_setaffinity``
 shared with other work, PyTorch's OpenMP threads slow down far more than XLA's when the load
 exceeds the cores; ``--threads=1`` gives a contention-robust comparison.
 
-Stochastic depth is off in every model (the PyTorch reference has none). Models are timed in
-interleaved rounds (``steps`` steps per model per round, after ``--warmup`` untimed steps, with a
-0.2 s pause between models) so load from other processes hits them alike; the median round is
-reported, with the 1-minute load average before and after.
+Stochastic depth is off in every model (the PyTorch reference has none). Every model runs in its
+own process (as in real training), and the models are timed in interleaved rounds (``steps``
+steps per model per round, after ``--warmup`` untimed steps, with a 0.2 s pause between models)
+so load from other processes hits them alike; the median round is reported, with the 1-minute
+load average before and after.
+
+``--glibc_hugetlb`` re-runs the script with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (both
+frameworks, and the memory subprocesses, get it): glibc then backs large ``malloc`` blocks with
+transparent huge pages. XLA:CPU allocates its temporaries afresh at every execution, so by default
+a ConViT-Ti step at 224x224 first-touches about 512 MB (131,000 minor page faults per step,
+against 1,600 for PyTorch's step); with the tunable, 350.
 
 Memory, two methods:
 - ``xla MiB``: XLA's accounting of the compiled step (``memory_analysis()``): arguments (params,
@@ -56,6 +63,7 @@ if ROOT not in sys.path:
 LOCVIT_PAIRS = (("convit_tiny", "deit_tiny"), ("convit_small", "deit_small"))
 TORCH_MODELS = ("convit_tiny", "convit_small")
 NUM_CLASSES = 1000
+HUGETLB = "glibc.malloc.hugetlb=1"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -147,30 +155,58 @@ def torch_step(name: str, image_size: int, batch_size: int, threads: int):
 # Timing and memory
 
 
-def time_interleaved(
-  runs: dict, steps: int, rounds: int, warmup: int = 3, pause_s: float = 0.2
-) -> dict[str, float]:
-  """Median over rounds of the mean step time (s) of each model, models interleaved per round.
-
-  ``warmup`` untimed steps per model first: the first three steps of a donated JAX step run at
-  15-60% of the steady-state speed (first touch of the new buffers), PyTorch's first step
-  allocates its optimizer state. ``pause_s`` of sleep before each timed block lets the previous
-  model's thread pool (OpenMP / Eigen workers spin before they sleep) go idle, so it does not
-  steal the cores of the next one (measured: without it, the JAX step that follows a PyTorch
-  step ran 10% slower).
-  """
-  for run in runs.values():
-    for _ in range(warmup):
+def _step_server(conn, spec: tuple, warmup: int) -> None:
+  """Child process: builds one model's step, warms it up, then times ``n`` steps on request."""
+  framework, name, image_size, batch_size, threads, cpu_kernels = spec
+  if framework == "jax":
+    run, xla_mb = jax_step(name, image_size, batch_size, cpu_kernels)
+  else:
+    run, xla_mb = torch_step(name, image_size, batch_size, threads), 0.0
+  for _ in range(warmup):
+    run()
+  conn.send(xla_mb)
+  while (steps := conn.recv()) is not None:
+    start = time.perf_counter()
+    for _ in range(steps):
       run()
-  times = {name: [] for name in runs}
-  for _ in range(rounds):
-    for name, run in runs.items():
-      time.sleep(pause_s)
-      start = time.perf_counter()
-      for _ in range(steps):
-        run()
-      times[name].append((time.perf_counter() - start) / steps)
-  return {name: statistics.median(t) for name, t in times.items()}
+    conn.send((time.perf_counter() - start) / steps)
+
+
+def time_interleaved(
+  specs: dict, steps: int, rounds: int, warmup: int = 3, pause_s: float = 0.2
+) -> tuple[dict[str, float], dict[str, float]]:
+  """``(step seconds, xla MiB)`` per model: median over rounds, models interleaved per round.
+
+  ``specs`` maps a label to ``(framework, name, image_size, batch_size, threads, cpu_kernels)``.
+  Every model runs in its own process, as in real training: a model's heap, allocator state and
+  thread pools are not disturbed by the others (measured in one process, a JAX step that
+  followed a PyTorch step ran up to 50% slower than alone). Only one process works at a time;
+  ``pause_s`` before each timed block lets the previous model's worker threads go idle.
+  ``warmup`` untimed steps first: the first steps of a donated JAX step are 15-60% slower (first
+  touch of new buffers); PyTorch's first step creates the optimizer state.
+  """
+  import multiprocessing
+
+  context = multiprocessing.get_context("spawn")  # JAX is not fork-safe
+  servers, xla_mb = {}, {}
+  for label, spec in specs.items():
+    parent, child = context.Pipe()
+    process = context.Process(target=_step_server, args=(child, spec, warmup), daemon=True)
+    process.start()
+    xla_mb[label] = parent.recv()  # built and warm; the next model builds after it
+    servers[label] = (parent, process)
+  times = {label: [] for label in specs}
+  try:
+    for _ in range(rounds):
+      for label, (conn, _) in servers.items():
+        time.sleep(pause_s)
+        conn.send(steps)
+        times[label].append(conn.recv())
+  finally:
+    for conn, process in servers.values():
+      conn.send(None)
+      process.join(timeout=60)
+  return {label: statistics.median(t) for label, t in times.items()}, xla_mb
 
 
 def proc_status_mb(field: str) -> float:
@@ -217,12 +253,13 @@ def load() -> str:
 
 
 def locvit_table(args) -> None:
-  runs, xla = {}, {}
-  for pair in LOCVIT_PAIRS:
-    for name in pair:
-      runs[name], xla[name] = jax_step(name, args.image_size, args.batch_size)
+  specs = {
+    name: ("jax", name, args.image_size, args.batch_size, args.threads, True)
+    for pair in LOCVIT_PAIRS
+    for name in pair
+  }
   before = load()
-  step_s = time_interleaved(runs, args.steps, args.rounds, args.warmup)
+  step_s, xla = time_interleaved(specs, args.steps, args.rounds, args.warmup)
   print(
     f"\n[1] locvit ConViT vs DeiT: train step at {args.image_size}x{args.image_size}, batch "
     f"{args.batch_size}, {args.threads} cores, {args.rounds} rounds x {args.steps} steps, "
@@ -237,12 +274,13 @@ def locvit_table(args) -> None:
 
 def torch_table(args) -> None:
   size, batch = args.torch_image_size, args.torch_batch_size
-  runs, xla = {}, {}
+  specs = {}
   for name in TORCH_MODELS:
-    runs[f"locvit {name}"], xla[name] = jax_step(name, size, batch)
-    runs[f"torch {name}"] = torch_step(name, size, batch, args.threads)
+    specs[f"locvit {name}"] = ("jax", name, size, batch, args.threads, True)
+    specs[f"torch {name}"] = ("torch", name, size, batch, args.threads, True)
   before = load()
-  step_s = time_interleaved(runs, args.steps, args.rounds, args.warmup)
+  step_s, xla_by_label = time_interleaved(specs, args.steps, args.rounds, args.warmup)
+  xla = {name: xla_by_label[f"locvit {name}"] for name in TORCH_MODELS}
   print(
     f"\n[2] locvit vs PyTorch reference ConViT: train step at {size}x{size}, batch {batch}, "
     f"{args.threads} cores / torch threads, {args.rounds} rounds x {args.steps} steps, "
@@ -262,12 +300,13 @@ def torch_table(args) -> None:
 
 def kernels_table(args) -> None:
   size, batch = args.torch_image_size, args.torch_batch_size
-  runs, xla = {}, {}
-  for name in ("convit_tiny", "deit_tiny", "convit_small"):
-    for on in (False, True):
-      runs[(name, on)], xla[(name, on)] = jax_step(name, size, batch, cpu_kernels=on)
+  specs = {
+    (name, on): ("jax", name, size, batch, args.threads, on)
+    for name in ("convit_tiny", "deit_tiny", "convit_small")
+    for on in (False, True)
+  }
   before = load()
-  step_s = time_interleaved(runs, args.steps, args.rounds, args.warmup)
+  step_s, xla = time_interleaved(specs, args.steps, args.rounds, args.warmup)
   print(
     f"\n[3] locvit CPU code paths on vs off: train step at {size}x{size}, batch {batch}, "
     f"{args.threads} cores, {args.rounds} rounds x {args.steps} steps, load {before} -> {load()}"
@@ -295,14 +334,20 @@ def main() -> None:
   parser.add_argument(
     "--tables", default="locvit,torch", help="which tables: locvit, torch, kernels"
   )
+  parser.add_argument("--glibc_hugetlb", action="store_true", help="see the module docstring")
   parser.add_argument("--worker", nargs=2, metavar=("FRAMEWORK", "MODEL"), help=argparse.SUPPRESS)
   args = parser.parse_args()
+  if args.glibc_hugetlb and HUGETLB not in os.environ.get("GLIBC_TUNABLES", ""):
+    tunables = ":".join(filter(None, (os.environ.get("GLIBC_TUNABLES"), HUGETLB)))
+    env = dict(os.environ, GLIBC_TUNABLES=tunables)  # read by the loader: needs a new process
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
   # Both frameworks get the same cores.
   os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args.threads]))
   if args.worker:
     worker(*args.worker, args.image_size, args.batch_size, args.threads)
     return
   print(f"{os.cpu_count()} CPUs, {args.threads} used; load average before: {load()}")
+  print(f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}")
   tables = set(args.tables.split(","))
   if "locvit" in tables:
     locvit_table(args)
