@@ -16,6 +16,7 @@ from locvit.attention.geometry import (
 from locvit.attention.gpsa import GPSA as GPSA  # registers attention kinds 'gpsa' and 'psa'
 from locvit.attention.masks import GMMAttention as GMMAttention  # registers 'gmm' and 'elm'
 from locvit.attention.relative import RelativeAttention as RelativeAttention  # 'quadratic', ...
+from locvit.attention.softmax_attention import dot_product_attention, gated_positional_attention
 
 __all__ = [
   "COMBINE_RULES",
@@ -24,6 +25,8 @@ __all__ = [
   "GMMAttention",
   "RelativeAttention",
   "TokenGrid",
+  "dot_product_attention",
+  "gated_positional_attention",
   "get_attention",
   "gpsa_relative_features",
   "list_attention",
