@@ -29,18 +29,23 @@ steps per model per round, after ``--warmup`` untimed steps, with a 0.2 s pause 
 so load from other processes hits them alike; the median round is reported, with the 1-minute
 load average before and after.
 
-``--glibc_hugetlb`` re-runs the script with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (both
-frameworks, and the memory subprocesses, get it): glibc then backs large ``malloc`` blocks with
-transparent huge pages. XLA:CPU allocates its temporaries afresh at every execution, so by default
-a ConViT-Ti step at 224x224 first-touches about 512 MB (131,000 minor page faults per step,
-against 1,600 for PyTorch's step); with the tunable, 350.
+4. (``--tables=malloc``) the same step under each ``locvit.cpu_malloc`` mode, per model and
+   framework, at ``--torch_image_size``: ``default``; ``tcmalloc`` (TCMalloc preloaded, if
+   installed); ``retain`` (glibc: one arena, no ``mmap``, no trimming). XLA:CPU allocates its
+   temporaries afresh at every execution, so with glibc's defaults a ConViT-Ti step at 224x224
+   first-touches about 512 MB (131,000 minor page faults per step, against 1,600 for PyTorch's
+   step). Each process gets its mode at start (the loader reads ``LD_PRELOAD`` and
+   ``GLIBC_TUNABLES`` then); the table prints the faults per step too.
+
+``--cpu_malloc=MODE`` re-runs the whole script under one mode (both frameworks and the memory
+subprocesses get it).
 
 Memory, two methods:
 - ``xla MiB``: XLA's accounting of the compiled step (``memory_analysis()``): arguments (params,
   optimizer state, batch) + outputs - donated aliases + temporaries. Exact for the buffers XLA
   owns; excludes the runtime itself.
 - ``rss MiB`` / ``torch rss`` (table 2): for both frameworks, in a fresh subprocess per model:
-  peak resident memory (``VmHWM``) after two training steps minus the resident memory before
+  peak resident memory (``VmHWM``) after six training steps minus the resident memory before
   the model was built (after imports). Includes parameters, gradients, optimizer state,
   activations and allocator caches; for JAX it also includes compilation.
 """
@@ -60,10 +65,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
+from locvit import cpu_malloc  # noqa: E402  (imports no JAX)
+
 LOCVIT_PAIRS = (("convit_tiny", "deit_tiny"), ("convit_small", "deit_small"))
 TORCH_MODELS = ("convit_tiny", "convit_small")
 NUM_CLASSES = 1000
-HUGETLB = "glibc.malloc.hugetlb=1"
+MALLOC_TABLE_MODES = {"jax": ("default", "tcmalloc", "retain"), "torch": ("default", "tcmalloc")}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -155,9 +162,18 @@ def torch_step(name: str, image_size: int, batch_size: int, threads: int):
 # Timing and memory
 
 
+def _minor_faults() -> int:
+  import resource
+
+  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def _step_server(conn, spec: tuple, warmup: int) -> None:
-  """Child process: builds one model's step, warms it up, then times ``n`` steps on request."""
-  framework, name, image_size, batch_size, threads, cpu_kernels = spec
+  """Child process: builds one model's step, warms it up, then times ``n`` steps on request.
+
+  Answers each request with ``(seconds per step, minor page faults per step)``.
+  """
+  framework, name, image_size, batch_size, threads, cpu_kernels = spec[:6]
   if framework == "jax":
     run, xla_mb = jax_step(name, image_size, batch_size, cpu_kernels)
   else:
@@ -166,18 +182,29 @@ def _step_server(conn, spec: tuple, warmup: int) -> None:
     run()
   conn.send(xla_mb)
   while (steps := conn.recv()) is not None:
-    start = time.perf_counter()
+    faults, start = _minor_faults(), time.perf_counter()
     for _ in range(steps):
       run()
-    conn.send((time.perf_counter() - start) / steps)
+    conn.send(((time.perf_counter() - start) / steps, (_minor_faults() - faults) / steps))
+
+
+def _without_malloc_settings(env: dict) -> dict:
+  return {k: v for k, v in env.items() if k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
 
 
 def time_interleaved(
-  specs: dict, steps: int, rounds: int, warmup: int = 3, pause_s: float = 0.2
+  specs: dict,
+  steps: int,
+  rounds: int,
+  warmup: int = 3,
+  pause_s: float = 0.2,
+  faults: dict | None = None,
 ) -> tuple[dict[str, float], dict[str, float]]:
   """``(step seconds, xla MiB)`` per model: median over rounds, models interleaved per round.
 
-  ``specs`` maps a label to ``(framework, name, image_size, batch_size, threads, cpu_kernels)``.
+  ``specs`` maps a label to ``(framework, name, image_size, batch_size, threads, cpu_kernels)``,
+  optionally with a 7th entry: the ``locvit.cpu_malloc`` mode that process starts under.
+  ``faults``, if given, receives the median minor page faults per step of each label.
   Every model runs in its own process, as in real training: a model's heap, allocator state and
   thread pools are not disturbed by the others (measured in one process, a JAX step that
   followed a PyTorch step ran up to 50% slower than alone). Only one process works at a time;
@@ -192,20 +219,34 @@ def time_interleaved(
   for label, spec in specs.items():
     parent, child = context.Pipe()
     process = context.Process(target=_step_server, args=(child, spec, warmup), daemon=True)
-    process.start()
+    mode = spec[6] if len(spec) > 6 else None
+    saved = dict(os.environ)
+    if mode is not None:  # the child's loader reads these from the inherited environment
+      os.environ.clear()
+      os.environ.update(cpu_malloc.environment(mode, env=_without_malloc_settings(saved)))
+    try:
+      process.start()
+    finally:
+      os.environ.clear()
+      os.environ.update(saved)
     xla_mb[label] = parent.recv()  # built and warm; the next model builds after it
     servers[label] = (parent, process)
   times = {label: [] for label in specs}
+  page_faults = {label: [] for label in specs}
   try:
     for _ in range(rounds):
       for label, (conn, _) in servers.items():
         time.sleep(pause_s)
         conn.send(steps)
-        times[label].append(conn.recv())
+        seconds, step_faults = conn.recv()
+        times[label].append(seconds)
+        page_faults[label].append(step_faults)
   finally:
     for conn, process in servers.values():
       conn.send(None)
       process.join(timeout=60)
+  if faults is not None:
+    faults.update({label: statistics.median(f) for label, f in page_faults.items()})
   return {label: statistics.median(t) for label, t in times.items()}, xla_mb
 
 
@@ -219,7 +260,7 @@ def proc_status_mb(field: str) -> float:
 
 
 def worker(framework: str, name: str, image_size: int, batch_size: int, threads: int) -> None:
-  """Subprocess: peak RSS of two training steps above the RSS before the model is built."""
+  """Subprocess: peak RSS of six training steps above the RSS before the model is built."""
   if framework == "jax":
     import jax  # noqa: F401  (import cost is not the model's)
 
@@ -230,8 +271,8 @@ def worker(framework: str, name: str, image_size: int, batch_size: int, threads:
 
     baseline = proc_status_mb("VmRSS")
     run = torch_step(name, image_size, batch_size, threads)
-  run()
-  run()
+  for _ in range(6):  # under cpu_malloc=retain the heap settles after a few steps
+    run()
   # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across execve.
   print(json.dumps({"rss_mb": proc_status_mb("VmHWM") - baseline}))
 
@@ -321,6 +362,39 @@ def kernels_table(args) -> None:
     )
 
 
+def malloc_table(args) -> None:
+  size, batch = args.torch_image_size, args.torch_batch_size
+  skip = set() if cpu_malloc.find_tcmalloc() else {"tcmalloc"}
+  if skip:
+    print("\n[4] TCMalloc is not installed: no tcmalloc rows (apt install libtcmalloc-minimal4)")
+  specs = {
+    (framework, name, mode): (framework, name, size, batch, args.threads, True, mode)
+    for name in TORCH_MODELS
+    for framework, modes in MALLOC_TABLE_MODES.items()
+    for mode in modes
+    if mode not in skip
+  }
+  before, faults = load(), {}
+  step_s, _ = time_interleaved(specs, args.steps, args.rounds, args.warmup, faults=faults)
+  print(
+    f"\n[4] malloc modes: train step at {size}x{size}, batch {batch}, {args.threads} "
+    f"cores / torch threads, {args.rounds} rounds x {args.steps} steps, load {before} -> {load()}"
+  )
+  # Against PyTorch's fastest mode for that model: no mode is given to one framework only.
+  best_torch = {
+    name: min(t for (framework, n, _), t in step_s.items() if framework == "torch" and n == name)
+    for name in TORCH_MODELS
+  }
+  header = ("model", "framework", "malloc", "img/s", "vs default", "vs best torch", "faults/step")
+  print(f"{header[0]:<14}{header[1]:<11}{header[2]:<10}" + "".join(f"{h:>14}" for h in header[3:]))
+  for (framework, name, mode), seconds in step_s.items():
+    default = step_s[(framework, name, "default")]
+    print(
+      f"{name:<14}{framework:<11}{mode:<10}{batch / seconds:>14.2f}{default / seconds:>13.2f}x"
+      f"{best_torch[name] / seconds:>13.2f}x{faults[(framework, name, mode)]:>14.0f}"
+    )
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--image_size", type=int, default=224)
@@ -332,22 +406,22 @@ def main() -> None:
   parser.add_argument("--warmup", type=int, default=3, help="untimed steps per model first")
   parser.add_argument("--threads", type=int, default=2)
   parser.add_argument(
-    "--tables", default="locvit,torch", help="which tables: locvit, torch, kernels"
+    "--tables", default="locvit,torch", help="which tables: locvit, torch, kernels, malloc"
   )
-  parser.add_argument("--glibc_hugetlb", action="store_true", help="see the module docstring")
+  parser.add_argument(
+    "--cpu_malloc", default="default", choices=cpu_malloc.FLAG_CHOICES, help="see the docstring"
+  )
   parser.add_argument("--worker", nargs=2, metavar=("FRAMEWORK", "MODEL"), help=argparse.SUPPRESS)
   args = parser.parse_args()
-  if args.glibc_hugetlb and HUGETLB not in os.environ.get("GLIBC_TUNABLES", ""):
-    tunables = ":".join(filter(None, (os.environ.get("GLIBC_TUNABLES"), HUGETLB)))
-    env = dict(os.environ, GLIBC_TUNABLES=tunables)  # read by the loader: needs a new process
-    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+  cpu_malloc.reexec_with(args.cpu_malloc, [sys.executable, *sys.argv])  # read at process start
   # Both frameworks get the same cores.
   os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args.threads]))
   if args.worker:
     worker(*args.worker, args.image_size, args.batch_size, args.threads)
     return
   print(f"{os.cpu_count()} CPUs, {args.threads} used; load average before: {load()}")
-  print(f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}")
+  for variable in ("GLIBC_TUNABLES", "LD_PRELOAD"):
+    print(f"{variable}={os.environ.get(variable, '')!r}")
   tables = set(args.tables.split(","))
   if "locvit" in tables:
     locvit_table(args)
@@ -355,6 +429,8 @@ def main() -> None:
     torch_table(args)
   if "kernels" in tables:
     kernels_table(args)
+  if "malloc" in tables:
+    malloc_table(args)
 
 
 if __name__ == "__main__":
