@@ -79,7 +79,9 @@ MALLOC_TABLE_MODES = {"jax": ("default", "tcmalloc", "retain"), "torch": ("defau
 
 @functools.cache
 def jax_step(name: str, image_size: int, batch_size: int, cpu_kernels: bool = True):
-  """``(run, xla_mb)``: ``run()`` performs one jitted training step on a resident batch.
+  """``(run, xla_mb, gflops)``: ``run()`` performs one jitted training step on a resident batch.
+
+  ``gflops``: XLA's cost analysis of the compiled step (forward, backward and optimizer).
 
   ``cpu_kernels=False`` traces the step with locvit's CPU code paths off (table 3).
   """
@@ -132,7 +134,9 @@ def jax_step(name: str, image_size: int, batch_size: int, cpu_kernels: bool = Tr
     holder["state"], metrics = compiled(holder["state"], batch)
     jax.block_until_ready(metrics["train/loss"])
 
-  return run, xla_bytes / 2**20
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, list) else cost
+  return run, xla_bytes / 2**20, cost.get("flops", float("nan")) / 1e9
 
 
 def torch_step(name: str, image_size: int, batch_size: int, threads: int):
@@ -175,12 +179,12 @@ def _step_server(conn, spec: tuple, warmup: int) -> None:
   """
   framework, name, image_size, batch_size, threads, cpu_kernels = spec[:6]
   if framework == "jax":
-    run, xla_mb = jax_step(name, image_size, batch_size, cpu_kernels)
+    run, xla_mb, gflops = jax_step(name, image_size, batch_size, cpu_kernels)
   else:
-    run, xla_mb = torch_step(name, image_size, batch_size, threads), 0.0
+    run, xla_mb, gflops = torch_step(name, image_size, batch_size, threads), 0.0, float("nan")
   for _ in range(warmup):
     run()
-  conn.send(xla_mb)
+  conn.send((xla_mb, gflops))
   while (steps := conn.recv()) is not None:
     faults, start = _minor_faults(), time.perf_counter()
     for _ in range(steps):
@@ -200,7 +204,7 @@ def time_interleaved(
   pause_s: float = 0.2,
   faults: dict | None = None,
 ) -> tuple[dict[str, float], dict[str, float]]:
-  """``(step seconds, xla MiB)`` per model: median over rounds, models interleaved per round.
+  """``(step seconds, xla MiB, GFLOPs)`` per model: median over rounds, models interleaved.
 
   ``specs`` maps a label to ``(framework, name, image_size, batch_size, threads, cpu_kernels)``,
   optionally with a 7th entry: the ``locvit.cpu_malloc`` mode that process starts under.
@@ -215,7 +219,7 @@ def time_interleaved(
   import multiprocessing
 
   context = multiprocessing.get_context("spawn")  # JAX is not fork-safe
-  servers, xla_mb = {}, {}
+  servers, xla_mb, gflops = {}, {}, {}
   for label, spec in specs.items():
     parent, child = context.Pipe()
     process = context.Process(target=_step_server, args=(child, spec, warmup), daemon=True)
@@ -229,7 +233,7 @@ def time_interleaved(
     finally:
       os.environ.clear()
       os.environ.update(saved)
-    xla_mb[label] = parent.recv()  # built and warm; the next model builds after it
+    xla_mb[label], gflops[label] = parent.recv()  # built and warm; then the next model builds
     servers[label] = (parent, process)
   times = {label: [] for label in specs}
   page_faults = {label: [] for label in specs}
@@ -247,7 +251,7 @@ def time_interleaved(
       process.join(timeout=60)
   if faults is not None:
     faults.update({label: statistics.median(f) for label, f in page_faults.items()})
-  return {label: statistics.median(t) for label, t in times.items()}, xla_mb
+  return {label: statistics.median(t) for label, t in times.items()}, xla_mb, gflops
 
 
 def proc_status_mb(field: str) -> float:
@@ -265,7 +269,7 @@ def worker(framework: str, name: str, image_size: int, batch_size: int, threads:
     import jax  # noqa: F401  (import cost is not the model's)
 
     baseline = proc_status_mb("VmRSS")
-    run, _ = jax_step(name, image_size, batch_size)
+    run, _, _ = jax_step(name, image_size, batch_size)
   else:
     import torch  # noqa: F401
 
@@ -300,17 +304,21 @@ def locvit_table(args) -> None:
     for name in pair
   }
   before = load()
-  step_s, xla = time_interleaved(specs, args.steps, args.rounds, args.warmup)
+  step_s, xla, gflops = time_interleaved(specs, args.steps, args.rounds, args.warmup)
   print(
     f"\n[1] locvit ConViT vs DeiT: train step at {args.image_size}x{args.image_size}, batch "
     f"{args.batch_size}, {args.threads} cores, {args.rounds} rounds x {args.steps} steps, "
     f"load {before} -> {load()}"
   )
-  print(f"{'model':<14}{'img/s':>9}{'vs DeiT':>9}{'xla MiB':>9}")
+  # FLOPs bound: the speed ratio if both models ran their FLOPs at the same rate.
+  print(f"{'model':<14}{'img/s':>9}{'vs DeiT':>9}{'GFLOP':>9}{'bound':>9}{'xla MiB':>9}")
   for convit, deit in LOCVIT_PAIRS:
     for name in (convit, deit):
-      ratio = step_s[deit] / step_s[name]
-      print(f"{name:<14}{args.batch_size / step_s[name]:>9.2f}{ratio:>8.2f}x{xla[name]:>9.0f}")
+      ratio, bound = step_s[deit] / step_s[name], gflops[deit] / gflops[name]
+      print(
+        f"{name:<14}{args.batch_size / step_s[name]:>9.2f}{ratio:>8.2f}x{gflops[name]:>9.1f}"
+        f"{bound:>8.2f}x{xla[name]:>9.0f}"
+      )
 
 
 def torch_table(args) -> None:
@@ -320,7 +328,7 @@ def torch_table(args) -> None:
     specs[f"locvit {name}"] = ("jax", name, size, batch, args.threads, True)
     specs[f"torch {name}"] = ("torch", name, size, batch, args.threads, True)
   before = load()
-  step_s, xla_by_label = time_interleaved(specs, args.steps, args.rounds, args.warmup)
+  step_s, xla_by_label, _ = time_interleaved(specs, args.steps, args.rounds, args.warmup)
   xla = {name: xla_by_label[f"locvit {name}"] for name in TORCH_MODELS}
   print(
     f"\n[2] locvit vs PyTorch reference ConViT: train step at {size}x{size}, batch {batch}, "
@@ -347,7 +355,7 @@ def kernels_table(args) -> None:
     for on in (False, True)
   }
   before = load()
-  step_s, xla = time_interleaved(specs, args.steps, args.rounds, args.warmup)
+  step_s, xla, _ = time_interleaved(specs, args.steps, args.rounds, args.warmup)
   print(
     f"\n[3] locvit CPU code paths on vs off: train step at {size}x{size}, batch {batch}, "
     f"{args.threads} cores, {args.rounds} rounds x {args.steps} steps, load {before} -> {load()}"
@@ -375,7 +383,7 @@ def malloc_table(args) -> None:
     if mode not in skip
   }
   before, faults = load(), {}
-  step_s, _ = time_interleaved(specs, args.steps, args.rounds, args.warmup, faults=faults)
+  step_s, _, _ = time_interleaved(specs, args.steps, args.rounds, args.warmup, faults=faults)
   print(
     f"\n[4] malloc modes: train step at {size}x{size}, batch {batch}, {args.threads} "
     f"cores / torch threads, {args.rounds} rounds x {args.steps} steps, load {before} -> {load()}"

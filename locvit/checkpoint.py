@@ -69,12 +69,20 @@ def check_compatible(saved: dict[str, Any], config: ml_collections.ConfigDict, w
     )
 
 
-def _manager(directory: str, keep: int, async_save: bool) -> ocp.CheckpointManager:
+def _manager(
+  directory: str, keep: int, async_save: bool, read_only: bool = False
+) -> ocp.CheckpointManager:
+  # Read-only: creates no directory (a mistyped --workdir stays absent) and starts no background
+  # clean-up of temporary directories (which could outlive a process that exits at once).
   return ocp.CheckpointManager(
     directory,
     item_names=("state", "data", "meta"),
     options=ocp.CheckpointManagerOptions(
-      max_to_keep=keep, enable_async_checkpointing=async_save, cleanup_tmp_directories=True
+      max_to_keep=keep,
+      enable_async_checkpointing=async_save,
+      cleanup_tmp_directories=not read_only,
+      create=not read_only,
+      read_only=read_only,
     ),
   )
 
@@ -88,11 +96,18 @@ class Checkpointer:
   """
 
   def __init__(
-    self, directory: str, *, keep: int = 3, keep_best: bool = True, async_save: bool = True
+    self,
+    directory: str,
+    *,
+    keep: int = 3,
+    keep_best: bool = True,
+    async_save: bool = True,
+    read_only: bool = False,
   ):
     self.directory = os.path.abspath(directory)
-    self.manager = _manager(self.directory, max(keep, 1), async_save)
-    self.best = _manager(os.path.join(self.directory, "best"), 1, async_save) if keep_best else None
+    self.manager = _manager(self.directory, max(keep, 1), async_save, read_only)
+    best_dir = os.path.join(self.directory, "best")
+    self.best = _manager(best_dir, 1, async_save, read_only) if keep_best else None
 
   def latest_step(self) -> int | None:
     """The newest saved step in ``DIR``, or None when there is none."""
@@ -197,6 +212,10 @@ def model_variable_shapes(model: nn.Module, image_shape: tuple[int, ...]) -> tup
   return variables["params"], {k: v for k, v in variables.items() if k != "params"}
 
 
+def _reader(workdir: str) -> Checkpointer:
+  return Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False, read_only=True)
+
+
 def restore_model_variables(
   workdir: str,
   model: nn.Module,
@@ -212,7 +231,7 @@ def restore_model_variables(
   first device. With ``config``, first checks the checkpoint was written by a compatible config.
   Raises FileNotFoundError naming the directory when it holds no checkpoint.
   """
-  checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+  checkpointer = _reader(workdir)
   try:
     step = checkpointer.latest_step() if step is None else step
     if step is None:
@@ -241,7 +260,7 @@ def restore_model_variables(
 
 def saved_model_config(workdir: str, step: int | None = None) -> dict[str, Any]:
   """The ``model`` entry (name, overrides) of the config that wrote ``workdir``'s checkpoint."""
-  checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+  checkpointer = _reader(workdir)
   try:
     meta = checkpointer.saved_meta(step)
   finally:
@@ -258,7 +277,7 @@ def restore_ema_params(workdir: str, step: int, shardings: Any, boxed_params: An
     nn.meta.unbox(boxed_params),
     shardings,
   )
-  checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+  checkpointer = _reader(workdir)
   try:
     restored = checkpointer.manager.restore(
       step, args=restore_variables_args({"ema_params": abstract})

@@ -21,7 +21,8 @@ two fifths of the step. Modes (measurements in docs/benchmarks.md, "Session 5"):
 
 The loader reads ``LD_PRELOAD`` and ``GLIBC_TUNABLES`` when a process starts, so a mode needs a
 new process: ``python -m locvit.main --cpu_malloc=MODE`` re-executes the command once (same
-process id) under it. Elsewhere start Python with ``environment(MODE)``'s variables set.
+process id) under it. Its default is ``auto``: nothing changes unless JAX is CPU-only and
+TCMalloc is installed. Elsewhere start Python with ``environment(MODE)``'s variables set.
 """
 
 from __future__ import annotations

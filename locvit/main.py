@@ -37,11 +37,12 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processe
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
 _CPU_MALLOC = flags.DEFINE_enum(
   "cpu_malloc",
-  "default",
+  "auto",
   cpu_malloc.FLAG_CHOICES,
-  "CPU training: 'tcmalloc' (if installed) or 'retain' (glibc settings) re-run the command once "
-  "so that XLA's per-step temporaries stay mapped: faster steps, more resident memory; 'auto': "
-  "tcmalloc where JAX can only use the CPU. See locvit/cpu_malloc.py.",
+  "Allocator for CPU training. 'tcmalloc' (if installed) or 'retain' (glibc settings) re-run the "
+  "command once so that XLA's per-step temporaries stay mapped: faster steps, more resident "
+  "memory. 'auto': tcmalloc where JAX can only use the CPU and TCMalloc is installed, else "
+  "default. See locvit/cpu_malloc.py.",
 )
 _TRACEBACK = flags.DEFINE_bool("traceback", False, "Show full tracebacks for config errors.")
 flags.mark_flags_as_required(["config", "workdir"])
@@ -72,7 +73,10 @@ def main(argv):
   if active:
     logging.info("cpu_malloc: %s", active[0])
   elif jax.default_backend() == "cpu":
-    logging.info("CPU training: --cpu_malloc=tcmalloc avoids per-step page faults (README)")
+    logging.info(
+      "CPU training: TCMalloc (apt install libtcmalloc-minimal4) avoids per-step page "
+      "faults; see the README"
+    )
   config = _CONFIG.value
   if _MODE.value == "analyze":  # PNG figures of a run: nonlocality, gates, attention maps
     from locvit.analysis.analyze import analyze

@@ -122,3 +122,17 @@ def test_two_process_distributed_run_matches_single_process(tmp_path):
   assert final["eval/num_examples"] == ref["eval/num_examples"]
   assert final["eval/top1"] == pytest.approx(ref["eval/top1"], abs=1.5 / ref["eval/num_examples"])
   assert json.loads(json.dumps(final))  # plain JSON
+
+
+def test_eval_of_a_missing_workdir_is_one_clear_error_and_creates_nothing(tmp_path):
+  """Also runs the CLI's re-execution under ``--cpu_malloc=retain`` (glibc)."""
+  workdir = tmp_path / "no_such_run"
+  proc = _main(
+    "--config=configs/quickstart.py", f"--workdir={workdir}", "--mode=eval", "--cpu_malloc=retain"
+  )
+  out, _ = proc.communicate(timeout=120)
+  assert proc.returncode == 2, out
+  assert f"locvit: error: No checkpoint found in {workdir}/checkpoints." in out
+  assert "Traceback" not in out  # nor one from a background thread at exit
+  assert not workdir.exists()  # a mistyped --workdir is not created by reading it
+  assert "cpu_malloc: retain" in out
