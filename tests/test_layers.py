@@ -22,7 +22,7 @@ def test_gelu_matches_jax_exact_gelu():
 
 def test_gelu_matches_torch_formula():
   torch = pytest.importorskip("torch")
-  expected = torch.nn.functional.gelu(torch.from_numpy(np.asarray(X)), approximate="none").numpy()
+  expected = torch.nn.functional.gelu(torch.from_numpy(np.array(X)), approximate="none").numpy()
   np.testing.assert_allclose(gelu(X), expected, rtol=0, atol=1e-6)
 
 
