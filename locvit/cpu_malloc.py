@@ -33,6 +33,7 @@ import importlib.util
 import os
 import pkgutil
 import platform
+import re
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -65,6 +66,11 @@ def _parse_tunables(value: str) -> dict[str, str]:
   return {key: val for key, _, val in pairs}
 
 
+def _preload_entries(env: Mapping[str, str]) -> list[str]:
+  # The loader splits LD_PRELOAD on spaces and colons.
+  return [entry for entry in re.split(r"[:\s]+", env.get("LD_PRELOAD", "")) if entry]
+
+
 def environment(mode: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
   """``env`` (default ``os.environ``) with ``mode``'s variables set.
 
@@ -84,7 +90,7 @@ def environment(mode: str, env: Mapping[str, str] | None = None) -> dict[str, st
         "(Debian/Ubuntu: apt install libtcmalloc-minimal4). Or choose 'retain' (glibc only) or "
         "'default'."
       )
-    preload = env.get("LD_PRELOAD", "").split()
+    preload = _preload_entries(env)
     env["LD_PRELOAD"] = " ".join([library, *(p for p in preload if p != library)])
   return env
 
@@ -97,7 +103,7 @@ def is_active(mode: str, env: Mapping[str, str] | None = None) -> bool:
     current = _parse_tunables(env.get("GLIBC_TUNABLES", ""))
     return all(current.get(key) == val for key, val in RETAIN_TUNABLES.items())
   if mode == "tcmalloc":
-    return any("tcmalloc" in os.path.basename(p) for p in env.get("LD_PRELOAD", "").split())
+    return any("tcmalloc" in os.path.basename(p) for p in _preload_entries(env))
   return True
 
 

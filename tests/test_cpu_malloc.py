@@ -39,7 +39,7 @@ def test_retain_merges_with_existing_tunables():
 
 def test_tcmalloc_goes_first_in_ld_preload(monkeypatch):
   monkeypatch.setattr(cpu_malloc, "find_tcmalloc", lambda: "libtcmalloc_minimal.so.4")
-  env = cpu_malloc.environment("tcmalloc", {"LD_PRELOAD": "libfoo.so libtcmalloc_minimal.so.4"})
+  env = cpu_malloc.environment("tcmalloc", {"LD_PRELOAD": "libfoo.so:libtcmalloc_minimal.so.4"})
   assert env["LD_PRELOAD"] == "libtcmalloc_minimal.so.4 libfoo.so"
   assert cpu_malloc.is_active("tcmalloc", env)
   assert not cpu_malloc.is_active("tcmalloc", {"LD_PRELOAD": "libfoo.so"})
