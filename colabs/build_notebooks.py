@@ -162,6 +162,7 @@ nonlocality, gates and centres at every evaluation, as during a full run.
 import tempfile
 from configs.quickstart import get_config
 from locvit import train
+from locvit.analysis.hooks import training_hooks
 from locvit.metrics import read_metrics
 from locvit.models.convit import convit_overrides
 
@@ -179,7 +180,7 @@ config.eval_every_steps = 15             # each evaluation also logs the localit
 config.eval_batch_size = 360             # the whole digits test split in one batch
 config.checkpoint_every_steps = 0        # only the final checkpoint
 workdir = tempfile.mkdtemp()
-result = train.train_and_evaluate(config, workdir)
+result = train.train_and_evaluate(config, workdir, **training_hooks())  # + locality logger
 result
 """,
   ),

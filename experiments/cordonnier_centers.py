@@ -31,8 +31,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from run_utils import checkpoint_steps, initial_params, load_config, params_at
 
-from locvit import train
 from locvit.analysis import centers as centers_lib
+from locvit.models import build_model
 
 NUM_CLASSES = 10
 HALF_MASS_LEVEL = float(centers_lib.gaussian_mass_levels((0.5,))[0])
@@ -40,7 +40,7 @@ HALF_MASS_LEVEL = float(centers_lib.gaussian_mass_levels((0.5,))[0])
 
 def params_by_step(config, workdir: str) -> dict[int, dict]:
   """``{step: params}`` for step 0 and every checkpoint kept in ``workdir/checkpoints``."""
-  model = train.build_model(config, NUM_CLASSES)
+  model = build_model(config, NUM_CLASSES)
   out = {0: initial_params(config, model)}
   for step in checkpoint_steps(workdir):
     out[step] = params_at(config, model, workdir, step)

@@ -23,9 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 from run_utils import IMAGE_SHAPE, checkpoint_steps, initial_params, load_config, params_at
 
-from locvit import train
 from locvit.analysis.masks import collect_mask_tables, plot_mask_table
 from locvit.attention.geometry import TokenGrid, squared_distances
+from locvit.models import build_model
 
 NUM_CLASSES = 10
 
@@ -33,7 +33,7 @@ NUM_CLASSES = 10
 def final_params(spec: str, workdir: str):
   """``(config, model, params, step)`` of the last checkpoint of the run of config ``spec``."""
   config = load_config(spec)
-  model = train.build_model(config, NUM_CLASSES)
+  model = build_model(config, NUM_CLASSES)
   step = checkpoint_steps(workdir)[-1]
   return config, model, params_at(config, model, workdir, step), step
 

@@ -39,6 +39,7 @@ from absl import logging
 from locvit import checkpoint as ckpt_lib
 from locvit import sharding
 from locvit.models import create_model
+from locvit.models.factory import distillation_enabled
 
 Array = jax.Array
 TYPES = ("none", "hard", "soft")
@@ -57,10 +58,8 @@ def default_distillation_config() -> ml_collections.ConfigDict:
   return c
 
 
-def enabled(config: ml_collections.ConfigDict) -> bool:
-  """Whether ``config.distillation`` is present and its ``type`` is not 'none'."""
-  dist = config.get("distillation")
-  return dist is not None and dist.type != "none"
+# Whether distillation is on; defined beside ``build_model``, which adds the distillation token.
+enabled = distillation_enabled
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -81,15 +80,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"distillation.alpha={dist.alpha!r} must be in [0, 1]")
   if not dist.tau > 0:
     raise ValueError(f"distillation.tau={dist.tau!r} must be > 0")
-
-
-def check_student(model: nn.Module) -> None:
-  """The student needs a distillation token; only the ViT family has one."""
-  if not any(f.name == "distilled" for f in dataclasses.fields(model)):
-    raise ValueError(
-      f"distillation needs a student with a distillation token; {type(model).__name__} has none. "
-      "Use a VisionTransformer-based model (deit_*, convit_*, vit_*)."
-    )
 
 
 @dataclasses.dataclass(frozen=True)

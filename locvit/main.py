@@ -88,7 +88,9 @@ def main(argv):
     result = train.evaluate_checkpoint(config, _WORKDIR.value, _STEP.value)
     print(json.dumps(result), flush=True)
     return
-  result = train.train_and_evaluate(config, _WORKDIR.value)
+  from locvit.analysis.hooks import training_hooks
+
+  result = train.train_and_evaluate(config, _WORKDIR.value, **training_hooks())
   if result.get("preempted"):
     sys.exit(0)
 

@@ -19,6 +19,7 @@ import math
 import os
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import flax
@@ -35,10 +36,9 @@ from locvit import distill, optim, sharding
 from locvit import evaluate as eval_lib
 from locvit import init as init_lib
 from locvit import metrics as metrics_lib
-from locvit.analysis import locality
 from locvit.data import device_augment
 from locvit.init import from_checkpoint
-from locvit.models import create_model
+from locvit.models.factory import build_model  # also importable as train.build_model
 from locvit.models.layers import check_patchable
 
 
@@ -59,19 +59,6 @@ class TrainState:
 # Set-up helpers
 
 
-def build_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Module:
-  """The registered ``config.model.name`` with ``model.overrides`` (bf16 compute under
-  ``mixed_precision``), cloned with ``distilled=True`` when distillation is on."""
-  overrides = dict(config.model.get("overrides") or {})
-  if config.get("mixed_precision"):
-    overrides["dtype"] = jnp.bfloat16
-  model = create_model(config.model.name, num_classes=num_classes, **overrides)
-  if distill.enabled(config):
-    distill.check_student(model)
-    model = model.clone(distilled=True)
-  return model
-
-
 def ema_enabled(config: ml_collections.ConfigDict) -> bool:
   """Whether ``config.ema`` is present with ``decay > 0`` (the state then carries EMA weights)."""
   return config.get("ema") is not None and config.ema.decay > 0
@@ -86,6 +73,18 @@ def validate_recipe(config: ml_collections.ConfigDict, num_classes: Any) -> None
   if config.get("ema") is not None and not 0 <= config.ema.decay < 1:
     raise ValueError(f"ema.decay={config.ema.decay!r} must be in [0, 1) (0 turns the EMA off)")
   distill.validate(config)
+
+
+def check_analysis_hooks(config: ml_collections.ConfigDict, **hooks: Callable | None) -> None:
+  """``config.analysis`` switches on per-evaluation analysis only the caller's hooks can do."""
+  analysis = config.get("analysis") or {}
+  fields = {"locality": "make_locality_logger", "center_plots": "make_center_plotter"}
+  for field, hook in fields.items():
+    if analysis.get(field) and hooks[hook] is None:
+      raise ValueError(
+        f"config.analysis.{field}=True, but train_and_evaluate got no {hook}: pass "
+        f"**locvit.analysis.hooks.training_hooks() (as locvit.main does) or turn it off."
+      )
 
 
 def validate(config: ml_collections.ConfigDict, mesh, rules, model: nn.Module) -> None:
@@ -337,30 +336,6 @@ def train_step(
   return new_state, metrics
 
 
-def center_plotter(config, params, workdir: str):
-  """``fn(step, params)`` writing the attention-centre plot (Cordonnier et al. Figs. 3-4; also GPSA
-  heads) at each evaluation when ``config.analysis.center_plots``; a no-op otherwise or on
-  processes > 0."""
-  analysis = config.get("analysis")
-  if not analysis or not analysis.get("center_plots"):
-    return lambda step, params: None
-  from locvit.analysis import centers  # lazy: matplotlib
-
-  paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)]
-  if not any("attention_centers" in p or "pos_proj" in p for p in paths):
-    raise ValueError(
-      f"analysis.center_plots=True needs Gaussian attention layers ('quadratic', "
-      f"'quadratic_generalized', 'gpsa', 'psa'); model {config.model.name!r} has none."
-    )
-
-  def plot(step: int, params) -> None:
-    if jax.process_index() == 0:
-      path = os.path.join(workdir, "plots", f"centers_step_{step:06d}.png")
-      centers.plot_attention_centers(jax.device_get(params), path)
-
-  return plot
-
-
 # ------------------------------------------------------------------------------------------------
 # Preemption
 
@@ -390,11 +365,25 @@ class PreemptionWatcher:
 # The loop
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def train_and_evaluate(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  *,
+  make_locality_logger: Callable | None = None,
+  make_center_plotter: Callable | None = None,
+) -> dict[str, Any]:
   """Trains per ``config``, resuming from ``workdir`` if it holds a checkpoint.
+
+  The optional analysis hooks (``locvit.analysis.hooks.training_hooks()``) run at each evaluation
+  when ``config.analysis`` asks: ``make_locality_logger(config, model, mesh, eval_source)``
+  returns ``fn(params) -> metrics`` or None, ``make_center_plotter(config, params, workdir)``
+  returns ``fn(step, params)``.
 
   Returns the final evaluation metrics (plus ``preempted=True`` if stopped by SIGTERM).
   """
+  check_analysis_hooks(
+    config, make_locality_logger=make_locality_logger, make_center_plotter=make_center_plotter
+  )
   os.makedirs(workdir, exist_ok=True)
   mesh = sharding.make_mesh(config.mesh)
   rules = sharding.logical_rules(config.mesh)
@@ -500,10 +489,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     teacher_variables = teacher.variables if teacher else ()
     eval_fn = eval_lib.make_eval_step(model, mesh, rules, (shardings.params, shardings.model_state))
     # Locality metrics (nonlocality, gates, centres) at each evaluation, if config.analysis asks.
-    locality_fn = locality.make_locality_logger(config, model, mesh, eval_source)
+    locality_fn = None
+    if make_locality_logger is not None:
+      locality_fn = make_locality_logger(config, model, mesh, eval_source)
     if locality_fn is not None and start == 0:  # the curves (ConViT Figs. 5-6) start at init
       writer.write(0, locality_fn(state.params))
-    plot_centers = center_plotter(config, state.params, workdir)
+    plot_centers = lambda step, params: None
+    if make_center_plotter is not None:
+      plot_centers = make_center_plotter(config, state.params, workdir)
     if start == 0:
       plot_centers(0, state.params)
     batch_sharding = sharding.batch_sharding(mesh, rules)

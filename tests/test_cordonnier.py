@@ -23,19 +23,19 @@ from locvit.analysis.centers import (
   plot_attention_centers,
   plot_attention_probabilities,
 )
-from locvit.analysis.pruning import (
+from locvit.analysis.pruning import prune_checkpoint
+from locvit.attention import TokenGrid
+from locvit.models import apply_with_intermediates, create_model, list_models
+from locvit.models.cordonnier import space_to_depth
+from locvit.models.surgery import (
   PruneThresholds,
   attention_layers,
   cost,
   count_params,
   degenerate_heads,
-  prune_checkpoint,
   prune_degenerate_heads,
   prune_heads,
 )
-from locvit.attention import TokenGrid
-from locvit.models import apply_with_intermediates, create_model, list_models
-from locvit.models.cordonnier import space_to_depth
 
 SMALL = dict(hidden_dim=16, mlp_dim=24, depth=2, num_heads=4)
 IMAGES = jax.random.normal(jax.random.key(0), (2, 8, 8, 3))

@@ -14,9 +14,10 @@ from configs import recipes
 from configs.common import base_config
 from locvit import checkpoint as ckpt_lib
 from locvit import distill, train
+from locvit.analysis.hooks import training_hooks
 from locvit.data import validate_data_config
 from locvit.metrics import read_metrics
-from locvit.models import create_model
+from locvit.models import create_model, surgery
 from tests.train_utils import sigterm_after_step, tiny_config
 
 IMAGE_SHAPE = (8, 8, 1)
@@ -245,8 +246,6 @@ def test_distillation_bad_input(tmp_path):
 
 
 def test_start_from_a_checkpoint_and_from_pruned_heads(tmp_path, monkeypatch):
-  from locvit.analysis import pruning
-
   def generalized(**top):
     c = tiny_config(**top)
     c.mesh.num_devices, c.mesh.shape = 1, (1, 1)
@@ -275,7 +274,7 @@ def test_start_from_a_checkpoint_and_from_pruned_heads(tmp_path, monkeypatch):
 
   # Pruning (appendix E): heads 1 and 3 of layer 0 are found degenerate.
   monkeypatch.setattr(
-    pruning, "degenerate_heads", lambda params, thresholds: {"layers_0/attn": [1, 3]}
+    surgery, "degenerate_heads", lambda params, thresholds: {"layers_0/attn": [1, 3]}
   )
   pruned_config = frozen_start(prune_degenerate_heads=True)
   train.train_and_evaluate(pruned_config, str(tmp_path / "pruned"))
@@ -283,7 +282,7 @@ def test_start_from_a_checkpoint_and_from_pruned_heads(tmp_path, monkeypatch):
   started, _, _ = ckpt_lib.restore_model_variables(
     str(tmp_path / "pruned"), pruned_model, IMAGE_SHAPE
   )
-  expected, _ = pruning.prune_heads(jax.device_get(source), {"layers_0/attn": [1, 3]})
+  expected, _ = surgery.prune_heads(jax.device_get(source), {"layers_0/attn": [1, 3]})
   jax.tree.map(np.testing.assert_array_equal, started, expected)
 
   wrong = frozen_start(prune_degenerate_heads=True)
@@ -312,11 +311,15 @@ def test_center_plots_over_training(tmp_path):
   c.model.name = "cordonnier_sa"
   c.model.overrides = {"hidden_dim": 16, "mlp_dim": 24, "depth": 2, "num_heads": 4}
   c.analysis.center_plots = True
-  train.train_and_evaluate(c, str(tmp_path))
+  with pytest.raises(
+    ValueError, match=r"analysis.center_plots=True, but train_and_evaluate got no"
+  ):
+    train.train_and_evaluate(c, str(tmp_path))  # the loop itself imports no analysis code
+  train.train_and_evaluate(c, str(tmp_path), **training_hooks())
   plots = sorted(os.listdir(tmp_path / "plots"))
   assert plots == [f"centers_step_00000{i}.png" for i in range(3)]
   assert (tmp_path / "plots" / plots[-1]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   c = tiny_config()
   c.analysis.center_plots = True
   with pytest.raises(ValueError, match="center_plots=True needs Gaussian attention layers"):
-    train.train_and_evaluate(c, str(tmp_path / "deit"))
+    train.train_and_evaluate(c, str(tmp_path / "deit"), **training_hooks())

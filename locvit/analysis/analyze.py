@@ -34,6 +34,7 @@ from locvit import checkpoint as ckpt_lib
 from locvit import data as data_lib
 from locvit import metrics as metrics_lib
 from locvit.analysis import locality, plots
+from locvit.models.factory import build_model
 
 # The paper's Fig. 7 shows layers 2 and 10 (1-based), i.e. blocks 1 and 9.
 PAPER_MAP_LAYERS = (1, 9)
@@ -196,14 +197,12 @@ def analyze(
     query: ``(row, col)`` query patch; default ``config.analysis.query`` or the centre patch.
     step: checkpoint step for the maps; default the latest.
   """
-  from locvit import train
-
   analysis = _analysis_config(config)
   output_dir = output_dir or os.path.join(workdir, "analysis")
 
   # Everything that can be wrong with the arguments is checked before any compilation.
   source = data_lib.make_source(config.data, config.data.eval_split)
-  model = train.build_model(config, config.data.get("num_classes") or source.num_classes)
+  model = build_model(config, config.data.get("num_classes") or source.num_classes)
   images = locality.fixed_eval_images(config, analysis.map_image_index + 1, source=source)
   if analysis.map_image_index >= len(images):
     raise ValueError(f"analysis.map_image_index={analysis.map_image_index}: only {len(images)}.")

@@ -21,19 +21,21 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from locvit.analysis.pruning import attention_layers
+from locvit.analysis.locality import attention_centres
 from locvit.attention.relative import inverse_covariance
 from locvit.models.intermediates import apply_with_intermediates
+from locvit.models.surgery import attention_layers
 
 DEFAULT_MASSES = (0.5, 0.9)
 LINESTYLES = ("solid", "dotted", "dashed", "dashdot")
@@ -92,15 +94,12 @@ def gpsa_heads(params: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   ``Sigma^{-1} = 2 alpha I``. Heads with ``alpha <= 0`` (the positional term prefers far keys)
   have no centre and are left out.
   """
-  from flax import traverse_util
-
-  from locvit.analysis.locality import attention_centres  # (dx, dy) and span = 1 / alpha
-
   tree, _ = (params["params"], True) if "params" in params else (params, False)
   out = {}
   for path, kernel in traverse_util.flatten_dict(dict(tree), sep="/").items():
     if not path.endswith("pos_proj/kernel") or np.shape(kernel)[0] != 3:
       continue
+    # (dx, dy) and span = 1 / alpha
     delta, span = (np.asarray(a, np.float64) for a in attention_centres(jnp.asarray(kernel)))
     local = span > 0
     centers = delta[local][:, ::-1]  # (dx, dy) -> (row, col) = (dy, dx)
@@ -215,6 +214,28 @@ def plot_attention_centers(
   )
   fig.tight_layout()
   return _save(fig, path)
+
+
+def make_center_plotter(config: Any, params: Any, workdir: str) -> Callable[[int, Any], None]:
+  """The trainer's hook: ``fn(step, params)`` writing ``workdir/plots/centers_step_NNNNNN.png``
+  at each evaluation when ``config.analysis.center_plots``; a no-op otherwise or on processes
+  > 0. Raises ValueError if the model has no Gaussian attention layers to plot."""
+  analysis = config.get("analysis")
+  if not analysis or not analysis.get("center_plots"):
+    return lambda step, params: None
+  paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)]
+  if not any("attention_centers" in p or "pos_proj" in p for p in paths):
+    raise ValueError(
+      f"analysis.center_plots=True needs Gaussian attention layers ('quadratic', "
+      f"'quadratic_generalized', 'gpsa', 'psa'); model {config.model.name!r} has none."
+    )
+
+  def plot(step: int, params: Any) -> None:
+    if jax.process_index() == 0:
+      path = os.path.join(workdir, "plots", f"centers_step_{step:06d}.png")
+      plot_attention_centers(jax.device_get(params), path)
+
+  return plot
 
 
 def attention_maps(

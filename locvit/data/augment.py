@@ -7,8 +7,9 @@ deterministic given the generator. Images stay uint8 until the batch is normalis
 Extending: register an op factory with `@register_op("name")` (it receives the data config and
 returns `fn(image, rng) -> image`), then a recipe with `register_recipe("name", ["op", ...])`.
 `data.train_augment` names a recipe. `data.auto_augment` (RandAugment / AutoAugment, see
-`locvit.data.autoaugment`) is the registered op "auto_augment", appended after the recipe's ops
-(after the crop and flip, as timm orders them) unless the recipe already lists it.
+`locvit.data.autoaugment`, which registers it on import of `locvit.data`) is the op
+"auto_augment", appended after the recipe's ops (after the crop and flip, as timm orders them)
+unless the recipe already lists it.
 """
 
 from __future__ import annotations
@@ -268,13 +269,6 @@ def _rrc_op(cfg: Any) -> Op:
 @register_op("hflip")
 def _hflip_op(cfg: Any) -> Op:
   return lambda image, rng: horizontal_flip(image, rng)
-
-
-@register_op("auto_augment")
-def _auto_augment_op(cfg: Any) -> Op:
-  from locvit.data import autoaugment  # Local import: autoaugment imports this module.
-
-  return autoaugment.from_data_config(cfg)
 
 
 register_recipe("none", ["resize_center_crop"])

@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image, ImageEnhance, ImageOps
 
-from locvit.data.augment import from_pil, to_pil
+from locvit.data.augment import from_pil, register_op, to_pil
 
 LEVEL_DENOM = 10.0  # timm's _LEVEL_DENOM: magnitude m maps to the fraction m / 10 of each range.
 MAX_MMAX = 30  # Largest accepted mmax; past ~10 most ops saturate (rotate 90 deg at 30).
@@ -686,8 +686,10 @@ def fill_from_data_config(cfg: Any) -> tuple[int, ...]:
   return tuple(min(255, round(255 * float(m))) for m in cfg.mean)
 
 
+@register_op("auto_augment")
 def from_data_config(cfg: Any) -> Callable[[np.ndarray, np.random.Generator], np.ndarray]:
-  """The data.auto_augment transform of a data config (the identity when it is None)."""
+  """The data.auto_augment transform of a data config (the identity when it is None); the op
+  "auto_augment" of ``locvit.data.augment``'s registry."""
   spec = cfg.get("auto_augment")
   if spec is None:
     return lambda image, rng: image

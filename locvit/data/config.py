@@ -13,6 +13,8 @@ from typing import Any
 
 import ml_collections
 
+from locvit.data import augment, autoaugment
+
 # ImageNet statistics in [0, 1] units, the usual default for ViT/DeiT/ConViT recipes.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -121,9 +123,6 @@ def _pair(cfg: Any, field: str, *, lo: float, hi: float) -> None:
 
 def validate_data_config(cfg: Any) -> None:
   """Raises ValueError naming the field, the bad value and the valid choices/range."""
-  # Local imports: augment's registry is the source of truth (and imports this module).
-  from locvit.data import augment, autoaugment
-
   _choice(cfg, "source", SOURCES)
   _choice(cfg, "on_corrupt", ON_CORRUPT)
   _choice(cfg, "interpolation", INTERPOLATIONS)

@@ -5,7 +5,7 @@ Gaussian has collapsed, then continue training at lr / 10 from the pruned parame
 
   config.init_from.workdir                  the source run's --workdir ('' or None: off)
   config.init_from.step                     -1: its latest checkpoint
-  config.init_from.prune_degenerate_heads   prune before starting (``locvit.analysis.pruning``)
+  config.init_from.prune_degenerate_heads   prune before starting (``locvit.models.surgery``)
   config.init_from.min_sq_spread, min_eigenvalue, max_condition   the pruning thresholds
 
 The source model is rebuilt from the source checkpoint's metadata. With pruning, the new run's
@@ -27,7 +27,8 @@ import numpy as np
 from absl import logging
 
 from locvit import checkpoint as ckpt_lib
-from locvit.models import create_model
+from locvit.attention.geometry import TokenGrid
+from locvit.models import create_model, surgery
 
 
 def default_init_from_config() -> ml_collections.ConfigDict:
@@ -62,9 +63,6 @@ def load(
   config: ml_collections.ConfigDict, num_classes: int, image_shape: tuple[int, ...]
 ) -> Warmstart:
   """Restores (and prunes) the source run's variables; see the module docstring."""
-  from locvit.analysis import pruning  # lazy: analysis imports the training stack
-  from locvit.attention.geometry import TokenGrid
-
   init_from = config.init_from
   step = None if init_from.step < 0 else init_from.step
   saved = ckpt_lib.saved_model_config(init_from.workdir, step)
@@ -75,13 +73,13 @@ def load(
   params, model_state = jax.device_get((params, model_state))
   report = None
   if init_from.prune_degenerate_heads:
-    thresholds = pruning.PruneThresholds(
+    thresholds = surgery.PruneThresholds(
       min_sq_spread=init_from.min_sq_spread,
       min_eigenvalue=init_from.min_eigenvalue,
       max_condition=init_from.max_condition,
     )
     side = image_shape[0] // int(getattr(model, "downsample", 1) or 1)
-    params, report = pruning.prune_degenerate_heads(
+    params, report = surgery.prune_degenerate_heads(
       params, grid=TokenGrid(side, side), thresholds=thresholds
     )
     logging.info("Pruned %s (step %d):\n%s", init_from.workdir, step, report.summary())

@@ -4,11 +4,15 @@
 >>> variables = model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
 >>> logits = model.apply(variables, images, train=False)
 >>> logits, inter = apply_with_intermediates(model, variables, images)   # attention maps etc.
+>>> model = build_model(config, num_classes=10)   # from a training config (``factory``)
+
+Head pruning and other parameter surgery: ``locvit.models.surgery``.
 """
 
 from locvit.models import cait, deit, pit, small_vit, swin, t2t  # noqa: F401  (registers models)
 from locvit.models.convit import convit_overrides  # noqa: F401  (registers ConViT models)
 from locvit.models.cordonnier import CordonnierNet as CordonnierNet  # + resnet18_cifar
+from locvit.models.factory import build_model
 from locvit.models.intermediates import apply_with_intermediates
 from locvit.models.registry import create_model, default_image_size, list_models, register_model
 from locvit.models.structured_vit import ConvMixer as ConvMixer  # + structvit_*, convmixer_*
@@ -17,6 +21,7 @@ from locvit.models.vit import VisionTransformer
 __all__ = [
   "VisionTransformer",
   "apply_with_intermediates",
+  "build_model",
   "create_model",
   "default_image_size",
   "list_models",

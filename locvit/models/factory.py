@@ -1,0 +1,42 @@
+"""Building the model a training config names (``config.model`` and the run-level switches).
+
+>>> model = build_model(config, num_classes=10)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax.numpy as jnp
+import ml_collections
+
+from locvit.models.registry import create_model
+
+
+def distillation_enabled(config: ml_collections.ConfigDict) -> bool:
+  """Whether ``config.distillation`` is present and its ``type`` is not 'none'."""
+  dist = config.get("distillation")
+  return dist is not None and dist.type != "none"
+
+
+def check_student(model: nn.Module) -> None:
+  """The student needs a distillation token; only the ViT family has one."""
+  if not any(f.name == "distilled" for f in dataclasses.fields(model)):
+    raise ValueError(
+      f"distillation needs a student with a distillation token; {type(model).__name__} has none. "
+      "Use a VisionTransformer-based model (deit_*, convit_*, vit_*)."
+    )
+
+
+def build_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Module:
+  """The registered ``config.model.name`` with ``model.overrides`` (bf16 compute under
+  ``mixed_precision``), cloned with ``distilled=True`` when distillation is on."""
+  overrides = dict(config.model.get("overrides") or {})
+  if config.get("mixed_precision"):
+    overrides["dtype"] = jnp.bfloat16
+  model = create_model(config.model.name, num_classes=num_classes, **overrides)
+  if distillation_enabled(config):
+    check_student(model)
+    model = model.clone(distilled=True)
+  return model

@@ -1,0 +1,158 @@
+"""The import graph of ``locvit/``, read from the source: no cycles, and imports go down the layers.
+
+Every ``import`` statement counts, including those inside functions (lazy imports), so a lazy
+import cannot hide a cycle. Importing ``a.b.c`` also runs the ``__init__`` of the packages ``a.b``
+(unless the importer is inside it), so the graph has an edge to each of them too.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import graphlib
+import itertools
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent / "locvit"
+
+# Lowest first. A module may import its own group (top-level module or subpackage of locvit) and
+# the groups of lower layers, never a group of its own layer or a higher one.
+LAYERS = (
+  ("locvit", "ops", "sharding", "metrics", "cpu_malloc", "checkpoint"),  # no model knowledge
+  ("attention",),  # positional terms, the attention core
+  ("models",),  # backbones, registry, build_model, parameter surgery
+  ("init", "data", "convert", "optim", "evaluate", "distill"),  # use models, never each other
+  ("analysis",),  # reports and plots
+  ("train",),  # the loop; analysis reaches it only as hooks passed in
+  ("main",),  # the CLI
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Import:
+  source: str  # importing module
+  target: str  # imported module
+  line: int
+  lazy: bool  # inside a function or class body
+
+  def where(self) -> str:
+    path = module_files()[self.source].relative_to(ROOT.parent)
+    return f"{path}:{self.line}{' (lazy)' if self.lazy else ''}"
+
+
+def module_files() -> dict[str, pathlib.Path]:
+  """``{'locvit.models.vit': path, 'locvit.models': .../models/__init__.py, ...}``."""
+  files = {}
+  for path in sorted(ROOT.rglob("*.py")):
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+  return files
+
+
+def _package(module: str, path: pathlib.Path) -> str:
+  return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _imported_names(node: ast.AST, module: str, path: pathlib.Path, modules) -> list[str]:
+  if isinstance(node, ast.Import):
+    return [alias.name for alias in node.names]
+  if not isinstance(node, ast.ImportFrom):
+    return []
+  base = node.module or ""
+  if node.level:  # relative: from the importer's package, up level - 1
+    package = _package(module, path).split(".")
+    base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+  # `from pkg import sub` imports the submodule; `from pkg import name` runs pkg's __init__.
+  return [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+
+
+def imports() -> list[Import]:
+  """Every import of one locvit module by another, each with the package inits it runs."""
+  modules = module_files()
+  found = []
+  for module, path in modules.items():
+    tree = ast.parse(path.read_text(), filename=str(path))
+    lazy_nodes = {
+      id(inner)
+      for outer in ast.walk(tree)
+      if isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+      for inner in ast.walk(outer)
+    }
+    own_packages = _package(module, path).split(".")
+    own = {".".join(own_packages[:i]) for i in range(1, len(own_packages) + 1)}
+    for node in ast.walk(tree):
+      for name in _imported_names(node, module, path, modules):
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+          target = ".".join(parts[:i])
+          is_init = i < len(parts)  # an enclosing package, run before the module itself
+          if target in modules and target != module and not (is_init and target in own):
+            found.append(Import(module, target, node.lineno, id(node) in lazy_nodes))
+  return found
+
+
+def group(module: str) -> str:
+  """'locvit.models.vit' -> 'models'; 'locvit.train' -> 'train'; 'locvit' -> 'locvit'."""
+  parts = module.split(".")
+  return parts[1] if len(parts) > 1 else parts[0]
+
+
+def layer_of(name: str) -> int:
+  for index, names in enumerate(LAYERS):
+    if name in names:
+      return index
+  raise KeyError(name)
+
+
+def test_every_module_is_in_a_layer():
+  missing = sorted({group(m) for m in module_files()} - {g for names in LAYERS for g in names})
+  assert not missing, f"locvit modules/packages in no layer: {missing}; add them to LAYERS."
+
+
+def test_no_import_cycles_lazy_imports_included():
+  edges: dict[tuple[str, str], Import] = {}
+  for imp in imports():
+    edges.setdefault((imp.source, imp.target), imp)
+  sorter = graphlib.TopologicalSorter()
+  for source, target in edges:
+    sorter.add(source, target)
+  try:
+    sorter.prepare()
+  except graphlib.CycleError as error:
+    cycle = error.args[1][::-1]  # graphlib lists it against the edges' direction
+    steps = [f"{a} -> {b}  [{edges[a, b].where()}]" for a, b in itertools.pairwise(cycle)]
+    pytest.fail("import cycle:\n  " + "\n  ".join(steps))
+
+
+def test_imports_go_down_the_layers():
+  wrong = []
+  for imp in imports():
+    source, target = group(imp.source), group(imp.target)
+    if source != target and layer_of(target) >= layer_of(source):
+      wrong.append(f"{imp.source} imports {imp.target}  [{imp.where()}]")
+  assert not wrong, "imports against the layer order (see LAYERS):\n  " + "\n  ".join(wrong)
+
+
+def test_the_checks_see_lazy_imports_and_name_the_cycle(tmp_path, monkeypatch):
+  """On a two-module package with a lazy back-import, the cycle test fails naming both edges."""
+  package = tmp_path / "locvit"
+  (package / "sub").mkdir(parents=True)
+  (package / "__init__.py").write_text("")
+  (package / "sub" / "__init__.py").write_text("")
+  (package / "sub" / "low.py").write_text("def f():\n  from locvit import high\n")
+  (package / "high.py").write_text("from locvit.sub.low import f\n")
+  monkeypatch.setitem(globals(), "ROOT", package)
+  found = {(i.source, i.target, i.lazy) for i in imports()}
+  assert found == {
+    ("locvit.sub.low", "locvit.high", True),
+    ("locvit.high", "locvit.sub.low", False),
+    ("locvit.high", "locvit.sub", False),  # the package init runs first
+  }
+  with pytest.raises(pytest.fail.Exception) as failure:
+    test_no_import_cycles_lazy_imports_included()
+  message = str(failure.value)
+  assert "import cycle:" in message
+  assert "locvit.sub.low -> locvit.high  [locvit/sub/low.py:2 (lazy)]" in message
+  assert "locvit.high -> locvit.sub.low  [locvit/high.py:1]" in message
