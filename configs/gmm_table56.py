@@ -18,11 +18,13 @@ Table 6:
 | CIFAR-100 | d9   | 75.36% (2,709,412)   | 76.97% (2,746,276)   | 77.56% (2,709,556)   |
 | CIFAR-100 | d15  | 74.20% (2,536,660)   | 76.37% (2,598,100)   | 77.61% (2,536,810)   |
 
-The paper does not print Table 5's depth; d8 (dim 192, 12 heads) is the depth whose mean-pooled
-ViT has exactly 2,469,128 parameters and whose ELM adds exactly 524,288 = 8 x 256 x 256, and it is
-what this config uses. locvit's ELM-ViT counts equal the printed ones exactly (every row); the
-printed ViT counts are those of the mean-pooled model (the baseline here keeps the official
-class token); GMM adds 2 K H per layer (K = 5, H = 12), not the printed increments.
+Table 5's model is the official one: d8 = depth 8, dim 192, 6 heads of 32 (the paper does not
+print it; its mean-pooled ViT has exactly 2,469,128 parameters, its ELM adds 524,288 = 8 x 256 x
+256 and its GMM 480 = 8 x 2 K H with K = 5, H = 6, all three as printed). The 12-head model of
+the same size is ``*_vit_smalldata_d8_h12_patch4_64``. locvit's ELM-ViT counts equal the printed
+ones exactly (every row); the printed ViT counts are those of the mean-pooled model (the baseline
+here keeps the official class token); in Table 6, GMM adds 2 K H per layer (K = 5, H = 12), not
+the printed increments.
 
 Recipe: the ``small_vit`` preset, see ``configs/gmm_common.py``.
 """

@@ -15,9 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import gmm_table56
 from locvit.attention import TokenGrid
 from locvit.attention.masks import mask_attention_kwargs
-from locvit.models import create_model, default_image_size, list_models
+from locvit.models import build_model, create_model, default_image_size, list_models
 from locvit.models.cait import CaiTLayer, TalkingHeadsAttention, layer_scale_init
 from locvit.models.swin import WindowAttention, relative_position_index, shift_mask
 from locvit.models.t2t import soft_split
@@ -79,6 +80,22 @@ def test_parameter_counts(name, classes, overrides, expected):
   assert count(model, default_image_size(name)) == expected
 
 
+def test_table5_models_are_the_official_six_heads_of_32():
+  """GMM Table 5 (Tiny-ImageNet, 64x64 at patch 4): the configs build the official d8 model, 6
+  heads of 32, with the parameter counts the paper prints (the ViT's for mean pooling)."""
+  _, _, printed = gmm_table56.PAPER[("tinyimagenet", "d8")]
+  for variant, expected in zip(gmm_table56.VARIANTS, printed, strict=True):
+    config = gmm_table56.get_config(f"tinyimagenet,d8,{variant}")
+    model = build_model(config, config.data.num_classes)
+    assert (model.num_heads, model.head_dim, model.embed_dim, model.depth) == (6, 32, 192, 8)
+    model = model.clone(pool="gap") if variant == "vit" else model
+    assert count(model, 64) == int(expected.replace(",", "")), variant
+  # The 12-head model of the same size: same ViT count, GMM's 2 K H per layer doubles.
+  h12 = {mask: create_model(f"{mask}vit_smalldata_d8_h12_patch4_64", 200) for mask in ("", "gmm_")}
+  assert (h12["gmm_"].num_heads, h12["gmm_"].head_dim) == (12, 16)
+  assert count(h12["gmm_"], 64) - count(h12[""].clone(pool="gap"), 64) == 8 * 2 * 5 * 12
+
+
 def masked_layers(name: str) -> list[int]:
   """Heads of every masked attention layer of the registered GMM model."""
   return {
@@ -129,6 +146,7 @@ def test_registry_names_and_image_sizes():
       assert f"{prefix}vit_smalldata_{size}_patch4_32" in names
   assert default_image_size("gmm_vit_smalldata_d9_patch8_64") == 64
   assert default_image_size("elm_vit_smalldata_d8_patch4_64") == 64
+  assert default_image_size("gmm_vit_smalldata_d8_h12_patch4_64") == 64
 
 
 # ---------------------------------------------------------------------------------------------
