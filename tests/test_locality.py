@@ -24,6 +24,7 @@ from locvit import metrics as metrics_lib
 from locvit import sharding, train
 from locvit.analysis import analyze as analyze_lib
 from locvit.analysis import locality, plots
+from locvit.analysis.hooks import training_hooks
 from locvit.attention import GPSA, TokenGrid
 from locvit.attention.gpsa import kernel_centres
 from locvit.models import apply_with_intermediates, convit_overrides, create_model
@@ -251,6 +252,19 @@ def test_trainer_hook_on_a_sharded_mesh(initial):
     got = logger(jax.device_put(params, sharding.replicated(mesh)))
   expected = locality.make_locality_fn(model)(params, locality.fixed_eval_images(config, 16))
   assert mesh.size == 8 and got == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_trainer_logs_locality_through_the_hook_it_is_given(tmp_path):
+  config = tiny_convit_config()
+  config.total_steps, config.mesh.num_devices = 1, 1
+  config.analysis.locality, config.analysis.locality_num_images = True, NUM_IMAGES
+  with pytest.raises(ValueError, match=r"locality=True, but train_and_evaluate got no make_locali"):
+    train.train_and_evaluate(config, str(tmp_path / "without"))
+  assert not os.path.exists(tmp_path / "without")  # refused before anything was written
+  train.train_and_evaluate(config, str(tmp_path), **training_hooks())
+  records = metrics_lib.read_metrics(str(tmp_path))
+  logged = [r["step"] for r in records if "locality/gate/layer_0/head_0" in r]
+  assert logged == [0, 1]  # at initialisation and at the (final) evaluation
 
 
 def test_deit_has_nonlocality_only_and_drops_the_class_token():
