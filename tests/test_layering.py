@@ -35,7 +35,7 @@ class Import:
   source: str  # importing module
   target: str  # imported module
   line: int
-  lazy: bool  # inside a function or class body
+  lazy: bool  # inside a function: runs at its first call, not at import
 
   def where(self) -> str:
     path = module_files()[self.source].relative_to(ROOT.parent)
@@ -77,7 +77,7 @@ def imports() -> list[Import]:
     lazy_nodes = {
       id(inner)
       for outer in ast.walk(tree)
-      if isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+      if isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef))
       for inner in ast.walk(outer)
     }
     own_packages = _package(module, path).split(".")
