@@ -17,7 +17,9 @@ they need a prepared ``data_dir``). The offline CIFAR-10 JPEG copy works with
 
 Inits (``config.init``, applied by ``locvit.init.apply_init`` after the model is initialised):
 'trunc_normal', 'kaiming_uniform', 'mimetic' (alpha = beta = 0.7, the README's
-``mimetic0.7_0.7``), 'impulse3' and 'impulse5' (Imp.-3 / Imp.-5).
+``mimetic0.7_0.7``), 'impulse3' and 'impulse5' (Imp.-3 / Imp.-5). The impulse solve uses the
+paper's 10,000 Adam steps (``init.solver='paper'``); ``--config.init.solver=fast`` takes 500 steps
+at the same quality (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Tests for locvit.data: sources, augmentation ops, grain pipelines and config validation."""
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -465,6 +466,37 @@ def test_tfds_not_prepared_fails_fast(tmp_path):
   msg = str(e.value)
   assert str(tmp_path / "cifar10") in msg
   assert "tfds build cifar10" in msg and "array_record" in msg and "download_and_prepare" in msg
+  assert "tensorflow" not in sys.modules
+
+
+def test_tfds_hints_name_the_packages_and_the_manual_files(tmp_path):
+  with pytest.raises(D.DatasetNotPreparedError) as e:
+    D.TfdsSource("imagenet2012", "train", str(tmp_path))
+  msg = str(e.value)
+  # The packages the `tfds` command line imports (tfds 4.9.10), and ImageNet's manual files.
+  assert (
+    "pip install tensorflow tensorflow-datasets apache-beam mlcroissant importlib_resources" in msg
+  )
+  assert "DATA_DIR/downloads/manual" in msg
+  assert "ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar" in msg
+
+
+def test_tfds_tfrecord_dataset_gets_the_conversion_hint(tmp_path):
+  # A dataset prepared in TFRecord format (metadata written by tfds itself, without TensorFlow):
+  # tfds says not to rebuild into the same data_dir, so locvit's hint converts it in place.
+  tfds = pytest.importorskip("tensorflow_datasets")
+  builder = tfds.builder("cifar10", data_dir=str(tmp_path), file_format="tfrecord")
+  os.makedirs(builder.data_path)
+  builder.info.write_to_directory(builder.data_path)
+  with pytest.raises(ValueError) as e:
+    D.TfdsSource("cifar10", "train", str(tmp_path))
+  msg = str(e.value)
+  assert "file format tfrecord" in msg
+  where = str(tmp_path / "cifar10" / str(builder.version))
+  convert = f"tfds convert_format --dataset_version_dir={where} --out_file_format=array_record"
+  assert convert in msg
+  assert "tfds build cifar10 --data_dir=NEW_DATA_DIR --file_format=array_record" in msg
+  assert f"--data_dir={tmp_path} " not in msg  # never the same data_dir again
   assert "tensorflow" not in sys.modules
 
 

@@ -217,14 +217,31 @@ class ImageFolderSource:
 # ----------------------------------------------------------------------------- TFDS
 
 
+# What the `tfds` command line needs besides TensorFlow: tfds 4.9.10 imports apache_beam and
+# mlcroissant when it starts, and importlib_resources when it builds (README, "Data").
+TFDS_BUILD_PACKAGES = "tensorflow tensorflow-datasets apache-beam mlcroissant importlib_resources"
+
+
 def _prepare_hint(name: str, data_dir: str) -> str:
   return (
-    "Prepare it once on a machine with network access, in ArrayRecord format (required: "
-    "locvit reads TFDS through tfds.data_source, which needs random access and no "
-    f"TensorFlow at training time):\n  tfds build {name} --data_dir={data_dir} "
-    f"--file_format=array_record\nor in Python:\n  tfds.builder({name!r}, "
+    "Prepare it once in ArrayRecord format (locvit reads TFDS through tfds.data_source: random "
+    "access, no TensorFlow at training time), on a machine with network access for datasets "
+    f"that download:\n  pip install {TFDS_BUILD_PACKAGES}\n  tfds build {name} "
+    f"--data_dir={data_dir} --file_format=array_record\nor in Python:\n  tfds.builder({name!r}, "
     f"data_dir={data_dir!r}).download_and_prepare(file_format='array_record')\n"
-    "then copy the data_dir here and set data.data_dir to it."
+    "Datasets with manual files read them from DATA_DIR/downloads/manual (imagenet2012: "
+    "ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar). Prepared elsewhere, copy the data_dir "
+    "here and set data.data_dir to it."
+  )
+
+
+def _convert_hint(name: str, where: str) -> str:
+  return (
+    "Convert it in place with tfds's own tool (no download; the packages: pip install "
+    f"{TFDS_BUILD_PACKAGES}):\n  tfds convert_format --dataset_version_dir={where} "
+    "--out_file_format=array_record\nor build it again into another, empty data_dir (tfds does "
+    f"not rebuild over a prepared dataset):\n  tfds build {name} --data_dir=NEW_DATA_DIR "
+    "--file_format=array_record"
   )
 
 
@@ -266,10 +283,12 @@ class TfdsSource:
           f"{root_dir!r}) and found no prepared version {builder.version}. "
           + _prepare_hint(name, root_dir)
         ) from e
+      file_format = builder.info.file_format
+      random_access = getattr(file_format, "value", file_format) in ("array_record", "parquet")
       raise ValueError(
         f"TFDS dataset {name!r} at {where!r} cannot be read as a random-access data "
-        f"source (file format {builder.info.file_format}, split {split!r}): {e}\n"
-        + _prepare_hint(name, root_dir)
+        f"source (file format {getattr(file_format, 'value', file_format)}, split {split!r}): "
+        f"{e}\n" + (_prepare_hint(name, root_dir) if random_access else _convert_hint(name, where))
       ) from e
     features = builder.info.features
     if "image" not in features or "label" not in features:

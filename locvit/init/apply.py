@@ -56,17 +56,31 @@ _FIELDS = {
   ),
   "impulse": dict(
     base="kaiming_uniform",
+    solver="paper",
     **{f.name: f.default for f in dataclasses.fields(SolverConfig)},
     cache_dir=DEFAULT_CACHE_DIR,
   ),
 }
+# Unset (None), these take the value of the named solver preset (``impulse.SOLVER_PRESETS``).
+_FIELDS["impulse"].update(steps=None, lr=None, norm_every=None)
+_PLACEHOLDER_TYPES = dict(
+  qk_pattern=str,
+  pseudo_input_first=str,
+  cache_dir=str,
+  seed=int,
+  steps=int,
+  norm_every=int,
+  lr=float,
+)
 
 
 def init_config(name: str = "impulse", **overrides: Any) -> ml_collections.ConfigDict:
   """The ``config.init`` block for ``name`` with its defaults; ``overrides`` replace fields.
 
   Every field exists (None where unset) so command-line overrides such as
-  ``--config.init.mode=different`` work with a locked config.
+  ``--config.init.mode=different`` work with a locked config. For 'impulse', ``solver`` names
+  the Adam settings ('paper': 10,000 steps, 'fast': 500; ``impulse.SOLVER_PRESETS``); ``steps``,
+  ``lr`` or ``norm_every`` set explicitly replace the preset's.
   """
   if name not in INIT_NAMES:
     raise ValueError(f"Unknown init {name!r}. Valid names: {list(INIT_NAMES)}.")
@@ -75,13 +89,13 @@ def init_config(name: str = "impulse", **overrides: Any) -> ml_collections.Confi
   if unknown:
     raise ValueError(f"init {name!r} has no fields {unknown}. Valid fields: {sorted(fields)}.")
   fields.update(overrides)
-  # Optional string fields need a type for ConfigDict overrides: declare them as placeholders.
+  if name == "impulse":
+    solver_config(fields)  # a bad solver preset fails here, naming the valid ones
+  # Optional fields need a type for ConfigDict overrides: declare them as placeholders.
   cfg = ml_collections.ConfigDict()
   for key, value in fields.items():
-    if value is None and key in ("qk_pattern", "pseudo_input_first", "cache_dir"):
-      cfg[key] = ml_collections.config_dict.placeholder(str)
-    elif value is None and key == "seed":
-      cfg[key] = ml_collections.config_dict.placeholder(int)
+    if value is None and key in _PLACEHOLDER_TYPES:
+      cfg[key] = ml_collections.config_dict.placeholder(_PLACEHOLDER_TYPES[key])
     else:
       cfg[key] = value
   return cfg

@@ -1,0 +1,103 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # locvit quickstart: train a ConViT, evaluate it, plot the curves
+#
+# A small ConViT (GPSA layers, then MHSA with the class token inserted late) trained for a minute on
+# scikit-learn's 8x8 digits, which ship with scikit-learn: no download needed.
+
+# %%
+# Install locvit from its checkout: the folder above this notebook, or on Colab a copy of the
+# repository at /content/locvit (see colabs/README.md). Its requirements are lower bounds, not
+# pins: a recent runtime keeps its own jax and jaxlib.
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+root = pathlib.Path("/content/locvit" if "google.colab" in sys.modules else "..").resolve()
+if not (root / "setup.cfg").exists():
+  raise FileNotFoundError(f"no locvit checkout at {root}: see colabs/README.md")
+if importlib.util.find_spec("locvit") is None:
+  subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(root)], check=True)
+sys.path.insert(0, str(root))  # configs/ is part of the checkout
+os.chdir(root)
+
+# %%
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+
+# %matplotlib inline
+print("JAX", jax.__version__, jax.devices())
+
+# %% [markdown]
+# ## A model from the registry
+
+# %%
+from locvit.models import create_model, list_models
+from locvit.models.convit import convit_overrides
+
+print(len(list_models()), "registered models, e.g.", list_models("convit")[:6])
+model = create_model(
+  "convit_tiny_patch2_32",
+  num_classes=10,
+  embed_dim=64,
+  num_heads=4,
+  **convit_overrides(local_up_to_layer=3, depth=4),
+)
+variables = model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+print(sum(x.size for x in jax.tree.leaves(variables)), "parameters")
+
+# %% [markdown]
+# ## Train with the same loop as `python -m locvit.main`
+
+# %%
+import tempfile
+
+from configs.quickstart import get_config
+from locvit import train
+from locvit.metrics import read_metrics
+
+config = get_config()
+config.model.name = "convit_tiny_patch2_32"
+config.model.overrides.update(convit_overrides(local_up_to_layer=3, depth=4))
+config.num_epochs = float(os.environ.get("LOCVIT_NB_EPOCHS", 15))
+workdir = tempfile.mkdtemp()
+final = train.train_and_evaluate(config, workdir)
+final
+
+# %%
+records = read_metrics(workdir)
+train_steps = [r["step"] for r in records if "train/loss" in r]
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
+ax1.plot(train_steps, [r["train/loss"] for r in records if "train/loss" in r])
+ax1.set(xlabel="step", ylabel="train loss", title="loss")
+evals = [r for r in records if "eval/top1" in r]
+ax2.plot([r["step"] for r in evals], [r["eval/top1"] for r in evals], "o-", label="top-1")
+ax2.plot([r["step"] for r in evals], [r["eval/top5"] for r in evals], "s--", label="top-5")
+ax2.set(xlabel="step", ylabel="accuracy", ylim=(0, 1.02), title="evaluation")
+ax2.legend()
+plt.show()
+assert final["eval/top1"] > 0.8
+
+# %% [markdown]
+# ## Evaluate the saved checkpoint (what `--mode=eval` does)
+
+# %%
+again = train.evaluate_checkpoint(config, workdir)
+print(again)
+assert abs(again["eval/top1"] - final["eval/top1"]) < 1e-6
