@@ -25,15 +25,14 @@ class MetricWriter:
   """Appends one JSON object per logged step and mirrors scalars to TensorBoard.
 
   Each row is one ``write`` of a whole line to a file opened for appending, so a killed run leaves
-  no half row. The first row a writer adds at step ``s`` first drops every row at step ``>= s``:
-  rows of a killed run past its last checkpoint, which the resumed (or restarted) run logs again.
+  no half row. A resumed or restarted run first drops the rows it will log again
+  (``truncate_after``).
   """
 
   def __init__(self, workdir: str, *, enabled: bool | None = None):
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
     self.path = os.path.join(workdir, "metrics.jsonl")
     self._tb = None
-    self._dropped_stale_rows = False
     if self.enabled:
       from tensorboardX import SummaryWriter
 
@@ -41,8 +40,8 @@ class MetricWriter:
       self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
   def truncate_after(self, step: int) -> None:
-    """Drops records logged after ``step`` (steps a resumed run will log again), and a partial
-    last line."""
+    """Drops records logged after ``step`` (steps a resumed run will log again; all of them for
+    ``step=-1``), and a partial last line."""
     if not self.enabled or not os.path.exists(self.path):
       return
     kept = [line for line in _complete_lines(self.path) if json.loads(line)["step"] <= step]
@@ -56,9 +55,6 @@ class MetricWriter:
     TensorBoard. A no-op on processes other than 0."""
     if not self.enabled:
       return
-    if not self._dropped_stale_rows:
-      self.truncate_after(int(step) - 1)
-      self._dropped_stale_rows = True
     record = {"step": int(step), **{k: _jsonable(v) for k, v in metrics.items()}}
     fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:

@@ -478,6 +478,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       logging.info("Resumed from step %d in %s", start, workdir)
     else:
       start = 0
+      writer.truncate_after(-1)  # rows of an earlier attempt killed before its first checkpoint
       init_rng = jax.random.key(config.seed + 1)  # separate stream from dropout keys
       state = jax.jit(init_state, out_shardings=shardings)(init_rng)
       state = apply_initializer(config, state, model, tx, shardings, warmstart)

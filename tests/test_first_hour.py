@@ -137,10 +137,10 @@ def test_lock_refuses_a_second_run_and_kills_leave_consistent_metrics(tmp_path):
   args = (
     QUICKSTART,
     f"--workdir={workdir}",
-    "--config.total_steps=150",
+    "--config.total_steps=100",
     "--config.log_every_steps=1",
-    "--config.eval_every_steps=50",
-    "--config.checkpoint_every_steps=50",
+    "--config.eval_every_steps=40",
+    "--config.checkpoint_every_steps=40",
   )
   first = _start(*args)
   deadline = time.time() + 240
@@ -157,18 +157,18 @@ def test_lock_refuses_a_second_run_and_kills_leave_consistent_metrics(tmp_path):
   ), line
   assert line.endswith("); wait for that run to end or use another --workdir"), line
   assert refused_after < 60
-  _kill_after(first, workdir, rows=10)  # before the checkpoint of step 50 (or just after it)
+  _kill_after(first, workdir, rows=10)  # before the checkpoint of step 40 (or just after it)
   with open(workdir / "metrics.jsonl", "a") as f:
     f.write('{"step": 11, "train/lo')  # as if killed in the middle of writing a row
 
   second = _start(*args)
-  _kill_after(second, workdir, rows=75)  # after the checkpoint of step 50: rows 51.. are redone
+  _kill_after(second, workdir, rows=55)  # after the checkpoint of step 40: rows 41.. are redone
   rc, out, err = _run(*args)
   assert rc == 0, (out, err)
   assert "in use" not in err
   rows = read_metrics(workdir)
-  assert [r["step"] for r in rows] == list(range(1, 151))
-  assert [r["step"] for r in rows if "eval/top1" in r] == [50, 100, 150]
+  assert [r["step"] for r in rows] == list(range(1, 101))
+  assert [r["step"] for r in rows if "eval/top1" in r] == [40, 80, 100]
 
 
 def _as_unprivileged_user() -> list[str]:
