@@ -151,6 +151,8 @@ def resolve_config_argv(argv: Sequence[str]) -> list[str]:
 def _explain_override(argv: Sequence[str]) -> str | None:
   """The first ``--config.A.B=V`` naming a field the config lacks, as a one-line message."""
   _, value = _flag_value(argv, "config")
+  if value is None:
+    return None
   path, _, arg = value.partition(":")
   try:  # the config as config_flags loads it, before the overrides
     spec = importlib.util.spec_from_file_location("locvit_config_to_explain", path)
@@ -159,19 +161,19 @@ def _explain_override(argv: Sequence[str]) -> str | None:
     config = module.get_config(*([arg] if arg else []))
   except Exception:  # the config's own error is reported instead
     return None
-  for arg in argv:
-    match = re.fullmatch(r"--?config\.([\w.]+)(=.*)?", arg)
+  for flag in argv:
+    match = re.fullmatch(r"--?config\.([\w.]+)(=.*)?", flag)
     if not match:
       continue
     node, parts = config, match.group(1).split(".")
     for depth, part in enumerate(parts):
       where = ".".join(["config", *parts[:depth]])
       if not isinstance(node, ml_collections.ConfigDict):
-        return f"{arg}: {where} is not a config block"
+        return f"{flag}: {where} is not a config block"
       if part not in node:
         close = difflib.get_close_matches(part, list(node), n=3)
         hint = f"did you mean {' or '.join(close)}?" if close else f"fields: {', '.join(node)}"
-        return f"{arg}: {where} has no field {part!r}; {hint}"
+        return f"{flag}: {where} has no field {part!r}; {hint}"
       node = node[part]
   return None
 
@@ -184,10 +186,15 @@ def _parse_flags(argv: Sequence[str]) -> list[str]:
   except Exception as e:
     if "--traceback" in argv:
       raise
-    message = (str(e) if isinstance(e, ConfigError | flags.Error) else None) or _explain_override(
-      sys.argv
-    )
-    _exit_with_error(message or str(e).strip().splitlines()[-1])
+    last_line = str(e).strip().splitlines()[-1]
+    if "Error whilst parsing config file" in str(e):  # get_config raised: its message, no stack
+      given = _flag_value(argv, "config")[1]
+      message = f"--config={given}: " + re.sub(r"^\w+: ", "", last_line)
+    elif isinstance(e, ConfigError | flags.Error):
+      message = str(e)
+    else:  # e.g. ml_collections' AttributeError for an override naming no field
+      message = _explain_override(sys.argv) or last_line
+    _exit_with_error(message)
 
 
 def _exit_with_error(message: str) -> None:

@@ -96,11 +96,26 @@ FIELDS = (
       "mean quickstart?",
     ),
     (
+      ["--config=gmm_table1:nonsense"],  # a shipped config by name, whose get_config refuses ARG
+      "--config=gmm_table1:nonsense: Unknown architecture 'nonsense' for gmm_table1.py. Valid: "
+      "['cait', 'pit', 'swin', 't2t', 'vit'].",
+    ),
+    (
       [],
       "no --config given and {workdir}/config.json does not exist (no run saved its config)",
     ),
   ],
-  ids=["misspelt", "unknown", "nested", "zero_batch", "zero_depth", "bad_value", "no_file", "none"],
+  ids=[
+    "misspelt",
+    "unknown",
+    "nested",
+    "zero_batch",
+    "zero_depth",
+    "bad_value",
+    "no_file",
+    "bad_arg",
+    "none",
+  ],
 )
 def test_config_mistake_is_one_line_and_creates_no_workdir(tmp_path, args, line):
   workdir = tmp_path / "run"
