@@ -33,7 +33,6 @@ if not (root / "setup.cfg").exists():
   raise FileNotFoundError(f"no locvit checkout at {root}: see colabs/README.md")
 if importlib.util.find_spec("locvit") is None:
   subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(root)], check=True)
-sys.path.insert(0, str(root))  # configs/ is part of the checkout
 os.chdir(root)
 
 # %%
@@ -68,8 +67,8 @@ print(sum(x.size for x in jax.tree.leaves(variables)), "parameters")
 # %%
 import tempfile
 
-from configs.quickstart import get_config
 from locvit import train
+from locvit.configs.quickstart import get_config
 from locvit.metrics import read_metrics
 
 config = get_config()

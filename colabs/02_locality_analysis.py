@@ -46,7 +46,6 @@ if not (root / "setup.cfg").exists():
   raise FileNotFoundError(f"no locvit checkout at {root}: see colabs/README.md")
 if importlib.util.find_spec("locvit") is None:
   subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(root)], check=True)
-sys.path.insert(0, str(root))  # configs/ is part of the checkout
 os.chdir(root)
 
 # %%
@@ -69,9 +68,9 @@ print("JAX", jax.__version__, jax.devices())
 # %%
 import tempfile
 
-from configs.quickstart import get_config
 from locvit import train
 from locvit.analysis.hooks import training_hooks
+from locvit.configs.quickstart import get_config
 from locvit.metrics import read_metrics
 from locvit.models import build_model
 from locvit.models.convit import convit_overrides

@@ -40,7 +40,6 @@ if not (root / "setup.cfg").exists():
   raise FileNotFoundError(f"no locvit checkout at {root}: see colabs/README.md")
 if importlib.util.find_spec("locvit") is None:
   subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(root)], check=True)
-sys.path.insert(0, str(root))  # configs/ is part of the checkout
 os.chdir(root)
 
 # %%

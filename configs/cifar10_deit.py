@@ -10,7 +10,7 @@ Recipe: AdamW 1e-3, wd 0.05, 5 warmup epochs then cosine, 100 epochs, batch 128,
 (pad 4) + flip, label smoothing 0.1, drop path 0.1. A baseline, not a paper table.
 """
 
-from configs.common import base_config
+from locvit.configs.common import base_config
 from locvit.data import CIFAR10_MEAN, CIFAR10_STD
 
 

@@ -17,7 +17,7 @@ Data: TFDS ``cifar100`` in ArrayRecord format (``tfds build cifar100 --data_dir=
 Argument: ``convit_{tiny,small,base}_plus`` or ``deit_{tiny,small,base}_plus``.
 """
 
-from configs.convit_common import choose, every_epoch, paper_config
+from locvit.configs.convit_common import choose, every_epoch, paper_config
 
 CIFAR100_TRAIN_IMAGES = 50_000
 MODELS = {

@@ -30,9 +30,9 @@ metrics (real per-layer inputs) are logged at each evaluation.
 
 import ml_collections
 
-from configs.common import base_config, cifar10_image_folder
-from configs.convit_common import choose, set_overrides
 from locvit.analysis.locality import default_analysis_config
+from locvit.configs.common import base_config, cifar10_image_folder
+from locvit.configs.convit_common import choose, set_overrides
 from locvit.data import CIFAR10_MEAN, CIFAR10_STD
 from locvit.models import convit_overrides
 

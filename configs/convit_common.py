@@ -17,9 +17,9 @@ from typing import Any
 
 import ml_collections
 
-from configs import recipes
-from configs.common import base_config
 from locvit.analysis.locality import default_analysis_config
+from locvit.configs import recipes
+from locvit.configs.common import base_config
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
 # The first 100 classes hold about 1,280 training images each (the ImageNet average); only used

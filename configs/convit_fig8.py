@@ -16,7 +16,7 @@ Data: the first 100 classes of ``$IMAGENET_ROOT`` (``data.class_limit=100``, see
 ``configs.convit_common.imagenet100``).
 """
 
-from configs.convit_common import imagenet100, paper_config, set_overrides
+from locvit.configs.convit_common import imagenet100, paper_config, set_overrides
 from locvit.models import convit_overrides
 
 DEFAULTS = {"gpsa": 10, "alpha": 1.0}

@@ -16,7 +16,7 @@ ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar in ``DATA_DIR/downloads/manu
 ``--config.data.data_dir=DATA_DIR``. Without it the run stops at once with these instructions.
 """
 
-from configs.convit_common import imagenet, paper_config
+from locvit.configs.convit_common import imagenet, paper_config
 
 
 def get_config():

@@ -19,7 +19,7 @@ All other rows were trained with the ConViT code: ``decay_mask='official_convit'
 use lr 4e-4 and batch 512. ImageNet through TFDS ``imagenet2012`` (see ``convit_s.py``).
 """
 
-from configs.convit_common import choose, imagenet, paper_config
+from locvit.configs.convit_common import choose, imagenet, paper_config
 
 # name -> (paper top-1, paper parameters in millions)
 ROWS = {

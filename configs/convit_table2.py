@@ -23,7 +23,7 @@ Paper (top-1 / top-5):
 Argument ``<model>_<percent>``: ``convit_5`` ... ``convit_100``, ``deit_5`` ... ``deit_100``.
 """
 
-from configs.convit_common import choose, imagenet, paper_config
+from locvit.configs.convit_common import choose, imagenet, paper_config
 
 PERCENTS = (5, 10, 30, 50, 100)
 MODELS = {"convit": "convit_small", "deit": "deit_small"}

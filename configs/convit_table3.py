@@ -28,7 +28,7 @@ Data: the first 100 class directories in sorted order of the ImageNet image fold
 Weight decay: ``decay_mask='official_convit'`` (the ConViT code).
 """
 
-from configs.convit_common import choose, imagenet100, paper_config, set_overrides
+from locvit.configs.convit_common import choose, imagenet100, paper_config, set_overrides
 
 # row -> (model, frozen gates at 0, conv init, frozen GPSA attention, paper top-1)
 ROWS = {

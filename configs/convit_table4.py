@@ -26,7 +26,7 @@ ImageNet through TFDS ``imagenet2012`` (see ``convit_s.py``).
 
 import ml_collections
 
-from configs.convit_common import choose, imagenet, paper_config
+from locvit.configs.convit_common import choose, imagenet, paper_config
 
 # row -> (paper top-1 without / with hard distillation)
 ROWS = {

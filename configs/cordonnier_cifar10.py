@@ -49,8 +49,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs import recipes
-from configs.common import base_config
+from locvit.configs import recipes
+from locvit.configs.common import base_config
 from locvit.data.config import CIFAR10_MEAN, CIFAR10_STD
 
 # row -> (model name, paper table row, top-1, params, FLOPs)

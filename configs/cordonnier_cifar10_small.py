@@ -42,8 +42,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs.common import base_config, cifar10_image_folder
-from configs.convit_common import choose
+from locvit.configs.common import base_config, cifar10_image_folder
+from locvit.configs.convit_common import choose
 from locvit.data import CIFAR10_MEAN, CIFAR10_STD
 
 BATCH_SIZE = 100

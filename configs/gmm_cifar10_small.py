@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs.common import cifar10_image_folder
-from configs.gmm_common import choose, gmm_config, smallvit_name
+from locvit.configs.common import cifar10_image_folder
+from locvit.configs.gmm_common import choose, gmm_config, smallvit_name
 
 MODULE = "gmm_cifar10_small.py"
 DEPTH = 6

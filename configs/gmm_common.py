@@ -21,8 +21,8 @@ from typing import Any
 
 import ml_collections
 
-from configs import recipes
-from configs.common import base_config
+from locvit.configs import recipes
+from locvit.configs.common import base_config
 
 # dataset -> TFDS name or image folder, classes, image size, normalisation (the usual statistics).
 DATASETS: dict[str, dict[str, Any]] = {

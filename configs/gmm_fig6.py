@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs.gmm_common import choose, gmm_config, smallvit_name, split_arg
+from locvit.configs.gmm_common import choose, gmm_config, smallvit_name, split_arg
 
 MODULE = "gmm_fig6.py"
 MAX_KERNELS = 10

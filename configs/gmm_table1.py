@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs.gmm_common import DATASETS, choose, gmm_config, smallvit_name, split_arg
+from locvit.configs.gmm_common import DATASETS, choose, gmm_config, smallvit_name, split_arg
 
 MODULE = "gmm_table1.py"
 DATASET_ORDER = ("cifar10", "cifar100", "svhn", "tinyimagenet")

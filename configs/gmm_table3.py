@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs.gmm_common import choose, gmm_config, smallvit_name, split_arg
+from locvit.configs.gmm_common import choose, gmm_config, smallvit_name, split_arg
 
 MODULE = "gmm_table3.py"
 # size -> (base top-1, gmm top-1, base params, gmm params)

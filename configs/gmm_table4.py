@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs.gmm_common import choose, gmm_config, smallvit_name
+from locvit.configs.gmm_common import choose, gmm_config, smallvit_name
 
 MODULE = "gmm_table4.py"
 ROWS = {

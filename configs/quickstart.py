@@ -5,7 +5,7 @@
 Reaches >= 0.90 eval top-1 (the test suite checks it) and writes checkpoints and metrics.jsonl.
 """
 
-from configs.common import base_config
+from locvit.configs.common import base_config
 
 
 def get_config():

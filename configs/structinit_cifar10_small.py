@@ -46,8 +46,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs.common import cifar10_image_folder
-from configs.structinit_common import check_choice, small_data_config
+from locvit.configs.common import cifar10_image_folder
+from locvit.configs.structinit_common import check_choice, small_data_config
 
 MODEL = "structvit_d8_dim64_h4_patch2_32"
 PATCH_SIZE = 4

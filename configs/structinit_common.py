@@ -28,8 +28,8 @@ from typing import Any
 
 import ml_collections
 
-from configs import recipes
-from configs.common import base_config
+from locvit.configs import recipes
+from locvit.configs.common import base_config
 from locvit.data import IMAGENET_MEAN, IMAGENET_STD
 from locvit.init import init_config
 

@@ -13,7 +13,7 @@ Sec. 5.6). ConvMixer uses BatchNorm: its statistics live in the
 ``batch_stats`` collection, which the train step must carry (see ``locvit.models.convmixer``).
 """
 
-from configs.structinit_common import check_choice, parse_args, small_data_config
+from locvit.configs.structinit_common import check_choice, parse_args, small_data_config
 from locvit.init import init_config
 from locvit.models.convmixer import FROZEN_FILTERS
 

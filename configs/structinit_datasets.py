@@ -11,7 +11,7 @@ Recipe: ``structinit_common`` (small-dataset or ImageNet recipe, see there).
 The impulse solve uses the defaults: 'same' Q/K for all layers, PE pseudo input, 10,000 Adam steps.
 """
 
-from configs.structinit_common import (
+from locvit.configs.structinit_common import (
   INITS,
   check_choice,
   imagenet_config,

@@ -10,7 +10,7 @@ global average pooling (``structvit_d8_dim{DIM}_h{HEADS}_patch2_32``). Paper, di
 Recipe: ``structinit_common`` small-dataset recipe (the ``cifar_small`` preset).
 """
 
-from configs.structinit_common import INITS, check_choice, parse_args, small_data_config
+from locvit.configs.structinit_common import INITS, check_choice, parse_args, small_data_config
 
 
 def get_config(arg: str | None = None):

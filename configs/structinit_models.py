@@ -9,7 +9,7 @@ Paper, Imp.-3: 68.81 / 70.79 / 75.97 / 75.40.
 Recipe: ``structinit_common`` small-dataset recipe (the ``cifar_small`` preset).
 """
 
-from configs.structinit_common import INITS, check_choice, parse_args, small_data_config
+from locvit.configs.structinit_common import INITS, check_choice, parse_args, small_data_config
 
 MODELS = {
   "tiny_h3": "structvit_tiny_patch2_32",

@@ -10,7 +10,7 @@ MODEL in {h3, h8} (ViT-T/h3, ViT-T/h8); FILTER in {3, 5}. Paper, PE/PE same h3 I
 Recipe: ``structinit_common`` small-dataset recipe (the ``cifar_small`` preset).
 """
 
-from configs.structinit_common import check_choice, init_block, parse_args, small_data_config
+from locvit.configs.structinit_common import check_choice, init_block, parse_args, small_data_config
 from locvit.init import PSEUDO_INPUTS
 
 MODELS = {"h3": "structvit_tiny_patch2_32", "h8": "structvit_tiny_h8_patch2_32"}

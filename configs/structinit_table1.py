@@ -9,7 +9,7 @@ sincos/token 83.17, sincos/gap 85.30. Default: sincos,gap (the setting used ever
 Recipe: ``structinit_common`` small-dataset recipe (the ``cifar_small`` preset).
 """
 
-from configs.structinit_common import check_choice, parse_args, small_data_config
+from locvit.configs.structinit_common import check_choice, parse_args, small_data_config
 
 
 def get_config(arg: str | None = None):

@@ -1,9 +1,14 @@
 """Command-line entry point.
 
   python -m locvit.main --config=configs/NAME.py --workdir=DIR [--config.FIELD=VALUE ...]
-  python -m locvit.main --config=... --workdir=DIR --mode=eval [--step=N]
-  python -m locvit.main --config=... --workdir=DIR --mode=analyze   # ConViT Figs. 5-7 as PNG
+  python -m locvit.main --config=NAME --workdir=DIR           # a shipped config, by name
+  python -m locvit.main --workdir=DIR --mode=eval [--step=N]  # the config saved in DIR
+  python -m locvit.main --workdir=DIR --mode=analyze          # ConViT Figs. 5-7 as PNG
   python -m locvit.main --config=... --workdir=DIR --cpu_malloc=tcmalloc  # faster CPU steps
+
+``--config`` takes a file, the name of a shipped config (``convit_s``, ``gmm_table1:cifar10``; see
+``locvit.configs``), or a run's ``DIR/config.json``. Without it the config saved in ``--workdir``
+is used. Library INFO logs are off unless ``--verbosity=0`` (or higher) asks for them.
 
 Multi-host (TPU pods, multi-node GPU): every process runs the same command; add
 ``--jax_distributed`` to let ``jax.distributed.initialize()`` auto-detect the cluster, or pass
@@ -12,19 +17,31 @@ Multi-host (TPU pods, multi-node GPU): every process runs the same command; add
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
 import json
+import os
+import re
 import sys
+from collections.abc import Sequence
 
 import jax
+import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from locvit import cpu_malloc
+import locvit.configs
+from locvit import cpu_malloc, run_config
+from locvit import workdir as workdir_lib
 
 MODES = ("train", "eval", "analyze")
 
 _CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "Path to a config file.", lock_config=True
+  "config",
+  None,
+  "A config file, the name of a shipped config (e.g. convit_s), or a run's config.json. "
+  "Default: the config saved in --workdir.",
+  lock_config=True,
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
 _MODE = flags.DEFINE_enum("mode", "train", MODES, "What to run.")
@@ -45,7 +62,172 @@ _CPU_MALLOC = flags.DEFINE_enum(
   "default. See locvit/cpu_malloc.py.",
 )
 _TRACEBACK = flags.DEFINE_bool("traceback", False, "Show full tracebacks for config errors.")
-flags.mark_flags_as_required(["config", "workdir"])
+flags.mark_flags_as_required(["workdir"])
+
+
+class ConfigError(ValueError):
+  """A mistake on the command line, reported as one line before anything runs."""
+
+
+# ------------------------------------------------------------------------------------------------
+# --config: a file, a shipped config's name, a saved config.json, or the one saved in --workdir
+
+
+def shipped_configs_dir() -> str:
+  """The directory of the configs shipped with locvit (``configs/`` in a checkout)."""
+  return next(iter(locvit.configs.__path__))
+
+
+def shipped_config_names() -> list[str]:
+  """The runnable shipped configs (files with a ``get_config``), e.g. ``convit_s``."""
+  directory = shipped_configs_dir()
+  names = []
+  for filename in sorted(os.listdir(directory)):
+    if filename.endswith(".py"):
+      with open(os.path.join(directory, filename)) as f:
+        if re.search(r"^def get_config\(", f.read(), re.MULTILINE):
+          names.append(filename[:-3])
+  return names
+
+
+def _saved_config(config_json: str) -> str:
+  return f"{os.path.abspath(run_config.__file__)}:{config_json}"
+
+
+def resolve_config(value: str) -> str:
+  """The ``--config`` value config_flags should load: ``value`` if it names a file; a shipped
+  config's file for ``NAME[:ARG]`` or ``configs/NAME.py[:ARG]`` that is not a file here; the saved
+  config loader for a ``config.json`` or a workdir holding one. Raises ``ConfigError`` otherwise."""
+  path, sep, arg = value.partition(":")
+  if os.path.isdir(path) and os.path.isfile(run_config.path(path)):
+    path = run_config.path(path)
+  if path.endswith(".json") and os.path.isfile(path):
+    if sep:
+      raise ConfigError(f"--config={value}: a saved config.json takes no ':ARG'")
+    return _saved_config(path)
+  if os.path.isfile(path):
+    return value
+  name = os.path.basename(path).removesuffix(".py")
+  names = shipped_config_names()
+  if name in names:
+    return os.path.join(shipped_configs_dir(), name + ".py") + sep + arg
+  close = difflib.get_close_matches(name, names, n=3)
+  hint = f"did you mean {' or '.join(close)}?" if close else f"shipped configs: {', '.join(names)}"
+  raise ConfigError(f"--config={value}: no such file, and no shipped config {name!r}; {hint}")
+
+
+def _flag_value(argv: Sequence[str], name: str) -> tuple[int, str | None]:
+  """(index, value) of ``--name=value`` / ``--name value`` in ``argv``, or (-1, None)."""
+  for i, arg in enumerate(argv):
+    match = re.fullmatch(rf"--?{name}(=(.*))?", arg)
+    if match:
+      if match.group(1) is not None:
+        return i, match.group(2)
+      return i, argv[i + 1] if i + 1 < len(argv) else None
+  return -1, None
+
+
+def resolve_config_argv(argv: Sequence[str]) -> list[str]:
+  """``argv`` with ``--config`` resolved (``resolve_config``), or, when absent, set to the config
+  saved in ``--workdir``."""
+  argv = list(argv)
+  index, value = _flag_value(argv, "config")
+  if value is not None:
+    resolved = resolve_config(value)
+    if argv[index].startswith(("--config=", "-config=")):
+      argv[index] = f"--config={resolved}"
+    else:
+      argv[index + 1] = resolved
+    return argv
+  _, workdir = _flag_value(argv, "workdir")
+  if workdir is None:
+    return argv  # absl reports the missing --workdir
+  saved = run_config.path(workdir)
+  if not os.path.isfile(saved):
+    raise ConfigError(f"no --config given and {saved} does not exist (no run saved its config)")
+  return [argv[0], f"--config={_saved_config(saved)}", *argv[1:]]
+
+
+def _explain_override(argv: Sequence[str]) -> str | None:
+  """The first ``--config.A.B=V`` naming a field the config lacks, as a one-line message."""
+  _, value = _flag_value(argv, "config")
+  if value is None:
+    return None
+  path, _, arg = value.partition(":")
+  try:  # the config as config_flags loads it, before the overrides
+    spec = importlib.util.spec_from_file_location("locvit_config_to_explain", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(*([arg] if arg else []))
+  except Exception:  # the config's own error is reported instead
+    return None
+  for flag in argv:
+    match = re.fullmatch(r"--?config\.([\w.]+)(=.*)?", flag)
+    if not match:
+      continue
+    node, parts = config, match.group(1).split(".")
+    for depth, part in enumerate(parts):
+      where = ".".join(["config", *parts[:depth]])
+      if not isinstance(node, ml_collections.ConfigDict):
+        return f"{flag}: {where} is not a config block"
+      if part not in node:
+        close = difflib.get_close_matches(part, list(node), n=3)
+        hint = f"did you mean {' or '.join(close)}?" if close else f"fields: {', '.join(node)}"
+        return f"{flag}: {where} has no field {part!r}; {hint}"
+      node = node[part]
+  return None
+
+
+def _parse_flags(argv: Sequence[str]) -> list[str]:
+  """absl's flag parsing, with config and flag mistakes as one line on stderr (exit 2)."""
+  try:
+    sys.argv = resolve_config_argv(argv)
+    return flags.FLAGS(sys.argv)
+  except Exception as e:
+    if "--traceback" in argv:
+      raise
+    last_line = str(e).strip().splitlines()[-1]
+    if "Error whilst parsing config file" in str(e):  # get_config raised: its message, no stack
+      given = _flag_value(argv, "config")[1]
+      message = f"--config={given}: " + re.sub(r"^\w+: ", "", last_line)
+    elif isinstance(e, ConfigError | flags.Error):
+      message = str(e)
+    else:  # e.g. ml_collections' AttributeError for an override naming no field
+      message = _explain_override(sys.argv) or last_line
+    _exit_with_error(message)
+
+
+def _exit_with_error(message: str) -> None:
+  print(f"locvit: error: {message}", file=sys.stderr, flush=True)
+  sys.exit(2)
+
+
+# Fields that must be positive where the config has them. Model overrides that size the network:
+# zero would otherwise fail deep inside Flax (depth=0: NameInUseError).
+_POSITIVE = ("batch_size", "grad_accum_steps", "log_every_steps")
+_NON_NEGATIVE = ("eval_batch_size", "eval_every_steps", "checkpoint_every_steps")
+_POSITIVE_MODEL = ("depth", "num_heads", "embed_dim", "patch_size", "mlp_ratio", "num_layers")
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Raises ``ConfigError`` for values no run can start with, naming the field and the bad value."""
+  checks = [(name, config.get(name), "a positive integer", 1) for name in _POSITIVE]
+  checks += [(name, config.get(name), "an integer >= 0", 0) for name in _NON_NEGATIVE]
+  overrides = config.get("model", {}).get("overrides") or {}
+  checks += [
+    (f"model.overrides.{name}", overrides.get(name), "> 0", 1e-30) for name in _POSITIVE_MODEL
+  ]
+  for name, value, expected, lowest in checks:
+    if isinstance(value, int | float) and value < lowest:
+      raise ConfigError(f"--config.{name}={value}: must be {expected}")
+  if config.get("total_steps", -1) <= 0 and config.get("num_epochs", 1) <= 0:
+    raise ConfigError(
+      f"--config.num_epochs={config.num_epochs}: must be > 0 (or set --config.total_steps)"
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Running
 
 
 def _init_distributed() -> None:
@@ -62,6 +244,10 @@ def _init_distributed() -> None:
 def main(argv):
   """Runs ``--mode`` (train, eval or analyze) on ``--config`` and ``--workdir``."""
   del argv
+  if not flags.FLAGS["verbosity"].present:  # quiet by default: `--verbosity=0` shows INFO logs
+    logging.set_verbosity(logging.WARNING)
+  config = _CONFIG.value
+  check_config(config)
   cpu_malloc.reexec_with(_CPU_MALLOC.value)  # before any device or thread starts
   _init_distributed()
   from locvit import train
@@ -77,7 +263,6 @@ def main(argv):
       "CPU training: TCMalloc (apt install libtcmalloc-minimal4) avoids per-step page "
       "faults; see the README"
     )
-  config = _CONFIG.value
   if _MODE.value == "analyze":  # PNG figures of a run: nonlocality, gates, attention maps
     from locvit.analysis.analyze import analyze
 
@@ -99,16 +284,24 @@ def _main_with_clear_errors(argv):
   """Configuration and data errors are printed as one clear message, not a traceback."""
   try:
     main(argv)
-  except (ValueError, FileNotFoundError, AttributeError, KeyError) as e:
+  except (
+    ValueError,
+    FileNotFoundError,
+    AttributeError,
+    KeyError,
+    workdir_lib.WorkdirError,
+  ) as e:
     if _TRACEBACK.value:
       raise
+    if isinstance(e, ConfigError | workdir_lib.WorkdirError):
+      _exit_with_error(str(e))
     print(f"locvit: error: {e}\n(run with --traceback for the full stack)", file=sys.stderr)
     sys.exit(2)
 
 
 def run() -> None:
   """Console entry point: parses flags and runs ``main`` with one-line config/data errors."""
-  app.run(_main_with_clear_errors)
+  app.run(_main_with_clear_errors, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

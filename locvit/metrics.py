@@ -1,4 +1,4 @@
-"""Metric sinks: ``metrics.jsonl``, TensorBoard event files and a live progress line.
+"""Metric sinks: ``metrics.jsonl``, TensorBoard event files and the progress lines on stdout.
 
 Only process 0 writes. TensorBoard files come from tensorboardX, which does not need TensorFlow.
 """
@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import time
 from typing import Any
 
@@ -23,7 +22,12 @@ def _jsonable(value: Any) -> Any:
 
 
 class MetricWriter:
-  """Appends one JSON object per logged step and mirrors scalars to TensorBoard."""
+  """Appends one JSON object per logged step and mirrors scalars to TensorBoard.
+
+  Each row is one ``write`` of a whole line to a file opened for appending, so a killed run leaves
+  no half row. A resumed or restarted run first drops the rows it will log again
+  (``truncate_after``).
+  """
 
   def __init__(self, workdir: str, *, enabled: bool | None = None):
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
@@ -36,11 +40,11 @@ class MetricWriter:
       self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
   def truncate_after(self, step: int) -> None:
-    """Drops records logged after ``step`` (steps a resumed run will log again)."""
+    """Drops records logged after ``step`` (steps a resumed run will log again; all of them for
+    ``step=-1``), and a partial last line."""
     if not self.enabled or not os.path.exists(self.path):
       return
-    with open(self.path) as f:
-      kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+    kept = [line for line in _complete_lines(self.path) if json.loads(line)["step"] <= step]
     tmp = self.path + ".tmp"
     with open(tmp, "w") as f:
       f.writelines(kept)
@@ -52,8 +56,11 @@ class MetricWriter:
     if not self.enabled:
       return
     record = {"step": int(step), **{k: _jsonable(v) for k, v in metrics.items()}}
-    with open(self.path, "a") as f:
-      f.write(json.dumps(record) + "\n")
+    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+      os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+      os.close(fd)
     for key, value in record.items():
       if key != "step" and isinstance(value, int | float) and math.isfinite(value):
         self._tb.add_scalar(key, value, int(step))
@@ -65,40 +72,100 @@ class MetricWriter:
       self._tb.close()
 
 
+def _complete_lines(path: str) -> list[str]:
+  """The newline-terminated, non-empty lines of ``path``."""
+  with open(path) as f:
+    return [line for line in f if line.endswith("\n") and line.strip()]
+
+
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
   """Reads ``metrics.jsonl`` back (for tests, notebooks and plots)."""
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  return [json.loads(line) for line in _complete_lines(os.path.join(workdir, "metrics.jsonl"))]
+
+
+def last_evaluation(workdir: str) -> dict[str, Any]:
+  """The last row of ``metrics.jsonl`` with ``eval/top1``, or {} (none, or no file)."""
+  if not os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+    return {}
+  rows = [row for row in read_metrics(workdir) if "eval/top1" in row]
+  return rows[-1] if rows else {}
+
+
+def _eval_numbers(metrics: dict[str, Any]) -> str:
+  text = f"top-1 {metrics['eval/top1']:.4f}  top-5 {metrics['eval/top5']:.4f}"
+  text += f"  loss {metrics['eval/loss']:.4f}" if "eval/loss" in metrics else ""
+  if "eval_ema/top1" in metrics:
+    text += f"  (EMA top-1 {metrics['eval_ema/top1']:.4f})"
+  return text
 
 
 class Progress:
-  """Prints ``step, loss, steps/s, images/s, ETA``; rewrites one line on a terminal."""
+  """Whole lines on stdout (process 0): one per log interval (step, loss, steps/s, images/s, ETA)
+  and one per evaluation.
+
+  The ETA uses the mean training speed since the first step, so neither compilation (the first
+  step) nor evaluation and checkpoint time (reported on their own) distort it.
+  """
 
   def __init__(self, total_steps: int, batch_size: int, first_step: int = 0):
     self.total_steps, self.batch_size = total_steps, batch_size
     self.enabled = jax.process_index() == 0
     self._last_step, self._last_time = first_step, time.perf_counter()
-    self.tty = sys.stdout.isatty()
+    self._paused = 0.0  # eval and checkpoint seconds since the last line
+    self._checkpoint_seconds = 0.0
+    self._compiled = False  # the first line's interval includes compiling the step
+    self._train_steps, self._train_seconds = 0, 0.0  # since the first line
+
+  def _print(self, line: str) -> None:
+    if self.enabled:
+      print(line, flush=True)
 
   def update(self, step: int, loss: float) -> dict[str, float]:
     """Prints the progress line for ``step`` and returns the throughput since the last call as
-    ``{'perf/steps_per_sec', 'perf/images_per_sec'}``."""
+    ``{'perf/steps_per_sec', 'perf/images_per_sec'}`` (plus ``perf/checkpoint_seconds`` when
+    checkpoints were saved in between)."""
     now = time.perf_counter()
-    steps_per_s = (step - self._last_step) / max(now - self._last_time, 1e-9)
-    self._last_step, self._last_time = step, now
-    eta = (self.total_steps - step) / steps_per_s if steps_per_s > 0 else float("inf")
-    if self.enabled:
-      line = (
-        f"step {step}/{self.total_steps}  loss {loss:.4f}  {steps_per_s:.2f} steps/s  "
-        f"{steps_per_s * self.batch_size:.1f} img/s  ETA {_hms(eta)}"
-      )
-      print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", flush=True)
-    return {"perf/steps_per_sec": steps_per_s, "perf/images_per_sec": steps_per_s * self.batch_size}
+    steps, seconds = step - self._last_step, max(now - self._last_time - self._paused, 1e-9)
+    compiling, self._compiled = not self._compiled, True
+    self._last_step, self._last_time, self._paused = step, now, 0.0
+    steps_per_s = steps / seconds
+    perf = {"perf/steps_per_sec": steps_per_s, "perf/images_per_sec": steps_per_s * self.batch_size}
+    line = f"step {step}/{self.total_steps}  loss {loss:.4f}  "
+    if compiling:
+      line += f"first step (with compilation) {seconds:.1f} s"
+    else:
+      self._train_steps += steps
+      self._train_seconds += seconds
+      eta = (self.total_steps - step) * self._train_seconds / self._train_steps
+      line += f"{steps_per_s:.2f} steps/s  {perf['perf/images_per_sec']:.1f} img/s  ETA {_hms(eta)}"
+    if self._checkpoint_seconds:
+      line += f"  (checkpoint {self._checkpoint_seconds:.1f} s)"
+      perf["perf/checkpoint_seconds"] = self._checkpoint_seconds
+      self._checkpoint_seconds = 0.0
+    self._print(line)
+    return perf
 
-  def done(self) -> None:
-    """Ends the rewritten terminal line with a newline."""
-    if self.enabled and self.tty:
-      print(flush=True)
+  def evaluation(self, step: int, metrics: dict[str, Any], seconds: float) -> dict[str, float]:
+    """Prints the evaluation line of ``step``; its time is left out of speed and ETA. Returns
+    ``{'perf/eval_seconds': seconds}``."""
+    self._paused += seconds
+    which = "Final evaluation" if step == self.total_steps else "Evaluation"
+    numbers = _eval_numbers(metrics)
+    self._print(f"{which} at step {step}/{self.total_steps}: {numbers}  ({seconds:.1f} s)")
+    return {"perf/eval_seconds": seconds}
+
+  def checkpoint(self, seconds: float) -> None:
+    """Counts a checkpoint save's blocking time, shown on the next progress line."""
+    self._paused += seconds
+    self._checkpoint_seconds += seconds
+
+  def finished(self, workdir: str, metrics: dict[str, Any]) -> None:
+    """Says that ``workdir`` already holds the last step, with its final evaluation."""
+    numbers = f": {_eval_numbers(metrics)}" if "eval/top1" in metrics else ""
+    self._print(
+      f"{workdir} is finished at step {self.total_steps}/{self.total_steps}{numbers}. Nothing to "
+      "train: raise --config.total_steps or use a new --workdir to train more."
+    )
 
 
 def _hms(seconds: float) -> str:

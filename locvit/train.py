@@ -19,6 +19,7 @@ import math
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,10 +33,11 @@ from absl import logging
 
 from locvit import checkpoint as ckpt_lib
 from locvit import data as data_lib
-from locvit import distill, optim, sharding
+from locvit import distill, optim, run_config, sharding
 from locvit import evaluate as eval_lib
 from locvit import init as init_lib
 from locvit import metrics as metrics_lib
+from locvit import workdir as workdir_lib
 from locvit.data import device_augment
 from locvit.init import from_checkpoint
 from locvit.models.factory import build_model  # also importable as train.build_model
@@ -384,7 +386,6 @@ def train_and_evaluate(
   check_analysis_hooks(
     config, make_locality_logger=make_locality_logger, make_center_plotter=make_center_plotter
   )
-  os.makedirs(workdir, exist_ok=True)
   mesh = sharding.make_mesh(config.mesh)
   rules = sharding.logical_rules(config.mesh)
   process_index, process_count = jax.process_index(), jax.process_count()
@@ -403,6 +404,10 @@ def train_and_evaluate(
   model = build_model(config, num_classes)
   validate(config, mesh, rules, model)
   total_steps, steps_per_epoch = training_length(config, len(train_source))
+  # The config is valid: only now create the workdir (writable, not in use) and keep the config.
+  workdir_lib.claim(workdir)
+  if process_index == 0:
+    run_config.write(workdir, config)
   train_iter = data_lib.make_train_iterator(
     config.data,
     train_source,
@@ -462,6 +467,7 @@ def train_and_evaluate(
       logging.info("Resumed from step %d in %s", start, workdir)
     else:
       start = 0
+      writer.truncate_after(-1)  # rows of an earlier attempt killed before its first checkpoint
       init_rng = jax.random.key(config.seed + 1)  # separate stream from dropout keys
       state = jax.jit(init_state, out_shardings=shardings)(init_rng)
       state = apply_initializer(config, state, model, tx, shardings, warmstart)
@@ -505,6 +511,9 @@ def train_and_evaluate(
     eval_every = config.get("eval_every_steps", 0)
     ckpt_every = config.get("checkpoint_every_steps", 0)
     final = {}
+    if start >= total_steps:
+      final = metrics_lib.last_evaluation(workdir)
+      progress.finished(workdir, final)
 
     with PreemptionWatcher() as preemption:
       for step in range(start + 1, total_steps + 1):
@@ -519,6 +528,7 @@ def train_and_evaluate(
           record.update(progress.update(step, float(record["train/loss"])))
           record["epoch"] = step / steps_per_epoch
         if (eval_every and step % eval_every == 0) or last:
+          eval_start = time.perf_counter()
           final = eval_lib.evaluate(
             eval_fn, (state.params, state.model_state), eval_batches, batch_sharding
           )
@@ -531,25 +541,22 @@ def train_and_evaluate(
           if locality_fn is not None:
             record.update(locality_fn(state.params))
           plot_centers(step, state.params)
+          record.update(progress.evaluation(step, final, time.perf_counter() - eval_start))
         if record:
           writer.write(step, record)
         if (ckpt_every and step % ckpt_every == 0) or last or preempted:
+          save_start = time.perf_counter()
           checkpointer.save(step, state, train_iter, config, metrics=record, force=True)
+          progress.checkpoint(time.perf_counter() - save_start)
         if preempted and not last:
           checkpointer.wait()
           logging.warning("Preempted: checkpoint saved at step %d; exiting.", step)
           final = {"preempted": True, "step": step}
           break
-    progress.done()
   checkpointer.wait()
   checkpointer.close()
   writer.close()
-  if "eval/top1" in final and process_index == 0:
-    print(
-      f"Final evaluation at step {total_steps}: top-1 {final['eval/top1']:.4f}  "
-      f"top-5 {final['eval/top5']:.4f}  ({final['eval/num_examples']} examples)",
-      flush=True,
-    )
+  workdir_lib.release_lock(workdir)
   return final
 
 

@@ -26,13 +26,13 @@ def _env(devices: int) -> dict[str, str]:
   return env
 
 
-def _main(*args, devices=8, **kwargs):
+def _main(*args, devices=8, stderr=subprocess.STDOUT, **kwargs):
   return subprocess.Popen(
     [sys.executable, "-m", "locvit.main", *args],
     cwd=ROOT,
     env=_env(devices),
     stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
+    stderr=stderr,
     text=True,
     **kwargs,
   )
@@ -42,17 +42,71 @@ def _losses(workdir):
   return [r["train/loss"] for r in read_metrics(workdir) if "train/loss" in r]
 
 
-@pytest.mark.slow
-def test_quickstart_reaches_090(tmp_path):
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+  """The README's quickstart command at its defaults, run once: (workdir, stdout, stderr)."""
+  workdir = tmp_path_factory.mktemp("quickstart") / "run"
   start = time.time()
-  proc = _main("--config=configs/quickstart.py", f"--workdir={tmp_path}")
-  out, _ = proc.communicate(timeout=300)
-  assert proc.returncode == 0, out
-  assert "Final evaluation" in out
-  final = [r for r in read_metrics(tmp_path) if "eval/top1" in r][-1]
-  assert final["eval/top1"] >= 0.90, final
-  assert os.listdir(tmp_path / "checkpoints")
+  proc = _main("--config=configs/quickstart.py", f"--workdir={workdir}", stderr=subprocess.PIPE)
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, (out, err)
   print(f"quickstart took {time.time() - start:.0f}s")
+  return workdir, out, err
+
+
+def _eval_numbers(row) -> str:
+  return f"top-1 {row['eval/top1']:.4f}  top-5 {row['eval/top5']:.4f}  loss {row['eval/loss']:.4f}"
+
+
+@pytest.mark.slow
+def test_quickstart_reaches_090(quickstart):
+  workdir, out, _ = quickstart
+  final = [r for r in read_metrics(workdir) if "eval/top1" in r][-1]
+  assert final["eval/top1"] >= 0.90, final
+  assert f"Final evaluation at step {final['step']}/{final['step']}: {_eval_numbers(final)}" in out
+  assert os.listdir(workdir / "checkpoints")
+
+
+@pytest.mark.slow
+def test_quickstart_is_quiet_and_prints_every_evaluation(quickstart):
+  """At most 10 lines on stderr (no library INFO logs); on stdout whole lines, one per log interval
+  and one per evaluation in metrics.jsonl; no ETA over 10 minutes (compilation is left out)."""
+  workdir, out, err = quickstart
+  assert len(err.splitlines()) <= 10, err
+  assert "\r" not in out
+  rows = read_metrics(workdir)
+  total = rows[-1]["step"]
+  lines = out.splitlines()
+  for row in rows:
+    if "eval/top1" in row:
+      which = "Final evaluation" if row["step"] == total else "Evaluation"
+      prefix = f"{which} at step {row['step']}/{total}: {_eval_numbers(row)}  ("
+      assert sum(line.startswith(prefix) for line in lines) == 1, (prefix, out)
+  progress = [line for line in lines if line.startswith("step ")]
+  assert [int(line.split()[1].split("/")[0]) for line in progress] == [
+    r["step"] for r in rows if "train/loss" in r
+  ]
+  etas = [line.split("ETA ")[1].split()[0] for line in progress if "ETA " in line]
+  assert len(etas) == len(progress) - 1  # all but the first line, whose step compiles
+  for eta in etas:
+    hours, minutes, _ = map(int, eta.split(":"))
+    assert hours * 60 + minutes < 10, eta
+  assert len(lines) == len(progress) + sum("eval/top1" in r for r in rows)
+
+
+@pytest.mark.slow
+def test_rerun_on_a_finished_workdir_says_it_is_finished(quickstart):
+  workdir, _, _ = quickstart
+  before = (workdir / "metrics.jsonl").read_text()
+  proc = _main("--config=configs/quickstart.py", f"--workdir={workdir}", stderr=subprocess.PIPE)
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, (out, err)
+  final = [r for r in read_metrics(workdir) if "eval/top1" in r][-1]
+  assert out.splitlines() == [
+    f"{workdir} is finished at step {final['step']}/{final['step']}: {_eval_numbers(final)}. "
+    "Nothing to train: raise --config.total_steps or use a new --workdir to train more."
+  ]
+  assert (workdir / "metrics.jsonl").read_text() == before
 
 
 @pytest.mark.slow
@@ -128,7 +182,11 @@ def test_eval_of_a_missing_workdir_is_one_clear_error_and_creates_nothing(tmp_pa
   """Also runs the CLI's re-execution under ``--cpu_malloc=retain`` (glibc)."""
   workdir = tmp_path / "no_such_run"
   proc = _main(
-    "--config=configs/quickstart.py", f"--workdir={workdir}", "--mode=eval", "--cpu_malloc=retain"
+    "--config=configs/quickstart.py",
+    f"--workdir={workdir}",
+    "--mode=eval",
+    "--cpu_malloc=retain",
+    "--verbosity=0",  # the INFO line below
   )
   out, _ = proc.communicate(timeout=120)
   assert proc.returncode == 2, out

@@ -36,6 +36,8 @@ def _modules() -> list[types.ModuleType]:
   for info in pkgutil.walk_packages(locvit.__path__, "locvit."):
     if info.name.split(".")[-1] == "__main__":
       continue  # importing a CLI entry point runs it
+    if info.name.startswith("locvit.configs."):
+      continue  # the shipped experiment configs (get_config files), not library API
     modules.append(importlib.import_module(info.name))
   return modules
 

@@ -1,0 +1,316 @@
+"""What a new user meets on the command line: one-line config errors, a locked and checked workdir,
+consistent metrics after kills, the run's config kept in the workdir, configs shipped in the wheel.
+
+The quickstart at its defaults (quiet stderr, progress and evaluation lines) is checked in
+``tests/test_cli.py``.
+"""
+
+import glob
+import importlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+
+import pytest
+
+from locvit import main, run_config
+from locvit.metrics import read_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUICKSTART = "--config=configs/quickstart.py"
+
+
+def _env(**extra) -> dict[str, str]:
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+  env["JAX_PLATFORMS"] = "cpu"
+  env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  env.update(extra)
+  return env
+
+
+def _start(*args, prefix=(), cwd=ROOT, env=None):
+  return subprocess.Popen(
+    [*prefix, sys.executable, "-m", "locvit.main", *args],
+    cwd=cwd,
+    env=env or _env(),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+
+
+def _run(*args, timeout=300, **kwargs):
+  proc = _start(*args, **kwargs)
+  out, err = proc.communicate(timeout=timeout)
+  return proc.returncode, out, err
+
+
+# ------------------------------------------------------------------------------------------------
+# Config mistakes: one line, exit 2, no traceback, and no workdir
+
+
+FIELDS = (
+  "analysis, async_checkpointing, batch_size, checkpoint_every_steps, data, distillation, ema, "
+  "eval_batch_size, eval_every_steps, freeze, grad_accum_steps, grad_clip_norm, init, init_from, "
+  "keep_checkpoints, label_smoothing, log_every_steps, mesh, mixed_precision, mixup, model, "
+  "num_epochs, optimizer, random_erasing, schedule, seed, total_steps"
+)
+
+
+@pytest.mark.parametrize(
+  "args, line",
+  [
+    (
+      [QUICKSTART, "--config.bach_size=1"],
+      "--config.bach_size=1: config has no field 'bach_size'; did you mean batch_size or "
+      "eval_batch_size?",
+    ),
+    (
+      [QUICKSTART, "--config.zzz=1"],
+      f"--config.zzz=1: config has no field 'zzz'; fields: {FIELDS}",
+    ),
+    (
+      [QUICKSTART, "--config.model.overrides.dept=3"],
+      "--config.model.overrides.dept=3: config.model.overrides has no field 'dept'; did you mean "
+      "depth?",
+    ),
+    ([QUICKSTART, "--config.batch_size=0"], "--config.batch_size=0: must be a positive integer"),
+    (
+      [QUICKSTART, "--config.model.overrides.depth=0"],
+      "--config.model.overrides.depth=0: must be > 0",
+    ),
+    (
+      [QUICKSTART, "--config.batch_size=abc"],
+      "flag --config.batch_size=abc: invalid literal for int() with base 10: 'abc'",
+    ),
+    (
+      ["--config=configs/quickstrt.py"],
+      "--config=configs/quickstrt.py: no such file, and no shipped config 'quickstrt'; did you "
+      "mean quickstart?",
+    ),
+    (
+      ["--config=gmm_table1:nonsense"],  # a shipped config by name, whose get_config refuses ARG
+      "--config=gmm_table1:nonsense: Unknown architecture 'nonsense' for gmm_table1.py. Valid: "
+      "['cait', 'pit', 'swin', 't2t', 'vit'].",
+    ),
+    (
+      [],
+      "no --config given and {workdir}/config.json does not exist (no run saved its config)",
+    ),
+  ],
+  ids=[
+    "misspelt",
+    "unknown",
+    "nested",
+    "zero_batch",
+    "zero_depth",
+    "bad_value",
+    "no_file",
+    "bad_arg",
+    "none",
+  ],
+)
+def test_config_mistake_is_one_line_and_creates_no_workdir(tmp_path, args, line):
+  workdir = tmp_path / "run"
+  rc, out, err = _run(*args, f"--workdir={workdir}", timeout=120)
+  assert rc == 2, (out, err)
+  assert err.splitlines() == ["locvit: error: " + line.format(workdir=workdir)]
+  assert out == ""
+  assert not workdir.exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# The workdir: locked while a run uses it, taken over after a kill; unwritable paths named at once
+
+
+def _rows(workdir) -> int:
+  path = workdir / "metrics.jsonl"
+  return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _kill_after(proc, workdir, rows: int, timeout=240):
+  deadline = time.time() + timeout
+  while _rows(workdir) < rows and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.02)
+  assert proc.poll() is None, proc.communicate()
+  proc.send_signal(signal.SIGKILL)
+  proc.communicate(timeout=60)
+
+
+@pytest.mark.slow
+def test_lock_refuses_a_second_run_and_kills_leave_consistent_metrics(tmp_path):
+  """SIGKILL before the first checkpoint and again after one: every later run takes the workdir
+  over, and metrics.jsonl ends with each step exactly once, in order."""
+  workdir = tmp_path / "run"
+  args = (
+    QUICKSTART,
+    f"--workdir={workdir}",
+    "--config.total_steps=100",
+    "--config.log_every_steps=1",
+    "--config.eval_every_steps=40",
+    "--config.checkpoint_every_steps=40",
+  )
+  first = _start(*args)
+  deadline = time.time() + 240
+  while _rows(workdir) < 3 and first.poll() is None and time.time() < deadline:
+    time.sleep(0.02)
+  start = time.time()
+  rc, out, err = _run(*args, timeout=120)  # a second run while the first one trains
+  refused_after = time.time() - start
+  assert rc == 2, (out, err)
+  [line] = err.splitlines()
+  assert line.startswith(
+    f"locvit: error: workdir {workdir} is in use by pid {first.pid} on host {socket.gethostname()} "
+    "(started "
+  ), line
+  assert line.endswith("); wait for that run to end or use another --workdir"), line
+  assert refused_after < 60
+  _kill_after(first, workdir, rows=10)  # before the checkpoint of step 40 (or just after it)
+  with open(workdir / "metrics.jsonl", "a") as f:
+    f.write('{"step": 11, "train/lo')  # as if killed in the middle of writing a row
+
+  second = _start(*args)
+  _kill_after(second, workdir, rows=55)  # after the checkpoint of step 40: rows 41.. are redone
+  rc, out, err = _run(*args)
+  assert rc == 0, (out, err)
+  assert "in use" not in err
+  rows = read_metrics(workdir)
+  assert [r["step"] for r in rows] == list(range(1, 101))
+  assert [r["step"] for r in rows if "eval/top1" in r] == [40, 80, 100]
+
+
+def _as_unprivileged_user() -> list[str]:
+  """A command prefix under which directory permissions apply (root ignores them)."""
+  if os.geteuid() != 0:
+    return []
+  if shutil.which("unshare") is None or subprocess.run(["unshare", "--user", "true"]).returncode:
+    pytest.skip("running as root without user namespaces: permissions cannot be tested")
+  return ["unshare", "--user"]
+
+
+@pytest.mark.parametrize("unwritable", ["", "checkpoints"])
+def test_unwritable_workdir_fails_at_start_naming_the_path(tmp_path, unwritable):
+  workdir = tmp_path / "run"
+  path = workdir / unwritable
+  path.mkdir(parents=True)
+  path.chmod(0o555)
+  try:
+    start = time.time()
+    rc, out, err = _run(QUICKSTART, f"--workdir={workdir}", prefix=_as_unprivileged_user())
+    took = time.time() - start
+  finally:
+    path.chmod(0o755)
+  assert rc == 2, (out, err)
+  path = str(path).rstrip("/")
+  assert err.splitlines() == [f"locvit: error: cannot write to {path}: Permission denied"]
+  assert took < 60
+  assert not (workdir / "metrics.jsonl").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# The run's config is kept in the workdir and used by --mode=eval with only --workdir
+
+
+def test_saved_config_round_trips_every_shipped_config(tmp_path):
+  """Types JSON drops (tuples, typed None placeholders) come back, so overrides still parse."""
+  for name in main.shipped_config_names():
+    config = importlib.import_module(f"locvit.configs.{name}").get_config()
+    run_config.write(str(tmp_path), config, ["python", "-m", "locvit.main", f"--config={name}"])
+    restored = run_config.read(run_config.path(str(tmp_path)))
+    assert restored.to_dict() == config.to_dict(), name
+    assert restored.data.get_type("root") is str and restored.mesh.shape == config.mesh.shape
+
+
+@pytest.mark.slow
+def test_eval_with_only_workdir_uses_the_runs_config_and_overrides(tmp_path):
+  workdir = tmp_path / "run"
+  override = "--config.model.overrides.depth=2"  # the quickstart has depth 4
+  rc, out, err = _run(
+    QUICKSTART,
+    f"--workdir={workdir}",
+    override,
+    "--config.total_steps=30",
+    "--config.eval_every_steps=0",
+  )
+  assert rc == 0, (out, err)
+  saved = json.loads((workdir / "config.json").read_text())
+  assert saved["config"]["model"]["overrides"]["depth"] == 2
+  assert saved["command"].endswith(
+    f"--workdir={workdir} {override} --config.total_steps=30 --config.eval_every_steps=0"
+  )
+
+  rc, out, err = _run(f"--workdir={workdir}", "--mode=eval")
+  assert rc == 0, (out, err)
+  result = json.loads(out.splitlines()[-1])
+  final = [r for r in read_metrics(workdir) if "eval/top1" in r][-1]
+  assert (result["step"], result["eval/top1"], result["eval/loss"]) == (
+    30,
+    final["eval/top1"],
+    final["eval/loss"],
+  )
+  # An override given with --workdir replaces the saved value: a 4-block model does not fit.
+  rc, out, err = _run(f"--workdir={workdir}", "--mode=eval", "--config.model.overrides.depth=4")
+  assert rc == 2 and "incompatible config" in err and "'depth': 2" in err, err
+
+
+# ------------------------------------------------------------------------------------------------
+# Packaging: the wheel holds only `locvit`, with the configs inside it, runnable by name
+
+
+def test_wheel_has_only_locvit_and_runs_shipped_configs_by_name(tmp_path):
+  build = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
+  subprocess.run(
+    [sys.executable, "-m", "pip", "wheel", "--no-deps", *build, "-q", "-w", str(tmp_path), ROOT],
+    check=True,
+    timeout=300,
+  )
+  [wheel] = glob.glob(str(tmp_path / "locvit-*.whl"))
+  names = zipfile.ZipFile(wheel).namelist()
+  top = {n.split("/")[0] for n in names}
+  assert {t for t in top if not t.endswith(".dist-info")} == {"locvit"} and len(top) == 2, top
+  shipped = main.shipped_config_names()
+  assert {f"locvit/configs/{name}.py" for name in shipped} <= set(names)
+
+  target = tmp_path / "site"
+  subprocess.run(
+    [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), wheel],
+    check=True,
+    timeout=300,
+  )
+  assert sorted(p.name for p in target.iterdir() if not p.name.endswith(".dist-info")) == ["locvit"]
+  elsewhere = tmp_path / "elsewhere"  # no checkout on the path: only the installed wheel
+  elsewhere.mkdir()
+  env = _env(PYTHONPATH=str(target))
+  check = (
+    "import importlib.util, locvit.configs\n"
+    "from locvit import main\n"
+    "from locvit.configs import common\n"
+    "spec = importlib.util.find_spec('configs')\n"  # None, or another install's (not the wheel's)
+    f"assert spec is None or not spec.origin.startswith({str(target)!r})\n"
+    f"assert locvit.configs.__path__[0].startswith({str(target)!r})\n"
+    "for name in main.shipped_config_names():\n"
+    "  path = main.resolve_config(name)\n"
+    "  spec = importlib.util.spec_from_file_location('c', path)\n"
+    "  module = importlib.util.module_from_spec(spec)\n"
+    "  spec.loader.exec_module(module)\n"
+    "  module.get_config()\n"
+    "print(len(main.shipped_config_names()))\n"
+  )
+  done = subprocess.run(
+    [sys.executable, "-c", check], cwd=elsewhere, env=env, capture_output=True, text=True
+  )
+  assert done.returncode == 0, done.stderr
+  assert int(done.stdout) == len(shipped)
+  # The README's command, from anywhere: the name (or configs/NAME.py) finds the shipped file.
+  rc, _, err = _run(
+    "--config=configs/convit_s.py", "--workdir=w", "--config.batch_size=0", cwd=elsewhere, env=env
+  )
+  assert (rc, err) == (2, "locvit: error: --config.batch_size=0: must be a positive integer\n")
+  assert not (elsewhere / "w").exists()
