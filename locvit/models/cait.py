@@ -26,22 +26,18 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from locvit.attention.attention import (
-  OutputProjection,
-  partitioned,
-  record_attention,
-  trunc_normal,
-)
+from locvit.attention.core import LogitsHook, attend
 from locvit.attention.geometry import TokenGrid
 from locvit.attention.masks import (
   MASK_KINDS,
-  combine_mask,
-  make_mask,
   mask_attention_kwargs,
+  mask_terms,
   split_mask_options,
 )
+from locvit.attention.projections import output_projection, partitioned, trunc_normal
 from locvit.models.layers import Mlp, PatchEmbed, classifier_head, drop_path, layer_norm
 from locvit.models.registry import register_model
+from locvit.ops import contract, cpu_kernels
 
 Array = jax.Array
 CAIT_ATTENTION = ("mhsa", *MASK_KINDS)
@@ -57,8 +53,9 @@ def layer_scale_init(layer: int) -> float:
 class TalkingHeadsAttention(nn.Module):
   """Talking-heads attention; queries from ``x``, keys/values from ``context`` (default ``x``).
 
-  ``attention`` 'gmm' / 'elm' multiplies (or adds) the mask into the scaled logits before the
-  pre-softmax head mixing; it needs ``context is None`` and the token ``grid``.
+  The attention core with a ``LogitsHook`` that mixes heads before (``mix_pre``) and after
+  (``mix_post``) the softmax. ``attention`` 'gmm' / 'elm' multiplies (or adds) the mask into the
+  scaled logits before the pre-softmax mixing; it needs ``context is None`` and the token ``grid``.
   """
 
   num_heads: int
@@ -68,13 +65,20 @@ class TalkingHeadsAttention(nn.Module):
   proj_drop: float = 0.0
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  implementation: str | None = None
 
   def _project(self, x: Array, shape: tuple[int, ...], names: tuple, name: str) -> Array:
     kernel = self.param(
       name, partitioned(trunc_normal, ("embed", *names)), (x.shape[-1], *shape), self.param_dtype
     )
-    letters = "thd"[-len(shape) :]
-    return jnp.einsum(f"bnc,c{letters}->bn{letters}", x, kernel.astype(self.dtype))
+    flatten = cpu_kernels(self.implementation)
+    return contract(x.astype(self.dtype), kernel.astype(self.dtype), flatten=flatten)
+
+  def _mix(self, name: str) -> Array:
+    """An ``(H, H)`` head-mixing matrix, ``N(0, 1)`` at init as in the official code."""
+    init = partitioned(nn.initializers.normal(1.0), ("heads", None))
+    mix = self.param(name, init, (self.num_heads, self.num_heads), self.param_dtype)
+    return mix.astype(jnp.float32)
 
   @nn.compact
   def __call__(
@@ -91,24 +95,20 @@ class TalkingHeadsAttention(nn.Module):
       x if context is None else context, (2, heads, self.head_dim), (None, "heads", "kv"), "kv"
     )
     k, v = kv[:, :, 0], kv[:, :, 1]
-    logits = jnp.einsum("bnhd,bmhd->bhnm", q, k).astype(jnp.float32) * self.head_dim**-0.5
+    terms = ()
     if self.attention != "mhsa":
       if context is not None or grid is None:
         raise ValueError("A CaiT mask applies to self-attention on a token grid only.")
-      term, combine = make_mask(self.attention, heads, self.attention_kwargs)
-      logits = combine_mask(logits, term(grid), combine)
-    mix = lambda name: self.param(
-      name,
-      partitioned(nn.initializers.normal(1.0), ("heads", None)),
-      (heads, heads),
-      self.param_dtype,
+      terms = mask_terms(self.attention, heads, grid, self.attention_kwargs)
+    mix_pre, mix_post = self._mix("mix_pre"), self._mix("mix_post")
+    hook = LogitsHook(
+      before_softmax=lambda logits: jnp.einsum("bhnm,hg->bgnm", logits, mix_pre),
+      after_softmax=lambda probs: jnp.einsum("bhnm,hg->bgnm", probs, mix_post),
     )
-    logits = jnp.einsum("bhnm,hg->bgnm", logits, mix("mix_pre").astype(jnp.float32))
-    probs = jax.nn.softmax(logits, axis=-1)
-    probs = jnp.einsum("bhnm,hg->bgnm", probs, mix("mix_post").astype(jnp.float32))
-    record_attention(self, probs)
-    y = jnp.einsum("bhnm,bmhd->bnhd", probs.astype(self.dtype), v)
-    out = OutputProjection(dim, self.dtype, self.param_dtype, name="proj")(y)
+    y = attend(self, q, k, v, terms=terms, hook=hook, train=train)
+    out = output_projection(
+      dim, implementation=self.implementation, dtype=self.dtype, param_dtype=self.param_dtype
+    )(y)
     return nn.Dropout(self.proj_drop)(out, deterministic=not train)
 
 
@@ -126,6 +126,7 @@ class CaiTLayer(nn.Module):
   norm_eps: float = 1e-5
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  implementation: str | None = None
 
   def _scale(self, name: str, dim: int) -> Array:
     init = nn.initializers.constant(layer_scale_init(self.layer))
@@ -150,11 +151,14 @@ class CaiTLayer(nn.Module):
       self.drop,
       self.dtype,
       self.param_dtype,
+      self.implementation,
       name="attn",
     )(y, context, grid=grid, train=train)
     x = x + drop_path(self.drop_path)(y * self._scale("gamma_1", dim), deterministic=not train)
     y = layer_norm(self.norm_eps, self.dtype, "norm2")(x)
-    y = Mlp(self.mlp_dim, self.drop, self.dtype, self.param_dtype, name="mlp")(y, train)
+    y = Mlp(self.mlp_dim, self.drop, self.dtype, self.param_dtype, self.implementation, name="mlp")(
+      y, train
+    )
     return x + drop_path(self.drop_path)(y * self._scale("gamma_2", dim), deterministic=not train)
 
 
@@ -184,6 +188,7 @@ class CaiT(nn.Module):
   norm_eps: float = 1e-5
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  attention_implementation: str | None = None
 
   def check(self) -> None:
     """Validates the static configuration before tracing; raises ValueError naming the field and
@@ -206,6 +211,7 @@ class CaiT(nn.Module):
       self.norm_eps,
       self.dtype,
       self.param_dtype,
+      self.attention_implementation,
       name=name,
     )
 
@@ -213,7 +219,12 @@ class CaiT(nn.Module):
   def __call__(self, images: Array, *, train: bool = False) -> Array:
     self.check()
     x, grid = PatchEmbed(
-      self.patch_size, self.embed_dim, self.dtype, self.param_dtype, name="patch_embed"
+      self.patch_size,
+      self.embed_dim,
+      self.dtype,
+      self.param_dtype,
+      self.attention_implementation,
+      name="patch_embed",
     )(images.astype(self.dtype))
     pos = self.param(
       "pos_embed",

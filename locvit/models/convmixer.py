@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from locvit.attention.attention import partitioned
+from locvit.attention.projections import partitioned
 from locvit.models.layers import gelu
 from locvit.models.registry import register_model
 

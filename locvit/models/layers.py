@@ -10,10 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from locvit import ops
 from locvit.attention import TokenGrid, get_attention
-from locvit.attention.attention import partitioned, trunc_normal, zeros
-from locvit.ops import contract, dense_dot_general
+from locvit.attention.projections import partitioned, trunc_normal, zeros
+from locvit.ops import contract, cpu_kernels, dense_dot_general
 
 Array = jax.Array
 
@@ -43,16 +42,17 @@ class PatchProjection(nn.Module):
   """A ``patch_size`` x ``patch_size``, stride ``patch_size`` convolution with ``nn.Conv``'s
   parameters (``kernel`` ``(p, p, C, D)`` HWIO, lecun-normal; ``bias`` zeros).
 
-  On CPU it runs as ``patchify(images) @ kernel.reshape(p * p * C, D)``: the same numbers as the
-  convolution, 1.18-1.24x faster than XLA:CPU's strided convolution for the forward pass and the
-  parameter gradients of a 16x16 patch embedding of 8 images at 224x224
-  (``benchmarks/attention_kernels.py --sections=patch``); elsewhere ``lax.conv_general_dilated``.
+  On the CPU code paths (``implementation='einsum'``, ``locvit.ops``) it runs as
+  ``patchify(images) @ kernel.reshape(p * p * C, D)``: the same numbers as the convolution, faster
+  on XLA:CPU (``benchmarks/attention_kernels.py --sections=patch``); otherwise
+  ``lax.conv_general_dilated``.
   """
 
   features: int
   patch_size: int
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  implementation: str | None = None
 
   @nn.compact
   def __call__(self, images: Array) -> Array:
@@ -69,8 +69,9 @@ class PatchProjection(nn.Module):
       kernel.astype(self.dtype),
       bias.astype(self.dtype),
     )
-    if ops.flatten_matmuls():
-      tokens = contract(patchify(images, p), kernel.reshape(p * p * channels, self.features))
+    if cpu_kernels(self.implementation):
+      flat_kernel = kernel.reshape(p * p * channels, self.features)
+      tokens = contract(patchify(images, p), flat_kernel, flatten=True)
     else:
       y = jax.lax.conv_general_dilated(
         images, kernel, (p, p), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")
@@ -86,13 +87,19 @@ class PatchEmbed(nn.Module):
   embed_dim: int
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  implementation: str | None = None
 
   @nn.compact
   def __call__(self, images: Array) -> tuple[Array, TokenGrid]:
     _, height, width, _ = images.shape
     grid = check_patchable(height, width, self.patch_size)
     projection = PatchProjection(
-      self.embed_dim, self.patch_size, self.dtype, self.param_dtype, name="proj"
+      self.embed_dim,
+      self.patch_size,
+      self.dtype,
+      self.param_dtype,
+      self.implementation,
+      name="proj",
     )
     return projection(images), grid
 
@@ -146,24 +153,40 @@ class Mlp(nn.Module):
   drop: float = 0.0
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  implementation: str | None = None
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
     dim = x.shape[-1]
-    dense = lambda features, names, name: nn.Dense(
-      features,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      kernel_init=partitioned(trunc_normal, names),
-      bias_init=partitioned(zeros, names[1:]),
-      dot_general=dense_dot_general,
-      name=name,
-    )
-    x = dense(self.hidden_dim, ("embed", "mlp"), "fc1")(x)
+    settings = (self.dtype, self.param_dtype, self.implementation)
+    x = dense(self.hidden_dim, ("embed", "mlp"), "fc1", *settings)(x)
     x = gelu(x)
     x = nn.Dropout(self.drop)(x, deterministic=not train)
-    x = dense(dim, ("mlp", "embed"), "fc2")(x)
+    x = dense(dim, ("mlp", "embed"), "fc2", *settings)(x)
     return nn.Dropout(self.drop)(x, deterministic=not train)
+
+
+def dense(
+  features: int,
+  names: tuple[str | None, str | None],
+  name: str,
+  dtype: Any,
+  param_dtype: Any,
+  implementation: str | None,
+  **kwargs: Any,
+) -> nn.Dense:
+  """``nn.Dense`` with trunc-normal(0.02) weights and zero biases on logical axes ``names``; the
+  kernel setting ``implementation`` picks its ``dot_general`` (``locvit.ops``)."""
+  return nn.Dense(
+    features,
+    dtype=dtype,
+    param_dtype=param_dtype,
+    kernel_init=partitioned(trunc_normal, names),
+    bias_init=partitioned(zeros, names[1:]),
+    dot_general=dense_dot_general(implementation),
+    name=name,
+    **kwargs,
+  )
 
 
 def classifier_head(num_classes: int, dtype: Any, param_dtype: Any, name: str = "head") -> nn.Dense:
@@ -238,8 +261,14 @@ class Block(nn.Module):
     y = attn(y, grid=grid, num_prefix_tokens=num_prefix_tokens, train=train)
     x = x + drop_path(self.drop_path)(y, deterministic=not train)
     y = layer_norm(self.norm_eps, self.dtype, "norm2")(x)
-    y = Mlp(int(x.shape[-1] * self.mlp_ratio), self.drop, self.dtype, self.param_dtype, name="mlp")(
-      y, train
+    mlp = Mlp(
+      int(x.shape[-1] * self.mlp_ratio),
+      self.drop,
+      self.dtype,
+      self.param_dtype,
+      self.attention_implementation,
+      name="mlp",
     )
+    y = mlp(y, train)
     x = x + drop_path(self.drop_path)(y, deterministic=not train)
     return nn.with_logical_constraint(x, ("batch", "seq", "embed"))

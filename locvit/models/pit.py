@@ -24,9 +24,9 @@ import jax
 import jax.numpy as jnp
 
 from locvit.attention import list_attention
-from locvit.attention.attention import partitioned, trunc_normal, zeros
 from locvit.attention.geometry import TokenGrid
 from locvit.attention.masks import mask_attention_kwargs, split_mask_options
+from locvit.attention.projections import partitioned, trunc_normal, zeros
 from locvit.models.layers import Block, PatchEmbed, classifier_head, layer_norm
 from locvit.models.registry import register_model
 
@@ -94,6 +94,7 @@ class PiT(nn.Module):
   norm_eps: float = 1e-5
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  attention_implementation: str | None = None
 
   def check(self) -> None:
     """Validates the static configuration before tracing; raises ValueError naming the field and
@@ -111,7 +112,12 @@ class PiT(nn.Module):
   def __call__(self, images: Array, *, train: bool = False) -> Array:
     self.check()
     x, grid = PatchEmbed(
-      self.patch_size, self.embed_dim, self.dtype, self.param_dtype, name="patch_embed"
+      self.patch_size,
+      self.embed_dim,
+      self.dtype,
+      self.param_dtype,
+      self.attention_implementation,
+      name="patch_embed",
     )(images.astype(self.dtype))
     cls = self.param(
       "cls_token", partitioned(trunc_normal, (None, None, "embed")), (1, 1, self.embed_dim)
@@ -136,6 +142,7 @@ class PiT(nn.Module):
           qkv_bias=self.qkv_bias,
           attention=self.attention,
           attention_kwargs=kwargs,
+          attention_implementation=self.attention_implementation,
           drop=self.drop_rate,
           attn_drop=self.attn_drop_rate,
           drop_path=self.drop_path_rate,

@@ -34,7 +34,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from locvit.attention.attention import partitioned
+from locvit.attention.projections import partitioned
 from locvit.attention.relative import torch_linear_bias_init, torch_linear_kernel_init
 from locvit.models.registry import register_model
 

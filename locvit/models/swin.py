@@ -27,25 +27,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from locvit.attention.attention import (
-  OutputProjection,
-  QKVProjection,
-  partitioned,
-  record_attention,
-  trunc_normal,
-)
+from locvit.attention.core import Term, attend
 from locvit.attention.geometry import TokenGrid, relative_offsets
 from locvit.attention.masks import (
   MASK_KINDS,
-  batch_broadcast,
-  combine_mask,
-  make_mask,
   mask_attention_kwargs,
+  mask_terms,
   split_mask_options,
 )
-from locvit.models.layers import Mlp, PatchEmbed, classifier_head, drop_path, layer_norm
+from locvit.attention.projections import (
+  output_projection,
+  partitioned,
+  qkv_projection,
+  trunc_normal,
+)
+from locvit.models.layers import Mlp, PatchEmbed, classifier_head, dense, drop_path, layer_norm
 from locvit.models.registry import register_model
-from locvit.ops import dense_dot_general
 
 Array = jax.Array
 SWIN_ATTENTION = ("mhsa", *MASK_KINDS)
@@ -112,7 +109,8 @@ def unpartition(x: Array, window: int, height: int, width: int) -> Array:
 
 
 class WindowAttention(nn.Module):
-  """Window multi-head self-attention with relative position bias and an optional mask."""
+  """Window multi-head self-attention with relative position bias and an optional mask: the
+  attention core with the terms mask (multiply or add), relative bias (add), shift mask (add)."""
 
   num_heads: int
   window: int
@@ -123,38 +121,41 @@ class WindowAttention(nn.Module):
   proj_drop: float = 0.0
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  implementation: str | None = None
 
   @nn.compact
   def __call__(self, x: Array, shift: Array | None, *, train: bool = False) -> Array:
-    dim = x.shape[-1]
-    head_dim = dim // self.num_heads
-    qkv = QKVProjection(
-      self.num_heads, head_dim, self.qkv_bias, self.dtype, self.param_dtype, name="qkv"
-    )(x)
+    dim, heads = x.shape[-1], self.num_heads
+    kwargs = dict(
+      implementation=self.implementation, dtype=self.dtype, param_dtype=self.param_dtype
+    )
+    qkv = qkv_projection(heads, dim // heads, self.qkv_bias, **kwargs)(x)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    logits = jnp.einsum("bnhd,bmhd->bhnm", q, k).astype(jnp.float32) * head_dim**-0.5
-    if self.attention != "mhsa":
-      term, combine = make_mask(self.attention, self.num_heads, self.attention_kwargs)
-      logits = combine_mask(logits, term(TokenGrid(self.window, self.window)), combine)
+    grid = TokenGrid(self.window, self.window)
+    terms = mask_terms(self.attention, heads, grid, self.attention_kwargs)
     size = 2 * self.window - 1
     table = self.param(
       "relative_position_bias_table",
       partitioned(trunc_normal, (None, "heads")),
-      (size * size, self.num_heads),
+      (size * size, heads),
       self.param_dtype,
     )
     bias = table.astype(jnp.float32)[relative_position_index(self.window)]  # (N, N, H)
-    # batch_broadcast: the bias gradient sums over windows x batch as a matmul (fast on CPU).
-    logits = logits + batch_broadcast(jnp.transpose(bias, (2, 0, 1)), logits.shape[0])
-    if shift is not None:
-      num_windows, n = shift.shape[0], logits.shape[-1]
-      logits = logits.reshape(-1, num_windows, self.num_heads, n, n) + shift[None, :, None]
-      logits = logits.reshape(-1, self.num_heads, n, n)
-    probs = jax.nn.softmax(logits, axis=-1)
-    record_attention(self, probs)
-    probs = nn.Dropout(self.attn_drop)(probs, deterministic=not train).astype(self.dtype)
-    y = jnp.einsum("bhnm,bmhd->bnhd", probs, v)
-    out = OutputProjection(dim, self.dtype, self.param_dtype, name="proj")(y)
+    terms += (Term(jnp.transpose(bias, (2, 0, 1)), "add"),)
+    if shift is not None:  # (nW, N, N), per window of every image: (B * nW, 1, N, N)
+      per_window = jnp.tile(shift[:, None], (x.shape[0] // shift.shape[0], 1, 1, 1))
+      terms += (Term(per_window, "add"),)
+    y = attend(
+      self,
+      q,
+      k,
+      v,
+      terms=terms,
+      attn_drop=self.attn_drop,
+      train=train,
+      implementation=self.implementation,
+    )
+    out = output_projection(dim, **kwargs)(y)
     return nn.Dropout(self.proj_drop)(out, deterministic=not train)
 
 
@@ -174,6 +175,7 @@ class SwinBlock(nn.Module):
   norm_eps: float = 1e-5
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  implementation: str | None = None
 
   @nn.compact
   def __call__(self, x: Array, *, grid: TokenGrid, train: bool = False) -> Array:
@@ -192,6 +194,7 @@ class SwinBlock(nn.Module):
       self.drop,
       self.dtype,
       self.param_dtype,
+      self.implementation,
       name="attn",
     )(partition(y, self.window), mask, train=train)
     y = unpartition(y, self.window, grid.height, grid.width)
@@ -199,7 +202,10 @@ class SwinBlock(nn.Module):
       y = jnp.roll(y, (self.shift, self.shift), axis=(1, 2))
     x = x + drop_path(self.drop_path)(y.reshape(b, n, c), deterministic=not train)
     y = layer_norm(self.norm_eps, self.dtype, "norm2")(x)
-    y = Mlp(int(c * self.mlp_ratio), self.drop, self.dtype, self.param_dtype, name="mlp")(y, train)
+    hidden = int(c * self.mlp_ratio)
+    y = Mlp(hidden, self.drop, self.dtype, self.param_dtype, self.implementation, name="mlp")(
+      y, train
+    )
     return x + drop_path(self.drop_path)(y, deterministic=not train)
 
 
@@ -209,6 +215,7 @@ class PatchMerging(nn.Module):
   norm_eps: float = 1e-5
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  implementation: str | None = None
 
   @nn.compact
   def __call__(self, x: Array, grid: TokenGrid) -> tuple[Array, TokenGrid]:
@@ -223,15 +230,8 @@ class PatchMerging(nn.Module):
     )
     grid = TokenGrid(grid.height // 2, grid.width // 2)
     x = layer_norm(self.norm_eps, self.dtype, "norm")(x.reshape(b, grid.num_tokens, 4 * c))
-    x = nn.Dense(
-      2 * c,
-      use_bias=False,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      kernel_init=partitioned(trunc_normal, ("mlp", "embed")),
-      dot_general=dense_dot_general,
-      name="reduction",
-    )(x)
+    settings = (self.dtype, self.param_dtype, self.implementation)
+    x = dense(2 * c, ("mlp", "embed"), "reduction", *settings, use_bias=False)(x)
     return x, grid
 
 
@@ -264,6 +264,7 @@ class SwinTransformer(nn.Module):
   norm_eps: float = 1e-5
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  attention_implementation: str | None = None
 
   def mask_options(self) -> Mapping[str, Any] | None:
     """``attention_kwargs[attention]``: the GMM / ELM options of the window attention, or None."""
@@ -283,7 +284,12 @@ class SwinTransformer(nn.Module):
   def __call__(self, images: Array, *, train: bool = False) -> Array:
     self.check()
     x, grid = PatchEmbed(
-      self.patch_size, self.embed_dim, self.dtype, self.param_dtype, name="patch_embed"
+      self.patch_size,
+      self.embed_dim,
+      self.dtype,
+      self.param_dtype,
+      self.attention_implementation,
+      name="patch_embed",
     )(images.astype(self.dtype))
     x = layer_norm(self.norm_eps, self.dtype, "patch_norm")(x)
     pos = self.param(
@@ -312,13 +318,19 @@ class SwinTransformer(nn.Module):
           self.norm_eps,
           self.dtype,
           self.param_dtype,
+          self.attention_implementation,
           name=f"stages_{s}_blocks_{i}",
         )(x, grid=grid, train=train)
         block += 1
       if s < len(self.depths) - 1:
-        x, grid = PatchMerging(self.norm_eps, self.dtype, self.param_dtype, name=f"merge_{s}")(
-          x, grid
+        merge = PatchMerging(
+          self.norm_eps,
+          self.dtype,
+          self.param_dtype,
+          self.attention_implementation,
+          name=f"merge_{s}",
         )
+        x, grid = merge(x, grid)
     x = jnp.mean(layer_norm(self.norm_eps, self.dtype, "norm")(x), axis=1)
     self.sow("intermediates", "pre_logits", x)
     if not self.num_classes:

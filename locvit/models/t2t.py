@@ -32,25 +32,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from locvit.attention import get_attention, list_attention
-from locvit.attention.attention import (
-  OutputProjection,
-  QKVProjection,
-  partitioned,
-  record_attention,
-  trunc_normal,
-  zeros,
-)
+from locvit.attention.core import attend
 from locvit.attention.geometry import TokenGrid
 from locvit.attention.masks import (
   MASK_KINDS,
-  combine_mask,
-  make_mask,
   mask_attention_kwargs,
+  mask_terms,
   split_mask_options,
 )
-from locvit.models.layers import Mlp, classifier_head, drop_path, layer_norm
+from locvit.attention.projections import output_projection, qkv_projection
+from locvit.models.layers import Mlp, classifier_head, dense, drop_path, layer_norm
 from locvit.models.registry import register_model
-from locvit.ops import dense_dot_general
 
 Array = jax.Array
 
@@ -82,25 +74,31 @@ class TokenTransformer(nn.Module):
   norm_eps: float = 1e-5
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  implementation: str | None = None
 
   @nn.compact
   def __call__(self, x: Array, *, grid: TokenGrid, train: bool = False) -> Array:
-    scale = x.shape[-1] ** -0.5  # the reference scales by its input width, not token_dim
+    kwargs = dict(
+      implementation=self.implementation, dtype=self.dtype, param_dtype=self.param_dtype
+    )
     y = layer_norm(self.norm_eps, self.dtype, "norm1")(x)
-    qkv = QKVProjection(1, self.token_dim, False, self.dtype, self.param_dtype, name="qkv")(y)
+    qkv = qkv_projection(1, self.token_dim, False, **kwargs)(y)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    logits = jnp.einsum("bnhd,bmhd->bhnm", q, k).astype(jnp.float32) * scale
-    if self.attention in MASK_KINDS:
-      term, combine = make_mask(self.attention, 1, self.attention_kwargs)
-      logits = combine_mask(logits, term(grid), combine)
-    probs = jax.nn.softmax(logits, axis=-1)
-    record_attention(self, probs)
-    y = jnp.einsum("bhnm,bmhd->bnhd", probs.astype(self.dtype), v)
-    x = v[:, :, 0] + OutputProjection(self.token_dim, self.dtype, self.param_dtype, name="proj")(y)
+    y = attend(
+      self,
+      q,
+      k,
+      v,
+      terms=mask_terms(self.attention, 1, grid, self.attention_kwargs),
+      scale=x.shape[-1] ** -0.5,  # the reference scales by its input width, not token_dim
+      train=train,
+      implementation=self.implementation,
+    )
+    x = v[:, :, 0] + output_projection(self.token_dim, **kwargs)(y)
     y = layer_norm(self.norm_eps, self.dtype, "norm2")(x)
-    return x + Mlp(
-      int(self.token_dim * self.mlp_ratio), 0.0, self.dtype, self.param_dtype, name="mlp"
-    )(y, train)
+    hidden = int(self.token_dim * self.mlp_ratio)
+    mlp = Mlp(hidden, 0.0, self.dtype, self.param_dtype, self.implementation, name="mlp")
+    return x + mlp(y, train)
 
 
 class T2TBlock(nn.Module):
@@ -117,6 +115,7 @@ class T2TBlock(nn.Module):
   norm_eps: float = 1e-5
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  implementation: str | None = None
 
   @nn.compact
   def __call__(self, x: Array, *, grid: TokenGrid, train: bool = False) -> Array:
@@ -126,7 +125,7 @@ class T2TBlock(nn.Module):
       qkv_bias=False,
       attn_drop=self.attn_drop,
       proj_drop=self.drop,
-      implementation=None,
+      implementation=self.implementation,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
       name="attn",
@@ -136,7 +135,8 @@ class T2TBlock(nn.Module):
     a = attn(y, grid=grid, num_prefix_tokens=0, train=train)
     x = x + drop_path(self.drop_path)(a + y if self.attention_skip else a, deterministic=not train)
     y = layer_norm(self.norm_eps, self.dtype, "norm2")(x)
-    y = Mlp(int(x.shape[-1] * self.mlp_ratio), self.drop, self.dtype, self.param_dtype, name="mlp")(
+    hidden = int(x.shape[-1] * self.mlp_ratio)
+    y = Mlp(hidden, self.drop, self.dtype, self.param_dtype, self.implementation, name="mlp")(
       y, train
     )
     return x + drop_path(self.drop_path)(y, deterministic=not train)
@@ -172,6 +172,7 @@ class T2TViT(nn.Module):
   norm_eps: float = 1e-5
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  attention_implementation: str | None = None
 
   def check(self) -> None:
     """Validates the static configuration before tracing; raises ValueError naming the field and
@@ -198,18 +199,12 @@ class T2TViT(nn.Module):
         norm_eps=self.norm_eps,
         dtype=self.dtype,
         param_dtype=self.param_dtype,
+        implementation=self.attention_implementation,
         name=f"t2t_{i}",
       )(x, grid=grid, train=train)
       x, grid = soft_split(x.reshape(x.shape[0], grid.height, grid.width, self.token_dim))
-    x = nn.Dense(
-      self.embed_dim,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      kernel_init=partitioned(trunc_normal, (None, "embed")),
-      bias_init=partitioned(zeros, ("embed",)),
-      dot_general=dense_dot_general,
-      name="project",
-    )(x)
+    settings = (self.dtype, self.param_dtype, self.attention_implementation)
+    x = dense(self.embed_dim, (None, "embed"), "project", *settings)(x)
     x = x + jnp.asarray(sinusoid_table(grid.num_tokens, self.embed_dim), x.dtype)
     x = nn.Dropout(self.drop_rate)(x, deterministic=not train)
     rates = np.linspace(0.0, self.drop_path_rate, self.depth)
@@ -226,6 +221,7 @@ class T2TViT(nn.Module):
         self.norm_eps,
         self.dtype,
         self.param_dtype,
+        self.attention_implementation,
         name=f"blocks_{i}",
       )(x, grid=grid, train=train)
       self.sow("intermediates", f"block_{i}", x)

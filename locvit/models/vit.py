@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from locvit.attention import list_attention
-from locvit.attention.attention import partitioned, trunc_normal
+from locvit.attention.projections import partitioned, trunc_normal
 from locvit.models.layers import (
   Block,
   PatchEmbed,
@@ -46,6 +46,8 @@ class VisionTransformer(nn.Module):
       only when it is inserted at the input (timm's DeiT layout).
     layer_attention: per-layer attention kinds, length ``depth``; None means 'mhsa' everywhere.
     attention_kwargs: per kind, extra constructor arguments, e.g. ``{'gpsa': {...}}``.
+    attention_implementation: the kernel setting of every layer (``locvit.ops``): None (resolved
+      by ``create_model``: 'einsum' on CPU, JAX's choice elsewhere), 'xla', 'cudnn' or 'einsum'.
     drop_rate, attn_drop_rate, drop_path_rate: dropout, attention dropout and stochastic depth
       (linearly spaced from 0 to ``drop_path_rate`` over depth).
     dtype: computation dtype (``jnp.bfloat16`` for mixed precision); parameters are float32.
@@ -135,7 +137,12 @@ class VisionTransformer(nn.Module):
   def __call__(self, images: Array, *, train: bool = False) -> Array:
     self.check()
     x, grid = PatchEmbed(
-      self.patch_size, self.embed_dim, self.dtype, self.param_dtype, name="patch_embed"
+      self.patch_size,
+      self.embed_dim,
+      self.dtype,
+      self.param_dtype,
+      self.attention_implementation,
+      name="patch_embed",
     )(images.astype(self.dtype))
     use_cls = self.pool == "token"
     num_prefix = 0
