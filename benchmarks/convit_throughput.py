@@ -14,10 +14,9 @@ Three tables, one run, one machine, the same resident batch for every model of a
    default at 112x112 (7x7 patches), batch 8, so that it runs in a few minutes on 2 cores.
 3. (``--tables=kernels``) locvit with its CPU code paths (the default on CPU: the einsum attention
    kernels with hand-written backward passes, projections and patch embedding as 2-D matmuls)
-   against the same models with them off (``attention_implementation='xla'``,
-   ``locvit.ops.FLATTEN_MATMULS = False``: ``jax.nn.dot_product_attention``, the ``(1 - g) SDPA +
-   g P v`` GPSA decomposition, full-rank ``dot_general`` and ``lax.conv``), at
-   ``--torch_image_size``.
+   against the same models with them off (``attention_implementation='xla'``, the one kernel
+   setting, ``locvit.ops``: ``jax.nn.dot_product_attention``, the ``(1 - g) SDPA + g P v`` GPSA
+   decomposition, full-rank ``dot_general`` and ``lax.conv``), at ``--torch_image_size``.
 
 Both frameworks are pinned to the first ``threads`` cores (``sched_setaffinity``). On a machine
 shared with other work, PyTorch's OpenMP threads slow down far more than XLA's when the load
@@ -92,7 +91,7 @@ def jax_step(name: str, image_size: int, batch_size: int, cpu_kernels: bool = Tr
 
   from configs.common import base_config
   from configs.recipes import deit_recipe
-  from locvit import ops, optim, train
+  from locvit import optim, train
 
   config = deit_recipe(base_config())
   # The model step only: the PyTorch reference has no on-device Mixup/CutMix/erasing either.
@@ -116,11 +115,7 @@ def jax_step(name: str, image_size: int, batch_size: int, cpu_kernels: bool = Tr
   step = functools.partial(
     train.train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=1000
   )
-  ops.FLATTEN_MATMULS = None if cpu_kernels else False  # read while tracing
-  try:
-    compiled = jax.jit(step, donate_argnums=0).lower(state, batch).compile()
-  finally:
-    ops.FLATTEN_MATMULS = None
+  compiled = jax.jit(step, donate_argnums=0).lower(state, batch).compile()
   mem = compiled.memory_analysis()
   xla_bytes = (
     mem.argument_size_in_bytes
