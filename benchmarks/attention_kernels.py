@@ -173,9 +173,7 @@ def mlp_runs(b, n, h, d, use_torch):
 
   runs = {
     "lax.dot_general on (B, N, C)": jax_runner(mlp(lax.dot_general), [x, w1, w2]),
-    "locvit.ops.dense_dot_general": jax_runner(
-      mlp(ops.dense_dot_general("einsum")), [x, w1, w2]
-    ),
+    "locvit.ops.dense_dot_general": jax_runner(mlp(ops.dense_dot_general("einsum")), [x, w1, w2]),
   }
   if use_torch:
     import torch
