@@ -18,7 +18,6 @@ It has 9,020,618 parameters on CIFAR-10, Table 4's CaiT count.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,15 +27,18 @@ import jax.numpy as jnp
 
 from locvit.attention.core import LogitsHook, attend
 from locvit.attention.geometry import TokenGrid
-from locvit.attention.masks import (
-  MASK_KINDS,
-  mask_attention_kwargs,
-  mask_terms,
-  split_mask_options,
-)
+from locvit.attention.masks import MASK_KINDS, mask_terms
 from locvit.attention.projections import output_projection, partitioned, trunc_normal
-from locvit.models.layers import Mlp, PatchEmbed, classifier_head, drop_path, layer_norm
-from locvit.models.registry import register_model
+from locvit.models.layers import (
+  Mlp,
+  class_token,
+  classify,
+  embed_patches,
+  layer_norm,
+  learned_position_embedding,
+  pre_norm_residual,
+)
+from locvit.models.smalldata import check_attention, register_smalldata
 from locvit.ops import contract, cpu_kernels
 
 Array = jax.Array
@@ -141,9 +143,8 @@ class CaiTLayer(nn.Module):
     grid: TokenGrid | None = None,
     train: bool = False,
   ) -> Array:
-    dim = x.shape[-1]
-    y = layer_norm(self.norm_eps, self.dtype, "norm1")(x)
-    y = TalkingHeadsAttention(
+    dim, rate = x.shape[-1], self.drop_path
+    attn = TalkingHeadsAttention(
       self.num_heads,
       self.head_dim,
       self.attention,
@@ -153,13 +154,14 @@ class CaiTLayer(nn.Module):
       self.param_dtype,
       self.implementation,
       name="attn",
-    )(y, context, grid=grid, train=train)
-    x = x + drop_path(self.drop_path)(y * self._scale("gamma_1", dim), deterministic=not train)
-    y = layer_norm(self.norm_eps, self.dtype, "norm2")(x)
-    y = Mlp(self.mlp_dim, self.drop, self.dtype, self.param_dtype, self.implementation, name="mlp")(
-      y, train
     )
-    return x + drop_path(self.drop_path)(y * self._scale("gamma_2", dim), deterministic=not train)
+    branch = lambda y: attn(y, context, grid=grid, train=train) * self._scale("gamma_1", dim)
+    x = pre_norm_residual(self, x, "norm1", branch, rate=rate, train=train)
+    mlp = Mlp(
+      self.mlp_dim, self.drop, self.dtype, self.param_dtype, self.implementation, name="mlp"
+    )
+    branch = lambda y: mlp(y, train) * self._scale("gamma_2", dim)
+    return pre_norm_residual(self, x, "norm2", branch, rate=rate, train=train)
 
 
 class CaiT(nn.Module):
@@ -193,10 +195,7 @@ class CaiT(nn.Module):
   def check(self) -> None:
     """Validates the static configuration before tracing; raises ValueError naming the field and
     the valid choices (``create_model`` calls it)."""
-    if self.attention not in CAIT_ATTENTION:
-      raise ValueError(f"CaiT attention={self.attention!r} is not one of {CAIT_ATTENTION}.")
-    if self.attention != "mhsa":
-      split_mask_options(self.attention, (self.attention_kwargs or {}).get(self.attention))
+    check_attention("CaiT", self.attention, self.attention_kwargs, CAIT_ATTENTION)
 
   def _layer(self, layer: int, name: str, attention: str = "mhsa") -> CaiTLayer:
     return CaiTLayer(
@@ -218,55 +217,19 @@ class CaiT(nn.Module):
   @nn.compact
   def __call__(self, images: Array, *, train: bool = False) -> Array:
     self.check()
-    x, grid = PatchEmbed(
-      self.patch_size,
-      self.embed_dim,
-      self.dtype,
-      self.param_dtype,
-      self.attention_implementation,
-      name="patch_embed",
-    )(images.astype(self.dtype))
-    pos = self.param(
-      "pos_embed",
-      partitioned(trunc_normal, (None, None, "embed")),
-      (1, *x.shape[1:]),
-      self.param_dtype,
-    )
-    x = nn.Dropout(self.drop_rate)(x + pos.astype(x.dtype), deterministic=not train)
+    x, grid = embed_patches(self, images)
+    x = learned_position_embedding(self, x)
+    x = nn.Dropout(self.drop_rate)(x, deterministic=not train)
     for i in range(self.depth):
       x = self._layer(i + 1, f"blocks_{i}", self.attention)(x, grid=grid, train=train)
       self.sow("intermediates", f"block_{i}", x)
-    cls = self.param(
-      "cls_token", partitioned(trunc_normal, (None, None, "embed")), (1, 1, self.embed_dim)
-    )
-    cls = jnp.broadcast_to(cls.astype(x.dtype), (x.shape[0], 1, self.embed_dim))
+    cls = class_token(self, x.shape[0]).astype(x.dtype)
     for i in range(self.class_depth):
       cls = self._layer(i + 1, f"class_blocks_{i}")(cls, x, train=train)
-    cls = layer_norm(self.norm_eps, self.dtype, "norm")(cls[:, 0])
-    self.sow("intermediates", "pre_logits", cls)
-    if not self.num_classes:
-      return cls
-    logits = classifier_head(self.num_classes, self.dtype, self.param_dtype)(cls)
-    return logits.astype(jnp.float32)
+    return classify(self, layer_norm(self.norm_eps, self.dtype, "norm")(cls[:, 0]))
 
 
-def cait_smalldata(num_classes: int, *, patch_size: int, mask: str | None) -> CaiT:
-  """Li & Zhang's CaiT (GMM paper, Tables 1 and 4): dim 192, 24 self-attention + 2 class-attention
-  layers, 4 heads of 64, MLP 384, drop path 0.1; ``mask`` None (plain talking-heads attention) or
-  'gmm' / 'elm' in every self-attention layer with ``mask_attention_kwargs`` defaults (K = 5).
-
-  Registered as ``{gmm_}cait_smalldata_patch4_32`` and ``..._patch8_64``.
-  """
-  return CaiT(
-    num_classes=num_classes,
-    patch_size=patch_size,
-    attention=mask or "mhsa",
-    attention_kwargs=mask_attention_kwargs(mask) if mask else None,
-  )
-
-
-for _patch, _res in ((4, 32), (8, 64)):
-  for _mask in (None, "gmm"):
-    register_model(
-      f"{_mask + '_' if _mask else ''}cait_smalldata_patch{_patch}_{_res}", image_size=_res
-    )(functools.partial(cait_smalldata, patch_size=_patch, mask=_mask))
+# Li & Zhang's CaiT (GMM paper, Tables 1 and 4): patch 4 on 32x32, 8 on 64x64.
+register_smalldata(
+  "cait", CaiT, {"patch4_32": (32, {"patch_size": 4}), "patch8_64": (64, {"patch_size": 8})}
+)

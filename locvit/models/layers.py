@@ -224,6 +224,7 @@ class Block(nn.Module):
   Attributes:
     attention: name of a registered attention kind (see ``locvit.attention.list_attention``).
     attention_kwargs: extra constructor arguments for that kind.
+    implementation: the model's kernel setting (``locvit.ops``).
   """
 
   num_heads: int
@@ -232,7 +233,7 @@ class Block(nn.Module):
   qkv_bias: bool = True
   attention: str = "mhsa"
   attention_kwargs: Mapping[str, Any] | None = None
-  attention_implementation: str | None = None
+  implementation: str | None = None
   drop: float = 0.0
   attn_drop: float = 0.0
   drop_path: float = 0.0
@@ -251,24 +252,81 @@ class Block(nn.Module):
       qkv_bias=self.qkv_bias,
       attn_drop=self.attn_drop,
       proj_drop=self.drop,
-      implementation=self.attention_implementation,
+      implementation=self.implementation,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
       name="attn",
       **dict(self.attention_kwargs or {}),
     )
-    y = layer_norm(self.norm_eps, self.dtype, "norm1")(x)
-    y = attn(y, grid=grid, num_prefix_tokens=num_prefix_tokens, train=train)
-    x = x + drop_path(self.drop_path)(y, deterministic=not train)
-    y = layer_norm(self.norm_eps, self.dtype, "norm2")(x)
-    mlp = Mlp(
-      int(x.shape[-1] * self.mlp_ratio),
-      self.drop,
-      self.dtype,
-      self.param_dtype,
-      self.attention_implementation,
-      name="mlp",
-    )
-    y = mlp(y, train)
-    x = x + drop_path(self.drop_path)(y, deterministic=not train)
+    branch = lambda y: attn(y, grid=grid, num_prefix_tokens=num_prefix_tokens, train=train)
+    x = pre_norm_residual(self, x, "norm1", branch, rate=self.drop_path, train=train)
+    x = mlp_residual(self, x, int(x.shape[-1] * self.mlp_ratio), rate=self.drop_path, train=train)
     return nn.with_logical_constraint(x, ("batch", "seq", "embed"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Backbone pieces shared by ViT, Swin, CaiT, PiT and T2T. Each is called inside the backbone's
+# compact method and reads the backbone's fields (``patch_size``, ``embed_dim``, ``dtype``,
+# ``param_dtype``, ``attention_implementation``, ``num_classes``), so parameters keep their paths.
+
+
+def embed_patches(backbone: nn.Module, images: Array) -> tuple[Array, TokenGrid]:
+  """``patch_embed``: the backbone's non-overlapping patch embedding of NHWC ``images``."""
+  return PatchEmbed(
+    backbone.patch_size,
+    backbone.embed_dim,
+    backbone.dtype,
+    backbone.param_dtype,
+    backbone.attention_implementation,
+    name="patch_embed",
+  )(images.astype(backbone.dtype))
+
+
+def learned_position_embedding(backbone: nn.Module, x: Array) -> Array:
+  """``x + pos_embed``: a learned ``(1, N, C)`` table (trunc-normal 0.02) over all of ``x``."""
+  pos = backbone.param(
+    "pos_embed",
+    partitioned(trunc_normal, (None, None, "embed")),
+    (1, *x.shape[1:]),
+    backbone.param_dtype,
+  )
+  return x + pos.astype(x.dtype)
+
+
+def class_token(backbone: nn.Module, batch: int, name: str = "cls_token") -> Array:
+  """A learned ``(batch, 1, embed_dim)`` token (trunc-normal 0.02), e.g. the class token."""
+  dim = backbone.embed_dim
+  token = backbone.param(name, partitioned(trunc_normal, (None, None, "embed")), (1, 1, dim))
+  return jnp.broadcast_to(token.astype(backbone.dtype), (batch, 1, dim))
+
+
+def classify(backbone: nn.Module, features: Array) -> Array:
+  """Sows ``pre_logits`` and applies the ``head``; the features when ``num_classes`` is 0."""
+  backbone.sow("intermediates", "pre_logits", features)
+  if not backbone.num_classes:
+    return features
+  head = classifier_head(backbone.num_classes, backbone.dtype, backbone.param_dtype)
+  return head(features).astype(jnp.float32)
+
+
+def pre_norm_residual(
+  block: nn.Module,
+  x: Array,
+  norm: str,
+  branch: Callable[[Array], Array],
+  *,
+  rate: float,
+  train: bool,
+) -> Array:
+  """The pre-norm residual ``x + drop_path(branch(LN(x)))`` with the LayerNorm named ``norm``
+  (``block.norm_eps``, ``block.dtype``) and stochastic depth at ``rate``."""
+  y = branch(layer_norm(block.norm_eps, block.dtype, norm)(x))
+  return x + drop_path(rate)(y, deterministic=not train)
+
+
+def mlp_residual(block: nn.Module, x: Array, hidden_dim: int, *, rate: float, train: bool) -> Array:
+  """``x + drop_path(mlp(norm2(x)))``: the second half of every pre-norm block."""
+  mlp = Mlp(
+    hidden_dim, block.drop, block.dtype, block.param_dtype, block.implementation, name="mlp"
+  )
+  return pre_norm_residual(block, x, "norm2", lambda y: mlp(y, train), rate=rate, train=train)

@@ -29,20 +29,23 @@ import numpy as np
 
 from locvit.attention.core import Term, attend
 from locvit.attention.geometry import TokenGrid, relative_offsets
-from locvit.attention.masks import (
-  MASK_KINDS,
-  mask_attention_kwargs,
-  mask_terms,
-  split_mask_options,
-)
+from locvit.attention.masks import MASK_KINDS, mask_terms
 from locvit.attention.projections import (
   output_projection,
   partitioned,
   qkv_projection,
   trunc_normal,
 )
-from locvit.models.layers import Mlp, PatchEmbed, classifier_head, dense, drop_path, layer_norm
-from locvit.models.registry import register_model
+from locvit.models.layers import (
+  classify,
+  dense,
+  embed_patches,
+  layer_norm,
+  learned_position_embedding,
+  mlp_residual,
+  pre_norm_residual,
+)
+from locvit.models.smalldata import check_attention, check_stages, register_smalldata
 
 Array = jax.Array
 SWIN_ATTENTION = ("mhsa", *MASK_KINDS)
@@ -179,8 +182,16 @@ class SwinBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, *, grid: TokenGrid, train: bool = False) -> Array:
-    b, n, c = x.shape
-    y = layer_norm(self.norm_eps, self.dtype, "norm1")(x).reshape(b, grid.height, grid.width, c)
+    rate = self.drop_path
+    x = pre_norm_residual(
+      self, x, "norm1", lambda y: self._attend(y, grid, train), rate=rate, train=train
+    )
+    return mlp_residual(self, x, int(x.shape[-1] * self.mlp_ratio), rate=rate, train=train)
+
+  def _attend(self, y: Array, grid: TokenGrid, train: bool) -> Array:
+    """Window attention of normalised tokens ``y``, shifted by ``shift``, back to ``(B, N, C)``."""
+    b, n, c = y.shape
+    y = y.reshape(b, grid.height, grid.width, c)
     if self.shift:
       y = jnp.roll(y, (-self.shift, -self.shift), axis=(1, 2))
     mask = jnp.asarray(shift_mask(grid, self.window, self.shift)) if self.shift else None
@@ -200,13 +211,7 @@ class SwinBlock(nn.Module):
     y = unpartition(y, self.window, grid.height, grid.width)
     if self.shift:
       y = jnp.roll(y, (self.shift, self.shift), axis=(1, 2))
-    x = x + drop_path(self.drop_path)(y.reshape(b, n, c), deterministic=not train)
-    y = layer_norm(self.norm_eps, self.dtype, "norm2")(x)
-    hidden = int(c * self.mlp_ratio)
-    y = Mlp(hidden, self.drop, self.dtype, self.param_dtype, self.implementation, name="mlp")(
-      y, train
-    )
-    return x + drop_path(self.drop_path)(y, deterministic=not train)
+    return y.reshape(b, n, c)
 
 
 class PatchMerging(nn.Module):
@@ -266,41 +271,20 @@ class SwinTransformer(nn.Module):
   param_dtype: Any = jnp.float32
   attention_implementation: str | None = None
 
-  def mask_options(self) -> Mapping[str, Any] | None:
-    """``attention_kwargs[attention]``: the GMM / ELM options of the window attention, or None."""
-    return (self.attention_kwargs or {}).get(self.attention)
-
   def check(self) -> None:
     """Validates the static configuration before tracing; raises ValueError naming the field and
     the valid choices (``create_model`` calls it)."""
-    if self.attention not in SWIN_ATTENTION:
-      raise ValueError(f"Swin attention={self.attention!r} is not one of {SWIN_ATTENTION}.")
-    if len(self.depths) != len(self.num_heads):
-      raise ValueError(f"depths {tuple(self.depths)} and num_heads {tuple(self.num_heads)} differ.")
-    if self.attention != "mhsa":
-      split_mask_options(self.attention, self.mask_options())
+    check_attention("Swin", self.attention, self.attention_kwargs, SWIN_ATTENTION)
+    check_stages(self.depths, self.num_heads)
 
   @nn.compact
   def __call__(self, images: Array, *, train: bool = False) -> Array:
     self.check()
-    x, grid = PatchEmbed(
-      self.patch_size,
-      self.embed_dim,
-      self.dtype,
-      self.param_dtype,
-      self.attention_implementation,
-      name="patch_embed",
-    )(images.astype(self.dtype))
-    x = layer_norm(self.norm_eps, self.dtype, "patch_norm")(x)
-    pos = self.param(
-      "pos_embed",
-      partitioned(trunc_normal, (None, None, "embed")),
-      (1, *x.shape[1:]),
-      self.param_dtype,
-    )
-    x = nn.Dropout(self.drop_rate)(x + pos.astype(x.dtype), deterministic=not train)
+    x, grid = embed_patches(self, images)
+    x = learned_position_embedding(self, layer_norm(self.norm_eps, self.dtype, "patch_norm")(x))
+    x = nn.Dropout(self.drop_rate)(x, deterministic=not train)
     rates = np.linspace(0.0, self.drop_path_rate, sum(self.depths))
-    options = self.mask_options() if self.attention != "mhsa" else None
+    options = (self.attention_kwargs or {}).get(self.attention)
     block = 0
     for s, (depth, heads) in enumerate(zip(self.depths, self.num_heads)):
       for i, (window, shift) in enumerate(stage_windows(grid, self.window_size, depth)):
@@ -331,31 +315,12 @@ class SwinTransformer(nn.Module):
           name=f"merge_{s}",
         )
         x, grid = merge(x, grid)
-    x = jnp.mean(layer_norm(self.norm_eps, self.dtype, "norm")(x), axis=1)
-    self.sow("intermediates", "pre_logits", x)
-    if not self.num_classes:
-      return x
-    logits = classifier_head(self.num_classes, self.dtype, self.param_dtype)(x)
-    return logits.astype(jnp.float32)
+    return classify(self, jnp.mean(layer_norm(self.norm_eps, self.dtype, "norm")(x), axis=1))
 
 
-def swin_smalldata(num_classes: int, *, patch_size: int, mask: str | None) -> SwinTransformer:
-  """Li & Zhang's Swin (GMM paper, Tables 1 and 2): embed 96, depths (2, 6, 4), heads (3, 6, 12),
-  window 4, MLP ratio 2; ``mask`` None (MHSA) or 'gmm' / 'elm' inside every window
-  (``mask_attention_kwargs`` defaults, K = 5).
-
-  Registered as ``{gmm_}swin_smalldata_patch2_32`` and ``..._patch4_64``.
-  """
-  return SwinTransformer(
-    num_classes=num_classes,
-    patch_size=patch_size,
-    attention=mask or "mhsa",
-    attention_kwargs=mask_attention_kwargs(mask) if mask else None,
-  )
-
-
-for _patch, _res in ((2, 32), (4, 64)):
-  for _mask in (None, "gmm"):
-    register_model(
-      f"{_mask + '_' if _mask else ''}swin_smalldata_patch{_patch}_{_res}", image_size=_res
-    )(functools.partial(swin_smalldata, patch_size=_patch, mask=_mask))
+# Li & Zhang's Swin (GMM paper, Tables 1 and 2): patch 2 on 32x32, 4 on 64x64.
+register_smalldata(
+  "swin",
+  SwinTransformer,
+  {"patch2_32": (32, {"patch_size": 2}), "patch4_64": (64, {"patch_size": 4})},
+)

@@ -22,7 +22,6 @@ parameters. 6,484,672 parameters on CIFAR-10 (the paper's "6.5M").
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,18 +30,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from locvit.attention import get_attention, list_attention
+from locvit.attention import get_attention
 from locvit.attention.core import attend
 from locvit.attention.geometry import TokenGrid
-from locvit.attention.masks import (
-  MASK_KINDS,
-  mask_attention_kwargs,
-  mask_terms,
-  split_mask_options,
-)
+from locvit.attention.masks import mask_terms
 from locvit.attention.projections import output_projection, qkv_projection
-from locvit.models.layers import Mlp, classifier_head, dense, drop_path, layer_norm
-from locvit.models.registry import register_model
+from locvit.models.layers import (
+  Mlp,
+  classify,
+  dense,
+  layer_norm,
+  mlp_residual,
+  pre_norm_residual,
+)
+from locvit.models.smalldata import check_attention, register_smalldata
 
 Array = jax.Array
 
@@ -95,10 +96,9 @@ class TokenTransformer(nn.Module):
       implementation=self.implementation,
     )
     x = v[:, :, 0] + output_projection(self.token_dim, **kwargs)(y)
-    y = layer_norm(self.norm_eps, self.dtype, "norm2")(x)
     hidden = int(self.token_dim * self.mlp_ratio)
     mlp = Mlp(hidden, 0.0, self.dtype, self.param_dtype, self.implementation, name="mlp")
-    return x + mlp(y, train)
+    return pre_norm_residual(self, x, "norm2", lambda y: mlp(y, train), rate=0.0, train=train)
 
 
 class T2TBlock(nn.Module):
@@ -131,15 +131,14 @@ class T2TBlock(nn.Module):
       name="attn",
       **dict(self.attention_kwargs or {}),
     )
-    y = layer_norm(self.norm_eps, self.dtype, "norm1")(x)
-    a = attn(y, grid=grid, num_prefix_tokens=0, train=train)
-    x = x + drop_path(self.drop_path)(a + y if self.attention_skip else a, deterministic=not train)
-    y = layer_norm(self.norm_eps, self.dtype, "norm2")(x)
+
+    def branch(y: Array) -> Array:
+      a = attn(y, grid=grid, num_prefix_tokens=0, train=train)
+      return a + y if self.attention_skip else a
+
+    x = pre_norm_residual(self, x, "norm1", branch, rate=self.drop_path, train=train)
     hidden = int(x.shape[-1] * self.mlp_ratio)
-    y = Mlp(hidden, self.drop, self.dtype, self.param_dtype, self.implementation, name="mlp")(
-      y, train
-    )
-    return x + drop_path(self.drop_path)(y, deterministic=not train)
+    return mlp_residual(self, x, hidden, rate=self.drop_path, train=train)
 
 
 class T2TViT(nn.Module):
@@ -177,12 +176,7 @@ class T2TViT(nn.Module):
   def check(self) -> None:
     """Validates the static configuration before tracing; raises ValueError naming the field and
     the valid choices (``create_model`` calls it)."""
-    if self.attention not in list_attention():
-      raise ValueError(
-        f"T2T attention={self.attention!r} is unknown. Valid kinds: {list_attention()}."
-      )
-    if self.attention in MASK_KINDS:
-      split_mask_options(self.attention, (self.attention_kwargs or {}).get(self.attention))
+    check_attention("T2T", self.attention, self.attention_kwargs)
     if self.num_t2t < 0:
       raise ValueError(f"num_t2t={self.num_t2t} must be >= 0.")
 
@@ -225,31 +219,8 @@ class T2TViT(nn.Module):
         name=f"blocks_{i}",
       )(x, grid=grid, train=train)
       self.sow("intermediates", f"block_{i}", x)
-    x = jnp.mean(layer_norm(self.norm_eps, self.dtype, "norm")(x), axis=1)
-    self.sow("intermediates", "pre_logits", x)
-    if not self.num_classes:
-      return x
-    logits = classifier_head(self.num_classes, self.dtype, self.param_dtype)(x)
-    return logits.astype(jnp.float32)
+    return classify(self, jnp.mean(layer_norm(self.norm_eps, self.dtype, "norm")(x), axis=1))
 
 
-def t2t_smalldata(num_classes: int, *, num_t2t: int, mask: str | None) -> T2TViT:
-  """Li & Zhang's T2T-ViT (GMM paper, Table 1): ``num_t2t`` token transformers (token dim 64),
-  then 12 blocks of width 256 with 4 heads and MLP ratio 2; ``mask`` None (MHSA) or 'gmm' / 'elm'
-  in every attention, token transformers included (``mask_attention_kwargs`` defaults, K = 5).
-
-  Registered as ``{gmm_}t2t_smalldata_32`` (one token transformer) and ``..._64`` (two).
-  """
-  return T2TViT(
-    num_classes=num_classes,
-    num_t2t=num_t2t,
-    attention=mask or "mhsa",
-    attention_kwargs=mask_attention_kwargs(mask) if mask else None,
-  )
-
-
-for _t2t, _res in ((1, 32), (2, 64)):
-  for _mask in (None, "gmm"):
-    register_model(f"{_mask + '_' if _mask else ''}t2t_smalldata_{_res}", image_size=_res)(
-      functools.partial(t2t_smalldata, num_t2t=_t2t, mask=_mask)
-    )
+# Li & Zhang's T2T-ViT (GMM paper, Table 1): one token transformer at 32x32, two at 64x64.
+register_smalldata("t2t", T2TViT, {"32": (32, {"num_t2t": 1}), "64": (64, {"num_t2t": 2})})
