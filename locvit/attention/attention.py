@@ -36,49 +36,48 @@ Combine = Literal["add", "multiply", "replace"]
 COMBINE_RULES = ("add", "multiply", "replace")
 
 
-class Attention(nn.Module):
-  """Multi-head self-attention with an optional positional term.
+class AttentionLayer(nn.Module):
+  """Fields and call signature shared by every registered attention layer.
 
-  Without one: ``softmax(q k^T / sqrt(Dh)) v`` per head, heads merged by the output projection
-  (ConViT Eqs. 1-3). With one, ``combine`` selects Cordonnier et al.'s relative logits
-  ('add', Eq. 8), Li & Zhang's masks ('multiply', Eq. 9) or positional-only attention ('replace',
-  Cordonnier et al. Secs. 4.2-4.3); see the module docstring.
+  Called as ``layer(x, grid=grid, num_prefix_tokens=0, train=train)`` on ``(B, N, C)`` tokens;
+  a subclass implements ``_forward`` (projections, the core, the output projection) and this
+  class validates the kernel setting and applies ``proj_drop``.
 
   Attributes:
     num_heads: number of heads H.
-    head_dim: per-head width; ``None`` means ``dim // num_heads``. Cordonnier et al.'s exact
-      reparametrisation uses ``head_dim = dim`` (Dh = Dout).
-    out_dim: width of the output projection; None means the input width.
+    head_dim: per-head width; ``None`` means the layer's default (``C // H`` for q/k/v layers).
     qkv_bias: bias on the query/key/value projections.
     attn_drop: dropout on the attention probabilities (forces the explicit path when training).
     proj_drop: dropout after the output projection.
-    positional: optional Linen module called as ``positional(grid)`` returning an ``(H, N, N)``
-      table over the patch tokens.
-    combine: how the positional table enters (see module docstring).
     implementation: the model's kernel setting (``locvit.ops``): None (JAX's choice), 'xla',
       'cudnn' (GPU, bf16/fp16 only) or 'einsum' (the CPU code paths).
     dtype: computation dtype (bf16 for mixed precision); parameters stay ``param_dtype``.
+    kernel_init: initializer of the projection kernels.
   """
 
   num_heads: int
   head_dim: int | None = None
-  out_dim: int | None = None
   qkv_bias: bool = True
   attn_drop: float = 0.0
   proj_drop: float = 0.0
-  positional: nn.Module | None = None
-  combine: Combine = "add"
   implementation: str | None = None
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   kernel_init: Callable = trunc_normal
 
-  def _positional_table(self, grid: TokenGrid | None) -> Array | None:
-    if self.positional is None:
-      return None
-    if grid is None:
-      raise ValueError("A positional attention term needs the token grid; pass grid=TokenGrid.")
-    return self.positional(grid)
+  def _dense_kwargs(self) -> dict[str, Any]:
+    """Keyword arguments of this layer's ``DenseGeneral`` projections."""
+    return dict(
+      kernel_init=self.kernel_init,
+      implementation=self.implementation,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+    )
+
+  def _forward(
+    self, x: Array, grid: TokenGrid | None, num_prefix_tokens: int, train: bool
+  ) -> Array:
+    raise NotImplementedError
 
   @nn.compact
   def __call__(
@@ -89,18 +88,45 @@ class Attention(nn.Module):
     num_prefix_tokens: int = 0,
     train: bool = False,
   ) -> Array:
+    check_implementation(self.implementation)
+    out = self._forward(x, grid, num_prefix_tokens, train)
+    return nn.Dropout(self.proj_drop)(out, deterministic=not train)
+
+
+class Attention(AttentionLayer):
+  """Multi-head self-attention with an optional positional term.
+
+  Without one: ``softmax(q k^T / sqrt(Dh)) v`` per head, heads merged by the output projection
+  (ConViT Eqs. 1-3). With one, ``combine`` selects Cordonnier et al.'s relative logits
+  ('add', Eq. 8), Li & Zhang's masks ('multiply', Eq. 9) or positional-only attention ('replace',
+  Cordonnier et al. Secs. 4.2-4.3); see the module docstring. Fields of ``AttentionLayer``, and:
+
+  Attributes:
+    out_dim: width of the output projection; None means the input width.
+    positional: optional Linen module called as ``positional(grid)`` returning an ``(H, N, N)``
+      table over the patch tokens.
+    combine: how the positional table enters (see module docstring).
+  """
+
+  out_dim: int | None = None
+  positional: nn.Module | None = None
+  combine: Combine = "add"
+
+  def _positional_table(self, grid: TokenGrid | None) -> Array | None:
+    if self.positional is None:
+      return None
+    if grid is None:
+      raise ValueError("A positional attention term needs the token grid; pass grid=TokenGrid.")
+    return self.positional(grid)
+
+  def _forward(
+    self, x: Array, grid: TokenGrid | None, num_prefix_tokens: int, train: bool
+  ) -> Array:
     if self.combine not in COMBINE_RULES:
       raise ValueError(f"combine={self.combine!r} is not one of {COMBINE_RULES}.")
-    check_implementation(self.implementation)
     dim = x.shape[-1]
-    dense = dict(
-      kernel_init=self.kernel_init,
-      implementation=self.implementation,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-    )
     head_dim = projections.head_dim(dim, self.num_heads, self.head_dim)
-    qkv = qkv_projection(self.num_heads, head_dim, self.qkv_bias, **dense)(x)
+    qkv = qkv_projection(self.num_heads, head_dim, self.qkv_bias, **self._dense_kwargs())(x)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # each (B, N, H, Dh): BTNH layout
     table = self._positional_table(grid)
     y = attend(
@@ -114,8 +140,7 @@ class Attention(nn.Module):
       train=train,
       implementation=self.implementation,
     )
-    out = output_projection(self.out_dim or dim, **dense)(y)
-    return nn.Dropout(self.proj_drop)(out, deterministic=not train)
+    return output_projection(self.out_dim or dim, **self._dense_kwargs())(y)
 
 
 # ---------------------------------------------------------------------------------------------

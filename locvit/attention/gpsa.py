@@ -39,17 +39,15 @@ import jax
 import jax.numpy as jnp
 
 from locvit.attention import projections
-from locvit.attention.attention import register_attention
+from locvit.attention.attention import AttentionLayer, register_attention
 from locvit.attention.core import Term, attend
 from locvit.attention.geometry import TokenGrid, check_grid_tokens, gpsa_relative_features
 from locvit.attention.projections import (
   DenseGeneral,
   output_projection,
   partitioned,
-  trunc_normal,
   zeros,
 )
-from locvit.ops import check_implementation
 
 Array = jax.Array
 Variant = Literal["gpsa", "psa"]
@@ -105,7 +103,7 @@ def identity_init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) 
 
 
 @register_attention("gpsa")
-class GPSA(nn.Module):
+class GPSA(AttentionLayer):
   """ConViT's gated positional self-attention (d'Ascoli et al. 2021, Eqs. 6-7, Sec. 3), or ungated
   PSA (Eq. 4), with the convolutional init of Eq. 5.
 
@@ -141,33 +139,18 @@ class GPSA(nn.Module):
   ``sigmoid(gating_param)``.
   """
 
-  num_heads: int
-  head_dim: int | None = None
   qkv_bias: bool = False
-  attn_drop: float = 0.0
-  proj_drop: float = 0.0
-  implementation: str | None = None
   locality_strength: float = 1.0
   use_local_init: bool = True
   gating_init: float = 1.0
   variant: Variant = "gpsa"
   fast_path: bool = True
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-  kernel_init: Callable = trunc_normal
 
-  def _dense(self, features, names, name, *, use_bias, kernel_init=None):
+  def _dense(self, features, names, name, *, kernel_init=None):
     """A full-rank-kernel projection whose kernel axes are ``names`` (input, then outputs)."""
-    return DenseGeneral(
-      features,
-      names,
-      use_bias=use_bias,
-      kernel_init=kernel_init or self.kernel_init,
-      implementation=self.implementation,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      name=name,
-    )
+    kwargs = self._dense_kwargs()
+    kwargs["kernel_init"] = kernel_init or self.kernel_init
+    return DenseGeneral(features, names, use_bias=self.qkv_bias, name=name, **kwargs)
 
   def _pos_logits(self, grid: TokenGrid) -> Array:
     """``(H, N, N)`` float32 logits ``v_pos^h . r_ij``, shared by the whole batch."""
@@ -184,18 +167,11 @@ class GPSA(nn.Module):
     )
     return jnp.transpose(pos_proj(gpsa_relative_features(grid)), (2, 0, 1))
 
-  @nn.compact
-  def __call__(
-    self,
-    x: Array,
-    *,
-    grid: TokenGrid | None = None,
-    num_prefix_tokens: int = 0,
-    train: bool = False,
+  def _forward(
+    self, x: Array, grid: TokenGrid | None, num_prefix_tokens: int, train: bool
   ) -> Array:
     if self.variant not in VARIANTS:
       raise ValueError(f"variant={self.variant!r} is not one of {VARIANTS}.")
-    check_implementation(self.implementation)
     if num_prefix_tokens:
       raise ValueError(
         f"{self.variant.upper()} attention is defined on patch tokens only, got "
@@ -206,15 +182,12 @@ class GPSA(nn.Module):
     grid = check_grid_tokens(grid, x.shape[1])
     heads, head_dim = self.num_heads, projections.head_dim(dim, self.num_heads, self.head_dim)
 
-    qk = self._dense(
-      (2, heads, head_dim), ("embed", None, "heads", "kv"), "qk", use_bias=self.qkv_bias
-    )(x)
+    qk = self._dense((2, heads, head_dim), ("embed", None, "heads", "kv"), "qk")(x)
     q, k = qk[:, :, 0], qk[:, :, 1]  # (B, N, H, Dh): BTNH layout
     v = self._dense(
       (heads, head_dim),
       ("embed", "heads", "kv"),
       "v",
-      use_bias=self.qkv_bias,
       kernel_init=identity_init if self.use_local_init else None,
     )(x)
     if self.use_local_init and self.is_initializing():
@@ -245,14 +218,7 @@ class GPSA(nn.Module):
       implementation=self.implementation,
       fused=self.fast_path,
     )
-    out = output_projection(
-      dim,
-      kernel_init=self.kernel_init,
-      implementation=self.implementation,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-    )(y)
-    return nn.Dropout(self.proj_drop)(out, deterministic=not train)
+    return output_projection(dim, **self._dense_kwargs())(y)
 
 
 @register_attention("psa")

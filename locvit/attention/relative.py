@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from locvit.attention.attention import Attention, register_attention
+from locvit.attention.attention import Attention, AttentionLayer, register_attention
 from locvit.attention.core import Term, attend
 from locvit.attention.geometry import TokenGrid, check_grid_tokens, relative_offsets
 from locvit.attention.projections import (
@@ -66,7 +66,6 @@ from locvit.attention.projections import (
   torch_linear_bias_init,
   torch_linear_kernel_init,
 )
-from locvit.ops import check_implementation
 
 Array = jax.Array
 Kind = Literal["quadratic", "quadratic_generalized", "learned_relative"]
@@ -289,7 +288,7 @@ def make_positional(
 # The reference code's attention layer
 
 
-class RelativeAttention(nn.Module):
+class RelativeAttention(AttentionLayer):
   """Relative positional self-attention in the reference code's parameterisation (Dh = D_in).
 
   Cordonnier et al. Eqs. 11-12: per head the merged ``W^(h) = W_val^(h) W_out^(h)`` is the
@@ -320,51 +319,29 @@ class RelativeAttention(nn.Module):
   Intermediates (``mutable=['intermediates']``): ``attention`` ``(B, H, N, N)``.
   """
 
-  num_heads: int
+  kernel_init: Callable = torch_linear_kernel_init
   kind: Kind = "quadratic"
   content: bool = False
-  head_dim: int | None = None
   out_dim: int | None = None
-  qkv_bias: bool = True
-  attn_drop: float = 0.0
-  proj_drop: float = 0.0
-  implementation: str | None = None
   center_init_std: float = 2.0
   spread_init_std: float = 0.01
   embed_dim: int | None = None
   max_position: int | None = None
   fast_path: bool = True
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-  kernel_init: Callable = torch_linear_kernel_init
 
   def _dense(self, features, names, num_inputs: int, fan_in: int, use_bias: bool, name: str):
     """A PyTorch-Linear-initialised projection of the last ``num_inputs`` axes (``fan_in`` wide)."""
+    bias_init = torch_linear_bias_init(fan_in)
+    kwargs = self._dense_kwargs()
     return DenseGeneral(
-      features,
-      names,
-      num_inputs=num_inputs,
-      use_bias=use_bias,
-      kernel_init=self.kernel_init,
-      bias_init=torch_linear_bias_init(fan_in),
-      implementation=self.implementation,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      name=name,
+      features, names, num_inputs, use_bias, bias_init=bias_init, name=name, **kwargs
     )
 
-  @nn.compact
-  def __call__(
-    self,
-    x: Array,
-    *,
-    grid: TokenGrid | None = None,
-    num_prefix_tokens: int = 0,
-    train: bool = False,
+  def _forward(
+    self, x: Array, grid: TokenGrid | None, num_prefix_tokens: int, train: bool
   ) -> Array:
     if self.kind not in KINDS:
       raise ValueError(f"kind={self.kind!r} is not one of {KINDS}.")
-    check_implementation(self.implementation)
     if num_prefix_tokens:
       raise ValueError(
         "Relative positional attention in the reference layout is defined on patch tokens only "
@@ -402,8 +379,7 @@ class RelativeAttention(nn.Module):
       fused=self.fast_path,
     )
     out_dim = (self.out_dim or dim,)
-    out = self._dense(out_dim, ("heads", None, "embed"), 2, heads * dim, True, "value")(y)
-    return nn.Dropout(self.proj_drop)(out, deterministic=not train)
+    return self._dense(out_dim, ("heads", None, "embed"), 2, heads * dim, True, "value")(y)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from locvit.models.layers import (
   learned_position_embedding,
   pre_norm_residual,
 )
-from locvit.models.smalldata import check_attention, register_smalldata
+from locvit.models.smalldata import SmallDataBackbone, check_attention, register_smalldata
 from locvit.ops import contract, cpu_kernels
 
 Array = jax.Array
@@ -164,7 +164,7 @@ class CaiTLayer(nn.Module):
     return pre_norm_residual(self, x, "norm2", branch, rate=rate, train=train)
 
 
-class CaiT(nn.Module):
+class CaiT(SmallDataBackbone):
   """CaiT mapping NHWC images to logits.
 
   Attributes:
@@ -175,7 +175,6 @@ class CaiT(nn.Module):
     drop_rate, drop_path_rate: dropout and stochastic depth (same rate in every layer).
   """
 
-  num_classes: int
   patch_size: int = 4
   embed_dim: int = 192
   depth: int = 24
@@ -183,14 +182,6 @@ class CaiT(nn.Module):
   num_heads: int = 4
   head_dim: int = 64
   mlp_dim: int = 384
-  attention: str = "mhsa"
-  attention_kwargs: Mapping[str, Any] | None = None
-  drop_rate: float = 0.0
-  drop_path_rate: float = 0.1
-  norm_eps: float = 1e-5
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-  attention_implementation: str | None = None
 
   def check(self) -> None:
     """Validates the static configuration before tracing; raises ValueError naming the field and

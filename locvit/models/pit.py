@@ -16,7 +16,7 @@ prefix token ('mhsa', 'gmm', 'elm', ...).
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -33,7 +33,12 @@ from locvit.models.layers import (
   layer_norm,
   learned_position_embedding,
 )
-from locvit.models.smalldata import check_attention, check_stages, register_smalldata
+from locvit.models.smalldata import (
+  SmallDataBackbone,
+  check_attention,
+  check_stages,
+  register_smalldata,
+)
 
 Array = jax.Array
 
@@ -70,7 +75,7 @@ class Pool(nn.Module):
     return jnp.concatenate([cls, tokens.reshape(b, grid.num_tokens, 2 * c)], axis=1), grid
 
 
-class PiT(nn.Module):
+class PiT(SmallDataBackbone):
   """Pooling-based vision transformer mapping NHWC images to logits.
 
   Attributes:
@@ -83,7 +88,6 @@ class PiT(nn.Module):
       (same rate in every block, as the official code).
   """
 
-  num_classes: int
   patch_size: int = 2
   embed_dim: int = 96
   depths: Sequence[int] = (2, 6, 4)
@@ -91,15 +95,7 @@ class PiT(nn.Module):
   head_dim: int = 48
   mlp_ratio: float = 2.0
   qkv_bias: bool = False
-  attention: str = "mhsa"
-  attention_kwargs: Mapping[str, Any] | None = None
-  drop_rate: float = 0.0
   attn_drop_rate: float = 0.0
-  drop_path_rate: float = 0.1
-  norm_eps: float = 1e-5
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-  attention_implementation: str | None = None
 
   def check(self) -> None:
     """Validates the static configuration before tracing; raises ValueError naming the field and
@@ -113,7 +109,7 @@ class PiT(nn.Module):
     x, grid = embed_patches(self, images)
     x = learned_position_embedding(self, jnp.concatenate([class_token(self, x.shape[0]), x], 1))
     x = nn.Dropout(self.drop_rate)(x, deterministic=not train)
-    kwargs = (self.attention_kwargs or {}).get(self.attention)
+    kwargs = self.attention_options()
     for s, (depth, heads) in enumerate(zip(self.depths, self.num_heads)):
       if s:
         x, grid = Pool(self.dtype, self.param_dtype, name=f"pool_{s - 1}")(x, grid)

@@ -14,12 +14,41 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
+import jax.numpy as jnp
 
 from locvit.attention import list_attention
 from locvit.attention.masks import MASK_KINDS, mask_attention_kwargs, split_mask_options
 from locvit.models.registry import register_model
 
 MASKS = (None, "gmm")  # registered variants: plain attention and the GMM paper's masked model
+
+
+class SmallDataBackbone(nn.Module):
+  """Fields shared by the small-data backbones (each adds its sizes after these).
+
+  Attributes:
+    num_classes: classifier width (0 returns the pooled features).
+    attention: attention kind of the blocks ('mhsa', 'gmm', 'elm', ...; see ``check``).
+    attention_kwargs: per kind, the mask options, e.g. ``{'gmm': {'num_kernels': 5}}``.
+    drop_rate, drop_path_rate: dropout and stochastic depth.
+    norm_eps: LayerNorm epsilon (PyTorch's 1e-5, as the official code).
+    attention_implementation: the kernel setting of every layer (``locvit.ops``; None is
+      resolved by ``create_model``).
+  """
+
+  num_classes: int
+  attention: str = "mhsa"
+  attention_kwargs: Mapping[str, Any] | None = None
+  drop_rate: float = 0.0
+  drop_path_rate: float = 0.1
+  norm_eps: float = 1e-5
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  attention_implementation: str | None = None
+
+  def attention_options(self) -> Mapping[str, Any] | None:
+    """``attention_kwargs[attention]``: the options of the blocks' attention kind, or None."""
+    return (self.attention_kwargs or {}).get(self.attention)
 
 
 def check_attention(

@@ -45,7 +45,12 @@ from locvit.models.layers import (
   mlp_residual,
   pre_norm_residual,
 )
-from locvit.models.smalldata import check_attention, check_stages, register_smalldata
+from locvit.models.smalldata import (
+  SmallDataBackbone,
+  check_attention,
+  check_stages,
+  register_smalldata,
+)
 
 Array = jax.Array
 SWIN_ATTENTION = ("mhsa", *MASK_KINDS)
@@ -240,7 +245,7 @@ class PatchMerging(nn.Module):
     return x, grid
 
 
-class SwinTransformer(nn.Module):
+class SwinTransformer(SmallDataBackbone):
   """Swin Transformer mapping NHWC images to logits.
 
   Attributes:
@@ -253,7 +258,6 @@ class SwinTransformer(nn.Module):
       (linear over all blocks).
   """
 
-  num_classes: int
   patch_size: int = 2
   embed_dim: int = 96
   depths: Sequence[int] = (2, 6, 4)
@@ -261,15 +265,7 @@ class SwinTransformer(nn.Module):
   window_size: int = 4
   mlp_ratio: float = 2.0
   qkv_bias: bool = True
-  attention: str = "mhsa"
-  attention_kwargs: Mapping[str, Any] | None = None
-  drop_rate: float = 0.0
   attn_drop_rate: float = 0.0
-  drop_path_rate: float = 0.1
-  norm_eps: float = 1e-5
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-  attention_implementation: str | None = None
 
   def check(self) -> None:
     """Validates the static configuration before tracing; raises ValueError naming the field and
@@ -284,7 +280,7 @@ class SwinTransformer(nn.Module):
     x = learned_position_embedding(self, layer_norm(self.norm_eps, self.dtype, "patch_norm")(x))
     x = nn.Dropout(self.drop_rate)(x, deterministic=not train)
     rates = np.linspace(0.0, self.drop_path_rate, sum(self.depths))
-    options = (self.attention_kwargs or {}).get(self.attention)
+    options = self.attention_options()
     block = 0
     for s, (depth, heads) in enumerate(zip(self.depths, self.num_heads)):
       for i, (window, shift) in enumerate(stage_windows(grid, self.window_size, depth)):

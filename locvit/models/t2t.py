@@ -43,7 +43,7 @@ from locvit.models.layers import (
   mlp_residual,
   pre_norm_residual,
 )
-from locvit.models.smalldata import check_attention, register_smalldata
+from locvit.models.smalldata import SmallDataBackbone, check_attention, register_smalldata
 
 Array = jax.Array
 
@@ -141,7 +141,7 @@ class T2TBlock(nn.Module):
     return mlp_residual(self, x, hidden, rate=self.drop_path, train=train)
 
 
-class T2TViT(nn.Module):
+class T2TViT(SmallDataBackbone):
   """T2T-ViT mapping NHWC images to logits.
 
   Attributes:
@@ -155,23 +155,14 @@ class T2TViT(nn.Module):
     drop_rate, attn_drop_rate, drop_path_rate: dropout, attention dropout, stochastic depth.
   """
 
-  num_classes: int
   embed_dim: int = 256
   depth: int = 12
   num_heads: int = 4
   mlp_ratio: float = 2.0
   token_dim: int = 64
   num_t2t: int = 1
-  attention: str = "mhsa"
-  attention_kwargs: Mapping[str, Any] | None = None
   attention_skip: bool = True
-  drop_rate: float = 0.0
   attn_drop_rate: float = 0.0
-  drop_path_rate: float = 0.1
-  norm_eps: float = 1e-5
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-  attention_implementation: str | None = None
 
   def check(self) -> None:
     """Validates the static configuration before tracing; raises ValueError naming the field and
@@ -183,7 +174,7 @@ class T2TViT(nn.Module):
   @nn.compact
   def __call__(self, images: Array, *, train: bool = False) -> Array:
     self.check()
-    kwargs = (self.attention_kwargs or {}).get(self.attention)
+    kwargs = self.attention_options()
     x, grid = soft_split(images.astype(self.dtype))
     for i in range(self.num_t2t):
       x = TokenTransformer(
