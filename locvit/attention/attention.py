@@ -19,7 +19,7 @@ attention does not support prefix tokens.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import flax.linen as nn
 import jax
@@ -64,6 +64,13 @@ class AttentionLayer(nn.Module):
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   kernel_init: Callable = trunc_normal
+  choices: ClassVar[dict[str, tuple[Any, ...]]] = {}  # field -> valid values, checked at build
+
+  def __post_init__(self):
+    for field, valid in self.choices.items():
+      if getattr(self, field) not in valid:
+        raise ValueError(f"{field}={getattr(self, field)!r} is not one of {valid}.")
+    super().__post_init__()
 
   def _dense_kwargs(self) -> dict[str, Any]:
     """Keyword arguments of this layer's ``DenseGeneral`` projections."""
@@ -79,6 +86,11 @@ class AttentionLayer(nn.Module):
   ) -> Array:
     raise NotImplementedError
 
+  def _prefix_token_error(self, num_prefix_tokens: int) -> str | None:
+    """The error for a layer defined on patch tokens only; None where prefix tokens are fine."""
+    del num_prefix_tokens
+    return None
+
   @nn.compact
   def __call__(
     self,
@@ -89,6 +101,9 @@ class AttentionLayer(nn.Module):
     train: bool = False,
   ) -> Array:
     check_implementation(self.implementation)
+    error = self._prefix_token_error(num_prefix_tokens) if num_prefix_tokens else None
+    if error:
+      raise ValueError(error)
     out = self._forward(x, grid, num_prefix_tokens, train)
     return nn.Dropout(self.proj_drop)(out, deterministic=not train)
 
@@ -111,6 +126,7 @@ class Attention(AttentionLayer):
   out_dim: int | None = None
   positional: nn.Module | None = None
   combine: Combine = "add"
+  choices: ClassVar[dict[str, tuple[Any, ...]]] = {"combine": COMBINE_RULES}
 
   def _positional_table(self, grid: TokenGrid | None) -> Array | None:
     if self.positional is None:
@@ -122,8 +138,6 @@ class Attention(AttentionLayer):
   def _forward(
     self, x: Array, grid: TokenGrid | None, num_prefix_tokens: int, train: bool
   ) -> Array:
-    if self.combine not in COMBINE_RULES:
-      raise ValueError(f"combine={self.combine!r} is not one of {COMBINE_RULES}.")
     dim = x.shape[-1]
     head_dim = projections.head_dim(dim, self.num_heads, self.head_dim)
     qkv = qkv_projection(self.num_heads, head_dim, self.qkv_bias, **self._dense_kwargs())(x)

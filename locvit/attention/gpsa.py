@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import flax.linen as nn
 import jax
@@ -145,6 +145,7 @@ class GPSA(AttentionLayer):
   gating_init: float = 1.0
   variant: Variant = "gpsa"
   fast_path: bool = True
+  choices: ClassVar[dict[str, tuple[Any, ...]]] = {"variant": VARIANTS}
 
   def _dense(self, features, names, name, *, kernel_init=None):
     """A full-rank-kernel projection whose kernel axes are ``names`` (input, then outputs)."""
@@ -167,17 +168,16 @@ class GPSA(AttentionLayer):
     )
     return jnp.transpose(pos_proj(gpsa_relative_features(grid)), (2, 0, 1))
 
+  def _prefix_token_error(self, num_prefix_tokens: int) -> str:
+    return (
+      f"{self.variant.upper()} attention is defined on patch tokens only, got "
+      f"num_prefix_tokens={num_prefix_tokens}. In ConViT the class token is inserted after the "
+      "last GPSA layer: set class_token_layer >= the number of GPSA layers."
+    )
+
   def _forward(
     self, x: Array, grid: TokenGrid | None, num_prefix_tokens: int, train: bool
   ) -> Array:
-    if self.variant not in VARIANTS:
-      raise ValueError(f"variant={self.variant!r} is not one of {VARIANTS}.")
-    if num_prefix_tokens:
-      raise ValueError(
-        f"{self.variant.upper()} attention is defined on patch tokens only, got "
-        f"num_prefix_tokens={num_prefix_tokens}. In ConViT the class token is inserted after the "
-        "last GPSA layer: set class_token_layer >= the number of GPSA layers."
-      )
     dim = x.shape[-1]
     grid = check_grid_tokens(grid, x.shape[1])
     heads, head_dim = self.num_heads, projections.head_dim(dim, self.num_heads, self.head_dim)

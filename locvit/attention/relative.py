@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import flax.linen as nn
 import jax
@@ -328,6 +328,7 @@ class RelativeAttention(AttentionLayer):
   embed_dim: int | None = None
   max_position: int | None = None
   fast_path: bool = True
+  choices: ClassVar[dict[str, tuple[Any, ...]]] = {"kind": KINDS}
 
   def _dense(self, features, names, num_inputs: int, fan_in: int, use_bias: bool, name: str):
     """A PyTorch-Linear-initialised projection of the last ``num_inputs`` axes (``fan_in`` wide)."""
@@ -337,16 +338,15 @@ class RelativeAttention(AttentionLayer):
       features, names, num_inputs, use_bias, bias_init=bias_init, name=name, **kwargs
     )
 
+  def _prefix_token_error(self, num_prefix_tokens: int) -> str:
+    return (
+      "Relative positional attention in the reference layout is defined on patch tokens only "
+      f"(no class token), got num_prefix_tokens={num_prefix_tokens}."
+    )
+
   def _forward(
     self, x: Array, grid: TokenGrid | None, num_prefix_tokens: int, train: bool
   ) -> Array:
-    if self.kind not in KINDS:
-      raise ValueError(f"kind={self.kind!r} is not one of {KINDS}.")
-    if num_prefix_tokens:
-      raise ValueError(
-        "Relative positional attention in the reference layout is defined on patch tokens only "
-        f"(no class token), got num_prefix_tokens={num_prefix_tokens}."
-      )
     dim = x.shape[-1]
     grid = check_grid_tokens(grid, x.shape[1])
     heads = self.num_heads

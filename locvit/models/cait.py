@@ -18,9 +18,6 @@ It has 9,020,618 parameters on CIFAR-10, Table 4's CaiT count.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -30,7 +27,10 @@ from locvit.attention.geometry import TokenGrid
 from locvit.attention.masks import MASK_KINDS, mask_terms
 from locvit.attention.projections import output_projection, partitioned, trunc_normal
 from locvit.models.layers import (
+  AttentionSettings,
+  BlockSettings,
   Mlp,
+  block_settings,
   class_token,
   classify,
   embed_patches,
@@ -52,7 +52,7 @@ def layer_scale_init(layer: int) -> float:
   return 1e-5 if layer <= 24 else 1e-6
 
 
-class TalkingHeadsAttention(nn.Module):
+class TalkingHeadsAttention(AttentionSettings):
   """Talking-heads attention; queries from ``x``, keys/values from ``context`` (default ``x``).
 
   The attention core with a ``LogitsHook`` that mixes heads before (``mix_pre``) and after
@@ -62,12 +62,6 @@ class TalkingHeadsAttention(nn.Module):
 
   num_heads: int
   head_dim: int
-  attention: str = "mhsa"
-  attention_kwargs: Mapping[str, Any] | None = None
-  proj_drop: float = 0.0
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-  implementation: str | None = None
 
   def _project(self, x: Array, shape: tuple[int, ...], names: tuple, name: str) -> Array:
     kernel = self.param(
@@ -107,53 +101,34 @@ class TalkingHeadsAttention(nn.Module):
       before_softmax=lambda logits: jnp.einsum("bhnm,hg->bgnm", logits, mix_pre),
       after_softmax=lambda probs: jnp.einsum("bhnm,hg->bgnm", probs, mix_post),
     )
-    y = attend(self, q, k, v, terms=terms, hook=hook, train=train)
+    y = attend(self, q, k, v, terms=terms, hook=hook, attn_drop=self.attn_drop, train=train)
     out = output_projection(
       dim, implementation=self.implementation, dtype=self.dtype, param_dtype=self.param_dtype
     )(y)
     return nn.Dropout(self.proj_drop)(out, deterministic=not train)
 
 
-class CaiTLayer(nn.Module):
+class CaiTLayer(BlockSettings):
   """``x + dp(gamma_1 * attn(LN(x), context))``, ``x + dp(gamma_2 * MLP(LN(x)))``."""
 
   num_heads: int
   head_dim: int
   mlp_dim: int
   layer: int  # 1-based index within its stack, for the LayerScale init
-  attention: str = "mhsa"
-  attention_kwargs: Mapping[str, Any] | None = None
-  drop: float = 0.0
-  drop_path: float = 0.0
-  norm_eps: float = 1e-5
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-  implementation: str | None = None
 
   def _scale(self, name: str, dim: int) -> Array:
     init = nn.initializers.constant(layer_scale_init(self.layer))
     return self.param(name, partitioned(init, ("embed",)), (dim,), self.param_dtype)
 
   @nn.compact
-  def __call__(
-    self,
-    x: Array,
-    context: Array | None = None,
-    *,
-    grid: TokenGrid | None = None,
-    train: bool = False,
-  ) -> Array:
+  def __call__(self, x: Array, context: Array | None = None, *, grid=None, train=False) -> Array:
     dim, rate = x.shape[-1], self.drop_path
     attn = TalkingHeadsAttention(
       self.num_heads,
       self.head_dim,
-      self.attention,
-      self.attention_kwargs,
-      self.drop,
-      self.dtype,
-      self.param_dtype,
-      self.implementation,
-      name="attn",
+      attention=self.attention,
+      attention_kwargs=self.attention_kwargs,
+      **self.attention_fields(),
     )
     branch = lambda y: attn(y, context, grid=grid, train=train) * self._scale("gamma_1", dim)
     x = pre_norm_residual(self, x, "norm1", branch, rate=rate, train=train)
@@ -194,15 +169,9 @@ class CaiT(SmallDataBackbone):
       self.head_dim,
       self.mlp_dim,
       layer,
-      attention,
-      (self.attention_kwargs or {}).get(attention),
-      self.drop_rate,
-      self.drop_path_rate,
-      self.norm_eps,
-      self.dtype,
-      self.param_dtype,
-      self.attention_implementation,
+      drop_path=self.drop_path_rate,
       name=name,
+      **block_settings(self, attention),
     )
 
   @nn.compact

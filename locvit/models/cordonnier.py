@@ -49,10 +49,9 @@ from locvit.attention.projections import (
   zeros,
 )
 from locvit.attention.relative import LAYOUTS
-from locvit.models.layers import gelu
+from locvit.models.layers import dense, gelu
 from locvit.models.registry import register_model
 from locvit.models.resnet import ResNetCifar as ResNetCifar  # registers the Table 1 baseline
-from locvit.ops import dense_dot_general
 
 Array = jax.Array
 
@@ -81,15 +80,8 @@ def torch_dense(
   implementation: str | None,
 ) -> nn.Dense:
   """``nn.Dense`` with PyTorch's default Linear init."""
-  return nn.Dense(
-    features,
-    dtype=dtype,
-    param_dtype=param_dtype,
-    kernel_init=partitioned(torch_linear_kernel_init, names),
-    bias_init=partitioned(torch_linear_bias_init(fan_in), names[1:]),
-    dot_general=dense_dot_general(implementation),
-    name=name,
-  )
+  inits = dict(kernel_init=torch_linear_kernel_init, bias_init=torch_linear_bias_init(fan_in))
+  return dense(features, names, name, dtype, param_dtype, implementation, **inits)
 
 
 def bert_layer_norm(eps: float, dtype: Any, name: str) -> nn.LayerNorm:

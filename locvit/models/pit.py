@@ -25,14 +25,7 @@ import jax.numpy as jnp
 
 from locvit.attention.geometry import TokenGrid
 from locvit.attention.projections import partitioned, trunc_normal, zeros
-from locvit.models.layers import (
-  Block,
-  class_token,
-  classify,
-  embed_patches,
-  layer_norm,
-  learned_position_embedding,
-)
+from locvit.models import layers
 from locvit.models.smalldata import (
   SmallDataBackbone,
   check_attention,
@@ -106,31 +99,26 @@ class PiT(SmallDataBackbone):
   @nn.compact
   def __call__(self, images: Array, *, train: bool = False) -> Array:
     self.check()
-    x, grid = embed_patches(self, images)
-    x = learned_position_embedding(self, jnp.concatenate([class_token(self, x.shape[0]), x], 1))
+    x, grid = layers.embed_patches(self, images)
+    x = layers.learned_position_embedding(
+      self, jnp.concatenate([layers.class_token(self, x.shape[0]), x], 1)
+    )
     x = nn.Dropout(self.drop_rate)(x, deterministic=not train)
-    kwargs = self.attention_options()
     for s, (depth, heads) in enumerate(zip(self.depths, self.num_heads)):
       if s:
         x, grid = Pool(self.dtype, self.param_dtype, name=f"pool_{s - 1}")(x, grid)
       for i in range(depth):
-        x = Block(
-          num_heads=heads,
-          mlp_ratio=self.mlp_ratio,
-          head_dim=self.head_dim,
-          qkv_bias=self.qkv_bias,
-          attention=self.attention,
-          attention_kwargs=kwargs,
-          implementation=self.attention_implementation,
-          drop=self.drop_rate,
+        x = layers.Block(
+          heads,
+          self.mlp_ratio,
+          self.head_dim,
+          self.qkv_bias,
           attn_drop=self.attn_drop_rate,
           drop_path=self.drop_path_rate,
-          norm_eps=self.norm_eps,
-          dtype=self.dtype,
-          param_dtype=self.param_dtype,
           name=f"stages_{s}_blocks_{i}",
+          **layers.block_settings(self),
         )(x, grid=grid, num_prefix_tokens=1, train=train)
-    return classify(self, layer_norm(self.norm_eps, self.dtype, "norm")(x[:, 0]))
+    return layers.classify(self, layers.layer_norm(self.norm_eps, self.dtype, "norm")(x[:, 0]))
 
 
 # Li & Zhang's PiT (GMM paper, Table 1): patch 2 on 32x32, 4 on 64x64.

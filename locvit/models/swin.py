@@ -19,7 +19,7 @@ is a single 4x4 window). A window that does not tile the stage grid is an error.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -37,6 +37,9 @@ from locvit.attention.projections import (
   trunc_normal,
 )
 from locvit.models.layers import (
+  AttentionSettings,
+  BlockSettings,
+  block_settings,
   classify,
   dense,
   embed_patches,
@@ -116,20 +119,13 @@ def unpartition(x: Array, window: int, height: int, width: int) -> Array:
   return x.transpose(0, 1, 3, 2, 4, 5).reshape(-1, height, width, c)
 
 
-class WindowAttention(nn.Module):
+class WindowAttention(AttentionSettings):
   """Window multi-head self-attention with relative position bias and an optional mask: the
   attention core with the terms mask (multiply or add), relative bias (add), shift mask (add)."""
 
   num_heads: int
   window: int
   qkv_bias: bool = True
-  attention: str = "mhsa"
-  attention_kwargs: Mapping[str, Any] | None = None
-  attn_drop: float = 0.0
-  proj_drop: float = 0.0
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-  implementation: str | None = None
 
   @nn.compact
   def __call__(self, x: Array, shift: Array | None, *, train: bool = False) -> Array:
@@ -167,7 +163,7 @@ class WindowAttention(nn.Module):
     return nn.Dropout(self.proj_drop)(out, deterministic=not train)
 
 
-class SwinBlock(nn.Module):
+class SwinBlock(BlockSettings):
   """``x + dp(W-MSA(LN(x)))`` (shifted when ``shift > 0``), then ``x + dp(MLP(LN(x)))``."""
 
   num_heads: int
@@ -175,15 +171,6 @@ class SwinBlock(nn.Module):
   shift: int
   mlp_ratio: float = 2.0
   qkv_bias: bool = True
-  attention: str = "mhsa"
-  attention_kwargs: Mapping[str, Any] | None = None
-  drop: float = 0.0
-  attn_drop: float = 0.0
-  drop_path: float = 0.0
-  norm_eps: float = 1e-5
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-  implementation: str | None = None
 
   @nn.compact
   def __call__(self, x: Array, *, grid: TokenGrid, train: bool = False) -> Array:
@@ -204,14 +191,9 @@ class SwinBlock(nn.Module):
       self.num_heads,
       self.window,
       self.qkv_bias,
-      self.attention,
-      self.attention_kwargs,
-      self.attn_drop,
-      self.drop,
-      self.dtype,
-      self.param_dtype,
-      self.implementation,
-      name="attn",
+      attention=self.attention,
+      attention_kwargs=self.attention_kwargs,
+      **self.attention_fields(),
     )(partition(y, self.window), mask, train=train)
     y = unpartition(y, self.window, grid.height, grid.width)
     if self.shift:
@@ -280,7 +262,6 @@ class SwinTransformer(SmallDataBackbone):
     x = learned_position_embedding(self, layer_norm(self.norm_eps, self.dtype, "patch_norm")(x))
     x = nn.Dropout(self.drop_rate)(x, deterministic=not train)
     rates = np.linspace(0.0, self.drop_path_rate, sum(self.depths))
-    options = self.attention_options()
     block = 0
     for s, (depth, heads) in enumerate(zip(self.depths, self.num_heads)):
       for i, (window, shift) in enumerate(stage_windows(grid, self.window_size, depth)):
@@ -290,16 +271,10 @@ class SwinTransformer(SmallDataBackbone):
           shift,
           self.mlp_ratio,
           self.qkv_bias,
-          self.attention,
-          options,
-          self.drop_rate,
-          self.attn_drop_rate,
-          float(rates[block]),
-          self.norm_eps,
-          self.dtype,
-          self.param_dtype,
-          self.attention_implementation,
+          drop_path=float(rates[block]),
+          attn_drop=self.attn_drop_rate,
           name=f"stages_{s}_blocks_{i}",
+          **block_settings(self),
         )(x, grid=grid, train=train)
         block += 1
       if s < len(self.depths) - 1:

@@ -22,21 +22,19 @@ parameters. 6,484,672 parameters on CIFAR-10 (the paper's "6.5M").
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from locvit.attention import get_attention
 from locvit.attention.core import attend
 from locvit.attention.geometry import TokenGrid
 from locvit.attention.masks import mask_terms
 from locvit.attention.projections import output_projection, qkv_projection
 from locvit.models.layers import (
+  BlockSettings,
   Mlp,
+  block_settings,
   classify,
   dense,
   layer_norm,
@@ -65,17 +63,12 @@ def soft_split(x: Array) -> tuple[Array, TokenGrid]:
   return patches.reshape(b, h * w, f), TokenGrid(h, w)
 
 
-class TokenTransformer(nn.Module):
-  """T2T's token transformer: 1-head attention with a ``v`` skip, then ``x + MLP(LN(x))``."""
+class TokenTransformer(BlockSettings):
+  """T2T's token transformer: 1-head attention with a ``v`` skip, then ``x + MLP(LN(x))``; no
+  dropout (as the reference)."""
 
   token_dim: int = 64
   mlp_ratio: float = 1.0
-  attention: str = "mhsa"
-  attention_kwargs: Mapping[str, Any] | None = None
-  norm_eps: float = 1e-5
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-  implementation: str | None = None
 
   @nn.compact
   def __call__(self, x: Array, *, grid: TokenGrid, train: bool = False) -> Array:
@@ -101,36 +94,16 @@ class TokenTransformer(nn.Module):
     return pre_norm_residual(self, x, "norm2", lambda y: mlp(y, train), rate=0.0, train=train)
 
 
-class T2TBlock(nn.Module):
+class T2TBlock(BlockSettings):
   """Pre-norm block; with ``attention_skip`` the attention branch also adds ``LN(x)``."""
 
   num_heads: int
   mlp_ratio: float = 2.0
-  attention: str = "mhsa"
-  attention_kwargs: Mapping[str, Any] | None = None
   attention_skip: bool = True
-  drop: float = 0.0
-  attn_drop: float = 0.0
-  drop_path: float = 0.0
-  norm_eps: float = 1e-5
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-  implementation: str | None = None
 
   @nn.compact
   def __call__(self, x: Array, *, grid: TokenGrid, train: bool = False) -> Array:
-    attn = get_attention(self.attention)(
-      num_heads=self.num_heads,
-      head_dim=None,
-      qkv_bias=False,
-      attn_drop=self.attn_drop,
-      proj_drop=self.drop,
-      implementation=self.implementation,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      name="attn",
-      **dict(self.attention_kwargs or {}),
-    )
+    attn = self.registered_attention(num_heads=self.num_heads, head_dim=None, qkv_bias=False)
 
     def branch(y: Array) -> Array:
       a = attn(y, grid=grid, num_prefix_tokens=0, train=train)
@@ -174,19 +147,11 @@ class T2TViT(SmallDataBackbone):
   @nn.compact
   def __call__(self, images: Array, *, train: bool = False) -> Array:
     self.check()
-    kwargs = self.attention_options()
     x, grid = soft_split(images.astype(self.dtype))
     for i in range(self.num_t2t):
-      x = TokenTransformer(
-        self.token_dim,
-        attention=self.attention,
-        attention_kwargs=kwargs,
-        norm_eps=self.norm_eps,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        implementation=self.attention_implementation,
-        name=f"t2t_{i}",
-      )(x, grid=grid, train=train)
+      x = TokenTransformer(self.token_dim, name=f"t2t_{i}", **block_settings(self))(
+        x, grid=grid, train=train
+      )
       x, grid = soft_split(x.reshape(x.shape[0], grid.height, grid.width, self.token_dim))
     settings = (self.dtype, self.param_dtype, self.attention_implementation)
     x = dense(self.embed_dim, (None, "embed"), "project", *settings)(x)
@@ -197,17 +162,11 @@ class T2TViT(SmallDataBackbone):
       x = T2TBlock(
         self.num_heads,
         self.mlp_ratio,
-        self.attention,
-        kwargs,
         self.attention_skip,
-        self.drop_rate,
-        self.attn_drop_rate,
-        float(rates[i]),
-        self.norm_eps,
-        self.dtype,
-        self.param_dtype,
-        self.attention_implementation,
+        attn_drop=self.attn_drop_rate,
+        drop_path=float(rates[i]),
         name=f"blocks_{i}",
+        **block_settings(self),
       )(x, grid=grid, train=train)
       self.sow("intermediates", f"block_{i}", x)
     return classify(self, jnp.mean(layer_norm(self.norm_eps, self.dtype, "norm")(x), axis=1))
