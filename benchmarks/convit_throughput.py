@@ -14,10 +14,9 @@ Three tables, one run, one machine, the same resident batch for every model of a
    default at 112x112 (7x7 patches), batch 8, so that it runs in a few minutes on 2 cores.
 3. (``--tables=kernels``) locvit with its CPU code paths (the default on CPU: the einsum attention
    kernels with hand-written backward passes, projections and patch embedding as 2-D matmuls)
-   against the same models with them off (``attention_implementation='xla'``,
-   ``locvit.ops.FLATTEN_MATMULS = False``: ``jax.nn.dot_product_attention``, the ``(1 - g) SDPA +
-   g P v`` GPSA decomposition, full-rank ``dot_general`` and ``lax.conv``), at
-   ``--torch_image_size``.
+   against the same models with them off (``attention_implementation='xla'``, the one kernel
+   setting, ``locvit.ops``: ``jax.nn.dot_product_attention``, the ``(1 - g) SDPA + g P v`` GPSA
+   decomposition, full-rank ``dot_general`` and ``lax.conv``), at ``--torch_image_size``.
 
 Both frameworks are pinned to the first ``threads`` cores (``sched_setaffinity``). On a machine
 shared with other work, PyTorch's OpenMP threads slow down far more than XLA's when the load
@@ -36,6 +35,10 @@ load average before and after.
    first-touches about 512 MB (131,000 minor page faults per step, against 1,600 for PyTorch's
    step). Each process gets its mode at start (the loader reads ``LD_PRELOAD`` and
    ``GLIBC_TUNABLES`` then); the table prints the faults per step too.
+
+5. (``--tables=checkouts --baseline=PATH``) the same locvit step from this checkout and from
+   another one (e.g. a checkout of main before a refactoring), interleaved in one run, at
+   ``--torch_image_size``: each process imports ``locvit`` and ``configs`` from its checkout.
 
 ``--cpu_malloc=MODE`` re-runs the whole script under one mode (both frameworks and the memory
 subprocesses get it).
@@ -92,7 +95,7 @@ def jax_step(name: str, image_size: int, batch_size: int, cpu_kernels: bool = Tr
 
   from configs.common import base_config
   from configs.recipes import deit_recipe
-  from locvit import ops, optim, train
+  from locvit import optim, train
 
   config = deit_recipe(base_config())
   # The model step only: the PyTorch reference has no on-device Mixup/CutMix/erasing either.
@@ -116,11 +119,7 @@ def jax_step(name: str, image_size: int, batch_size: int, cpu_kernels: bool = Tr
   step = functools.partial(
     train.train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=1000
   )
-  ops.FLATTEN_MATMULS = None if cpu_kernels else False  # read while tracing
-  try:
-    compiled = jax.jit(step, donate_argnums=0).lower(state, batch).compile()
-  finally:
-    ops.FLATTEN_MATMULS = None
+  compiled = jax.jit(step, donate_argnums=0).lower(state, batch).compile()
   mem = compiled.memory_analysis()
   xla_bytes = (
     mem.argument_size_in_bytes
@@ -172,12 +171,21 @@ def _minor_faults() -> int:
   return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+def _use_checkout(root: str) -> None:
+  """Makes this process import ``locvit`` and ``configs`` from the checkout at ``root``."""
+  for module in [m for m in sys.modules if m.split(".")[0] in ("locvit", "configs", "tests")]:
+    del sys.modules[module]
+  sys.path.insert(0, os.path.abspath(root))
+
+
 def _step_server(conn, spec: tuple, warmup: int) -> None:
   """Child process: builds one model's step, warms it up, then times ``n`` steps on request.
 
   Answers each request with ``(seconds per step, minor page faults per step)``.
   """
   framework, name, image_size, batch_size, threads, cpu_kernels = spec[:6]
+  if len(spec) > 7 and spec[7]:
+    _use_checkout(spec[7])
   if framework == "jax":
     run, xla_mb, gflops = jax_step(name, image_size, batch_size, cpu_kernels)
   else:
@@ -207,7 +215,8 @@ def time_interleaved(
   """``(step seconds, xla MiB, GFLOPs)`` per model: median over rounds, models interleaved.
 
   ``specs`` maps a label to ``(framework, name, image_size, batch_size, threads, cpu_kernels)``,
-  optionally with a 7th entry: the ``locvit.cpu_malloc`` mode that process starts under.
+  optionally with a 7th entry: the ``locvit.cpu_malloc`` mode that process starts under, and an
+  8th: the checkout that process imports ``locvit`` from (None: this one).
   ``faults``, if given, receives the median minor page faults per step of each label.
   Every model runs in its own process, as in real training: a model's heap, allocator state and
   thread pools are not disturbed by the others (measured in one process, a JAX step that
@@ -370,6 +379,30 @@ def kernels_table(args) -> None:
     )
 
 
+def checkouts_table(args) -> None:
+  if not args.baseline:
+    raise SystemExit("--tables=checkouts needs --baseline=PATH (another locvit checkout)")
+  size, batch = args.torch_image_size, args.torch_batch_size
+  roots = {"baseline": args.baseline, "this": ROOT}
+  models = ("convit_tiny", "deit_tiny")
+  specs = {
+    (name, label): ("jax", name, size, batch, args.threads, True, None, root)
+    for name in models
+    for label, root in roots.items()
+  }
+  before = load()
+  step_s, _, _ = time_interleaved(specs, args.steps, args.rounds, args.warmup)
+  print(
+    f"\n[5] this checkout vs {args.baseline}: train step at {size}x{size}, batch {batch}, "
+    f"{args.threads} cores, {args.rounds} rounds x {args.steps} steps, load {before} -> {load()}"
+  )
+  header = ("model", "base img/s", "this img/s", "this/base")
+  print(f"{header[0]:<14}" + "".join(f"{h:>12}" for h in header[1:]))
+  for name in models:
+    base, this = step_s[(name, "baseline")], step_s[(name, "this")]
+    print(f"{name:<14}{batch / base:>12.2f}{batch / this:>12.2f}{base / this:>11.3f}x")
+
+
 def malloc_table(args) -> None:
   size, batch = args.torch_image_size, args.torch_batch_size
   skip = set() if cpu_malloc.find_tcmalloc() else {"tcmalloc"}
@@ -414,8 +447,11 @@ def main() -> None:
   parser.add_argument("--warmup", type=int, default=3, help="untimed steps per model first")
   parser.add_argument("--threads", type=int, default=2)
   parser.add_argument(
-    "--tables", default="locvit,torch", help="which tables: locvit, torch, kernels, malloc"
+    "--tables",
+    default="locvit,torch",
+    help="which tables: locvit, torch, kernels, malloc, checkouts",
   )
+  parser.add_argument("--baseline", default="", help="another checkout, for --tables=checkouts")
   parser.add_argument(
     "--cpu_malloc", default="default", choices=cpu_malloc.FLAG_CHOICES, help="see the docstring"
   )
@@ -439,6 +475,8 @@ def main() -> None:
     kernels_table(args)
   if "malloc" in tables:
     malloc_table(args)
+  if "checkouts" in tables:
+    checkouts_table(args)
 
 
 if __name__ == "__main__":

@@ -1,20 +1,26 @@
-"""Token-wise linear maps that XLA:CPU differentiates quickly.
+"""The kernel setting, and token-wise linear maps that XLA:CPU differentiates quickly.
 
-A projection of ``(B, N, C)`` tokens is one matrix product, but XLA:CPU lowers the *weight
-gradient* of the 3-D form (a contraction over both ``B`` and ``N``) and of full-rank attention
-kernels such as ``(C, 3, H, Dh)`` far more slowly than the same product on 2-D operands: a
-pre-norm MLP's forward + backward pass at 196 tokens is 1.23x faster and a fused qkv projection
-1.6x faster with both operands reshaped to matrices first (``benchmarks/attention_kernels.py``).
-On CPU these helpers therefore flatten to ``(B * N, C) @ (C, F)`` and reshape back; the reshapes
-are free. ``locvit.models.layers.PatchProjection`` does the same for the patch embedding
-(patchify + matmul instead of a strided convolution). On GPU and TPU they call ``dot_general`` on
-the original shapes, which keeps the logical sharding of full-rank kernels (heads split over a
-``model`` mesh axis) intact.
+One setting picks every kernel of a model: ``attention_implementation``, resolved once when the
+model is built (``resolve_implementation``) and passed down to every layer as ``implementation``:
+
+- 'einsum' (what None becomes on CPU): locvit's CPU code paths. Attention runs in the explicit
+  kernels with hand-written backward passes (``locvit.attention.softmax_attention``), projections
+  run as 2-D matmuls (below) and the patch embedding as patchify + matmul.
+- 'xla', 'cudnn' or None (JAX's choice; what None stays on GPU and TPU): attention in
+  ``jax.nn.dot_product_attention``, projections as ``dot_general`` on the full-rank kernels (which
+  keeps the logical sharding of heads split over a ``model`` mesh axis) and the patch embedding
+  as ``lax.conv``.
+
+Why 2-D matmuls on CPU: a projection of ``(B, N, C)`` tokens is one matrix product, but XLA:CPU
+lowers the *weight gradient* of the 3-D form (a contraction over both ``B`` and ``N``) and of
+full-rank attention kernels such as ``(C, 3, H, Dh)`` far more slowly than the same product on
+2-D operands (``benchmarks/attention_kernels.py``, docs/benchmarks.md). The reshapes are free.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -22,26 +28,36 @@ import jax.numpy as jnp
 from jax import lax
 
 Array = jax.Array
+IMPLEMENTATIONS = (None, "xla", "cudnn", "einsum")
 
 
-# None: flatten on XLA:CPU only. True / False force it (read when a function is traced), e.g.
-# ``locvit.ops.FLATTEN_MATMULS = False`` for the before/after table of the ConViT benchmark.
-FLATTEN_MATMULS: bool | None = None
+def check_implementation(implementation: str | None) -> None:
+  """Raises ValueError naming the valid choices for an unknown ``implementation``."""
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}.")
 
 
-def flatten_matmuls() -> bool:
-  """True when projections are computed as 2-D matmuls (by default: the backend is XLA:CPU)."""
-  if FLATTEN_MATMULS is not None:
-    return FLATTEN_MATMULS
-  return jax.default_backend() == "cpu"
+def resolve_implementation(implementation: str | None) -> str | None:
+  """The kernel setting a model is built with: None becomes 'einsum' (the CPU code paths) when
+  the default backend is XLA:CPU and stays None (JAX's choice) elsewhere."""
+  check_implementation(implementation)
+  if implementation is None and jax.default_backend() == "cpu":
+    return "einsum"
+  return implementation
 
 
-def contract(x: Array, kernel: Array, num_contracting: int = 1) -> Array:
+def cpu_kernels(implementation: str | None) -> bool:
+  """Whether a (resolved) setting selects the CPU code paths."""
+  return implementation == "einsum"
+
+
+def contract(x: Array, kernel: Array, num_contracting: int = 1, *, flatten: bool = False) -> Array:
   """Contracts the last ``num_contracting`` axes of ``x`` with the first ones of ``kernel``.
 
-  ``(..., *in) x (*in, *out) -> (..., *out)``, as ``jnp.tensordot(x, kernel, num_contracting)``.
+  ``(..., *in) x (*in, *out) -> (..., *out)``, as ``jnp.tensordot(x, kernel, num_contracting)``;
+  ``flatten`` computes it as one ``(prod(lead), prod(in)) @ (prod(in), prod(out))`` matmul.
   """
-  if not flatten_matmuls():
+  if not flatten:
     return jnp.tensordot(x, kernel, axes=num_contracting)
   lead = x.shape[: x.ndim - num_contracting]
   out = kernel.shape[num_contracting:]
@@ -50,7 +66,7 @@ def contract(x: Array, kernel: Array, num_contracting: int = 1) -> Array:
   return jnp.reshape(y, (*lead, *out))
 
 
-def dense_dot_general(
+def _flat_dot_general(
   lhs: Array,
   rhs: Array,
   dimension_numbers: Any,
@@ -58,36 +74,34 @@ def dense_dot_general(
   preferred_element_type: Any = None,
   **kwargs: Any,
 ) -> Array:
-  """Drop-in ``lax.dot_general`` for ``nn.Dense(dot_general=...)``: flattens on CPU (see above).
-
-  Only the ``nn.Dense`` pattern (last axis of ``lhs`` with axis 0 of a 2-D ``rhs``, no batch
-  axes) is flattened; anything else goes to ``lax.dot_general`` unchanged.
-  """
+  """``lax.dot_general`` that runs ``nn.Dense``'s pattern (last axis of ``lhs`` with axis 0 of a
+  2-D ``rhs``, no batch axes) as a 2-D matmul; anything else goes to ``lax.dot_general``."""
   (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
   dense_pattern = (
-    flatten_matmuls()
-    and lhs.ndim > 2
+    lhs.ndim > 2
     and rhs.ndim == 2
     and tuple(lhs_contract) == (lhs.ndim - 1,)
     and tuple(rhs_contract) == (0,)
     and not lhs_batch
     and not rhs_batch
   )
-  if not dense_pattern:
-    return lax.dot_general(
-      lhs,
-      rhs,
-      dimension_numbers,
-      precision=precision,
-      preferred_element_type=preferred_element_type,
-      **kwargs,
-    )
+  if dense_pattern:
+    lhs_flat = jnp.reshape(lhs, (-1, lhs.shape[-1]))
+    dimension_numbers = (((1,), (0,)), ((), ()))
+  else:
+    lhs_flat = lhs
   y = lax.dot_general(
-    jnp.reshape(lhs, (-1, lhs.shape[-1])),
+    lhs_flat,
     rhs,
-    (((1,), (0,)), ((), ())),
+    dimension_numbers,
     precision=precision,
     preferred_element_type=preferred_element_type,
     **kwargs,
   )
-  return jnp.reshape(y, (*lhs.shape[:-1], rhs.shape[1]))
+  return jnp.reshape(y, (*lhs.shape[:-1], rhs.shape[1])) if dense_pattern else y
+
+
+def dense_dot_general(implementation: str | None) -> Callable[..., Array]:
+  """The ``dot_general`` for ``nn.Dense(dot_general=...)`` under a kernel setting: flattening on
+  the CPU code paths, ``lax.dot_general`` otherwise."""
+  return _flat_dot_general if cpu_kernels(implementation) else lax.dot_general

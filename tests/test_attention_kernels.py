@@ -95,10 +95,7 @@ def test_gated_kernel_matches_renormalised_gpsa_mix_in_values_and_gradients():
 
 @pytest.mark.parametrize("flatten", [True, False])
 @pytest.mark.parametrize("num_contracting", [1, 2])
-def test_contract_equals_tensordot_with_and_without_flattening(
-  monkeypatch, flatten, num_contracting
-):
-  monkeypatch.setattr(ops, "FLATTEN_MATMULS", flatten)
+def test_contract_equals_tensordot_with_and_without_flattening(flatten, num_contracting):
   x = jax.random.normal(jax.random.key(0), (2, 5, 3, 4))
   kernel_shape = {1: (4, 2, 6), 2: (3, 4, 2, 6)}[num_contracting]
   kernel = jax.random.normal(jax.random.key(1), kernel_shape)
@@ -106,7 +103,7 @@ def test_contract_equals_tensordot_with_and_without_flattening(
   def loss(fn):
     return jax.value_and_grad(lambda a, b: jnp.sum(jnp.cos(fn(a, b))), argnums=(0, 1))
 
-  got = loss(lambda a, b: ops.contract(a, b, num_contracting))(x, kernel)
+  got = loss(lambda a, b: ops.contract(a, b, num_contracting, flatten=flatten))(x, kernel)
   want = loss(lambda a, b: jnp.tensordot(a, b, axes=num_contracting))(x, kernel)
   np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
   for g, w in zip(got[1], want[1], strict=True):
@@ -115,7 +112,8 @@ def test_contract_equals_tensordot_with_and_without_flattening(
 
 def test_dense_dot_general_is_a_drop_in_for_flax_dense():
   x = jax.random.normal(jax.random.key(0), (2, 9, 8))
-  plain, flat = nn.Dense(5), nn.Dense(5, dot_general=ops.dense_dot_general)
+  plain, flat = nn.Dense(5), nn.Dense(5, dot_general=ops.dense_dot_general("einsum"))
+  assert ops.dense_dot_general("xla") is jax.lax.dot_general
   params = plain.init(jax.random.key(1), x)
   assert jax.tree.map(jnp.shape, flat.init(jax.random.key(1), x)) == jax.tree.map(jnp.shape, params)
 
@@ -129,5 +127,5 @@ def test_dense_dot_general_is_a_drop_in_for_flax_dense():
     np.testing.assert_allclose(g, w, rtol=1e-5)
   # Other contraction patterns are passed through to lax.dot_general untouched.
   a, b = jnp.ones((2, 3, 4)), jnp.ones((2, 4, 5))
-  batched = ops.dense_dot_general(a, b, (((2,), (1,)), ((0,), (0,))))
+  batched = ops.dense_dot_general("einsum")(a, b, (((2,), (1,)), ((0,), (0,))))
   np.testing.assert_array_equal(batched, jnp.full((2, 3, 5), 4.0))

@@ -279,7 +279,9 @@ def test_bad_backbone_attention_is_a_clear_error():
 def test_cait_mask_comes_before_talking_heads():
   heads, head_dim, dim = 3, 8, 24
   grid = TokenGrid(4, 4)
-  attn = TalkingHeadsAttention(heads, head_dim, "gmm", {"num_kernels": 2})
+  attn = TalkingHeadsAttention(
+    heads, head_dim, attention="gmm", attention_kwargs={"num_kernels": 2}
+  )
   x = jax.random.normal(jax.random.key(0), (2, 16, dim))
   init = fast_jit(lambda key, x: attn.init_with_output(key, x, grid=grid, mutable=True))
   _, variables = init(jax.random.key(1), x)

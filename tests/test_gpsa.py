@@ -309,7 +309,7 @@ def test_convit_overrides_layers_and_locality():
 
 
 def test_attention_implementations_agree_and_bad_name_is_rejected():
-  from locvit.attention.attention import dot_product_attention
+  from locvit.attention import dot_product_attention
 
   q, k, v = (jax.random.normal(jax.random.key(i), (2, 7, 3, 4)) for i in range(3))
   bias = jax.random.normal(jax.random.key(4), (1, 3, 7, 7))

@@ -50,15 +50,13 @@ def test_gelu_keeps_dtype():
   )
 
 
-@pytest.mark.parametrize("flatten", [True, False])
-def test_patch_embed_is_the_strided_convolution_with_its_parameters(monkeypatch, flatten):
+@pytest.mark.parametrize("implementation", ["einsum", "xla"])
+def test_patch_embed_is_the_strided_convolution_with_its_parameters(implementation):
   """The patchify + matmul form (CPU) and the convolution give nn.Conv's init and numbers."""
-  from locvit import ops
   from locvit.models import layers
 
-  monkeypatch.setattr(ops, "FLATTEN_MATMULS", flatten)
   images = jax.random.normal(jax.random.key(0), (2, 32, 48, 3))
-  embed = layers.PatchEmbed(patch_size=8, embed_dim=16)
+  embed = layers.PatchEmbed(patch_size=8, embed_dim=16, implementation=implementation)
   variables = nn.meta.unbox(embed.init(jax.random.key(1), images))
 
   class Reference(nn.Module):  # the pre-change PatchEmbed: nn.Conv named 'proj'

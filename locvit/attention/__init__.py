@@ -1,4 +1,11 @@
-"""Geometry -> positional terms -> attention: the convolutional priors of locvit."""
+"""Geometry -> positional terms -> attention core: the convolutional priors of locvit.
+
+Positional terms (Linen modules called as ``term(grid)``, returning ``(H, N, N)`` tables):
+``QuadraticPositional`` and ``LearnedRelativePositional`` (Cordonnier et al.),
+``GaussianMixtureMask`` and ``ElementwiseMask`` (Li & Zhang); GPSA's gated term lives in its layer.
+They plug into ``Attention(positional=term, combine=...)``, which hands them to the attention core
+(``attend``, ``Term``, ``LogitsHook``; see ``locvit/attention/core.py``).
+"""
 
 from locvit.attention.attention import (
   COMBINE_RULES,
@@ -7,6 +14,7 @@ from locvit.attention.attention import (
   list_attention,
   register_attention,
 )
+from locvit.attention.core import LogitsHook, Term, attend
 from locvit.attention.geometry import (
   TokenGrid,
   gpsa_relative_features,
@@ -14,17 +22,36 @@ from locvit.attention.geometry import (
   squared_distances,
 )
 from locvit.attention.gpsa import GPSA as GPSA  # registers attention kinds 'gpsa' and 'psa'
-from locvit.attention.masks import GMMAttention as GMMAttention  # registers 'gmm' and 'elm'
-from locvit.attention.relative import RelativeAttention as RelativeAttention  # 'quadratic', ...
+from locvit.attention.masks import (  # registers 'gmm' and 'elm'
+  ElementwiseMask,
+  ELMAttention,
+  GaussianMixtureMask,
+  GMMAttention,
+)
+from locvit.attention.projections import DenseGeneral
+from locvit.attention.relative import (  # registers 'quadratic', ...
+  LearnedRelativePositional,
+  QuadraticPositional,
+  RelativeAttention,
+)
 from locvit.attention.softmax_attention import dot_product_attention, gated_positional_attention
 
 __all__ = [
   "COMBINE_RULES",
   "GPSA",
   "Attention",
+  "DenseGeneral",
+  "ELMAttention",
+  "ElementwiseMask",
   "GMMAttention",
+  "GaussianMixtureMask",
+  "LearnedRelativePositional",
+  "LogitsHook",
+  "QuadraticPositional",
   "RelativeAttention",
+  "Term",
   "TokenGrid",
+  "attend",
   "dot_product_attention",
   "gated_positional_attention",
   "get_attention",

@@ -95,3 +95,11 @@ def grid_from_tokens(num_tokens: int) -> TokenGrid:
       f"Cannot infer a square token grid from {num_tokens} tokens; pass the grid explicitly."
     )
   return TokenGrid(side, side)
+
+
+def check_grid_tokens(grid: TokenGrid | None, num_tokens: int) -> TokenGrid:
+  """``grid`` (inferred as square when None), with a clear error when it has another token count."""
+  grid = grid or grid_from_tokens(num_tokens)
+  if grid.num_tokens != num_tokens:
+    raise ValueError(f"Grid {grid.height}x{grid.width} does not match {num_tokens} tokens.")
+  return grid

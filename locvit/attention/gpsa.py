@@ -11,14 +11,15 @@ Biases". With ``r_ij = (dx, dy, dx^2 + dy^2)`` (key minus query, see ``geometry.
   head h attends to the patch at offset ``Delta^h`` of a ``sqrt(H) x sqrt(H)`` kernel with
   locality strength ``alpha``.
 
-The positional term ``softmax(v_pos . r)`` does not depend on the input, so the fast path computes
-it once per call as an ``(H, N, N)`` table shared by the batch (the reference builds it per
-example) and drops the renormalisation, an exact no-op. Then, by backend:
+The positional term ``softmax(v_pos . r)`` does not depend on the input: it is computed once per
+call as an ``(H, N, N)`` table shared by the batch (the reference builds it per example) and
+enters the attention core (``core.py``) with the ``'gate'`` combine rule (PSA: ``'add'``). The
+fast path drops the renormalisation, an exact no-op. Then, by kernel setting:
 
-- 'xla' / 'cudnn' (GPU, TPU): the exact identity ``GPSA = (1 - g) SDPA(q, k, v) + g (P v)``; the
-  content part runs in ``jax.nn.dot_product_attention`` (cuDNN's flash kernel where it applies)
-  and no ``(B, H, N, N)`` tensor is built.
-- 'einsum' (the CPU default): ``softmax_attention.gated_positional_attention``, the mixed map
+- 'xla' / 'cudnn' / None (GPU, TPU): the exact identity ``GPSA = (1 - g) SDPA(q, k, v) + g (P v)``;
+  the content part runs in ``jax.nn.dot_product_attention`` (cuDNN's flash kernel where it
+  applies) and no ``(B, H, N, N)`` tensor is built.
+- 'einsum' (the CPU code path): ``softmax_attention.gated_positional_attention``, the mixed map
   ``(1 - g) softmax(q k^T) + g P`` times ``v`` in one kernel with a hand-written backward pass
   (fewer matmuls than the decomposition when the map is materialised anyway).
 
@@ -31,26 +32,22 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from locvit.attention.attention import (
-  IMPLEMENTATIONS,
+from locvit.attention import projections
+from locvit.attention.attention import AttentionLayer, register_attention
+from locvit.attention.core import Term, attend
+from locvit.attention.geometry import TokenGrid, check_grid_tokens, gpsa_relative_features
+from locvit.attention.projections import (
   DenseGeneral,
-  OutputProjection,
-  dot_product_attention,
+  output_projection,
   partitioned,
-  record_attention,
-  register_attention,
-  trunc_normal,
-  wants_attention_maps,
   zeros,
 )
-from locvit.attention.geometry import TokenGrid, gpsa_relative_features, grid_from_tokens
-from locvit.attention.softmax_attention import gated_positional_attention, resolve_implementation
 
 Array = jax.Array
 Variant = Literal["gpsa", "psa"]
@@ -106,7 +103,7 @@ def identity_init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) 
 
 
 @register_attention("gpsa")
-class GPSA(nn.Module):
+class GPSA(AttentionLayer):
   """ConViT's gated positional self-attention (d'Ascoli et al. 2021, Eqs. 6-7, Sec. 3), or ungated
   PSA (Eq. 4), with the convolutional init of Eq. 5.
 
@@ -120,8 +117,8 @@ class GPSA(nn.Module):
     qkv_bias: bias on ``qk`` and ``v`` (False in ConViT).
     attn_drop: dropout on the mixed attention (forces the explicit path when training).
     proj_drop: dropout after ``proj``.
-    implementation: backend of the fast path: None ('einsum' on CPU, JAX's choice elsewhere),
-      'xla', 'cudnn' or 'einsum' (see the module docstring).
+    implementation: the model's kernel setting (``locvit.ops``): None (JAX's choice), 'xla',
+      'cudnn' or 'einsum' (see the module docstring).
     locality_strength: ``alpha`` of Eq. 5 (1.0 in ConViT).
     use_local_init: convolutional init (``v = I``, ``pos_proj`` centres) rather than plain
       trunc-normal. If H is not a perfect square only the first ``int(sqrt(H))^2`` heads get a
@@ -142,39 +139,19 @@ class GPSA(nn.Module):
   ``sigmoid(gating_param)``.
   """
 
-  num_heads: int
-  head_dim: int | None = None
   qkv_bias: bool = False
-  attn_drop: float = 0.0
-  proj_drop: float = 0.0
-  implementation: str | None = None
   locality_strength: float = 1.0
   use_local_init: bool = True
   gating_init: float = 1.0
   variant: Variant = "gpsa"
   fast_path: bool = True
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-  kernel_init: Callable = trunc_normal
+  choices: ClassVar[dict[str, tuple[Any, ...]]] = {"variant": VARIANTS}
 
-  def _head_dim(self, dim: int) -> int:
-    if self.head_dim is not None:
-      return self.head_dim
-    if dim % self.num_heads:
-      raise ValueError(f"dim={dim} is not divisible by num_heads={self.num_heads}.")
-    return dim // self.num_heads
-
-  def _dense(self, features, names, name, *, use_bias, kernel_init=None):
+  def _dense(self, features, names, name, *, kernel_init=None):
     """A full-rank-kernel projection whose kernel axes are ``names`` (input, then outputs)."""
-    return DenseGeneral(
-      features,
-      names,
-      use_bias=use_bias,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      kernel_init=kernel_init or self.kernel_init,
-      name=name,
-    )
+    kwargs = self._dense_kwargs()
+    kwargs["kernel_init"] = kernel_init or self.kernel_init
+    return DenseGeneral(features, names, use_bias=self.qkv_bias, name=name, **kwargs)
 
   def _pos_logits(self, grid: TokenGrid) -> Array:
     """``(H, N, N)`` float32 logits ``v_pos^h . r_ij``, shared by the whole batch."""
@@ -191,40 +168,26 @@ class GPSA(nn.Module):
     )
     return jnp.transpose(pos_proj(gpsa_relative_features(grid)), (2, 0, 1))
 
-  @nn.compact
-  def __call__(
-    self,
-    x: Array,
-    *,
-    grid: TokenGrid | None = None,
-    num_prefix_tokens: int = 0,
-    train: bool = False,
-  ) -> Array:
-    if self.variant not in VARIANTS:
-      raise ValueError(f"variant={self.variant!r} is not one of {VARIANTS}.")
-    if self.implementation not in IMPLEMENTATIONS:
-      raise ValueError(f"implementation={self.implementation!r} is not one of {IMPLEMENTATIONS}.")
-    if num_prefix_tokens:
-      raise ValueError(
-        f"{self.variant.upper()} attention is defined on patch tokens only, got "
-        f"num_prefix_tokens={num_prefix_tokens}. In ConViT the class token is inserted after the "
-        "last GPSA layer: set class_token_layer >= the number of GPSA layers."
-      )
-    _, num_tokens, dim = x.shape
-    grid = grid or grid_from_tokens(num_tokens)
-    if grid.num_tokens != num_tokens:
-      raise ValueError(f"Grid {grid.height}x{grid.width} does not match {num_tokens} tokens.")
-    heads, head_dim = self.num_heads, self._head_dim(dim)
+  def _prefix_token_error(self, num_prefix_tokens: int) -> str:
+    return (
+      f"{self.variant.upper()} attention is defined on patch tokens only, got "
+      f"num_prefix_tokens={num_prefix_tokens}. In ConViT the class token is inserted after the "
+      "last GPSA layer: set class_token_layer >= the number of GPSA layers."
+    )
 
-    qk = self._dense(
-      (2, heads, head_dim), ("embed", None, "heads", "kv"), "qk", use_bias=self.qkv_bias
-    )(x)
+  def _forward(
+    self, x: Array, grid: TokenGrid | None, num_prefix_tokens: int, train: bool
+  ) -> Array:
+    dim = x.shape[-1]
+    grid = check_grid_tokens(grid, x.shape[1])
+    heads, head_dim = self.num_heads, projections.head_dim(dim, self.num_heads, self.head_dim)
+
+    qk = self._dense((2, heads, head_dim), ("embed", None, "heads", "kv"), "qk")(x)
     q, k = qk[:, :, 0], qk[:, :, 1]  # (B, N, H, Dh): BTNH layout
     v = self._dense(
       (heads, head_dim),
       ("embed", "heads", "kv"),
       "v",
-      use_bias=self.qkv_bias,
       kernel_init=identity_init if self.use_local_init else None,
     )(x)
     if self.use_local_init and self.is_initializing():
@@ -232,7 +195,6 @@ class GPSA(nn.Module):
     pos_logits = self._pos_logits(grid)
     pos = jax.nn.softmax(pos_logits, axis=-1)
     self.sow("intermediates", "pos_attention", pos)
-    gate = None
     if self.variant == "gpsa":
       gating_param = self.param(
         "gating_param",
@@ -242,35 +204,21 @@ class GPSA(nn.Module):
       )
       gate = jax.nn.sigmoid(gating_param.astype(jnp.float32))
       self.sow("intermediates", "gate", gate)
-
-    fast = (
-      self.fast_path and not wants_attention_maps(self) and not (train and self.attn_drop > 0.0)
+      term = Term(pos, "gate", gate)
+    else:  # PSA: positional logits are an additive bias of the content logits
+      term = Term(pos_logits, "add")
+    y = attend(
+      self,
+      q,
+      k,
+      v,
+      terms=(term,),
+      attn_drop=self.attn_drop,
+      train=train,
+      implementation=self.implementation,
+      fused=self.fast_path,
     )
-    if fast and gate is not None and resolve_implementation(self.implementation) == "einsum":
-      y = gated_positional_attention(q, k, v, pos, gate)
-    elif fast and gate is not None:
-      content = dot_product_attention(q, k, v, implementation=self.implementation)
-      positional = jnp.einsum("hnm,bmhd->bnhd", pos.astype(self.dtype), v)
-      g = gate[:, None].astype(self.dtype)  # broadcasts over (B, N, H, Dh)
-      y = (1 - g) * content + g * positional
-    elif fast:  # PSA: positional logits are an additive bias of the fused kernel
-      bias = pos_logits[None].astype(q.dtype)
-      y = dot_product_attention(q, k, v, bias=bias, implementation=self.implementation)
-    else:
-      logits = jnp.einsum("bnhd,bmhd->bhnm", q, k).astype(jnp.float32) * head_dim**-0.5
-      if gate is not None:
-        g = gate[:, None, None]
-        probs = (1 - g) * jax.nn.softmax(logits, axis=-1) + g * pos
-        # Exact no-op in exact arithmetic; kept because the reference renormalises (Eq. 6).
-        probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
-      else:
-        probs = jax.nn.softmax(logits + pos_logits, axis=-1)
-      record_attention(self, probs)
-      probs = nn.Dropout(self.attn_drop)(probs, deterministic=not train).astype(self.dtype)
-      y = jnp.einsum("bhnm,bmhd->bnhd", probs, v)
-
-    out = OutputProjection(dim, self.dtype, self.param_dtype, self.kernel_init, name="proj")(y)
-    return nn.Dropout(self.proj_drop)(out, deterministic=not train)
+    return output_projection(dim, **self._dense_kwargs())(y)
 
 
 @register_attention("psa")

@@ -31,14 +31,11 @@ The paper defines both masks on a square ``N^(1/2) x N^(1/2)`` grid (Eq. 2). The
 well defined on any ``h x w`` grid; pass ``allow_non_square=True`` to use it there.
 
 Attention kinds ``'gmm'`` and ``'elm'`` are registered: ``Attention`` with the mask as its
-positional term (same parameters, same results), configured through a backbone's
-``attention_kwargs``, e.g. ``{'gmm': {'num_kernels': 5, 'kernel': 'faithful', 'combine':
-'multiply'}}``. They differ from ``Attention(positional=..., combine=...)`` in one respect: the
-table's gradient is summed over the batch as a matmul (``batch_broadcast``), which XLA:CPU runs
-~20x faster than the column reduction autodiff produces; this keeps a GMM-ViT training step
-within a few percent of the baseline's. Backbones with their own attention (Swin windows, CaiT
-talking heads, the T2T token transformer) build the mask with ``make_mask`` and apply it with
-``combine_mask``. The table is computed once per call from NumPy constants: no batch dimension.
+positional term (child ``mask``), configured through a backbone's ``attention_kwargs``, e.g.
+``{'gmm': {'num_kernels': 5, 'kernel': 'faithful', 'combine': 'multiply'}}``. Backbones with their
+own attention (Swin windows, CaiT talking heads, the T2T token transformer) build the mask with
+``mask_terms`` and hand it to the attention core as a ``Term``. The table is computed once per
+call from NumPy constants: no batch dimension.
 """
 
 from __future__ import annotations
@@ -53,16 +50,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from locvit.attention.attention import (
-  IMPLEMENTATIONS,
-  Attention,
-  dot_product_attention,
-  partitioned,
-  record_attention,
-  register_attention,
-  wants_attention_maps,
-)
+from locvit.attention.attention import Attention, register_attention
+from locvit.attention.core import Term
 from locvit.attention.geometry import TokenGrid, squared_distances
+from locvit.attention.projections import normal_init, partitioned
 
 Array = jax.Array
 Kernel = Literal["faithful", "intended"]
@@ -131,66 +122,8 @@ def gaussian_mixture(alpha: Array, sigma: Array, grid: TokenGrid, kernel: Kernel
   return per_head[:, jnp.asarray(index)]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def batch_broadcast(table: Array, batch: int) -> Array:
-  """``broadcast_to(table, (batch, *table.shape))`` whose gradient sums the batch as a matmul.
-
-  The gradient of a table shared by the batch is a sum over the leading batch axis of a
-  ``(B, H, N, N)`` cotangent. XLA:CPU lowers that column reduction about 20x slower than the
-  equivalent ``ones(1, B) @ g.reshape(B, -1)`` (measured: 77 ms vs 3 ms at B = 128, H = 12,
-  N = 64), which alone made a GMM attention layer's forward + backward ~25% slower than plain
-  MHSA's (now within ~2%). The forward broadcast fuses into its consumer, so it costs nothing.
-  """
-  return jnp.broadcast_to(table, (batch, *table.shape))
-
-
-def _batch_broadcast_fwd(table: Array, batch: int) -> tuple[Array, None]:
-  return batch_broadcast(table, batch), None
-
-
-def _batch_broadcast_bwd(batch: int, _: None, g: Array) -> tuple[Array]:
-  ones = jnp.ones((1, batch), g.dtype)
-  total = jnp.matmul(ones, g.reshape(batch, -1), precision=jax.lax.Precision.HIGHEST)
-  return (total.reshape(g.shape[1:]),)
-
-
-batch_broadcast.defvjp(_batch_broadcast_fwd, _batch_broadcast_bwd)
-
-
-def pad_prefix(table: Array, num_prefix_tokens: int, combine: str) -> Array:
-  """Neutral rows/columns for prefix tokens: 1 for 'multiply', 0 for 'add'."""
-  if combine not in MASK_COMBINE:
-    raise ValueError(f"mask combine={combine!r} is not one of {MASK_COMBINE}.")
-  if not num_prefix_tokens:
-    return table
-  fill = 1.0 if combine == "multiply" else 0.0
-  pad = ((0, 0), (num_prefix_tokens, 0), (num_prefix_tokens, 0))
-  return jnp.pad(table, pad, constant_values=fill)
-
-
-def combine_mask(logits: Array, table: Array, combine: str, num_prefix_tokens: int = 0) -> Array:
-  """Applies an ``(H, N, N)`` patch-token mask to ``(B, H, n, n)`` float32 logits.
-
-  'multiply' is Li & Zhang Eq. 7 (``B = A o M``, the logits of Eq. 9); 'add' adds ``M`` instead.
-
-  Prefix tokens (class tokens) are left untouched: their rows and columns get 1 for 'multiply'
-  and 0 for 'add', as the official PiT does (``dots[:, :, 1:, 1:] = mask(dots[:, :, 1:, 1:])``).
-  """
-  table = batch_broadcast(pad_prefix(table, num_prefix_tokens, combine), logits.shape[0])
-  return logits * table if combine == "multiply" else logits + table
-
-
 # ---------------------------------------------------------------------------------------------
 # Mask modules: positional terms ``term(grid) -> (H, N, N)``.
-
-
-def normal_init(mean: float, std: float) -> Callable:
-  """``N(mean, std^2)`` initializer (``torch.randn(...) * std + mean``; Li & Zhang Algorithm 1)."""
-
-  def init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
-    return mean + std * jax.random.normal(key, shape, dtype)
-
-  return init
 
 
 def check_grid(grid: TokenGrid, allow_non_square: bool, what: str) -> None:
@@ -248,11 +181,11 @@ class GaussianMixtureMask(nn.Module):
     shape = (self.num_kernels, self.num_heads)
     names = (None, "heads")
     alpha = self.param(
-      "alpha", partitioned(normal_init(0.0, self.alpha_std), names), shape, self.param_dtype
+      "alpha", partitioned(normal_init(self.alpha_std), names), shape, self.param_dtype
     )
     sigma = self.param(
       "sigma",
-      partitioned(normal_init(self.sigma_mean, self.sigma_std), names),
+      partitioned(normal_init(self.sigma_std, self.sigma_mean), names),
       shape,
       self.param_dtype,
     )
@@ -314,16 +247,19 @@ def split_mask_options(kind: str, options: Mapping[str, Any] | None) -> tuple[di
   return options, combine
 
 
-def make_mask(
-  kind: str, num_heads: int, options: Mapping[str, Any] | None = None, *, name: str = "mask"
-) -> tuple[nn.Module, str]:
-  """Builds the mask module of ``kind`` ('gmm' | 'elm') and returns ``(module, combine)``.
+def mask_terms(
+  kind: str, num_heads: int, grid: TokenGrid, options: Mapping[str, Any] | None = None
+) -> tuple[Term, ...]:
+  """The attention-core term of mask ``kind`` ('gmm' | 'elm') on ``grid``; ``()`` for 'mhsa'.
 
   For backbones with their own attention (Swin windows, CaiT talking heads, T2T tokens); call it
-  inside a compact method so the module is a child of the caller.
+  inside a compact method: the mask module becomes the caller's child ``mask``.
   """
+  if kind not in MASK_KINDS:
+    return ()
   module_options, combine = split_mask_options(kind, options)
-  return MASK_MODULES[kind](num_heads=num_heads, name=name, **module_options), combine
+  mask = MASK_MODULES[kind](num_heads=num_heads, name="mask", **module_options)
+  return (Term(mask(grid), combine),)
 
 
 def mask_attention_kwargs(
@@ -341,71 +277,26 @@ def mask_attention_kwargs(
 # Attention kinds 'gmm' and 'elm': the shared Attention with the mask as its positional term.
 
 
-class MaskedAttention(Attention):
-  """``Attention`` whose positional term is this kind's mask (``combine`` 'multiply' or 'add')."""
-
-  mask_kind: ClassVar[str] = ""
-  combine: Literal["multiply", "add"] = "multiply"
-  allow_non_square: bool = False
-
-  def __post_init__(self):
-    if self.positional is not None:
-      raise ValueError(f"Attention kind {self.mask_kind!r} builds its own mask; drop positional=.")
-    if self.combine not in MASK_COMBINE:
-      raise ValueError(f"{self.mask_kind} combine={self.combine!r} is not one of {MASK_COMBINE}.")
-    super().__post_init__()
-
-  def _mask(self) -> nn.Module:
-    raise NotImplementedError
-
-  def _positional_table(self, grid: TokenGrid | None) -> Array:
-    if grid is None:
-      raise ValueError(f"Attention kind {self.mask_kind!r} needs the token grid (grid=TokenGrid).")
-    return self._mask()(grid)
-
-  @nn.compact
-  def __call__(
-    self,
-    x: Array,
-    *,
-    grid: TokenGrid | None = None,
-    num_prefix_tokens: int = 0,
-    train: bool = False,
-  ) -> Array:
-    """``Attention.__call__`` for the 'multiply' / 'add' rules, same parameters and results.
-
-    Differs only in how the table's gradient is summed over the batch (``batch_broadcast``).
-    """
-    if self.implementation not in IMPLEMENTATIONS:
-      raise ValueError(f"implementation={self.implementation!r} is not one of {IMPLEMENTATIONS}.")
-    dim = x.shape[-1]
-    q, k, v = self._qkv(x)
-    table = pad_prefix(self._positional_table(grid), num_prefix_tokens, self.combine)
-    fused = (
-      self.combine == "add"
-      and not wants_attention_maps(self)
-      and not (train and self.attn_drop > 0.0)
-    )
-    if fused:
-      # cuDNN reads the bias from memory: give it the un-broadcast table.
-      batch = 1 if self.implementation == "cudnn" else x.shape[0]
-      bias = batch_broadcast(table, batch).astype(q.dtype)
-      y = dot_product_attention(q, k, v, bias=bias, implementation=self.implementation)
-      return self._project(y, dim, train)
-    logits = jnp.einsum("bnhd,bmhd->bhnm", q, k).astype(jnp.float32) * q.shape[-1] ** -0.5
-    logits = combine_mask(logits, table, self.combine)
-    probs = jax.nn.softmax(logits, axis=-1)
-    record_attention(self, probs)
-    probs = nn.Dropout(self.attn_drop)(probs, deterministic=not train).astype(self.dtype)
-    y = jnp.einsum("bhnm,bmhd->bnhd", probs, v)
-    return self._project(y, dim, train)
+def _check_mask_combine(kind: str, layer: Attention) -> None:
+  if layer.positional is not None:
+    raise ValueError(f"Attention kind {kind!r} builds its own mask; drop positional=.")
+  if layer.combine not in MASK_COMBINE:
+    raise ValueError(f"{kind} combine={layer.combine!r} is not one of {MASK_COMBINE}.")
 
 
-class GMMAttention(MaskedAttention):
+def _mask_grid(kind: str, grid: TokenGrid | None) -> TokenGrid:
+  if grid is None:
+    raise ValueError(f"Attention kind {kind!r} needs the token grid (grid=TokenGrid).")
+  return grid
+
+
+class GMMAttention(Attention):
   """Multi-head GMM attention (Li & Zhang Sec. 3.3, Eq. 9: ``softmax((q k^T / sqrt(d)) * M) v``);
-  attention kind 'gmm'."""
+  attention kind 'gmm'. ``Attention`` with a ``GaussianMixtureMask`` child named ``mask``."""
 
   mask_kind: ClassVar[str] = "gmm"
+  combine: Literal["multiply", "add"] = "multiply"
+  allow_non_square: bool = False
   num_kernels: int = 5
   kernel: Kernel = "faithful"
   alpha_std: float = 2.0
@@ -416,9 +307,10 @@ class GMMAttention(MaskedAttention):
     check_num_kernels(self.num_kernels)
     if self.kernel not in KERNELS:
       raise ValueError(f"GMM kernel={self.kernel!r} is not one of {KERNELS}.")
+    _check_mask_combine(self.mask_kind, self)
     super().__post_init__()
 
-  def _mask(self) -> nn.Module:
+  def _positional_table(self, grid: TokenGrid | None) -> Array:
     return GaussianMixtureMask(
       self.num_heads,
       self.num_kernels,
@@ -429,22 +321,29 @@ class GMMAttention(MaskedAttention):
       self.allow_non_square,
       self.param_dtype,
       name="mask",
-    )
+    )(_mask_grid(self.mask_kind, grid))
 
 
-class ELMAttention(MaskedAttention):
+class ELMAttention(Attention):
   """Attention with Li & Zhang's element-wise learnable mask (Sec. 3.1) on the logits, applied as
-  in Eq. 9 (attention kind 'elm')."""
+  in Eq. 9 (attention kind 'elm'). ``Attention`` with an ``ElementwiseMask`` child ``mask``."""
 
   mask_kind: ClassVar[str] = "elm"
+  combine: Literal["multiply", "add"] = "multiply"
+  allow_non_square: bool = False
 
-  def _mask(self) -> nn.Module:
-    return ElementwiseMask(
+  def __post_init__(self):
+    _check_mask_combine(self.mask_kind, self)
+    super().__post_init__()
+
+  def _positional_table(self, grid: TokenGrid | None) -> Array:
+    mask = ElementwiseMask(
       self.num_heads, self.allow_non_square, param_dtype=self.param_dtype, name="mask"
     )
+    return mask(_mask_grid(self.mask_kind, grid))
 
 
-def _factory(cls: type[MaskedAttention]) -> Callable[..., nn.Module]:
+def _factory(cls: type[GMMAttention] | type[ELMAttention]) -> Callable[..., nn.Module]:
   """A factory that names the valid options when ``attention_kwargs`` has a typo."""
   valid = {f.name for f in dataclasses.fields(cls)} - {"parent"}
 

@@ -48,47 +48,32 @@ Two ways to use a term in a layer (both registered as attention kinds, see the b
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from locvit.attention.attention import (
-  IMPLEMENTATIONS,
-  Attention,
-  dot_product_attention,
+from locvit.attention.attention import Attention, AttentionLayer, register_attention
+from locvit.attention.core import Term, attend
+from locvit.attention.geometry import TokenGrid, check_grid_tokens, relative_offsets
+from locvit.attention.projections import (
+  DenseGeneral,
+  normal_init,
   partitioned,
-  record_attention,
-  register_attention,
-  wants_attention_maps,
+  torch_linear_bias_init,
+  torch_linear_kernel_init,
 )
-from locvit.attention.geometry import TokenGrid, grid_from_tokens, relative_offsets
 
 Array = jax.Array
 Kind = Literal["quadratic", "quadratic_generalized", "learned_relative"]
 KINDS = ("quadratic", "quadratic_generalized", "learned_relative")
 Layout = Literal["standard", "reference"]
 LAYOUTS = ("standard", "reference")
-
-# PyTorch's nn.Linear default init: kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(fan_in), 1/sqrt(fan_in))
-# for the weight, and the same bound for the bias. variance_scaling(1/3, fan_in, uniform) has bound
-# sqrt(3 * (1/3) / fan_in) = 1/sqrt(fan_in). With nn.DenseGeneral the kernel is initialised flat as
-# (prod(inputs), prod(outputs)), so fan_in is the full input width (e.g. H * D for ``value``).
-torch_linear_kernel_init = nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
-
-
-def torch_linear_bias_init(fan_in: int) -> Callable:
-  """PyTorch's nn.Linear bias init ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``."""
-  bound = 1.0 / math.sqrt(fan_in)
-
-  def init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
-    return jax.random.uniform(key, shape, dtype, -bound, bound)
-
-  return init
+Parameterization = Literal["spreads", "alpha"]
+PARAMETERIZATIONS = ("spreads", "alpha")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,7 +114,17 @@ def quadratic_target_vectors(centers: Array, spreads: Array) -> Array:
   Cordonnier et al. appendix E: ``u . r(delta) = -1/2 (delta - Delta)^T Sigma^{-1} (delta - Delta)``
   up to a constant (Eq. 19); isotropic spreads give Eq. 9 with ``alpha = s^2 / 2``.
   """
-  inv = inverse_covariance(spreads)
+  return target_vectors(centers, inverse_covariance(spreads))
+
+
+def alpha_inverse_covariance(alpha: Array) -> Array:
+  """``Sigma^{-1} = 2 alpha I`` (H, 2, 2) for Eq. 9's ``-alpha ||delta - Delta||^2`` logits."""
+  alpha = jnp.asarray(alpha)
+  return (2.0 * alpha)[:, None, None] * jnp.eye(2, dtype=alpha.dtype)
+
+
+def target_vectors(centers: Array, inv: Array) -> Array:
+  """``u`` (H, 5) from centres ``Delta`` (H, 2) and inverse covariances ``Sigma^{-1}`` (H, 2, 2)."""
   a, b, c = inv[:, 0, 0], inv[:, 0, 1], inv[:, 1, 1]
   mu1, mu2 = centers[:, 0], centers[:, 1]
   return -0.5 * jnp.stack(
@@ -137,55 +132,63 @@ def quadratic_target_vectors(centers: Array, spreads: Array) -> Array:
   )
 
 
-def _normal(std: float, mean: Any = 0.0) -> Callable:
-  def init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
-    return jnp.asarray(mean, dtype) + std * jax.random.normal(key, shape, dtype)
-
-  return init
-
-
 class QuadraticPositional(nn.Module):
   """Cordonnier et al.'s Gaussian (quadratic) positional logits ``(H, N, N)``: isotropic (Sec. 3,
-  Eq. 9) or generalized (appendix E, Eq. 19). Parameters ``attention_centers`` and
-  ``attention_spreads``; no content term.
+  Eq. 9) or generalized (appendix E, Eq. 19). Parameters ``attention_centers`` and either
+  ``attention_spreads`` (the reference's layout) or ``attention_alphas``; no content term.
 
   Attributes:
     num_heads: H.
     generalized: ``attention_spreads`` is ``(H, 2, 2)`` (``Sigma^{-1/2}``) instead of ``(H,)``.
+    parameterization: 'spreads' (the reference's ``attention_spreads`` ``s``) or 'alpha' (Eq. 9's
+      ``alpha`` (H,) directly: logits ``-alpha ||delta - Delta||^2``; ``alpha = s^2 / 2``, i.e.
+      ``s = sqrt(2 alpha)``). 'alpha' is isotropic only.
     center_init_std: std of the centre init (2.0 in the reference; see the module docstring).
-    spread_init_std: std of the noise on the spread init (0.01 in the reference).
+    spread_init_std: std of the noise on the spread init (0.01 in the reference); with 'alpha'
+      the init is ``alpha = s^2 / 2`` of those spreads.
   """
 
   num_heads: int
   generalized: bool = False
+  parameterization: Parameterization = "spreads"
   center_init_std: float = 2.0
   spread_init_std: float = 0.01
   param_dtype: Any = jnp.float32
 
-  @nn.compact
-  def __call__(self, grid: TokenGrid) -> Array:
+  def _inverse_covariance(self) -> Array:
+    """``Sigma^{-1}`` (H, 2, 2) from this term's spread or alpha parameters."""
     heads = self.num_heads
-    centers = self.param(
-      "attention_centers",
-      partitioned(_normal(self.center_init_std), ("heads", None)),
-      (heads, 2),
+    if self.parameterization not in PARAMETERIZATIONS:
+      raise ValueError(
+        f"parameterization={self.parameterization!r} is not one of {PARAMETERIZATIONS}."
+      )
+    if self.parameterization == "alpha":
+      if self.generalized:
+        raise ValueError("parameterization='alpha' is isotropic; use 'spreads' with generalized.")
+      spread_init = normal_init(self.spread_init_std, 1.0)
+      alpha_init = lambda key, shape, dtype: 0.5 * jnp.square(spread_init(key, shape, dtype))
+      alpha = self.param(
+        "attention_alphas", partitioned(alpha_init, ("heads",)), (heads,), self.param_dtype
+      )
+      return alpha_inverse_covariance(alpha.astype(jnp.float32))
+    mean, shape = (np.eye(2), (heads, 2, 2)) if self.generalized else (1.0, (heads,))
+    spreads = self.param(
+      "attention_spreads",
+      partitioned(normal_init(self.spread_init_std, mean), ("heads", None, None)[: len(shape)]),
+      shape,
       self.param_dtype,
     )
-    if self.generalized:
-      spreads = self.param(
-        "attention_spreads",
-        partitioned(_normal(self.spread_init_std, np.eye(2)), ("heads", None, None)),
-        (heads, 2, 2),
-        self.param_dtype,
-      )
-    else:
-      spreads = self.param(
-        "attention_spreads",
-        partitioned(_normal(self.spread_init_std, 1.0), ("heads",)),
-        (heads,),
-        self.param_dtype,
-      )
-    u = quadratic_target_vectors(centers.astype(jnp.float32), spreads.astype(jnp.float32))
+    return inverse_covariance(spreads.astype(jnp.float32))
+
+  @nn.compact
+  def __call__(self, grid: TokenGrid) -> Array:
+    centers = self.param(
+      "attention_centers",
+      partitioned(normal_init(self.center_init_std), ("heads", None)),
+      (self.num_heads, 2),
+      self.param_dtype,
+    )
+    u = target_vectors(centers.astype(jnp.float32), self._inverse_covariance())
     return jnp.einsum("nmd,hd->hnm", quadratic_features(grid), u)
 
 
@@ -226,10 +229,10 @@ class LearnedRelativePositional(nn.Module):
       )
     table_shape = (2 * max_position - 1, self.embed_dim)
     row_embeddings = self.param(
-      "row_embeddings", partitioned(_normal(1.0), (None, None)), table_shape, self.param_dtype
+      "row_embeddings", partitioned(normal_init(1.0), (None, None)), table_shape, self.param_dtype
     )
     col_embeddings = self.param(
-      "col_embeddings", partitioned(_normal(1.0), (None, None)), table_shape, self.param_dtype
+      "col_embeddings", partitioned(normal_init(1.0), (None, None)), table_shape, self.param_dtype
     )
     dense = lambda name: nn.Dense(
       self.num_heads,
@@ -255,6 +258,7 @@ def make_positional(
   spread_init_std: float = 0.01,
   embed_dim: int | None = None,
   max_position: int | None = None,
+  parameterization: Parameterization = "spreads",
   param_dtype: Any = jnp.float32,
   **module_kwargs: Any,
 ) -> nn.Module:
@@ -263,6 +267,7 @@ def make_positional(
     return QuadraticPositional(
       num_heads,
       generalized=kind == "quadratic_generalized",
+      parameterization=parameterization,
       center_init_std=center_init_std,
       spread_init_std=spread_init_std,
       param_dtype=param_dtype,
@@ -283,48 +288,7 @@ def make_positional(
 # The reference code's attention layer
 
 
-class HeadDense(nn.Module):
-  """A Linear layer over the last ``num_inputs`` axes with a multi-axis kernel.
-
-  The kernel ``(*inputs, *out_shape)`` is created at its final rank (so logical partitioning
-  works inside a mesh); ``kernel_init`` sees the flat ``(prod(inputs), prod(outputs))`` matrix, as
-  ``nn.DenseGeneral`` does, so fan-in based inits use the full input width. The bias uses PyTorch's
-  Linear default ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``.
-  """
-
-  out_shape: tuple[int, ...]
-  num_inputs: int = 1
-  kernel_names: tuple[str | None, ...] = ()
-  use_bias: bool = True
-  kernel_init: Callable = torch_linear_kernel_init
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
-    in_shape = tuple(x.shape[x.ndim - self.num_inputs :])
-    shape = (*in_shape, *self.out_shape)
-    fan_in = math.prod(in_shape)
-    base = self.kernel_init
-
-    def init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
-      return base(key, (fan_in, math.prod(self.out_shape)), dtype).reshape(shape)
-
-    names = self.kernel_names or (None,) * len(shape)
-    kernel = self.param("kernel", partitioned(init, names), shape, self.param_dtype)
-    y = jnp.tensordot(x.astype(self.dtype), kernel.astype(self.dtype), axes=self.num_inputs)
-    if self.use_bias:
-      bias = self.param(
-        "bias",
-        partitioned(torch_linear_bias_init(fan_in), names[self.num_inputs :]),
-        self.out_shape,
-        self.param_dtype,
-      )
-      y = y + bias.astype(self.dtype)
-    return y
-
-
-class RelativeAttention(nn.Module):
+class RelativeAttention(AttentionLayer):
   """Relative positional self-attention in the reference code's parameterisation (Dh = D_in).
 
   Cordonnier et al. Eqs. 11-12: per head the merged ``W^(h) = W_val^(h) W_out^(h)`` is the
@@ -346,7 +310,7 @@ class RelativeAttention(nn.Module):
       dimension, so, as in the reference, one dropout mask is shared by the whole batch.
     proj_drop: dropout after ``value`` (0 in the Cordonnier network, whose layer applies dropout
       after its own ``dense``).
-    implementation: ``softmax_attention.dot_product_attention`` backend for the content path.
+    implementation: the model's kernel setting (``locvit.ops``) for the content path.
     center_init_std, spread_init_std, embed_dim, max_position: see the positional terms;
       ``embed_dim=None`` means D_in.
     fast_path: with content, use the fused kernel when no maps are collected and no attention
@@ -355,58 +319,36 @@ class RelativeAttention(nn.Module):
   Intermediates (``mutable=['intermediates']``): ``attention`` ``(B, H, N, N)``.
   """
 
-  num_heads: int
+  kernel_init: Callable = torch_linear_kernel_init
   kind: Kind = "quadratic"
   content: bool = False
-  head_dim: int | None = None
   out_dim: int | None = None
-  qkv_bias: bool = True
-  attn_drop: float = 0.0
-  proj_drop: float = 0.0
-  implementation: str | None = None
   center_init_std: float = 2.0
   spread_init_std: float = 0.01
   embed_dim: int | None = None
   max_position: int | None = None
   fast_path: bool = True
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-  kernel_init: Callable = torch_linear_kernel_init
+  choices: ClassVar[dict[str, tuple[Any, ...]]] = {"kind": KINDS}
 
-  def _projection(self, name: str, head_dim: int, x: Array) -> Array:
-    return HeadDense(
-      (self.num_heads, head_dim),
-      num_inputs=1,
-      kernel_names=("embed", "heads", "kv"),
-      use_bias=self.qkv_bias,
-      kernel_init=self.kernel_init,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      name=name,
-    )(x)
+  def _dense(self, features, names, num_inputs: int, fan_in: int, use_bias: bool, name: str):
+    """A PyTorch-Linear-initialised projection of the last ``num_inputs`` axes (``fan_in`` wide)."""
+    bias_init = torch_linear_bias_init(fan_in)
+    kwargs = self._dense_kwargs()
+    return DenseGeneral(
+      features, names, num_inputs, use_bias, bias_init=bias_init, name=name, **kwargs
+    )
 
-  @nn.compact
-  def __call__(
-    self,
-    x: Array,
-    *,
-    grid: TokenGrid | None = None,
-    num_prefix_tokens: int = 0,
-    train: bool = False,
+  def _prefix_token_error(self, num_prefix_tokens: int) -> str:
+    return (
+      "Relative positional attention in the reference layout is defined on patch tokens only "
+      f"(no class token), got num_prefix_tokens={num_prefix_tokens}."
+    )
+
+  def _forward(
+    self, x: Array, grid: TokenGrid | None, num_prefix_tokens: int, train: bool
   ) -> Array:
-    if self.kind not in KINDS:
-      raise ValueError(f"kind={self.kind!r} is not one of {KINDS}.")
-    if self.implementation not in IMPLEMENTATIONS:
-      raise ValueError(f"implementation={self.implementation!r} is not one of {IMPLEMENTATIONS}.")
-    if num_prefix_tokens:
-      raise ValueError(
-        "Relative positional attention in the reference layout is defined on patch tokens only "
-        f"(no class token), got num_prefix_tokens={num_prefix_tokens}."
-      )
-    batch, num_tokens, dim = x.shape
-    grid = grid or grid_from_tokens(num_tokens)
-    if grid.num_tokens != num_tokens:
-      raise ValueError(f"Grid {grid.height}x{grid.width} does not match {num_tokens} tokens.")
+    dim = x.shape[-1]
+    grid = check_grid_tokens(grid, x.shape[1])
     heads = self.num_heads
     table = make_positional(
       self.kind,
@@ -419,52 +361,37 @@ class RelativeAttention(nn.Module):
       name="positional",
     )(grid)  # (H, N, N) float32
     x = x.astype(self.dtype)
-
-    if not self.content:
-      # No batch dimension: softmax(P) once, shared by every example (and its dropout mask too).
-      probs = jax.nn.softmax(table, axis=-1)
-      if wants_attention_maps(self):
-        record_attention(self, jnp.broadcast_to(probs, (batch, *probs.shape)))
-      probs = nn.Dropout(self.attn_drop)(probs, deterministic=not train).astype(self.dtype)
-      y = jnp.einsum("hnm,bmc->bnhc", probs, x)
-    else:
+    q = k = x  # positional only: no query/key parameters
+    if self.content:
       head_dim = self.head_dim or dim
-      q = self._projection("query", head_dim, x)  # (B, N, H, Dh)
-      k = self._projection("key", head_dim, x)
-      fast = (
-        self.fast_path
-        and head_dim == dim
-        and not wants_attention_maps(self)
-        and not (train and self.attn_drop > 0.0)
-      )
-      if fast:
-        v = jnp.broadcast_to(x[:, :, None, :], (batch, num_tokens, heads, dim))
-        y = dot_product_attention(
-          q, k, v, bias=table[None].astype(q.dtype), implementation=self.implementation
-        )
-      else:
-        logits = jnp.einsum("bnhd,bmhd->bhnm", q, k).astype(jnp.float32) * head_dim**-0.5
-        probs = jax.nn.softmax(logits + table, axis=-1)
-        record_attention(self, probs)
-        probs = nn.Dropout(self.attn_drop)(probs, deterministic=not train).astype(self.dtype)
-        y = jnp.einsum("bhnm,bmc->bnhc", probs, x)
-
-    out = HeadDense(
-      (self.out_dim or dim,),
-      num_inputs=2,
-      kernel_names=("heads", None, "embed"),
-      kernel_init=self.kernel_init,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      name="value",
-    )(y)
-    return nn.Dropout(self.proj_drop)(out, deterministic=not train)
+      names = ("embed", "heads", "kv")
+      q = self._dense((heads, head_dim), names, 1, dim, self.qkv_bias, "query")(x)
+      k = self._dense((heads, head_dim), names, 1, dim, self.qkv_bias, "key")(x)
+    y = attend(
+      self,
+      q,
+      k,
+      x,  # raw values shared by the heads (Dh = D_in)
+      terms=(Term(table, "add" if self.content else "replace"),),
+      attn_drop=self.attn_drop,
+      train=train,
+      implementation=self.implementation,
+      fused=self.fast_path,
+    )
+    out_dim = (self.out_dim or dim,)
+    return self._dense(out_dim, ("heads", None, "embed"), 2, heads * dim, True, "value")(y)
 
 
 # ---------------------------------------------------------------------------------------------
 # Attention kinds for per-layer specs (VisionTransformer's ``layer_attention``, the Cordonnier net)
 
-_POSITIONAL_KWARGS = ("center_init_std", "spread_init_std", "embed_dim", "max_position")
+_POSITIONAL_KWARGS = (
+  "center_init_std",
+  "spread_init_std",
+  "embed_dim",
+  "max_position",
+  "parameterization",
+)
 
 
 def relative_attention(

@@ -11,9 +11,10 @@ Every attention variant in locvit ends in this product. Two backends:
   forward + backward pass of the attention core (``benchmarks/attention_kernels.py``), because
   XLA's autodiff of the ``(B, N, H, Dh)`` form inserts layout copies and a slow batch reduction.
 
-``implementation=None`` picks 'einsum' on CPU and lets JAX choose elsewhere (cuDNN on GPU where it
-applies, XLA otherwise). The 'einsum' backend supports reverse-mode differentiation only
-(``jax.grad``, ``jax.vjp``); use 'xla' for forward-mode (``jax.jvp``, ``jax.hessian``).
+``implementation=None`` lets JAX choose (cuDNN on GPU where it applies, XLA otherwise); a model
+resolves None to 'einsum' on CPU once, when it is built (``locvit.ops.resolve_implementation``).
+The 'einsum' backend supports reverse-mode differentiation only (``jax.grad``, ``jax.vjp``); use
+'xla' for forward-mode (``jax.jvp``, ``jax.hessian``).
 """
 
 from __future__ import annotations
@@ -23,65 +24,69 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from locvit.ops import IMPLEMENTATIONS, check_implementation, resolve_implementation
+
 Array = jax.Array
-IMPLEMENTATIONS = (None, "xla", "cudnn", "einsum")
-
-
-def resolve_implementation(implementation: str | None) -> str | None:
-  """Validates ``implementation``; None becomes 'einsum' on CPU (see module docstring)."""
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}.")
-  if implementation is None and jax.default_backend() == "cpu":
-    return "einsum"
-  return implementation
+__all__ = [
+  "IMPLEMENTATIONS",
+  "dot_product_attention",
+  "gated_positional_attention",
+  "resolve_implementation",
+]
 
 
 def dot_product_attention(
-  q: Array, k: Array, v: Array, bias: Array | None = None, implementation: str | None = None
+  q: Array,
+  k: Array,
+  v: Array,
+  bias: Array | None = None,
+  implementation: str | None = None,
+  scale: float | None = None,
 ) -> Array:
   """``softmax(q k^T / sqrt(Dh) + bias) v`` on ``(B, N, H, Dh)`` inputs (Vaswani et al., Eq. 1).
 
   Args:
     q, k, v: ``(B, N, H, Dh)`` queries, keys and values.
     bias: optional logits added before the softmax, ``(B, H, N, N)`` or ``(1, H, N, N)``.
-    implementation: None (CPU: 'einsum', elsewhere JAX's choice), 'xla' or 'cudnn'
-      (``jax.nn.dot_product_attention``) or 'einsum' (explicit float32 softmax, hand-written
-      backward pass).
+    implementation: None (JAX's choice), 'xla' or 'cudnn' (``jax.nn.dot_product_attention``) or
+      'einsum' (explicit float32 softmax, hand-written backward pass).
+    scale: logit scale; None means ``1 / sqrt(Dh)``.
 
   Returns:
     ``(B, N, H, Dv)`` in ``v``'s dtype.
   """
-  implementation = resolve_implementation(implementation)
+  check_implementation(implementation)
   if implementation != "einsum":
-    return jax.nn.dot_product_attention(q, k, v, bias=bias, implementation=implementation)
+    return jax.nn.dot_product_attention(
+      q, k, v, bias=bias, scale=scale, implementation=implementation
+    )
   if bias is not None and (bias.ndim != 4 or bias.shape[0] not in (1, q.shape[0])):
     raise ValueError(
       f"bias must be (B, H, N, N) or (1, H, N, N) for q of shape {q.shape}, got {bias.shape}."
     )
-  return _attention(q, k, v, bias)
+  return _attention(q, k, v, bias, q.shape[-1] ** -0.5 if scale is None else float(scale))
 
 
 def _to_heads_first(x: Array) -> Array:
   return jnp.swapaxes(x, 1, 2)  # (B, N, H, D) <-> (B, H, N, D)
 
 
-def _probabilities(q: Array, k: Array, bias: Array | None) -> Array:
+def _probabilities(q: Array, k: Array, bias: Array | None, scale: float) -> Array:
   """``(B, H, N, M)`` float32 softmax of the scaled logits; inputs heads-first."""
-  scale = q.shape[-1] ** -0.5
   logits = jnp.einsum("bhnd,bhmd->bhnm", q, k, preferred_element_type=jnp.float32) * scale
   if bias is not None:
     logits = logits + bias.astype(jnp.float32)
   return jax.nn.softmax(logits, axis=-1)
 
 
-@jax.custom_vjp
-def _attention(q: Array, k: Array, v: Array, bias: Array | None) -> Array:
-  return _attention_fwd(q, k, v, bias)[0]
+@partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attention(q: Array, k: Array, v: Array, bias: Array | None, scale: float) -> Array:
+  return _attention_fwd(q, k, v, bias, scale)[0]
 
 
-def _attention_fwd(q, k, v, bias):
+def _attention_fwd(q, k, v, bias, scale):
   qh, kh, vh = _to_heads_first(q), _to_heads_first(k), _to_heads_first(v)
-  probs = _probabilities(qh, kh, bias)
+  probs = _probabilities(qh, kh, bias, scale)
   out = jnp.einsum("bhnm,bhmd->bhnd", probs.astype(v.dtype), vh)
   # A zero-size stand-in records the bias's batch size and dtype without keeping it alive.
   bias_meta = None if bias is None else jnp.zeros((bias.shape[0], 0), bias.dtype)
@@ -95,14 +100,13 @@ def _sum_batch(x: Array) -> Array:
   return total.reshape((1, *x.shape[1:]))
 
 
-def _attention_bwd(residuals, d_out):
+def _attention_bwd(scale, residuals, d_out):
   qh, kh, vh, probs, bias_meta = residuals
   d_out = _to_heads_first(d_out)
   f32 = partial(jnp.einsum, preferred_element_type=jnp.float32)
   d_v = f32("bhnm,bhnd->bhmd", probs.astype(d_out.dtype), d_out)
   d_probs = f32("bhnd,bhmd->bhnm", d_out, vh)
   d_logits = probs * (d_probs - jnp.sum(d_probs * probs, axis=-1, keepdims=True))
-  scale = qh.shape[-1] ** -0.5
   d_scores = (d_logits * scale).astype(qh.dtype)
   d_q = f32("bhnm,bhmd->bhnd", d_scores, kh)
   d_k = f32("bhnm,bhnd->bhmd", d_scores, qh)
@@ -146,7 +150,7 @@ def _gated(q, k, v, positional, gate):
 
 def _gated_fwd(q, k, v, positional, gate):
   qh, kh, vh = _to_heads_first(q), _to_heads_first(k), _to_heads_first(v)
-  probs = _probabilities(qh, kh, None)
+  probs = _probabilities(qh, kh, None, qh.shape[-1] ** -0.5)
   g = gate.astype(jnp.float32)[:, None, None]
   pos = positional.astype(jnp.float32)
   mixed = (1 - g) * probs + g * pos

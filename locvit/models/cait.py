@@ -18,30 +18,28 @@ It has 9,020,618 parameters on CIFAR-10, Table 4's CaiT count.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Mapping
-from typing import Any
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from locvit.attention.attention import (
-  OutputProjection,
-  partitioned,
-  record_attention,
-  trunc_normal,
-)
+from locvit.attention.core import LogitsHook, attend
 from locvit.attention.geometry import TokenGrid
-from locvit.attention.masks import (
-  MASK_KINDS,
-  combine_mask,
-  make_mask,
-  mask_attention_kwargs,
-  split_mask_options,
+from locvit.attention.masks import MASK_KINDS, mask_terms
+from locvit.attention.projections import output_projection, partitioned, trunc_normal
+from locvit.models.layers import (
+  AttentionSettings,
+  BlockSettings,
+  Mlp,
+  block_settings,
+  class_token,
+  classify,
+  embed_patches,
+  layer_norm,
+  learned_position_embedding,
+  pre_norm_residual,
 )
-from locvit.models.layers import Mlp, PatchEmbed, classifier_head, drop_path, layer_norm
-from locvit.models.registry import register_model
+from locvit.models.smalldata import SmallDataBackbone, check_attention, register_smalldata
+from locvit.ops import contract, cpu_kernels
 
 Array = jax.Array
 CAIT_ATTENTION = ("mhsa", *MASK_KINDS)
@@ -54,27 +52,29 @@ def layer_scale_init(layer: int) -> float:
   return 1e-5 if layer <= 24 else 1e-6
 
 
-class TalkingHeadsAttention(nn.Module):
+class TalkingHeadsAttention(AttentionSettings):
   """Talking-heads attention; queries from ``x``, keys/values from ``context`` (default ``x``).
 
-  ``attention`` 'gmm' / 'elm' multiplies (or adds) the mask into the scaled logits before the
-  pre-softmax head mixing; it needs ``context is None`` and the token ``grid``.
+  The attention core with a ``LogitsHook`` that mixes heads before (``mix_pre``) and after
+  (``mix_post``) the softmax. ``attention`` 'gmm' / 'elm' multiplies (or adds) the mask into the
+  scaled logits before the pre-softmax mixing; it needs ``context is None`` and the token ``grid``.
   """
 
   num_heads: int
   head_dim: int
-  attention: str = "mhsa"
-  attention_kwargs: Mapping[str, Any] | None = None
-  proj_drop: float = 0.0
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
 
   def _project(self, x: Array, shape: tuple[int, ...], names: tuple, name: str) -> Array:
     kernel = self.param(
       name, partitioned(trunc_normal, ("embed", *names)), (x.shape[-1], *shape), self.param_dtype
     )
-    letters = "thd"[-len(shape) :]
-    return jnp.einsum(f"bnc,c{letters}->bn{letters}", x, kernel.astype(self.dtype))
+    flatten = cpu_kernels(self.implementation)
+    return contract(x.astype(self.dtype), kernel.astype(self.dtype), flatten=flatten)
+
+  def _mix(self, name: str) -> Array:
+    """An ``(H, H)`` head-mixing matrix, ``N(0, 1)`` at init as in the official code."""
+    init = partitioned(nn.initializers.normal(1.0), ("heads", None))
+    mix = self.param(name, init, (self.num_heads, self.num_heads), self.param_dtype)
+    return mix.astype(jnp.float32)
 
   @nn.compact
   def __call__(
@@ -91,74 +91,55 @@ class TalkingHeadsAttention(nn.Module):
       x if context is None else context, (2, heads, self.head_dim), (None, "heads", "kv"), "kv"
     )
     k, v = kv[:, :, 0], kv[:, :, 1]
-    logits = jnp.einsum("bnhd,bmhd->bhnm", q, k).astype(jnp.float32) * self.head_dim**-0.5
+    terms = ()
     if self.attention != "mhsa":
       if context is not None or grid is None:
         raise ValueError("A CaiT mask applies to self-attention on a token grid only.")
-      term, combine = make_mask(self.attention, heads, self.attention_kwargs)
-      logits = combine_mask(logits, term(grid), combine)
-    mix = lambda name: self.param(
-      name,
-      partitioned(nn.initializers.normal(1.0), ("heads", None)),
-      (heads, heads),
-      self.param_dtype,
+      terms = mask_terms(self.attention, heads, grid, self.attention_kwargs)
+    mix_pre, mix_post = self._mix("mix_pre"), self._mix("mix_post")
+    hook = LogitsHook(
+      before_softmax=lambda logits: jnp.einsum("bhnm,hg->bgnm", logits, mix_pre),
+      after_softmax=lambda probs: jnp.einsum("bhnm,hg->bgnm", probs, mix_post),
     )
-    logits = jnp.einsum("bhnm,hg->bgnm", logits, mix("mix_pre").astype(jnp.float32))
-    probs = jax.nn.softmax(logits, axis=-1)
-    probs = jnp.einsum("bhnm,hg->bgnm", probs, mix("mix_post").astype(jnp.float32))
-    record_attention(self, probs)
-    y = jnp.einsum("bhnm,bmhd->bnhd", probs.astype(self.dtype), v)
-    out = OutputProjection(dim, self.dtype, self.param_dtype, name="proj")(y)
+    y = attend(self, q, k, v, terms=terms, hook=hook, attn_drop=self.attn_drop, train=train)
+    out = output_projection(
+      dim, implementation=self.implementation, dtype=self.dtype, param_dtype=self.param_dtype
+    )(y)
     return nn.Dropout(self.proj_drop)(out, deterministic=not train)
 
 
-class CaiTLayer(nn.Module):
+class CaiTLayer(BlockSettings):
   """``x + dp(gamma_1 * attn(LN(x), context))``, ``x + dp(gamma_2 * MLP(LN(x)))``."""
 
   num_heads: int
   head_dim: int
   mlp_dim: int
   layer: int  # 1-based index within its stack, for the LayerScale init
-  attention: str = "mhsa"
-  attention_kwargs: Mapping[str, Any] | None = None
-  drop: float = 0.0
-  drop_path: float = 0.0
-  norm_eps: float = 1e-5
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
 
   def _scale(self, name: str, dim: int) -> Array:
     init = nn.initializers.constant(layer_scale_init(self.layer))
     return self.param(name, partitioned(init, ("embed",)), (dim,), self.param_dtype)
 
   @nn.compact
-  def __call__(
-    self,
-    x: Array,
-    context: Array | None = None,
-    *,
-    grid: TokenGrid | None = None,
-    train: bool = False,
-  ) -> Array:
-    dim = x.shape[-1]
-    y = layer_norm(self.norm_eps, self.dtype, "norm1")(x)
-    y = TalkingHeadsAttention(
+  def __call__(self, x: Array, context: Array | None = None, *, grid=None, train=False) -> Array:
+    dim, rate = x.shape[-1], self.drop_path
+    attn = TalkingHeadsAttention(
       self.num_heads,
       self.head_dim,
-      self.attention,
-      self.attention_kwargs,
-      self.drop,
-      self.dtype,
-      self.param_dtype,
-      name="attn",
-    )(y, context, grid=grid, train=train)
-    x = x + drop_path(self.drop_path)(y * self._scale("gamma_1", dim), deterministic=not train)
-    y = layer_norm(self.norm_eps, self.dtype, "norm2")(x)
-    y = Mlp(self.mlp_dim, self.drop, self.dtype, self.param_dtype, name="mlp")(y, train)
-    return x + drop_path(self.drop_path)(y * self._scale("gamma_2", dim), deterministic=not train)
+      attention=self.attention,
+      attention_kwargs=self.attention_kwargs,
+      **self.attention_fields(),
+    )
+    branch = lambda y: attn(y, context, grid=grid, train=train) * self._scale("gamma_1", dim)
+    x = pre_norm_residual(self, x, "norm1", branch, rate=rate, train=train)
+    mlp = Mlp(
+      self.mlp_dim, self.drop, self.dtype, self.param_dtype, self.implementation, name="mlp"
+    )
+    branch = lambda y: mlp(y, train) * self._scale("gamma_2", dim)
+    return pre_norm_residual(self, x, "norm2", branch, rate=rate, train=train)
 
 
-class CaiT(nn.Module):
+class CaiT(SmallDataBackbone):
   """CaiT mapping NHWC images to logits.
 
   Attributes:
@@ -169,7 +150,6 @@ class CaiT(nn.Module):
     drop_rate, drop_path_rate: dropout and stochastic depth (same rate in every layer).
   """
 
-  num_classes: int
   patch_size: int = 4
   embed_dim: int = 192
   depth: int = 24
@@ -177,21 +157,11 @@ class CaiT(nn.Module):
   num_heads: int = 4
   head_dim: int = 64
   mlp_dim: int = 384
-  attention: str = "mhsa"
-  attention_kwargs: Mapping[str, Any] | None = None
-  drop_rate: float = 0.0
-  drop_path_rate: float = 0.1
-  norm_eps: float = 1e-5
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
 
   def check(self) -> None:
     """Validates the static configuration before tracing; raises ValueError naming the field and
     the valid choices (``create_model`` calls it)."""
-    if self.attention not in CAIT_ATTENTION:
-      raise ValueError(f"CaiT attention={self.attention!r} is not one of {CAIT_ATTENTION}.")
-    if self.attention != "mhsa":
-      split_mask_options(self.attention, (self.attention_kwargs or {}).get(self.attention))
+    check_attention("CaiT", self.attention, self.attention_kwargs, CAIT_ATTENTION)
 
   def _layer(self, layer: int, name: str, attention: str = "mhsa") -> CaiTLayer:
     return CaiTLayer(
@@ -199,63 +169,27 @@ class CaiT(nn.Module):
       self.head_dim,
       self.mlp_dim,
       layer,
-      attention,
-      (self.attention_kwargs or {}).get(attention),
-      self.drop_rate,
-      self.drop_path_rate,
-      self.norm_eps,
-      self.dtype,
-      self.param_dtype,
+      drop_path=self.drop_path_rate,
       name=name,
+      **block_settings(self, attention),
     )
 
   @nn.compact
   def __call__(self, images: Array, *, train: bool = False) -> Array:
     self.check()
-    x, grid = PatchEmbed(
-      self.patch_size, self.embed_dim, self.dtype, self.param_dtype, name="patch_embed"
-    )(images.astype(self.dtype))
-    pos = self.param(
-      "pos_embed",
-      partitioned(trunc_normal, (None, None, "embed")),
-      (1, *x.shape[1:]),
-      self.param_dtype,
-    )
-    x = nn.Dropout(self.drop_rate)(x + pos.astype(x.dtype), deterministic=not train)
+    x, grid = embed_patches(self, images)
+    x = learned_position_embedding(self, x)
+    x = nn.Dropout(self.drop_rate)(x, deterministic=not train)
     for i in range(self.depth):
       x = self._layer(i + 1, f"blocks_{i}", self.attention)(x, grid=grid, train=train)
       self.sow("intermediates", f"block_{i}", x)
-    cls = self.param(
-      "cls_token", partitioned(trunc_normal, (None, None, "embed")), (1, 1, self.embed_dim)
-    )
-    cls = jnp.broadcast_to(cls.astype(x.dtype), (x.shape[0], 1, self.embed_dim))
+    cls = class_token(self, x.shape[0]).astype(x.dtype)
     for i in range(self.class_depth):
       cls = self._layer(i + 1, f"class_blocks_{i}")(cls, x, train=train)
-    cls = layer_norm(self.norm_eps, self.dtype, "norm")(cls[:, 0])
-    self.sow("intermediates", "pre_logits", cls)
-    if not self.num_classes:
-      return cls
-    logits = classifier_head(self.num_classes, self.dtype, self.param_dtype)(cls)
-    return logits.astype(jnp.float32)
+    return classify(self, layer_norm(self.norm_eps, self.dtype, "norm")(cls[:, 0]))
 
 
-def cait_smalldata(num_classes: int, *, patch_size: int, mask: str | None) -> CaiT:
-  """Li & Zhang's CaiT (GMM paper, Tables 1 and 4): dim 192, 24 self-attention + 2 class-attention
-  layers, 4 heads of 64, MLP 384, drop path 0.1; ``mask`` None (plain talking-heads attention) or
-  'gmm' / 'elm' in every self-attention layer with ``mask_attention_kwargs`` defaults (K = 5).
-
-  Registered as ``{gmm_}cait_smalldata_patch4_32`` and ``..._patch8_64``.
-  """
-  return CaiT(
-    num_classes=num_classes,
-    patch_size=patch_size,
-    attention=mask or "mhsa",
-    attention_kwargs=mask_attention_kwargs(mask) if mask else None,
-  )
-
-
-for _patch, _res in ((4, 32), (8, 64)):
-  for _mask in (None, "gmm"):
-    register_model(
-      f"{_mask + '_' if _mask else ''}cait_smalldata_patch{_patch}_{_res}", image_size=_res
-    )(functools.partial(cait_smalldata, patch_size=_patch, mask=_mask))
+# Li & Zhang's CaiT (GMM paper, Tables 1 and 4): patch 4 on 32x32, 8 on 64x64.
+register_smalldata(
+  "cait", CaiT, {"patch4_32": (32, {"patch_size": 4}), "patch8_64": (64, {"patch_size": 8})}
+)

@@ -24,6 +24,7 @@ Registered: ``convmixer_{256,512}_8_k{3,5,8}_patch2_32`` (depth 8, patch 2; pape
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -32,8 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from locvit.attention.attention import partitioned
-from locvit.models.layers import gelu
+from locvit.attention.projections import partitioned
+from locvit.models.layers import classify, gelu
 from locvit.models.registry import register_model
 
 Array = jax.Array
@@ -77,8 +78,21 @@ def depthwise_filter_init(kind: str, kernel_size: int, box_taps: int | None = No
   return init
 
 
-class _Layers:
-  """Shared constructors: PyTorch-default convs and PyTorch-like BatchNorm."""
+class _Layers(nn.Module):
+  """Keyword-only fields and constructors shared by the ConvMixer and its blocks: PyTorch-default
+  convs and PyTorch-like BatchNorm."""
+
+  _: dataclasses.KW_ONLY
+  filter_init: str = "random"
+  box_taps: int | None = None
+  bn_momentum: float = 0.9
+  bn_eps: float = 1e-5
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  def _settings(self) -> dict[str, Any]:
+    names = [f.name for f in dataclasses.fields(_Layers) if f.name not in ("parent", "name")]
+    return {name: getattr(self, name) for name in names}
 
   def conv(self, features, kernel, fan_in, name, *, strides=1, groups=1, kernel_init=None):
     return nn.Conv(
@@ -107,17 +121,11 @@ class _Layers:
     )
 
 
-class MixerBlock(nn.Module, _Layers):
+class MixerBlock(_Layers):
   """``x + BN(GELU(depthwise(x)))`` then ``BN(GELU(pointwise(.)))``."""
 
   dim: int
   kernel_size: int
-  filter_init: str = "random"
-  box_taps: int | None = None
-  bn_momentum: float = 0.9
-  bn_eps: float = 1e-5
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array, train: bool) -> Array:
@@ -130,7 +138,7 @@ class MixerBlock(nn.Module, _Layers):
     return self.bn("pointwise_norm", train)(gelu(x))
 
 
-class ConvMixer(nn.Module, _Layers):
+class ConvMixer(_Layers):
   """ConvMixer mapping NHWC images to logits (see module docstring).
 
   Attributes:
@@ -144,12 +152,6 @@ class ConvMixer(nn.Module, _Layers):
   depth: int = 8
   kernel_size: int = 3
   patch_size: int = 2
-  filter_init: str = "random"
-  box_taps: int | None = None
-  bn_momentum: float = 0.9
-  bn_eps: float = 1e-5
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
 
   def check(self) -> None:
     """Validates ``filter_init`` and ``box_taps`` for ``kernel_size``; raises ValueError."""
@@ -167,30 +169,11 @@ class ConvMixer(nn.Module, _Layers):
     x = self.conv(self.dim, p, p * p * channels, "stem", strides=p)(images.astype(self.dtype))
     x = self.bn("stem_norm", train)(gelu(x))
     for i in range(self.depth):
-      x = MixerBlock(
-        self.dim,
-        self.kernel_size,
-        self.filter_init,
-        self.box_taps,
-        self.bn_momentum,
-        self.bn_eps,
-        self.dtype,
-        self.param_dtype,
-        name=f"blocks_{i}",
-      )(x, train)
+      x = MixerBlock(self.dim, self.kernel_size, name=f"blocks_{i}", **self._settings())(x, train)
     x = jnp.mean(x, axis=(1, 2))
-    self.sow("intermediates", "pre_logits", x)
-    if not self.num_classes:
-      return x
-    head = nn.Dense(
-      self.num_classes,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      kernel_init=partitioned(pytorch_uniform(self.dim), ("embed", "classes")),
-      bias_init=partitioned(pytorch_uniform(self.dim), ("classes",)),
-      name="head",
+    return classify(
+      self, x, kernel_init=pytorch_uniform(self.dim), bias_init=pytorch_uniform(self.dim)
     )
-    return head(x).astype(jnp.float32)
 
 
 def convmixer(num_classes: int, *, dim: int, kernel_size: int) -> ConvMixer:

@@ -42,16 +42,16 @@ import jax
 import jax.numpy as jnp
 
 from locvit.attention import TokenGrid, get_attention, list_attention
-from locvit.attention.attention import partitioned, zeros
-from locvit.attention.relative import (
-  LAYOUTS,
+from locvit.attention.projections import (
+  partitioned,
   torch_linear_bias_init,
   torch_linear_kernel_init,
+  zeros,
 )
-from locvit.models.layers import gelu
+from locvit.attention.relative import LAYOUTS
+from locvit.models.layers import dense, gelu
 from locvit.models.registry import register_model
 from locvit.models.resnet import ResNetCifar as ResNetCifar  # registers the Table 1 baseline
-from locvit.ops import dense_dot_general
 
 Array = jax.Array
 
@@ -70,17 +70,18 @@ def space_to_depth(images: Array, block: int = 2) -> Array:
   return x.reshape(batch, height // block, width // block, block * block * channels)
 
 
-def torch_dense(features: int, fan_in: int, names: tuple[str, str], name: str, dtype, param_dtype):
+def torch_dense(
+  features: int,
+  fan_in: int,
+  names: tuple[str | None, str | None],
+  name: str,
+  dtype: Any,
+  param_dtype: Any,
+  implementation: str | None,
+) -> nn.Dense:
   """``nn.Dense`` with PyTorch's default Linear init."""
-  return nn.Dense(
-    features,
-    dtype=dtype,
-    param_dtype=param_dtype,
-    kernel_init=partitioned(torch_linear_kernel_init, names),
-    bias_init=partitioned(torch_linear_bias_init(fan_in), names[1:]),
-    dot_general=dense_dot_general,
-    name=name,
-  )
+  inits = dict(kernel_init=torch_linear_kernel_init, bias_init=torch_linear_bias_init(fan_in))
+  return dense(features, names, name, dtype, param_dtype, implementation, **inits)
 
 
 def bert_layer_norm(eps: float, dtype: Any, name: str) -> nn.LayerNorm:
@@ -107,15 +108,18 @@ class PostNormLayer(nn.Module):
   norm_eps: float = 1e-12
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  implementation: str | None = None
 
   @nn.compact
   def __call__(self, x: Array, *, grid: TokenGrid, train: bool = False) -> Array:
     dim = x.shape[-1]
-    dense = functools.partial(torch_dense, dtype=self.dtype, param_dtype=self.param_dtype)
+    settings = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    dense = functools.partial(torch_dense, **settings, implementation=self.implementation)
     attn = get_attention(self.attention)(
       num_heads=self.num_heads,
       attn_drop=self.attn_drop,
       proj_drop=0.0,  # the reference's dropout comes after its own dense, below
+      implementation=self.implementation,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
       name="attn",
@@ -154,8 +158,8 @@ class CordonnierNet(nn.Module):
       ``{'quadratic': {'center_init_std': 1.0}}``.
     drop_rate, attn_drop_rate: hidden and attention-probability dropout (0.1 and 0.1).
     norm_eps: LayerNorm epsilon (1e-12, BERT's).
-    attention_implementation: ``softmax_attention.dot_product_attention`` backend for content
-      attention (None: the einsum kernel on CPU, JAX's choice elsewhere).
+    attention_implementation: the kernel setting of every layer (``locvit.ops``; None is
+      resolved by ``create_model``: 'einsum' on CPU, JAX's choice elsewhere).
     dtype: computation dtype; parameters are ``param_dtype``. Positional logits and softmaxes are
       float32.
   """
@@ -219,8 +223,6 @@ class CordonnierNet(nn.Module):
         kwargs["head_dim"] = self.hidden_dim  # Dh = Dout, as the paper advises
         if kind == "learned_relative":
           kwargs["embed_dim"] = self.hidden_dim  # D_p = D_out (the reference layout's default)
-    if self.attention_implementation is not None:
-      kwargs["implementation"] = self.attention_implementation
     kwargs.update(dict((self.attention_kwargs or {}).get(kind) or {}))
     return kwargs
 
@@ -231,9 +233,8 @@ class CordonnierNet(nn.Module):
     batch, height, width, channels = x.shape
     grid = TokenGrid(height, width)
     x = x.reshape(batch, grid.num_tokens, channels)
-    x = torch_dense(
-      self.hidden_dim, channels, (None, "embed"), "embed", self.dtype, self.param_dtype
-    )(x)
+    settings = (self.dtype, self.param_dtype, self.attention_implementation)
+    x = torch_dense(self.hidden_dim, channels, (None, "embed"), "embed", *settings)(x)
     x = nn.with_logical_constraint(x, ("batch", "seq", "embed"))
     self.sow("intermediates", "tokens", x)
     for i, (heads, kind) in enumerate(zip(self.heads_per_layer(), self.kinds())):
@@ -247,6 +248,7 @@ class CordonnierNet(nn.Module):
         norm_eps=self.norm_eps,
         dtype=self.dtype,
         param_dtype=self.param_dtype,
+        implementation=self.attention_implementation,
         name=f"layers_{i}",
       )(x, grid=grid, train=train)
       self.sow("intermediates", f"layer_{i}", x)
@@ -254,9 +256,8 @@ class CordonnierNet(nn.Module):
     self.sow("intermediates", "pre_logits", x)
     if not self.num_classes:
       return x
-    logits = torch_dense(
-      self.num_classes, self.hidden_dim, ("embed", "classes"), "head", self.dtype, self.param_dtype
-    )(x)
+    names = ("embed", "classes")
+    logits = torch_dense(self.num_classes, self.hidden_dim, names, "head", *settings)(x)
     return logits.astype(jnp.float32)
 
 

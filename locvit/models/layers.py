@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -10,10 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from locvit import ops
 from locvit.attention import TokenGrid, get_attention
-from locvit.attention.attention import partitioned, trunc_normal, zeros
-from locvit.ops import contract, dense_dot_general
+from locvit.attention.projections import partitioned, trunc_normal, zeros
+from locvit.ops import contract, cpu_kernels, dense_dot_general
 
 Array = jax.Array
 
@@ -39,20 +39,25 @@ def patchify(images: Array, patch_size: int) -> Array:
   return x.reshape(b, (height // p) * (width // p), p * p * channels)
 
 
-class PatchProjection(nn.Module):
-  """A ``patch_size`` x ``patch_size``, stride ``patch_size`` convolution with ``nn.Conv``'s
-  parameters (``kernel`` ``(p, p, C, D)`` HWIO, lecun-normal; ``bias`` zeros).
+class PatchFields(nn.Module):
+  """Fields of the patch embedding: ``patch_size`` x ``patch_size`` patches to ``embed_dim``."""
 
-  On CPU it runs as ``patchify(images) @ kernel.reshape(p * p * C, D)``: the same numbers as the
-  convolution, 1.18-1.24x faster than XLA:CPU's strided convolution for the forward pass and the
-  parameter gradients of a 16x16 patch embedding of 8 images at 224x224
-  (``benchmarks/attention_kernels.py --sections=patch``); elsewhere ``lax.conv_general_dilated``.
-  """
-
-  features: int
   patch_size: int
+  embed_dim: int
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  implementation: str | None = None
+
+
+class PatchProjection(PatchFields):
+  """A ``patch_size`` x ``patch_size``, stride ``patch_size`` convolution with ``nn.Conv``'s
+  parameters (``kernel`` ``(p, p, C, embed_dim)`` HWIO, lecun-normal; ``bias`` zeros).
+
+  On the CPU code paths (``implementation='einsum'``, ``locvit.ops``) it runs as
+  ``patchify(images) @ kernel.reshape(p * p * C, D)``: the same numbers as the convolution, faster
+  on XLA:CPU (``benchmarks/attention_kernels.py --sections=patch``); otherwise
+  ``lax.conv_general_dilated``.
+  """
 
   @nn.compact
   def __call__(self, images: Array) -> Array:
@@ -60,41 +65,35 @@ class PatchProjection(nn.Module):
     kernel = self.param(
       "kernel",
       partitioned(nn.initializers.lecun_normal(), (None, None, None, "embed")),
-      (p, p, channels, self.features),
+      (p, p, channels, self.embed_dim),
       self.param_dtype,
     )
-    bias = self.param("bias", partitioned(zeros, ("embed",)), (self.features,), self.param_dtype)
+    bias = self.param("bias", partitioned(zeros, ("embed",)), (self.embed_dim,), self.param_dtype)
     images, kernel, bias = (
       images.astype(self.dtype),
       kernel.astype(self.dtype),
       bias.astype(self.dtype),
     )
-    if ops.flatten_matmuls():
-      tokens = contract(patchify(images, p), kernel.reshape(p * p * channels, self.features))
+    if cpu_kernels(self.implementation):
+      flat_kernel = kernel.reshape(p * p * channels, self.embed_dim)
+      tokens = contract(patchify(images, p), flat_kernel, flatten=True)
     else:
       y = jax.lax.conv_general_dilated(
         images, kernel, (p, p), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")
       )
-      tokens = y.reshape(y.shape[0], -1, self.features)
+      tokens = y.reshape(y.shape[0], -1, self.embed_dim)
     return tokens + bias
 
 
-class PatchEmbed(nn.Module):
+class PatchEmbed(PatchFields):
   """Non-overlapping ``patch_size`` convolution from NHWC images to ``(B, N, D)`` tokens."""
-
-  patch_size: int
-  embed_dim: int
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, images: Array) -> tuple[Array, TokenGrid]:
     _, height, width, _ = images.shape
     grid = check_patchable(height, width, self.patch_size)
-    projection = PatchProjection(
-      self.embed_dim, self.patch_size, self.dtype, self.param_dtype, name="proj"
-    )
-    return projection(images), grid
+    fields = (self.patch_size, self.embed_dim, self.dtype, self.param_dtype, self.implementation)
+    return PatchProjection(*fields, name="proj")(images), grid
 
 
 def sincos_2d_position_embedding(grid: TokenGrid, dim: int, temperature: float = 10000.0):
@@ -146,34 +145,59 @@ class Mlp(nn.Module):
   drop: float = 0.0
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  implementation: str | None = None
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
     dim = x.shape[-1]
-    dense = lambda features, names, name: nn.Dense(
-      features,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      kernel_init=partitioned(trunc_normal, names),
-      bias_init=partitioned(zeros, names[1:]),
-      dot_general=dense_dot_general,
-      name=name,
-    )
-    x = dense(self.hidden_dim, ("embed", "mlp"), "fc1")(x)
+    settings = (self.dtype, self.param_dtype, self.implementation)
+    x = dense(self.hidden_dim, ("embed", "mlp"), "fc1", *settings)(x)
     x = gelu(x)
     x = nn.Dropout(self.drop)(x, deterministic=not train)
-    x = dense(dim, ("mlp", "embed"), "fc2")(x)
+    x = dense(dim, ("mlp", "embed"), "fc2", *settings)(x)
     return nn.Dropout(self.drop)(x, deterministic=not train)
 
 
-def classifier_head(num_classes: int, dtype: Any, param_dtype: Any, name: str = "head") -> nn.Dense:
-  """The linear classifier ``head`` shared by the transformer backbones (trunc-normal 0.02)."""
+def dense(
+  features: int,
+  names: tuple[str | None, str | None],
+  name: str,
+  dtype: Any,
+  param_dtype: Any,
+  implementation: str | None,
+  kernel_init: Callable = trunc_normal,
+  bias_init: Callable = zeros,
+  **kwargs: Any,
+) -> nn.Dense:
+  """``nn.Dense`` (trunc-normal(0.02) weights and zero biases by default) on logical axes
+  ``names``; the kernel setting ``implementation`` picks its ``dot_general`` (``locvit.ops``)."""
+  return nn.Dense(
+    features,
+    dtype=dtype,
+    param_dtype=param_dtype,
+    kernel_init=partitioned(kernel_init, names),
+    bias_init=partitioned(bias_init, names[1:]),
+    dot_general=dense_dot_general(implementation),
+    name=name,
+    **kwargs,
+  )
+
+
+def classifier_head(
+  num_classes: int,
+  dtype: Any,
+  param_dtype: Any,
+  name: str = "head",
+  kernel_init: Callable = trunc_normal,
+  bias_init: Callable = zeros,
+) -> nn.Dense:
+  """The linear classifier ``head`` (trunc-normal 0.02 weights, zero bias unless given)."""
   return nn.Dense(
     num_classes,
     dtype=dtype,
     param_dtype=param_dtype,
-    kernel_init=partitioned(trunc_normal, ("embed", "classes")),
-    bias_init=partitioned(zeros, ("classes",)),
+    kernel_init=partitioned(kernel_init, ("embed", "classes")),
+    bias_init=partitioned(bias_init, ("classes",)),
     name=name,
   )
 
@@ -195,51 +219,161 @@ def drop_path(rate: float) -> nn.Dropout:
   return nn.Dropout(rate, broadcast_dims=(1, 2))
 
 
-class Block(nn.Module):
-  """Pre-norm transformer block: ``x + drop_path(attn(LN(x)))``, ``x + drop_path(mlp(LN(x)))``.
+class AttentionSettings(nn.Module):
+  """Keyword-only fields of the backbones' own attention layers (Swin, CaiT): the attention
+  kind's mask options, dropouts, dtypes and the kernel setting (``locvit.ops``)."""
+
+  _: dataclasses.KW_ONLY
+  attention: str = "mhsa"
+  attention_kwargs: Mapping[str, Any] | None = None
+  attn_drop: float = 0.0
+  proj_drop: float = 0.0
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  implementation: str | None = None
+
+
+class BlockSettings(nn.Module):
+  """Keyword-only fields shared by the pre-norm blocks (``Block``, Swin's, CaiT's, T2T's).
 
   Attributes:
     attention: name of a registered attention kind (see ``locvit.attention.list_attention``).
     attention_kwargs: extra constructor arguments for that kind.
+    drop, attn_drop, drop_path: dropout after projections, on attention probabilities, and
+      stochastic depth.
+    norm_eps: LayerNorm epsilon.
+    implementation: the model's kernel setting (``locvit.ops``).
   """
 
-  num_heads: int
-  mlp_ratio: float = 4.0
-  head_dim: int | None = None
-  qkv_bias: bool = True
+  _: dataclasses.KW_ONLY
   attention: str = "mhsa"
   attention_kwargs: Mapping[str, Any] | None = None
-  attention_implementation: str | None = None
   drop: float = 0.0
   attn_drop: float = 0.0
   drop_path: float = 0.0
   norm_eps: float = 1e-6
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  implementation: str | None = None
+
+  def attention_fields(self) -> dict[str, Any]:
+    """Keyword arguments of the block's attention layer ``attn``: dropouts, dtypes, kernels."""
+    return dict(
+      attn_drop=self.attn_drop,
+      proj_drop=self.drop,
+      implementation=self.implementation,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      name="attn",
+    )
+
+  def registered_attention(self, **fields: Any) -> nn.Module:
+    """The registered attention kind ``attention`` with ``fields``, the block's settings and
+    ``attention_kwargs``."""
+    kwargs = dict(self.attention_kwargs or {})
+    return get_attention(self.attention)(**fields, **self.attention_fields(), **kwargs)
+
+
+def block_settings(backbone: nn.Module, attention: str | None = None) -> dict[str, Any]:
+  """``BlockSettings`` fields from a backbone's fields: ``attention`` (default the backbone's)
+  with its ``attention_kwargs`` entry, ``drop_rate``, ``norm_eps``, dtypes and kernel setting."""
+  kind = attention or backbone.attention
+  return dict(
+    attention=kind,
+    attention_kwargs=(backbone.attention_kwargs or {}).get(kind),
+    drop=backbone.drop_rate,
+    norm_eps=backbone.norm_eps,
+    dtype=backbone.dtype,
+    param_dtype=backbone.param_dtype,
+    implementation=backbone.attention_implementation,
+  )
+
+
+class Block(BlockSettings):
+  """Pre-norm transformer block: ``x + drop_path(attn(LN(x)))``, ``x + drop_path(mlp(LN(x)))``."""
+
+  num_heads: int
+  mlp_ratio: float = 4.0
+  head_dim: int | None = None
+  qkv_bias: bool = True
 
   @nn.compact
   def __call__(
     self, x: Array, *, grid: TokenGrid, num_prefix_tokens: int = 0, train: bool = False
   ) -> Array:
-    attn_factory: Callable[..., nn.Module] = get_attention(self.attention)
-    attn = attn_factory(
-      num_heads=self.num_heads,
-      head_dim=self.head_dim,
-      qkv_bias=self.qkv_bias,
-      attn_drop=self.attn_drop,
-      proj_drop=self.drop,
-      implementation=self.attention_implementation,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      name="attn",
-      **dict(self.attention_kwargs or {}),
+    attn = self.registered_attention(
+      num_heads=self.num_heads, head_dim=self.head_dim, qkv_bias=self.qkv_bias
     )
-    y = layer_norm(self.norm_eps, self.dtype, "norm1")(x)
-    y = attn(y, grid=grid, num_prefix_tokens=num_prefix_tokens, train=train)
-    x = x + drop_path(self.drop_path)(y, deterministic=not train)
-    y = layer_norm(self.norm_eps, self.dtype, "norm2")(x)
-    y = Mlp(int(x.shape[-1] * self.mlp_ratio), self.drop, self.dtype, self.param_dtype, name="mlp")(
-      y, train
-    )
-    x = x + drop_path(self.drop_path)(y, deterministic=not train)
+    branch = lambda y: attn(y, grid=grid, num_prefix_tokens=num_prefix_tokens, train=train)
+    x = pre_norm_residual(self, x, "norm1", branch, rate=self.drop_path, train=train)
+    x = mlp_residual(self, x, int(x.shape[-1] * self.mlp_ratio), rate=self.drop_path, train=train)
     return nn.with_logical_constraint(x, ("batch", "seq", "embed"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Backbone pieces shared by ViT, Swin, CaiT, PiT and T2T. Each is called inside the backbone's
+# compact method and reads the backbone's fields (``patch_size``, ``embed_dim``, ``dtype``,
+# ``param_dtype``, ``attention_implementation``, ``num_classes``), so parameters keep their paths.
+
+
+def embed_patches(backbone: nn.Module, images: Array) -> tuple[Array, TokenGrid]:
+  """``patch_embed``: the backbone's non-overlapping patch embedding of NHWC ``images``."""
+  return PatchEmbed(
+    backbone.patch_size,
+    backbone.embed_dim,
+    backbone.dtype,
+    backbone.param_dtype,
+    backbone.attention_implementation,
+    name="patch_embed",
+  )(images.astype(backbone.dtype))
+
+
+def learned_position_embedding(backbone: nn.Module, x: Array) -> Array:
+  """``x + pos_embed``: a learned ``(1, N, C)`` table (trunc-normal 0.02) over all of ``x``."""
+  pos = backbone.param(
+    "pos_embed",
+    partitioned(trunc_normal, (None, None, "embed")),
+    (1, *x.shape[1:]),
+    backbone.param_dtype,
+  )
+  return x + pos.astype(x.dtype)
+
+
+def class_token(backbone: nn.Module, batch: int, name: str = "cls_token") -> Array:
+  """A learned ``(batch, 1, embed_dim)`` token (trunc-normal 0.02), e.g. the class token."""
+  dim = backbone.embed_dim
+  token = backbone.param(name, partitioned(trunc_normal, (None, None, "embed")), (1, 1, dim))
+  return jnp.broadcast_to(token.astype(backbone.dtype), (batch, 1, dim))
+
+
+def classify(backbone: nn.Module, features: Array, **inits: Callable) -> Array:
+  """Sows ``pre_logits`` and applies the ``head`` (``classifier_head``, ``inits`` its kernel and
+  bias initializers); returns the features when ``num_classes`` is 0."""
+  backbone.sow("intermediates", "pre_logits", features)
+  if not backbone.num_classes:
+    return features
+  head = classifier_head(backbone.num_classes, backbone.dtype, backbone.param_dtype, **inits)
+  return head(features).astype(jnp.float32)
+
+
+def pre_norm_residual(
+  block: nn.Module,
+  x: Array,
+  norm: str,
+  branch: Callable[[Array], Array],
+  *,
+  rate: float,
+  train: bool,
+) -> Array:
+  """The pre-norm residual ``x + drop_path(branch(LN(x)))`` with the LayerNorm named ``norm``
+  (``block.norm_eps``, ``block.dtype``) and stochastic depth at ``rate``."""
+  y = branch(layer_norm(block.norm_eps, block.dtype, norm)(x))
+  return x + drop_path(rate)(y, deterministic=not train)
+
+
+def mlp_residual(block: nn.Module, x: Array, hidden_dim: int, *, rate: float, train: bool) -> Array:
+  """``x + drop_path(mlp(norm2(x)))``: the second half of every pre-norm block."""
+  mlp = Mlp(
+    hidden_dim, block.drop, block.dtype, block.param_dtype, block.implementation, name="mlp"
+  )
+  return pre_norm_residual(block, x, "norm2", lambda y: mlp(y, train), rate=rate, train=train)

@@ -16,19 +16,22 @@ prefix token ('mhsa', 'gmm', 'elm', ...).
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from locvit.attention import list_attention
-from locvit.attention.attention import partitioned, trunc_normal, zeros
 from locvit.attention.geometry import TokenGrid
-from locvit.attention.masks import mask_attention_kwargs, split_mask_options
-from locvit.models.layers import Block, PatchEmbed, classifier_head, layer_norm
-from locvit.models.registry import register_model
+from locvit.attention.projections import partitioned, trunc_normal, zeros
+from locvit.models import layers
+from locvit.models.smalldata import (
+  SmallDataBackbone,
+  check_attention,
+  check_stages,
+  register_smalldata,
+)
 
 Array = jax.Array
 
@@ -65,7 +68,7 @@ class Pool(nn.Module):
     return jnp.concatenate([cls, tokens.reshape(b, grid.num_tokens, 2 * c)], axis=1), grid
 
 
-class PiT(nn.Module):
+class PiT(SmallDataBackbone):
   """Pooling-based vision transformer mapping NHWC images to logits.
 
   Attributes:
@@ -78,7 +81,6 @@ class PiT(nn.Module):
       (same rate in every block, as the official code).
   """
 
-  num_classes: int
   patch_size: int = 2
   embed_dim: int = 96
   depths: Sequence[int] = (2, 6, 4)
@@ -86,89 +88,40 @@ class PiT(nn.Module):
   head_dim: int = 48
   mlp_ratio: float = 2.0
   qkv_bias: bool = False
-  attention: str = "mhsa"
-  attention_kwargs: Mapping[str, Any] | None = None
-  drop_rate: float = 0.0
   attn_drop_rate: float = 0.0
-  drop_path_rate: float = 0.1
-  norm_eps: float = 1e-5
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
 
   def check(self) -> None:
     """Validates the static configuration before tracing; raises ValueError naming the field and
     the valid choices (``create_model`` calls it)."""
-    if self.attention not in list_attention():
-      raise ValueError(
-        f"PiT attention={self.attention!r} is unknown. Valid kinds: {list_attention()}."
-      )
-    if len(self.depths) != len(self.num_heads):
-      raise ValueError(f"depths {tuple(self.depths)} and num_heads {tuple(self.num_heads)} differ.")
-    if self.attention in ("gmm", "elm"):
-      split_mask_options(self.attention, (self.attention_kwargs or {}).get(self.attention))
+    check_attention("PiT", self.attention, self.attention_kwargs)
+    check_stages(self.depths, self.num_heads)
 
   @nn.compact
   def __call__(self, images: Array, *, train: bool = False) -> Array:
     self.check()
-    x, grid = PatchEmbed(
-      self.patch_size, self.embed_dim, self.dtype, self.param_dtype, name="patch_embed"
-    )(images.astype(self.dtype))
-    cls = self.param(
-      "cls_token", partitioned(trunc_normal, (None, None, "embed")), (1, 1, self.embed_dim)
+    x, grid = layers.embed_patches(self, images)
+    x = layers.learned_position_embedding(
+      self, jnp.concatenate([layers.class_token(self, x.shape[0]), x], 1)
     )
-    x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (x.shape[0], 1, x.shape[2])), x], 1)
-    pos = self.param(
-      "pos_embed",
-      partitioned(trunc_normal, (None, None, "embed")),
-      (1, *x.shape[1:]),
-      self.param_dtype,
-    )
-    x = nn.Dropout(self.drop_rate)(x + pos.astype(x.dtype), deterministic=not train)
-    kwargs = (self.attention_kwargs or {}).get(self.attention)
+    x = nn.Dropout(self.drop_rate)(x, deterministic=not train)
     for s, (depth, heads) in enumerate(zip(self.depths, self.num_heads)):
       if s:
         x, grid = Pool(self.dtype, self.param_dtype, name=f"pool_{s - 1}")(x, grid)
       for i in range(depth):
-        x = Block(
-          num_heads=heads,
-          mlp_ratio=self.mlp_ratio,
-          head_dim=self.head_dim,
-          qkv_bias=self.qkv_bias,
-          attention=self.attention,
-          attention_kwargs=kwargs,
-          drop=self.drop_rate,
+        x = layers.Block(
+          heads,
+          self.mlp_ratio,
+          self.head_dim,
+          self.qkv_bias,
           attn_drop=self.attn_drop_rate,
           drop_path=self.drop_path_rate,
-          norm_eps=self.norm_eps,
-          dtype=self.dtype,
-          param_dtype=self.param_dtype,
           name=f"stages_{s}_blocks_{i}",
+          **layers.block_settings(self),
         )(x, grid=grid, num_prefix_tokens=1, train=train)
-    x = layer_norm(self.norm_eps, self.dtype, "norm")(x[:, 0])
-    self.sow("intermediates", "pre_logits", x)
-    if not self.num_classes:
-      return x
-    logits = classifier_head(self.num_classes, self.dtype, self.param_dtype)(x)
-    return logits.astype(jnp.float32)
+    return layers.classify(self, layers.layer_norm(self.norm_eps, self.dtype, "norm")(x[:, 0]))
 
 
-def pit_smalldata(num_classes: int, *, patch_size: int, mask: str | None) -> PiT:
-  """Li & Zhang's PiT (GMM paper, Table 1): dim 96, stages of depth (2, 6, 4) with (2, 4, 8) heads
-  of 48, MLP ratio 2, class token; ``mask`` None (MHSA) or 'gmm' / 'elm' on the patch-to-patch
-  logits of every block (``mask_attention_kwargs`` defaults, K = 5).
-
-  Registered as ``{gmm_}pit_smalldata_patch2_32`` and ``..._patch4_64``.
-  """
-  return PiT(
-    num_classes=num_classes,
-    patch_size=patch_size,
-    attention=mask or "mhsa",
-    attention_kwargs=mask_attention_kwargs(mask) if mask else None,
-  )
-
-
-for _patch, _res in ((2, 32), (4, 64)):
-  for _mask in (None, "gmm"):
-    register_model(
-      f"{_mask + '_' if _mask else ''}pit_smalldata_patch{_patch}_{_res}", image_size=_res
-    )(functools.partial(pit_smalldata, patch_size=_patch, mask=_mask))
+# Li & Zhang's PiT (GMM paper, Table 1): patch 2 on 32x32, 4 on 64x64.
+register_smalldata(
+  "pit", PiT, {"patch2_32": (32, {"patch_size": 2}), "patch4_64": (64, {"patch_size": 4})}
+)

@@ -9,6 +9,8 @@ from typing import Any
 
 import flax.linen as nn
 
+from locvit.ops import resolve_implementation
+
 _MODELS: dict[str, Callable[..., nn.Module]] = {}
 _DEFAULT_IMAGE_SIZE: dict[str, int] = {}
 
@@ -46,7 +48,11 @@ def default_image_size(name: str) -> int:
 
 
 def create_model(name: str, num_classes: int = 1000, **overrides: Any) -> nn.Module:
-  """Builds a registered model; ``overrides`` replace fields of the module (e.g. ``depth=6``)."""
+  """Builds a registered model; ``overrides`` replace fields of the module (e.g. ``depth=6``).
+
+  The kernel setting ``attention_implementation`` is resolved here, once (``locvit.ops``): None
+  becomes 'einsum' (the CPU code paths) on CPU and stays None (JAX's choice) elsewhere.
+  """
   if name not in _MODELS:
     raise _unknown(name)
   model = _MODELS[name](num_classes)
@@ -54,6 +60,9 @@ def create_model(name: str, num_classes: int = 1000, **overrides: Any) -> nn.Mod
   bad = sorted(set(overrides) - fields)
   if bad:
     raise ValueError(f"Model {name!r} has no fields {bad}. Valid fields: {sorted(fields)}.")
+  if "attention_implementation" in fields:
+    implementation = overrides.get("attention_implementation", model.attention_implementation)
+    overrides["attention_implementation"] = resolve_implementation(implementation)
   model = model.clone(**overrides) if overrides else model
   if hasattr(model, "check"):
     model.check()

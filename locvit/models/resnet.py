@@ -34,8 +34,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from locvit.attention.attention import partitioned
-from locvit.attention.relative import torch_linear_bias_init, torch_linear_kernel_init
+from locvit.attention.projections import (
+  partitioned,
+  torch_linear_bias_init,
+  torch_linear_kernel_init,
+)
+from locvit.models.layers import classify
 from locvit.models.registry import register_model
 
 Array = jax.Array
@@ -61,8 +65,9 @@ def _conv_and_norm(block: nn.Module, train: bool) -> tuple[Any, Any]:
   return conv, norm
 
 
-class BasicBlock(nn.Module):
-  """``relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x))``."""
+class _ResidualBlock(nn.Module):
+  """Fields of a ResNet block: ``features`` (the block's width), ``strides`` of its first
+  spatial convolution, BatchNorm settings and dtypes."""
 
   features: int
   strides: int = 1
@@ -70,6 +75,10 @@ class BasicBlock(nn.Module):
   bn_eps: float = 1e-5
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+
+
+class BasicBlock(_ResidualBlock):
+  """``relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x))``."""
 
   @nn.compact
   def __call__(self, x: Array, *, train: bool = False) -> Array:
@@ -86,15 +95,8 @@ class BasicBlock(nn.Module):
     return nn.relu(y + shortcut)
 
 
-class Bottleneck(nn.Module):
+class Bottleneck(_ResidualBlock):
   """``relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1(x))))))) + shortcut(x))``, 4x expansion."""
-
-  features: int
-  strides: int = 1
-  bn_momentum: float = 0.9
-  bn_eps: float = 1e-5
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array, *, train: bool = False) -> Array:
@@ -172,18 +174,10 @@ class ResNetCifar(nn.Module):
           name=f"stage{stage + 1}_block{block + 1}",
         )(x, train=train)
     x = jnp.mean(x, axis=(1, 2))
-    self.sow("intermediates", "pre_logits", x)
-    if not self.num_classes:
-      return x
-    logits = nn.Dense(
-      self.num_classes,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      kernel_init=partitioned(torch_linear_kernel_init, ("embed", "classes")),
-      bias_init=partitioned(torch_linear_bias_init(x.shape[-1]), ("classes",)),
-      name="head",
-    )(x)
-    return logits.astype(jnp.float32)
+    inits = dict(
+      kernel_init=torch_linear_kernel_init, bias_init=torch_linear_bias_init(x.shape[-1])
+    )
+    return classify(self, x, **inits)
 
 
 @register_model("resnet18_cifar", image_size=32)

@@ -19,7 +19,7 @@ is a single 4x4 window). A window that does not tile the stage grid is an error.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -27,25 +27,33 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from locvit.attention.attention import (
-  OutputProjection,
-  QKVProjection,
+from locvit.attention.core import Term, attend
+from locvit.attention.geometry import TokenGrid, relative_offsets
+from locvit.attention.masks import MASK_KINDS, mask_terms
+from locvit.attention.projections import (
+  output_projection,
   partitioned,
-  record_attention,
+  qkv_projection,
   trunc_normal,
 )
-from locvit.attention.geometry import TokenGrid, relative_offsets
-from locvit.attention.masks import (
-  MASK_KINDS,
-  batch_broadcast,
-  combine_mask,
-  make_mask,
-  mask_attention_kwargs,
-  split_mask_options,
+from locvit.models.layers import (
+  AttentionSettings,
+  BlockSettings,
+  block_settings,
+  classify,
+  dense,
+  embed_patches,
+  layer_norm,
+  learned_position_embedding,
+  mlp_residual,
+  pre_norm_residual,
 )
-from locvit.models.layers import Mlp, PatchEmbed, classifier_head, drop_path, layer_norm
-from locvit.models.registry import register_model
-from locvit.ops import dense_dot_general
+from locvit.models.smalldata import (
+  SmallDataBackbone,
+  check_attention,
+  check_stages,
+  register_smalldata,
+)
 
 Array = jax.Array
 SWIN_ATTENTION = ("mhsa", *MASK_KINDS)
@@ -111,54 +119,51 @@ def unpartition(x: Array, window: int, height: int, width: int) -> Array:
   return x.transpose(0, 1, 3, 2, 4, 5).reshape(-1, height, width, c)
 
 
-class WindowAttention(nn.Module):
-  """Window multi-head self-attention with relative position bias and an optional mask."""
+class WindowAttention(AttentionSettings):
+  """Window multi-head self-attention with relative position bias and an optional mask: the
+  attention core with the terms mask (multiply or add), relative bias (add), shift mask (add)."""
 
   num_heads: int
   window: int
   qkv_bias: bool = True
-  attention: str = "mhsa"
-  attention_kwargs: Mapping[str, Any] | None = None
-  attn_drop: float = 0.0
-  proj_drop: float = 0.0
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array, shift: Array | None, *, train: bool = False) -> Array:
-    dim = x.shape[-1]
-    head_dim = dim // self.num_heads
-    qkv = QKVProjection(
-      self.num_heads, head_dim, self.qkv_bias, self.dtype, self.param_dtype, name="qkv"
-    )(x)
+    dim, heads = x.shape[-1], self.num_heads
+    kwargs = dict(
+      implementation=self.implementation, dtype=self.dtype, param_dtype=self.param_dtype
+    )
+    qkv = qkv_projection(heads, dim // heads, self.qkv_bias, **kwargs)(x)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    logits = jnp.einsum("bnhd,bmhd->bhnm", q, k).astype(jnp.float32) * head_dim**-0.5
-    if self.attention != "mhsa":
-      term, combine = make_mask(self.attention, self.num_heads, self.attention_kwargs)
-      logits = combine_mask(logits, term(TokenGrid(self.window, self.window)), combine)
+    grid = TokenGrid(self.window, self.window)
+    terms = mask_terms(self.attention, heads, grid, self.attention_kwargs)
     size = 2 * self.window - 1
     table = self.param(
       "relative_position_bias_table",
       partitioned(trunc_normal, (None, "heads")),
-      (size * size, self.num_heads),
+      (size * size, heads),
       self.param_dtype,
     )
     bias = table.astype(jnp.float32)[relative_position_index(self.window)]  # (N, N, H)
-    # batch_broadcast: the bias gradient sums over windows x batch as a matmul (fast on CPU).
-    logits = logits + batch_broadcast(jnp.transpose(bias, (2, 0, 1)), logits.shape[0])
-    if shift is not None:
-      num_windows, n = shift.shape[0], logits.shape[-1]
-      logits = logits.reshape(-1, num_windows, self.num_heads, n, n) + shift[None, :, None]
-      logits = logits.reshape(-1, self.num_heads, n, n)
-    probs = jax.nn.softmax(logits, axis=-1)
-    record_attention(self, probs)
-    probs = nn.Dropout(self.attn_drop)(probs, deterministic=not train).astype(self.dtype)
-    y = jnp.einsum("bhnm,bmhd->bnhd", probs, v)
-    out = OutputProjection(dim, self.dtype, self.param_dtype, name="proj")(y)
+    terms += (Term(jnp.transpose(bias, (2, 0, 1)), "add"),)
+    if shift is not None:  # (nW, N, N), per window of every image: (B * nW, 1, N, N)
+      per_window = jnp.tile(shift[:, None], (x.shape[0] // shift.shape[0], 1, 1, 1))
+      terms += (Term(per_window, "add"),)
+    y = attend(
+      self,
+      q,
+      k,
+      v,
+      terms=terms,
+      attn_drop=self.attn_drop,
+      train=train,
+      implementation=self.implementation,
+    )
+    out = output_projection(dim, **kwargs)(y)
     return nn.Dropout(self.proj_drop)(out, deterministic=not train)
 
 
-class SwinBlock(nn.Module):
+class SwinBlock(BlockSettings):
   """``x + dp(W-MSA(LN(x)))`` (shifted when ``shift > 0``), then ``x + dp(MLP(LN(x)))``."""
 
   num_heads: int
@@ -166,19 +171,19 @@ class SwinBlock(nn.Module):
   shift: int
   mlp_ratio: float = 2.0
   qkv_bias: bool = True
-  attention: str = "mhsa"
-  attention_kwargs: Mapping[str, Any] | None = None
-  drop: float = 0.0
-  attn_drop: float = 0.0
-  drop_path: float = 0.0
-  norm_eps: float = 1e-5
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array, *, grid: TokenGrid, train: bool = False) -> Array:
-    b, n, c = x.shape
-    y = layer_norm(self.norm_eps, self.dtype, "norm1")(x).reshape(b, grid.height, grid.width, c)
+    rate = self.drop_path
+    x = pre_norm_residual(
+      self, x, "norm1", lambda y: self._attend(y, grid, train), rate=rate, train=train
+    )
+    return mlp_residual(self, x, int(x.shape[-1] * self.mlp_ratio), rate=rate, train=train)
+
+  def _attend(self, y: Array, grid: TokenGrid, train: bool) -> Array:
+    """Window attention of normalised tokens ``y``, shifted by ``shift``, back to ``(B, N, C)``."""
+    b, n, c = y.shape
+    y = y.reshape(b, grid.height, grid.width, c)
     if self.shift:
       y = jnp.roll(y, (-self.shift, -self.shift), axis=(1, 2))
     mask = jnp.asarray(shift_mask(grid, self.window, self.shift)) if self.shift else None
@@ -186,21 +191,14 @@ class SwinBlock(nn.Module):
       self.num_heads,
       self.window,
       self.qkv_bias,
-      self.attention,
-      self.attention_kwargs,
-      self.attn_drop,
-      self.drop,
-      self.dtype,
-      self.param_dtype,
-      name="attn",
+      attention=self.attention,
+      attention_kwargs=self.attention_kwargs,
+      **self.attention_fields(),
     )(partition(y, self.window), mask, train=train)
     y = unpartition(y, self.window, grid.height, grid.width)
     if self.shift:
       y = jnp.roll(y, (self.shift, self.shift), axis=(1, 2))
-    x = x + drop_path(self.drop_path)(y.reshape(b, n, c), deterministic=not train)
-    y = layer_norm(self.norm_eps, self.dtype, "norm2")(x)
-    y = Mlp(int(c * self.mlp_ratio), self.drop, self.dtype, self.param_dtype, name="mlp")(y, train)
-    return x + drop_path(self.drop_path)(y, deterministic=not train)
+    return y.reshape(b, n, c)
 
 
 class PatchMerging(nn.Module):
@@ -209,6 +207,7 @@ class PatchMerging(nn.Module):
   norm_eps: float = 1e-5
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
+  implementation: str | None = None
 
   @nn.compact
   def __call__(self, x: Array, grid: TokenGrid) -> tuple[Array, TokenGrid]:
@@ -223,19 +222,12 @@ class PatchMerging(nn.Module):
     )
     grid = TokenGrid(grid.height // 2, grid.width // 2)
     x = layer_norm(self.norm_eps, self.dtype, "norm")(x.reshape(b, grid.num_tokens, 4 * c))
-    x = nn.Dense(
-      2 * c,
-      use_bias=False,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      kernel_init=partitioned(trunc_normal, ("mlp", "embed")),
-      dot_general=dense_dot_general,
-      name="reduction",
-    )(x)
+    settings = (self.dtype, self.param_dtype, self.implementation)
+    x = dense(2 * c, ("mlp", "embed"), "reduction", *settings, use_bias=False)(x)
     return x, grid
 
 
-class SwinTransformer(nn.Module):
+class SwinTransformer(SmallDataBackbone):
   """Swin Transformer mapping NHWC images to logits.
 
   Attributes:
@@ -248,7 +240,6 @@ class SwinTransformer(nn.Module):
       (linear over all blocks).
   """
 
-  num_classes: int
   patch_size: int = 2
   embed_dim: int = 96
   depths: Sequence[int] = (2, 6, 4)
@@ -256,45 +247,21 @@ class SwinTransformer(nn.Module):
   window_size: int = 4
   mlp_ratio: float = 2.0
   qkv_bias: bool = True
-  attention: str = "mhsa"
-  attention_kwargs: Mapping[str, Any] | None = None
-  drop_rate: float = 0.0
   attn_drop_rate: float = 0.0
-  drop_path_rate: float = 0.1
-  norm_eps: float = 1e-5
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-
-  def mask_options(self) -> Mapping[str, Any] | None:
-    """``attention_kwargs[attention]``: the GMM / ELM options of the window attention, or None."""
-    return (self.attention_kwargs or {}).get(self.attention)
 
   def check(self) -> None:
     """Validates the static configuration before tracing; raises ValueError naming the field and
     the valid choices (``create_model`` calls it)."""
-    if self.attention not in SWIN_ATTENTION:
-      raise ValueError(f"Swin attention={self.attention!r} is not one of {SWIN_ATTENTION}.")
-    if len(self.depths) != len(self.num_heads):
-      raise ValueError(f"depths {tuple(self.depths)} and num_heads {tuple(self.num_heads)} differ.")
-    if self.attention != "mhsa":
-      split_mask_options(self.attention, self.mask_options())
+    check_attention("Swin", self.attention, self.attention_kwargs, SWIN_ATTENTION)
+    check_stages(self.depths, self.num_heads)
 
   @nn.compact
   def __call__(self, images: Array, *, train: bool = False) -> Array:
     self.check()
-    x, grid = PatchEmbed(
-      self.patch_size, self.embed_dim, self.dtype, self.param_dtype, name="patch_embed"
-    )(images.astype(self.dtype))
-    x = layer_norm(self.norm_eps, self.dtype, "patch_norm")(x)
-    pos = self.param(
-      "pos_embed",
-      partitioned(trunc_normal, (None, None, "embed")),
-      (1, *x.shape[1:]),
-      self.param_dtype,
-    )
-    x = nn.Dropout(self.drop_rate)(x + pos.astype(x.dtype), deterministic=not train)
+    x, grid = embed_patches(self, images)
+    x = learned_position_embedding(self, layer_norm(self.norm_eps, self.dtype, "patch_norm")(x))
+    x = nn.Dropout(self.drop_rate)(x, deterministic=not train)
     rates = np.linspace(0.0, self.drop_path_rate, sum(self.depths))
-    options = self.mask_options() if self.attention != "mhsa" else None
     block = 0
     for s, (depth, heads) in enumerate(zip(self.depths, self.num_heads)):
       for i, (window, shift) in enumerate(stage_windows(grid, self.window_size, depth)):
@@ -304,46 +271,27 @@ class SwinTransformer(nn.Module):
           shift,
           self.mlp_ratio,
           self.qkv_bias,
-          self.attention,
-          options,
-          self.drop_rate,
-          self.attn_drop_rate,
-          float(rates[block]),
-          self.norm_eps,
-          self.dtype,
-          self.param_dtype,
+          drop_path=float(rates[block]),
+          attn_drop=self.attn_drop_rate,
           name=f"stages_{s}_blocks_{i}",
+          **block_settings(self),
         )(x, grid=grid, train=train)
         block += 1
       if s < len(self.depths) - 1:
-        x, grid = PatchMerging(self.norm_eps, self.dtype, self.param_dtype, name=f"merge_{s}")(
-          x, grid
+        merge = PatchMerging(
+          self.norm_eps,
+          self.dtype,
+          self.param_dtype,
+          self.attention_implementation,
+          name=f"merge_{s}",
         )
-    x = jnp.mean(layer_norm(self.norm_eps, self.dtype, "norm")(x), axis=1)
-    self.sow("intermediates", "pre_logits", x)
-    if not self.num_classes:
-      return x
-    logits = classifier_head(self.num_classes, self.dtype, self.param_dtype)(x)
-    return logits.astype(jnp.float32)
+        x, grid = merge(x, grid)
+    return classify(self, jnp.mean(layer_norm(self.norm_eps, self.dtype, "norm")(x), axis=1))
 
 
-def swin_smalldata(num_classes: int, *, patch_size: int, mask: str | None) -> SwinTransformer:
-  """Li & Zhang's Swin (GMM paper, Tables 1 and 2): embed 96, depths (2, 6, 4), heads (3, 6, 12),
-  window 4, MLP ratio 2; ``mask`` None (MHSA) or 'gmm' / 'elm' inside every window
-  (``mask_attention_kwargs`` defaults, K = 5).
-
-  Registered as ``{gmm_}swin_smalldata_patch2_32`` and ``..._patch4_64``.
-  """
-  return SwinTransformer(
-    num_classes=num_classes,
-    patch_size=patch_size,
-    attention=mask or "mhsa",
-    attention_kwargs=mask_attention_kwargs(mask) if mask else None,
-  )
-
-
-for _patch, _res in ((2, 32), (4, 64)):
-  for _mask in (None, "gmm"):
-    register_model(
-      f"{_mask + '_' if _mask else ''}swin_smalldata_patch{_patch}_{_res}", image_size=_res
-    )(functools.partial(swin_smalldata, patch_size=_patch, mask=_mask))
+# Li & Zhang's Swin (GMM paper, Tables 1 and 2): patch 2 on 32x32, 4 on 64x64.
+register_smalldata(
+  "swin",
+  SwinTransformer,
+  {"patch2_32": (32, {"patch_size": 2}), "patch4_64": (64, {"patch_size": 4})},
+)

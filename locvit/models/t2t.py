@@ -22,35 +22,26 @@ parameters. 6,484,672 parameters on CIFAR-10 (the paper's "6.5M").
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Mapping
-from typing import Any
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from locvit.attention import get_attention, list_attention
-from locvit.attention.attention import (
-  OutputProjection,
-  QKVProjection,
-  partitioned,
-  record_attention,
-  trunc_normal,
-  zeros,
-)
+from locvit.attention.core import attend
 from locvit.attention.geometry import TokenGrid
-from locvit.attention.masks import (
-  MASK_KINDS,
-  combine_mask,
-  make_mask,
-  mask_attention_kwargs,
-  split_mask_options,
+from locvit.attention.masks import mask_terms
+from locvit.attention.projections import output_projection, qkv_projection
+from locvit.models.layers import (
+  BlockSettings,
+  Mlp,
+  block_settings,
+  classify,
+  dense,
+  layer_norm,
+  mlp_residual,
+  pre_norm_residual,
 )
-from locvit.models.layers import Mlp, classifier_head, drop_path, layer_norm
-from locvit.models.registry import register_model
-from locvit.ops import dense_dot_general
+from locvit.models.smalldata import SmallDataBackbone, check_attention, register_smalldata
 
 Array = jax.Array
 
@@ -72,77 +63,58 @@ def soft_split(x: Array) -> tuple[Array, TokenGrid]:
   return patches.reshape(b, h * w, f), TokenGrid(h, w)
 
 
-class TokenTransformer(nn.Module):
-  """T2T's token transformer: 1-head attention with a ``v`` skip, then ``x + MLP(LN(x))``."""
+class TokenTransformer(BlockSettings):
+  """T2T's token transformer: 1-head attention with a ``v`` skip, then ``x + MLP(LN(x))``; no
+  dropout (as the reference)."""
 
   token_dim: int = 64
   mlp_ratio: float = 1.0
-  attention: str = "mhsa"
-  attention_kwargs: Mapping[str, Any] | None = None
-  norm_eps: float = 1e-5
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array, *, grid: TokenGrid, train: bool = False) -> Array:
-    scale = x.shape[-1] ** -0.5  # the reference scales by its input width, not token_dim
+    kwargs = dict(
+      implementation=self.implementation, dtype=self.dtype, param_dtype=self.param_dtype
+    )
     y = layer_norm(self.norm_eps, self.dtype, "norm1")(x)
-    qkv = QKVProjection(1, self.token_dim, False, self.dtype, self.param_dtype, name="qkv")(y)
+    qkv = qkv_projection(1, self.token_dim, False, **kwargs)(y)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    logits = jnp.einsum("bnhd,bmhd->bhnm", q, k).astype(jnp.float32) * scale
-    if self.attention in MASK_KINDS:
-      term, combine = make_mask(self.attention, 1, self.attention_kwargs)
-      logits = combine_mask(logits, term(grid), combine)
-    probs = jax.nn.softmax(logits, axis=-1)
-    record_attention(self, probs)
-    y = jnp.einsum("bhnm,bmhd->bnhd", probs.astype(self.dtype), v)
-    x = v[:, :, 0] + OutputProjection(self.token_dim, self.dtype, self.param_dtype, name="proj")(y)
-    y = layer_norm(self.norm_eps, self.dtype, "norm2")(x)
-    return x + Mlp(
-      int(self.token_dim * self.mlp_ratio), 0.0, self.dtype, self.param_dtype, name="mlp"
-    )(y, train)
+    y = attend(
+      self,
+      q,
+      k,
+      v,
+      terms=mask_terms(self.attention, 1, grid, self.attention_kwargs),
+      scale=x.shape[-1] ** -0.5,  # the reference scales by its input width, not token_dim
+      train=train,
+      implementation=self.implementation,
+    )
+    x = v[:, :, 0] + output_projection(self.token_dim, **kwargs)(y)
+    hidden = int(self.token_dim * self.mlp_ratio)
+    mlp = Mlp(hidden, 0.0, self.dtype, self.param_dtype, self.implementation, name="mlp")
+    return pre_norm_residual(self, x, "norm2", lambda y: mlp(y, train), rate=0.0, train=train)
 
 
-class T2TBlock(nn.Module):
+class T2TBlock(BlockSettings):
   """Pre-norm block; with ``attention_skip`` the attention branch also adds ``LN(x)``."""
 
   num_heads: int
   mlp_ratio: float = 2.0
-  attention: str = "mhsa"
-  attention_kwargs: Mapping[str, Any] | None = None
   attention_skip: bool = True
-  drop: float = 0.0
-  attn_drop: float = 0.0
-  drop_path: float = 0.0
-  norm_eps: float = 1e-5
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array, *, grid: TokenGrid, train: bool = False) -> Array:
-    attn = get_attention(self.attention)(
-      num_heads=self.num_heads,
-      head_dim=None,
-      qkv_bias=False,
-      attn_drop=self.attn_drop,
-      proj_drop=self.drop,
-      implementation=None,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      name="attn",
-      **dict(self.attention_kwargs or {}),
-    )
-    y = layer_norm(self.norm_eps, self.dtype, "norm1")(x)
-    a = attn(y, grid=grid, num_prefix_tokens=0, train=train)
-    x = x + drop_path(self.drop_path)(a + y if self.attention_skip else a, deterministic=not train)
-    y = layer_norm(self.norm_eps, self.dtype, "norm2")(x)
-    y = Mlp(int(x.shape[-1] * self.mlp_ratio), self.drop, self.dtype, self.param_dtype, name="mlp")(
-      y, train
-    )
-    return x + drop_path(self.drop_path)(y, deterministic=not train)
+    attn = self.registered_attention(num_heads=self.num_heads, head_dim=None, qkv_bias=False)
+
+    def branch(y: Array) -> Array:
+      a = attn(y, grid=grid, num_prefix_tokens=0, train=train)
+      return a + y if self.attention_skip else a
+
+    x = pre_norm_residual(self, x, "norm1", branch, rate=self.drop_path, train=train)
+    hidden = int(x.shape[-1] * self.mlp_ratio)
+    return mlp_residual(self, x, hidden, rate=self.drop_path, train=train)
 
 
-class T2TViT(nn.Module):
+class T2TViT(SmallDataBackbone):
   """T2T-ViT mapping NHWC images to logits.
 
   Attributes:
@@ -156,60 +128,33 @@ class T2TViT(nn.Module):
     drop_rate, attn_drop_rate, drop_path_rate: dropout, attention dropout, stochastic depth.
   """
 
-  num_classes: int
   embed_dim: int = 256
   depth: int = 12
   num_heads: int = 4
   mlp_ratio: float = 2.0
   token_dim: int = 64
   num_t2t: int = 1
-  attention: str = "mhsa"
-  attention_kwargs: Mapping[str, Any] | None = None
   attention_skip: bool = True
-  drop_rate: float = 0.0
   attn_drop_rate: float = 0.0
-  drop_path_rate: float = 0.1
-  norm_eps: float = 1e-5
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
 
   def check(self) -> None:
     """Validates the static configuration before tracing; raises ValueError naming the field and
     the valid choices (``create_model`` calls it)."""
-    if self.attention not in list_attention():
-      raise ValueError(
-        f"T2T attention={self.attention!r} is unknown. Valid kinds: {list_attention()}."
-      )
-    if self.attention in MASK_KINDS:
-      split_mask_options(self.attention, (self.attention_kwargs or {}).get(self.attention))
+    check_attention("T2T", self.attention, self.attention_kwargs)
     if self.num_t2t < 0:
       raise ValueError(f"num_t2t={self.num_t2t} must be >= 0.")
 
   @nn.compact
   def __call__(self, images: Array, *, train: bool = False) -> Array:
     self.check()
-    kwargs = (self.attention_kwargs or {}).get(self.attention)
     x, grid = soft_split(images.astype(self.dtype))
     for i in range(self.num_t2t):
-      x = TokenTransformer(
-        self.token_dim,
-        attention=self.attention,
-        attention_kwargs=kwargs,
-        norm_eps=self.norm_eps,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        name=f"t2t_{i}",
-      )(x, grid=grid, train=train)
+      x = TokenTransformer(self.token_dim, name=f"t2t_{i}", **block_settings(self))(
+        x, grid=grid, train=train
+      )
       x, grid = soft_split(x.reshape(x.shape[0], grid.height, grid.width, self.token_dim))
-    x = nn.Dense(
-      self.embed_dim,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      kernel_init=partitioned(trunc_normal, (None, "embed")),
-      bias_init=partitioned(zeros, ("embed",)),
-      dot_general=dense_dot_general,
-      name="project",
-    )(x)
+    settings = (self.dtype, self.param_dtype, self.attention_implementation)
+    x = dense(self.embed_dim, (None, "embed"), "project", *settings)(x)
     x = x + jnp.asarray(sinusoid_table(grid.num_tokens, self.embed_dim), x.dtype)
     x = nn.Dropout(self.drop_rate)(x, deterministic=not train)
     rates = np.linspace(0.0, self.drop_path_rate, self.depth)
@@ -217,43 +162,15 @@ class T2TViT(nn.Module):
       x = T2TBlock(
         self.num_heads,
         self.mlp_ratio,
-        self.attention,
-        kwargs,
         self.attention_skip,
-        self.drop_rate,
-        self.attn_drop_rate,
-        float(rates[i]),
-        self.norm_eps,
-        self.dtype,
-        self.param_dtype,
+        attn_drop=self.attn_drop_rate,
+        drop_path=float(rates[i]),
         name=f"blocks_{i}",
+        **block_settings(self),
       )(x, grid=grid, train=train)
       self.sow("intermediates", f"block_{i}", x)
-    x = jnp.mean(layer_norm(self.norm_eps, self.dtype, "norm")(x), axis=1)
-    self.sow("intermediates", "pre_logits", x)
-    if not self.num_classes:
-      return x
-    logits = classifier_head(self.num_classes, self.dtype, self.param_dtype)(x)
-    return logits.astype(jnp.float32)
+    return classify(self, jnp.mean(layer_norm(self.norm_eps, self.dtype, "norm")(x), axis=1))
 
 
-def t2t_smalldata(num_classes: int, *, num_t2t: int, mask: str | None) -> T2TViT:
-  """Li & Zhang's T2T-ViT (GMM paper, Table 1): ``num_t2t`` token transformers (token dim 64),
-  then 12 blocks of width 256 with 4 heads and MLP ratio 2; ``mask`` None (MHSA) or 'gmm' / 'elm'
-  in every attention, token transformers included (``mask_attention_kwargs`` defaults, K = 5).
-
-  Registered as ``{gmm_}t2t_smalldata_32`` (one token transformer) and ``..._64`` (two).
-  """
-  return T2TViT(
-    num_classes=num_classes,
-    num_t2t=num_t2t,
-    attention=mask or "mhsa",
-    attention_kwargs=mask_attention_kwargs(mask) if mask else None,
-  )
-
-
-for _t2t, _res in ((1, 32), (2, 64)):
-  for _mask in (None, "gmm"):
-    register_model(f"{_mask + '_' if _mask else ''}t2t_smalldata_{_res}", image_size=_res)(
-      functools.partial(t2t_smalldata, num_t2t=_t2t, mask=_mask)
-    )
+# Li & Zhang's T2T-ViT (GMM paper, Table 1): one token transformer at 32x32, two at 64x64.
+register_smalldata("t2t", T2TViT, {"32": (32, {"num_t2t": 1}), "64": (64, {"num_t2t": 2})})

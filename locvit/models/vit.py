@@ -17,12 +17,14 @@ import jax
 import jax.numpy as jnp
 
 from locvit.attention import list_attention
-from locvit.attention.attention import partitioned, trunc_normal
 from locvit.models.layers import (
   Block,
-  PatchEmbed,
+  class_token,
   classifier_head,
+  classify,
+  embed_patches,
   layer_norm,
+  learned_position_embedding,
   sincos_2d_position_embedding,
 )
 
@@ -46,6 +48,8 @@ class VisionTransformer(nn.Module):
       only when it is inserted at the input (timm's DeiT layout).
     layer_attention: per-layer attention kinds, length ``depth``; None means 'mhsa' everywhere.
     attention_kwargs: per kind, extra constructor arguments, e.g. ``{'gpsa': {...}}``.
+    attention_implementation: the kernel setting of every layer (``locvit.ops``): None (resolved
+      by ``create_model``: 'einsum' on CPU, JAX's choice elsewhere), 'xla', 'cudnn' or 'einsum'.
     drop_rate, attn_drop_rate, drop_path_rate: dropout, attention dropout and stochastic depth
       (linearly spaced from 0 to ``drop_path_rate`` over depth).
     dtype: computation dtype (``jnp.bfloat16`` for mixed precision); parameters are float32.
@@ -114,11 +118,7 @@ class VisionTransformer(nn.Module):
 
   def _add_class_token(self, x: Array) -> Array:
     names = ("cls_token", "dist_token") if self.distilled else ("cls_token",)
-    tokens = [
-      self.param(name, partitioned(trunc_normal, (None, None, "embed")), (1, 1, x.shape[-1]))
-      for name in names
-    ]
-    tokens = [jnp.broadcast_to(t.astype(x.dtype), (x.shape[0], 1, x.shape[-1])) for t in tokens]
+    tokens = [class_token(self, x.shape[0], name).astype(x.dtype) for name in names]
     return jnp.concatenate([*tokens, x], axis=1)
 
   def _distilled_output(self, x: Array, train: bool) -> Array | tuple[Array, Array]:
@@ -134,9 +134,7 @@ class VisionTransformer(nn.Module):
   @nn.compact
   def __call__(self, images: Array, *, train: bool = False) -> Array:
     self.check()
-    x, grid = PatchEmbed(
-      self.patch_size, self.embed_dim, self.dtype, self.param_dtype, name="patch_embed"
-    )(images.astype(self.dtype))
+    x, grid = embed_patches(self, images)
     use_cls = self.pool == "token"
     num_prefix = 0
     if use_cls and self.class_token_layer == 0:
@@ -144,13 +142,7 @@ class VisionTransformer(nn.Module):
       num_prefix = self.num_prefix_tokens
 
     if self.pos_embed == "learn":
-      pos = self.param(
-        "pos_embed",
-        partitioned(trunc_normal, (None, None, "embed")),
-        (1, x.shape[1], self.embed_dim),
-        self.param_dtype,
-      )
-      x = x + pos.astype(x.dtype)
+      x = learned_position_embedding(self, x)
     elif self.pos_embed == "sincos2d":
       x = x.at[:, num_prefix:].add(
         sincos_2d_position_embedding(grid, self.embed_dim).astype(x.dtype)
@@ -172,7 +164,7 @@ class VisionTransformer(nn.Module):
         qkv_bias=self.qkv_bias,
         attention=kinds[i],
         attention_kwargs=(self.attention_kwargs or {}).get(kinds[i]),
-        attention_implementation=self.attention_implementation,
+        implementation=self.attention_implementation,
         drop=self.drop_rate,
         attn_drop=self.attn_drop_rate,
         drop_path=self.drop_path_rate * i / max(self.depth - 1, 1),
@@ -193,8 +185,4 @@ class VisionTransformer(nn.Module):
       x = layer_norm(self.norm_eps, self.dtype, "norm")(x)[:, 0]
     else:
       x = layer_norm(self.norm_eps, self.dtype, "fc_norm")(jnp.mean(x[:, num_prefix:], axis=1))
-    self.sow("intermediates", "pre_logits", x)
-    if not self.num_classes:
-      return x
-    logits = classifier_head(self.num_classes, self.dtype, self.param_dtype)(x)
-    return logits.astype(jnp.float32)
+    return classify(self, x)

@@ -1,0 +1,190 @@
+"""Every registered backbone reaches the fused kernel wherever its attention math allows it.
+
+One representative per family (model class x attention kinds), traced only (``jax.eval_shape``,
+no compilation), with ``attention_implementation='xla'``. ``jax.nn.dot_product_attention`` is
+wrapped to count its calls during tracing; the attention layers are counted from the maps they
+sow when intermediates are collected (which forces the explicit path). Layers whose math has no
+fused form (multiply masks, CaiT's talking heads, positional-only attention) must not call it.
+"""
+
+import dataclasses
+import functools
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from locvit.attention import Attention, LogitsHook, QuadraticPositional, Term, TokenGrid, attend
+from locvit.models import create_model, default_image_size, list_models
+
+
+def _family(name: str) -> tuple:
+  model = create_model(name, num_classes=10)
+  kinds = getattr(model, "layer_attention", None) or (getattr(model, "attention", "mhsa"),)
+  return type(model).__name__, tuple(sorted(set(kinds))), getattr(model, "content", None)
+
+
+def _representatives() -> list[str]:
+  chosen: dict[tuple, str] = {}
+  for name in list_models():
+    chosen.setdefault(_family(name), name)
+  return sorted(chosen.values())
+
+
+def _variants() -> list[tuple[str, str]]:
+  """(model, combine) for every family; masked families also with the fusable 'add' rule."""
+  out = []
+  for name in _representatives():
+    out.append((name, "multiply"))
+    if name.startswith(("gmm_", "elm_")):
+      out.append((name, "add"))
+  return out
+
+
+def _fusable(model, combine: str) -> bool:
+  """Whether the attention math of ``model`` has a fused form (docs/architecture.md's table)."""
+  if type(model).__name__ == "CaiT":
+    return False  # talking heads mix heads before and after the softmax
+  if getattr(model, "attention", None) in (
+    "quadratic",
+    "quadratic_generalized",
+    "learned_relative",
+  ):
+    return bool(model.content)  # positional-only attention has no content logits to fuse
+  kinds = set(getattr(model, "layer_attention", None) or (getattr(model, "attention", "mhsa"),))
+  return not (kinds & {"gmm", "elm"}) or combine == "add"
+
+
+def _shallow(model) -> dict:
+  """Overrides that keep every kind of layer of ``model`` but fewer of them (faster tracing)."""
+  fields = {f.name for f in dataclasses.fields(model)}
+  if "depths" in fields:
+    return {"depths": (2,) * len(model.depths)}  # a shifted Swin block needs two per stage
+  out = {"depth": 2}
+  if getattr(model, "layer_attention", None):
+    out["layer_attention"] = (model.layer_attention[0], model.layer_attention[-1])
+  if "class_token_layer" in fields:
+    out["class_token_layer"] = min(model.class_token_layer, 1)
+  return out
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+  calls = []
+  original = jax.nn.dot_product_attention
+
+  def counting(*args, **kwargs):
+    calls.append(kwargs.get("implementation"))
+    return original(*args, **kwargs)
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", counting)
+  return calls
+
+
+@pytest.mark.parametrize("name, combine", _variants())
+def test_every_fusable_attention_layer_uses_dot_product_attention(name, combine, fused_calls):
+  model = create_model(name, num_classes=10)
+  if not hasattr(model, "attention_implementation"):
+    pytest.skip(f"{name} has no attention")
+  overrides = {"attention_implementation": "xla", **_shallow(model)}
+  kind = getattr(model, "attention", None) or (model.layer_attention or ("mhsa",))[0]
+  if kind in ("gmm", "elm"):
+    overrides["attention_kwargs"] = {kind: {"combine": combine}}
+  model = create_model(name, num_classes=10, **overrides)
+  size = default_image_size(name)
+  images = jax.ShapeDtypeStruct((2, size, size, 3), jnp.float32)
+  variables = jax.eval_shape(model.init, jax.random.key(0), images)
+  fused_calls.clear()  # init does not collect intermediates, so it runs the fused path too
+
+  _, state = jax.eval_shape(
+    functools.partial(model.apply, mutable=["intermediates"]), variables, images
+  )
+  paths = flax.traverse_util.flatten_dict(state["intermediates"], sep="/")
+  layers = [p for p in paths if p.endswith("/attention")]
+  assert layers, f"{name}: no attention layer sowed its map"
+  assert not fused_calls  # collecting maps materialises them
+
+  jax.eval_shape(model.apply, variables, images)
+  expected = len(layers) if _fusable(model, combine) else 0
+  assert len(fused_calls) == expected, (name, combine, len(fused_calls), layers)
+  assert set(fused_calls) <= {"xla"}
+
+
+def test_create_model_resolves_the_kernel_setting_once():
+  assert jax.default_backend() == "cpu"
+  assert create_model("pit_smalldata_patch2_32").attention_implementation == "einsum"
+  model = create_model("swin_smalldata_patch2_32", attention_implementation="cudnn")
+  assert model.attention_implementation == "cudnn"
+  with pytest.raises(ValueError, match=r"implementation='flash' is not one of"):
+    create_model("t2t_smalldata_32", attention_implementation="flash")
+
+
+def test_logits_hook_and_terms_compose_in_order():
+  """Explicit path: ``hook.after(softmax(hook.before(q k^T s * M + B)))`` against NumPy."""
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.normal(size=(2, 4, 3, 5)), jnp.float32) for _ in range(3))
+  mask, bias = (jnp.asarray(rng.normal(size=(3, 4, 4)), jnp.float32) for _ in range(2))
+  mix = jnp.asarray(rng.normal(size=(3, 3)), jnp.float32)
+  hook = LogitsHook(lambda x: jnp.einsum("bhnm,hg->bgnm", x, mix), lambda p: 2.0 * p)
+
+  class Layer(flax.linen.Module):
+    @flax.linen.compact
+    def __call__(self, q, k, v):
+      terms = (Term(mask, "multiply"), Term(bias, "add"))
+      return attend(self, q, k, v, terms=terms, hook=hook)
+
+  got = Layer().apply({}, q, k, v)
+  logits = np.einsum("bnhd,bmhd->bhnm", q, k) / np.sqrt(5) * mask + bias
+  logits = np.einsum("bhnm,hg->bgnm", logits, mix)
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs = 2.0 * probs / probs.sum(-1, keepdims=True)
+  np.testing.assert_allclose(got, np.einsum("bhnm,bmhd->bnhd", probs, v), rtol=1e-5, atol=1e-6)
+
+
+def test_quadratic_alpha_parameterization_is_spreads_sqrt_2_alpha():
+  """Cordonnier et al. Eq. 9: ``-alpha ||delta - Delta||^2`` is spreads ``s = sqrt(2 alpha)``."""
+  grid = TokenGrid(5, 5)
+  centers = jnp.asarray([[0.0, 1.0], [-1.0, 0.5]])
+  alpha = jnp.asarray([0.7, 3.0])
+  by_alpha = QuadraticPositional(2, parameterization="alpha").apply(
+    {"params": {"attention_centers": centers, "attention_alphas": alpha}}, grid
+  )
+  by_spread = QuadraticPositional(2).apply(
+    {"params": {"attention_centers": centers, "attention_spreads": jnp.sqrt(2 * alpha)}}, grid
+  )
+  np.testing.assert_allclose(by_alpha, by_spread, rtol=1e-5, atol=1e-5)
+  rows, cols = np.divmod(np.arange(25), 5)
+  delta = np.stack([rows[None] - rows[:, None], cols[None] - cols[:, None]], -1)  # key - query
+  dist = np.sum((delta[None] - np.asarray(centers)[:, None, None]) ** 2, -1)
+  expected = -np.asarray(alpha)[:, None, None] * dist
+  shift = (by_alpha - expected)[:, :, :1]  # a per-query constant drops out of the softmax
+  np.testing.assert_allclose(by_alpha - shift, expected, rtol=1e-5, atol=1e-4)
+  with pytest.raises(ValueError, match="parameterization='alpha' is isotropic"):
+    QuadraticPositional(2, generalized=True, parameterization="alpha").init(jax.random.key(0), grid)
+
+
+def test_attention_out_dim_changes_the_output_width():
+  x = jnp.ones((2, 9, 6))
+  layer = Attention(num_heads=2, out_dim=10)
+  variables = layer.init(jax.random.key(0), x)
+  assert layer.apply(variables, x).shape == (2, 9, 10)
+  assert jnp.shape(flax.linen.meta.unbox(variables)["params"]["proj"]["kernel"]) == (2, 3, 10)
+
+
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+def test_a_train_step_lowers_for_accelerators(platform):
+  """The 'xla' setting lowers for TPU and GPU from a CPU host (no compilation)."""
+  model = create_model("gmm_swin_smalldata_patch2_32", num_classes=10, depths=(2, 2, 2))
+  assert model.attention_implementation == "einsum"  # resolved for this CPU host
+  model = model.clone(attention_implementation="xla")
+  images = jnp.zeros((2, 32, 32, 3))
+  variables = jax.eval_shape(model.init, jax.random.key(0), images)
+
+  def loss(params, images):
+    return jnp.mean(model.apply({"params": params}, images))
+
+  traced = jax.jit(jax.grad(loss)).trace(variables["params"], images)
+  text = traced.lower(lowering_platforms=(platform,)).as_text()
+  assert "stablehlo.dot_general" in text
