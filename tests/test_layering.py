@@ -20,7 +20,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "locvit"
 # Lowest first. A module may import its own group (top-level module or subpackage of locvit) and
 # the groups of lower layers, never a group of its own layer or a higher one.
 LAYERS = (
-  ("locvit", "ops", "sharding", "metrics", "cpu_malloc", "checkpoint"),  # no model knowledge
+  # No model knowledge. ``configs``: the package only locates the shipped config files, which
+  # main loads by path.
+  ("locvit", "ops", "sharding", "metrics", "cpu_malloc", "checkpoint", "workdir", "run_config"),
+  ("configs",),
   ("attention",),  # positional terms, the attention core
   ("models",),  # backbones, registry, build_model, parameter surgery
   ("init", "data", "convert", "optim", "evaluate", "distill"),  # use models, never each other
