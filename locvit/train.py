@@ -487,6 +487,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   # Data. Each process reads only its slice of every global batch.
   train_source = data_lib.make_source(config.data, config.data.train_split)
   eval_source = data_lib.make_source(config.data, config.data.eval_split)
+  data_lib.check_same_classes(train_source, eval_source)
   num_classes = config.data.get("num_classes") or train_source.num_classes
   validate_recipe(config, num_classes)
   image_shape = (config.data.image_size, config.data.image_size, train_source[0]["image"].shape[-1])
