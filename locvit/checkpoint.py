@@ -228,6 +228,9 @@ def _manager(
   )
 
 
+_UNKNOWN = object()
+
+
 class NoIntactCheckpointError(ValueError):
   """Every saved step failed verification; nothing was moved or deleted."""
 
@@ -256,6 +259,7 @@ class Checkpointer:
     best_dir = os.path.join(self.directory, "best")
     self.best = _manager(best_dir, 1, async_save, read_only, "best") if keep_best else None
     self._unsummed: list[tuple[Any, int]] = []  # (manager, step) saved, manifest not written yet
+    self._best_score: Any = _UNKNOWN
 
   def latest_step(self) -> int | None:
     """The newest saved step in ``DIR``, or None when there is none."""
@@ -266,12 +270,17 @@ class Checkpointer:
     return self.best.latest_step() if self.best is not None else None
 
   def best_score(self) -> float | None:
-    """``eval/top1`` of the best checkpoint (read from its metadata), or None."""
-    step = self.best_step()
-    if step is None:
-      return None
-    meta = self.best.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-    return meta["metrics"][BEST_METRIC]
+    """``eval/top1`` of the best checkpoint (read once from its metadata, then remembered), or
+    None. Remembering it keeps every process's decision to save a new best the same while an
+    asynchronous best save is still being committed."""
+    if self._best_score is _UNKNOWN:
+      step = self.best_step()
+      meta = None
+      if step is not None:
+        args = ocp.args.Composite(meta=ocp.args.JsonRestore())
+        meta = self.best.restore(step, args=args)["meta"]
+      self._best_score = None if meta is None else meta["metrics"][BEST_METRIC]
+    return self._best_score
 
   def saved_meta(self, step: int | None = None) -> dict[str, Any] | None:
     """The ``meta`` JSON (step, config fingerprint, eval metrics) of ``step`` (default: latest),
@@ -342,6 +351,7 @@ class Checkpointer:
     if best is not None and metrics[BEST_METRIC] <= best:
       return False
     items = self._items(step, state, None, config, metrics, num_classes)
+    self._best_score = metrics[BEST_METRIC]
     return self._save(self.best, step, items, force=True)
 
   def _quarantine(self, manager, step: int, tag: str = "") -> str:
@@ -372,6 +382,7 @@ class Checkpointer:
       except Exception as e:  # orbax/JSON raise many types for a damaged file
         problem = _one_line(e)
     if problem is not None:
+      self._best_score = None
       target = self._quarantine(self.best, step, tag="best_")
       logging.warning(
         "The best checkpoint (step %d) is damaged: %s. Moved to %s; the next evaluation saves a "
