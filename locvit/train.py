@@ -404,6 +404,16 @@ def all_finite(tree) -> jax.Array:
   return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])) if leaves else True
 
 
+def check_finite_state(state: TrainState, step: int) -> None:
+  """Raises NonFiniteError unless parameters, optimizer state, BatchNorm statistics and EMA are
+  finite; runs before each save (one host sync), so no checkpoint holds NaN or Inf."""
+  if not all_finite((state.params, state.opt_state, state.model_state, state.ema_params)):
+    raise NonFiniteError(
+      f"non-finite parameters or optimizer state after step {step}; not saved. Lower "
+      f"optimizer.lr or set grad_clip_norm."
+    )
+
+
 def center_plotter(config, params, workdir: str):
   """``fn(step, params)`` writing the attention-centre plot (Cordonnier et al. Figs. 3-4; also GPSA
   heads) at each evaluation when ``config.analysis.center_plots``; a no-op otherwise or on
@@ -633,11 +643,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           save = (ckpt_every and step % ckpt_every == 0) or last or preempted
           if save:  # before the evaluation, so that a failing evaluation loses no training
             skipped_warned = check_health(config, jax.device_get(health), step, skipped_warned)
-            if not all_finite((state.params, state.opt_state, state.model_state, state.ema_params)):
-              raise NonFiniteError(
-                f"non-finite parameters or optimizer state after step {step}; not saved. Lower "
-                f"optimizer.lr or set grad_clip_norm."
-              )
+            check_finite_state(state, step)
             checkpointer.save(step, state, train_iter, config, force=True, num_classes=num_classes)
           if (eval_every and step % eval_every == 0) or last:
             final = eval_lib.evaluate(
