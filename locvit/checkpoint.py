@@ -302,9 +302,11 @@ class Checkpointer:
       items["data"] = grain.checkpoint.CheckpointSave(data_iter)
     return ocp.args.Composite(**items)
 
-  def _write_pending_checksums(self) -> None:
-    """Manifests of the steps whose (asynchronous) save has been committed since."""
-    pending, self._unsummed = self._unsummed, []
+  def _write_pending_checksums(self, manager=None) -> None:
+    """Manifests of the steps of ``manager`` (default: both) saved since; call it only once that
+    manager's asynchronous saves are committed."""
+    pending = [(m, s) for m, s in self._unsummed if manager is None or m is manager]
+    self._unsummed = [(m, s) for m, s in self._unsummed if (m, s) not in pending]
     for manager, step in pending:
       step_dir = os.path.join(str(manager.directory), str(step))
       if jax.process_index() == 0 and os.path.isdir(step_dir):  # gone: rotated out already
@@ -312,7 +314,7 @@ class Checkpointer:
 
   def _save(self, manager, step, args, force) -> bool:
     manager.wait_until_finished()  # the previous save is committed: its manifest can be written
-    self._write_pending_checksums()
+    self._write_pending_checksums(manager)
     saved = manager.save(step, args=args, force=force)
     if saved:
       self._unsummed.append((manager, step))

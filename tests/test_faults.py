@@ -98,6 +98,9 @@ def test_sigterm_to_one_of_two_processes_saves_the_same_step_everywhere_and_resu
   )
   assert [s for s, _ in _losses(workdir)] == list(range(1, 31))
   assert _steps(workdir)[-1] == 30 and os.listdir(workdir / "checkpoints" / "best")
+  for step in _steps(workdir):  # asynchronous saves get their manifest too, and it verifies
+    assert ckpt_lib.verify_checksums(str(workdir / "checkpoints" / str(step))) is None
+    assert (workdir / "checkpoints" / str(step) / ckpt_lib.CHECKSUMS).exists()
 
 
 @pytest.mark.slow
