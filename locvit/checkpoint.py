@@ -532,6 +532,12 @@ def restore_model_variables(
         f"No checkpoint for step {step} in {workdir}/checkpoints; saved steps: "
         f"{sorted(checkpointer.manager.all_steps())}."
       )
+    problem = verify_checksums(os.path.join(checkpointer.directory, str(step)))
+    if problem is not None:
+      raise DamagedCheckpointError(
+        f"Checkpoint step {step} in {workdir}/checkpoints is damaged: {problem}. Saved steps: "
+        f"{sorted(checkpointer.manager.all_steps())}; pick another with --step."
+      )
     if config is not None:
       check_compatible(checkpointer.saved_meta(step)["config"], config, workdir)
     abstract = nn.meta.unbox(model_variable_shapes(model, image_shape))

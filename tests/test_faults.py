@@ -215,6 +215,8 @@ def test_damaged_checkpoints_fall_back_to_the_newest_intact_one_and_resume_exact
     f.seek(os.path.getsize(f.name) // 2)
     f.write(b"\xff" * 16)
   os.truncate(_largest_data_file(ckpts / "4"), 100)  # a truncated data file
+  with pytest.raises(ckpt_lib.DamagedCheckpointError, match=r"Checkpoint step 6 in .* is damaged"):
+    train.evaluate_checkpoint(config, str(workdir))  # --mode=eval names the damage too
   train.train_and_evaluate(config, str(workdir))
   warnings = [r.getMessage() for r in caplog.records if "Damaged checkpoints" in r.getMessage()]
   assert len(warnings) == 1
