@@ -14,6 +14,7 @@ moves damaged steps to ``DIR/damaged/`` (never deleting anything). See docs/reli
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -212,20 +213,32 @@ def _manager(
   # clean-up of temporary directories (which could outlive a process that exits at once).
   # barrier_prefix: orbax names its multi-process barriers after the step alone, so two managers
   # saving the same step (last-N and best) would meet in one barrier and hang.
-  return ocp.CheckpointManager(
-    directory,
-    item_names=("state", "data", "meta"),
-    options=ocp.CheckpointManagerOptions(
-      max_to_keep=keep,
-      enable_async_checkpointing=async_save,
-      cleanup_tmp_directories=not read_only,
-      create=not read_only,
-      read_only=read_only,
-      multiprocessing_options=ocp.options.MultiprocessingOptions(
-        barrier_sync_key_prefix=barrier_prefix or None
-      ),
+  options = ocp.CheckpointManagerOptions(
+    # A reader keeps nothing and saves nothing; orbax warns about any other value.
+    max_to_keep=None if read_only else keep,
+    save_interval_steps=0 if read_only else 1,
+    enable_async_checkpointing=async_save,
+    cleanup_tmp_directories=not read_only,
+    create=not read_only,
+    read_only=read_only,
+    multiprocessing_options=ocp.options.MultiprocessingOptions(
+      barrier_sync_key_prefix=barrier_prefix or None
     ),
   )
+  with _without_orbax_notice("Given directory is read only"):  # said for every reader, by design
+    return ocp.CheckpointManager(directory, item_names=("state", "data", "meta"), options=options)
+
+
+@contextlib.contextmanager
+def _without_orbax_notice(text: str):
+  """Drops absl log records containing ``text`` while the block runs."""
+  drop = lambda record: text not in record.getMessage()
+  absl_logger = logging.get_absl_logger()
+  absl_logger.addFilter(drop)
+  try:
+    yield
+  finally:
+    absl_logger.removeFilter(drop)
 
 
 _UNKNOWN = object()
