@@ -6,13 +6,19 @@
 - ``meta``: JSON with the config fingerprint, so an incompatible workdir is caught before compiling.
 
 Orbax writes each step into a temporary directory and renames it when complete, so an interrupted
-save never leaves a half-written checkpoint that would be picked up on resume.
+save never leaves a half-written checkpoint that would be picked up on resume. Once a step is
+committed, ``checksums.json`` (SHA-256 of each of its files) is added beside its items; a resume
+verifies it (and that the restored state is finite), falls back to the newest intact step and
+moves damaged steps to ``DIR/damaged/`` (never deleting anything). See docs/reliability.md.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
+import time
 from typing import Any
 
 import flax.linen as nn
@@ -21,13 +27,18 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import orbax.checkpoint as ocp
+from absl import logging
+from jax.experimental import multihost_utils
 
 BEST_METRIC = "eval/top1"
 # Config fields whose change makes a checkpoint unusable for resuming.
 FINGERPRINT_FIELDS = (
   "model",
+  "data.source",
+  "data.name",
   "data.image_size",
   "data.num_classes",
+  "num_classes",  # derived: the class count the head was built for (data.num_classes or source's)
   "optimizer.name",
   "optimizer.decay_mask",
   "freeze",
@@ -37,29 +48,64 @@ FINGERPRINT_FIELDS = (
 )
 
 
-def _get(config: ml_collections.ConfigDict, dotted: str) -> Any:
+# Fields whose change on resume is allowed but reported (one warning, and RESUME_LOG).
+HYPERPARAMETER_FIELDS = (
+  "optimizer",
+  "schedule",
+  "batch_size",
+  "grad_accum_steps",
+  "total_steps",
+  "num_epochs",
+  "label_smoothing",
+  "data.root",
+)
+RESUME_LOG = "resume_log.json"  # in the workdir: one entry per resume with changed fields
+CHECKSUMS = "checksums.json"  # in each committed step directory
+DAMAGED = "damaged"  # DIR/damaged/<step>: quarantined steps that failed verification
+
+
+def _get(config: ml_collections.ConfigDict, dotted: str, num_classes: int | None = None) -> Any:
   if dotted == "ema.enabled":
     ema = config.get("ema")
     return bool(ema is not None and ema.decay > 0)
+  if dotted == "num_classes":
+    return num_classes if num_classes is not None else config.data.get("num_classes")
   value: Any = config
   for part in dotted.split("."):
     value = value.get(part) if hasattr(value, "get") else None
   return value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
 
 
-def fingerprint(config: ml_collections.ConfigDict) -> dict[str, Any]:
+def _jsonable(fields, config, num_classes) -> dict[str, Any]:
+  return json.loads(json.dumps({f: _get(config, f, num_classes) for f in fields}, default=str))
+
+
+def fingerprint(
+  config: ml_collections.ConfigDict, num_classes: int | None = None
+) -> dict[str, Any]:
   """The JSON-able subset of the config a checkpoint depends on."""
-  return json.loads(json.dumps({f: _get(config, f) for f in FINGERPRINT_FIELDS}, default=str))
+  return _jsonable(FINGERPRINT_FIELDS, config, num_classes)
 
 
-def check_compatible(saved: dict[str, Any], config: ml_collections.ConfigDict, where: str) -> None:
-  """Raises if the workdir's checkpoint came from an incompatible config."""
-  current = fingerprint(config)
-  # Fields absent from an older checkpoint's metadata are not compared.
+def hyperparameters(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The training settings recorded with each checkpoint (a change is reported on resume)."""
+  return _jsonable(HYPERPARAMETER_FIELDS, config, None)
+
+
+def check_compatible(
+  saved: dict[str, Any],
+  config: ml_collections.ConfigDict,
+  where: str,
+  num_classes: int | None = None,
+) -> None:
+  """Raises if the workdir's checkpoint came from an incompatible config (model, dataset, ...)."""
+  current = fingerprint(config, num_classes)
+  # Fields absent from an older checkpoint's metadata are not compared, nor a class count the
+  # caller does not know.
   diffs = [
     f"  {k}: checkpoint has {saved.get(k)!r}, config has {current[k]!r}"
     for k in FINGERPRINT_FIELDS
-    if k in saved and saved[k] != current[k]
+    if k in saved and saved[k] != current[k] and not (k == "num_classes" and current[k] is None)
   ]
   if diffs:
     raise ValueError(
@@ -69,22 +115,137 @@ def check_compatible(saved: dict[str, Any], config: ml_collections.ConfigDict, w
     )
 
 
+def report_changed_hyperparameters(
+  saved_meta: dict[str, Any], config: ml_collections.ConfigDict, workdir: str, step: int
+) -> list[str]:
+  """Lists training settings changed since ``step`` was saved in ONE warning, and appends them to
+  ``workdir/resume_log.json``; returns the changed field names (none for older checkpoints)."""
+  saved = saved_meta.get("hyperparameters") or {}
+  current = hyperparameters(config)
+  changed = [k for k in HYPERPARAMETER_FIELDS if k in saved and saved[k] != current[k]]
+  if not changed:
+    return []
+  lines = [f"{k}: {saved[k]!r} -> {current[k]!r}" for k in changed]
+  logging.warning(
+    "Resuming from step %d with changed training settings: %s", step, "; ".join(lines)
+  )
+  if jax.process_index() == 0:
+    path = os.path.join(workdir, RESUME_LOG)
+    log = []
+    if os.path.exists(path):
+      with open(path) as f:
+        log = json.load(f)
+    log.append(
+      {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "step": step,
+        "changed": {k: {"checkpoint": saved[k], "config": current[k]} for k in changed},
+      }
+    )
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(log, f, indent=1)
+    os.replace(tmp, path)
+  return changed
+
+
+# ------------------------------------------------------------------------------------------------
+# Integrity: a checksum manifest per committed step
+
+
+def _file_digests(step_dir: str) -> dict[str, str]:
+  digests = {}
+  for root, _, files in os.walk(step_dir):
+    for name in files:
+      path = os.path.join(root, name)
+      rel = os.path.relpath(path, step_dir)
+      if rel == CHECKSUMS:
+        continue
+      with open(path, "rb") as f:
+        digests[rel] = hashlib.file_digest(f, "sha256").hexdigest()
+  return dict(sorted(digests.items()))
+
+
+def write_checksums(step_dir: str) -> None:
+  """Writes ``step_dir/checksums.json`` (SHA-256 of every file) atomically."""
+  manifest = {"algorithm": "sha256", "files": _file_digests(step_dir)}
+  tmp = os.path.join(step_dir, CHECKSUMS + ".tmp")
+  with open(tmp, "w") as f:
+    json.dump(manifest, f, indent=0)
+  os.replace(tmp, os.path.join(step_dir, CHECKSUMS))
+
+
+def verify_checksums(step_dir: str) -> str | None:
+  """None when every file listed in ``checksums.json`` is present and unchanged (or the step has
+  no manifest: a run killed between commit and manifest); else a short description."""
+  path = os.path.join(step_dir, CHECKSUMS)
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      expected = json.load(f)["files"]
+  except (OSError, ValueError, KeyError) as e:
+    return f"unreadable {CHECKSUMS} ({type(e).__name__})"
+  problems = []
+  for rel, digest in expected.items():
+    full = os.path.join(step_dir, rel)
+    if not os.path.exists(full):
+      problems.append(f"{rel} missing")
+      continue
+    with open(full, "rb") as f:
+      if hashlib.file_digest(f, "sha256").hexdigest() != digest:
+        problems.append(f"{rel} checksum mismatch")
+  if not problems:
+    return None
+  more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+  return ", ".join(problems[:3]) + more
+
+
+def _one_line(error: BaseException) -> str:
+  text = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {text[0][:200] if text else ''}"
+
+
 def _manager(
-  directory: str, keep: int, async_save: bool, read_only: bool = False
+  directory: str, keep: int, async_save: bool, read_only: bool = False, barrier_prefix: str = ""
 ) -> ocp.CheckpointManager:
   # Read-only: creates no directory (a mistyped --workdir stays absent) and starts no background
   # clean-up of temporary directories (which could outlive a process that exits at once).
-  return ocp.CheckpointManager(
-    directory,
-    item_names=("state", "data", "meta"),
-    options=ocp.CheckpointManagerOptions(
-      max_to_keep=keep,
-      enable_async_checkpointing=async_save,
-      cleanup_tmp_directories=not read_only,
-      create=not read_only,
-      read_only=read_only,
+  # barrier_prefix: orbax names its multi-process barriers after the step alone, so two managers
+  # saving the same step (last-N and best) would meet in one barrier and hang.
+  options = ocp.CheckpointManagerOptions(
+    # A reader keeps nothing and saves nothing; orbax warns about any other value.
+    max_to_keep=None if read_only else keep,
+    save_interval_steps=0 if read_only else 1,
+    enable_async_checkpointing=async_save,
+    cleanup_tmp_directories=not read_only,
+    create=not read_only,
+    read_only=read_only,
+    multiprocessing_options=ocp.options.MultiprocessingOptions(
+      barrier_sync_key_prefix=barrier_prefix or None
     ),
   )
+  with _without_orbax_notice("Given directory is read only"):  # said for every reader, by design
+    return ocp.CheckpointManager(directory, item_names=("state", "data", "meta"), options=options)
+
+
+@contextlib.contextmanager
+def _without_orbax_notice(text: str):
+  """Drops absl log records containing ``text`` while the block runs."""
+  drop = lambda record: text not in record.getMessage()
+  absl_logger = logging.get_absl_logger()
+  absl_logger.addFilter(drop)
+  try:
+    yield
+  finally:
+    absl_logger.removeFilter(drop)
+
+
+_UNKNOWN = object()
+
+
+class NoIntactCheckpointError(ValueError):
+  """Every saved step failed verification; nothing was moved or deleted."""
 
 
 class Checkpointer:
@@ -92,7 +253,8 @@ class Checkpointer:
   step with the highest ``eval/top1`` so far).
 
   Keeping "best" in its own manager means newer steps can never rotate it out, also across
-  restarts.
+  restarts. Each committed step gets a ``checksums.json``, written when the next save starts (by
+  then orbax has committed the previous one) or at ``wait``/``close``.
   """
 
   def __init__(
@@ -105,9 +267,12 @@ class Checkpointer:
     read_only: bool = False,
   ):
     self.directory = os.path.abspath(directory)
-    self.manager = _manager(self.directory, max(keep, 1), async_save, read_only)
+    self.read_only = read_only
+    self.manager = _manager(self.directory, max(keep, 1), async_save, read_only, "last")
     best_dir = os.path.join(self.directory, "best")
-    self.best = _manager(best_dir, 1, async_save, read_only) if keep_best else None
+    self.best = _manager(best_dir, 1, async_save, read_only, "best") if keep_best else None
+    self._unsummed: list[tuple[Any, int]] = []  # (manager, step) saved, manifest not written yet
+    self._best_score: Any = _UNKNOWN
 
   def latest_step(self) -> int | None:
     """The newest saved step in ``DIR``, or None when there is none."""
@@ -118,12 +283,17 @@ class Checkpointer:
     return self.best.latest_step() if self.best is not None else None
 
   def best_score(self) -> float | None:
-    """``eval/top1`` of the best checkpoint (read from its metadata), or None."""
-    step = self.best_step()
-    if step is None:
-      return None
-    meta = self.best.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-    return meta["metrics"][BEST_METRIC]
+    """``eval/top1`` of the best checkpoint (read once from its metadata, then remembered), or
+    None. Remembering it keeps every process's decision to save a new best the same while an
+    asynchronous best save is still being committed."""
+    if self._best_score is _UNKNOWN:
+      step = self.best_step()
+      meta = None
+      if step is not None:
+        args = ocp.args.Composite(meta=ocp.args.JsonRestore())
+        meta = self.best.restore(step, args=args)["meta"]
+      self._best_score = None if meta is None else meta["metrics"][BEST_METRIC]
+    return self._best_score
 
   def saved_meta(self, step: int | None = None) -> dict[str, Any] | None:
     """The ``meta`` JSON (step, config fingerprint, eval metrics) of ``step`` (default: latest),
@@ -133,14 +303,35 @@ class Checkpointer:
       return None
     return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
-  def _items(self, step, state, data_iter, config, metrics) -> ocp.args.Composite:
-    items = {
-      "state": ocp.args.StandardSave(state),
-      "meta": ocp.args.JsonSave({"step": step, "config": fingerprint(config), "metrics": metrics}),
+  def _items(self, step, state, data_iter, config, metrics, num_classes) -> ocp.args.Composite:
+    meta = {
+      "step": step,
+      "config": fingerprint(config, num_classes),
+      "hyperparameters": hyperparameters(config),
+      "metrics": metrics,
     }
+    items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
     if data_iter is not None:
       items["data"] = grain.checkpoint.CheckpointSave(data_iter)
     return ocp.args.Composite(**items)
+
+  def _write_pending_checksums(self, manager=None) -> None:
+    """Manifests of the steps of ``manager`` (default: both) saved since; call it only once that
+    manager's asynchronous saves are committed."""
+    pending = [(m, s) for m, s in self._unsummed if manager is None or m is manager]
+    self._unsummed = [(m, s) for m, s in self._unsummed if (m, s) not in pending]
+    for manager, step in pending:
+      step_dir = os.path.join(str(manager.directory), str(step))
+      if jax.process_index() == 0 and os.path.isdir(step_dir):  # gone: rotated out already
+        write_checksums(step_dir)
+
+  def _save(self, manager, step, args, force) -> bool:
+    manager.wait_until_finished()  # the previous save is committed: its manifest can be written
+    self._write_pending_checksums(manager)
+    saved = manager.save(step, args=args, force=force)
+    if saved:
+      self._unsummed.append((manager, step))
+    return saved
 
   def save(
     self,
@@ -150,17 +341,123 @@ class Checkpointer:
     config: ml_collections.ConfigDict,
     metrics: dict[str, Any] | None = None,
     force: bool = False,
+    num_classes: int | None = None,
   ) -> bool:
     """Saves ``step``; also replaces the best checkpoint when ``eval/top1`` improves on it."""
     metrics = {k: float(v) for k, v in (metrics or {}).items() if k.startswith("eval/")}
-    saved = self.manager.save(
-      step, args=self._items(step, state, data_iter, config, metrics), force=force
-    )
-    if self.best is not None and BEST_METRIC in metrics:
-      best = self.best_score()
-      if best is None or metrics[BEST_METRIC] > best:
-        self.best.save(step, args=self._items(step, state, None, config, metrics), force=True)
+    items = self._items(step, state, data_iter, config, metrics, num_classes)
+    saved = self._save(self.manager, step, items, force)
+    self.save_best(step, state, config, metrics, num_classes)
     return saved
+
+  def save_best(
+    self,
+    step: int,
+    state: Any,
+    config: ml_collections.ConfigDict,
+    metrics: dict[str, Any],
+    num_classes: int | None = None,
+  ) -> bool:
+    """Replaces ``DIR/best`` with ``step`` when its ``eval/top1`` beats the kept one's."""
+    metrics = {k: float(v) for k, v in metrics.items() if k.startswith("eval/")}
+    if self.best is None or BEST_METRIC not in metrics:
+      return False
+    best = self.best_score()
+    if best is not None and metrics[BEST_METRIC] <= best:
+      return False
+    items = self._items(step, state, None, config, metrics, num_classes)
+    self._best_score = metrics[BEST_METRIC]
+    return self._save(self.best, step, items, force=True)
+
+  def _quarantine(self, manager, step: int, tag: str = "") -> str:
+    """Moves ``step`` of ``manager`` to ``DIR/damaged/`` (process 0), then every process reloads."""
+    target = os.path.join(self.directory, DAMAGED, f"{tag}{step}")
+    if jax.process_index() == 0:
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      n = 1
+      while os.path.exists(target):
+        target = os.path.join(self.directory, DAMAGED, f"{tag}{step}.{n}")
+        n += 1
+      os.rename(os.path.join(str(manager.directory), str(step)), target)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"locvit_quarantine_{tag}{step}")
+    manager.reload()
+    return target
+
+  def check_best(self) -> None:
+    """A damaged ``DIR/best`` never blocks training: it is moved to ``DIR/damaged/`` with a
+    warning, and the next evaluation saves a new best."""
+    step = self.best_step()
+    if step is None:
+      return
+    problem = verify_checksums(os.path.join(str(self.best.directory), str(step)))
+    if problem is None:
+      try:
+        self.best_score()
+      except Exception as e:  # orbax/JSON raise many types for a damaged file
+        problem = _one_line(e)
+    if problem is not None:
+      self._best_score = None
+      target = self._quarantine(self.best, step, tag="best_")
+      logging.warning(
+        "The best checkpoint (step %d) is damaged: %s. Moved to %s; the next evaluation saves a "
+        "new best.",
+        step,
+        problem,
+        target,
+      )
+
+  def restore_newest_intact(
+    self, restore_fn, check_fn=lambda meta: None
+  ) -> tuple[int | None, Any, dict[str, Any] | None]:
+    """``(step, restore_fn(step), meta)`` for the newest step that verifies, or ``(None, None,
+    None)`` when nothing is saved.
+
+    A step is damaged when its checksums mismatch, its metadata or state fails to restore, or
+    ``restore_fn`` raises ``DamagedCheckpointError`` (e.g. a non-finite state). Damaged steps newer
+    than the chosen one are named in one warning and moved to ``DIR/damaged/``, so that rotation
+    never deletes the intact older steps. With no intact step, raises and moves nothing.
+    ``check_fn(meta)`` (compatibility) runs on the first readable metadata; its errors propagate.
+    """
+    steps = sorted(self.manager.all_steps(), reverse=True)
+    if not steps:
+      return None, None, None
+    damaged: list[tuple[int, str]] = []
+    for step in steps:
+      problem = verify_checksums(os.path.join(self.directory, str(step)))
+      if problem is None:
+        try:
+          meta = self.saved_meta(step)
+        except Exception as e:  # a damaged metadata file: orbax/JSON raise many types
+          problem = f"metadata unreadable ({_one_line(e)})"
+      if problem is None:
+        check_fn(meta)  # an incompatible config is an error, not damage
+        try:
+          state = restore_fn(step)
+        except DamagedCheckpointError as e:
+          problem = str(e)
+        except Exception as e:  # TensorStore, orbax structure and I/O errors
+          problem = f"restore failed ({_one_line(e)})"
+      if problem is None:
+        break
+      damaged.append((step, problem))
+    else:
+      raise NoIntactCheckpointError(
+        f"No intact checkpoint in {self.directory}: "
+        + "; ".join(f"step {s}: {p}" for s, p in damaged)
+        + ". Nothing was moved or deleted; restore the files, or start afresh in a new --workdir."
+      )
+    if damaged:
+      for s, _ in damaged:
+        self._quarantine(self.manager, s)
+      logging.warning(
+        "Damaged checkpoints skipped: %s. Resuming from step %d; the damaged steps were moved to "
+        "%s.",
+        "; ".join(f"step {s}: {p}" for s, p in damaged),
+        step,
+        os.path.join(self.directory, DAMAGED),
+      )
+    return step, state, meta
 
   def restore(
     self, step: int, abstract_state: Any, data_iter: grain.DatasetIterator | None = None
@@ -180,12 +477,19 @@ class Checkpointer:
     self.manager.wait_until_finished()
     if self.best is not None:
       self.best.wait_until_finished()
+    self._write_pending_checksums()
 
   def close(self) -> None:
     """Waits for pending saves and releases both managers."""
+    if not self.read_only:
+      self.wait()
     self.manager.close()
     if self.best is not None:
       self.best.close()
+
+
+class DamagedCheckpointError(ValueError):
+  """Raised by a restore function when what it read is unusable (e.g. non-finite values)."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -240,6 +544,12 @@ def restore_model_variables(
       raise FileNotFoundError(
         f"No checkpoint for step {step} in {workdir}/checkpoints; saved steps: "
         f"{sorted(checkpointer.manager.all_steps())}."
+      )
+    problem = verify_checksums(os.path.join(checkpointer.directory, str(step)))
+    if problem is not None:
+      raise DamagedCheckpointError(
+        f"Checkpoint step {step} in {workdir}/checkpoints is damaged: {problem}. Saved steps: "
+        f"{sorted(checkpointer.manager.all_steps())}; pick another with --step."
       )
     if config is not None:
       check_compatible(checkpointer.saved_meta(step)["config"], config, workdir)

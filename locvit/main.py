@@ -52,6 +52,12 @@ _DISTRIBUTED = flags.DEFINE_bool(
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
+  "heartbeat_timeout",
+  100,
+  "Seconds without heartbeats after which a process counts as dead; the others then exit with an "
+  "error instead of waiting in a collective.",
+)
 _CPU_MALLOC = flags.DEFINE_enum(
   "cpu_malloc",
   "auto",
@@ -236,9 +242,10 @@ def _init_distributed() -> None:
       coordinator_address=_COORDINATOR.value,
       num_processes=_NUM_PROCESSES.value,
       process_id=_PROCESS_ID.value,
+      heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value,
     )
   elif _DISTRIBUTED.value:
-    jax.distributed.initialize()
+    jax.distributed.initialize(heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value)
 
 
 def main(argv):

@@ -72,6 +72,8 @@ def validate_recipe(config: ml_collections.ConfigDict, num_classes: Any) -> None
     device_augment.validate_mixup_config(config.mixup, num_classes)
   if config.get("random_erasing") is not None:
     device_augment.validate_erasing_config(config.random_erasing)
+  if config.get("nonfinite", "stop") not in NONFINITE_MODES:
+    raise ValueError(f"nonfinite={config.nonfinite!r} is not one of {list(NONFINITE_MODES)}")
   if config.get("ema") is not None and not 0 <= config.ema.decay < 1:
     raise ValueError(f"ema.decay={config.ema.decay!r} must be in [0, 1) (0 turns the EMA off)")
   distill.validate(config)
@@ -339,20 +341,112 @@ def train_step(
 
 
 # ------------------------------------------------------------------------------------------------
+# Non-finite guard: checked on device each step, read on the host only at log and save steps
+
+NONFINITE_MODES = ("stop", "skip")
+
+
+class NonFiniteError(ValueError):
+  """Training produced a non-finite loss, gradient norm or state (config.nonfinite='stop')."""
+
+
+def initial_health() -> dict[str, jax.Array]:
+  """``first_nonfinite``: the first step with a non-finite loss or gradient norm (-1: none);
+  ``skipped``: updates dropped under ``nonfinite='skip'``."""
+  return {"first_nonfinite": jnp.int32(-1), "skipped": jnp.int32(0)}
+
+
+def guarded_step(state: TrainState, batch, teacher_variables, health, *, config, **step_kwargs):
+  """``train_step`` plus the non-finite check, in the same jitted computation (no host sync).
+
+  With ``nonfinite='skip'`` a non-finite step keeps the previous state (only the step counter,
+  hence the data and random streams, moves on), as ``optax.apply_if_finite`` does for the
+  optimizer alone; here the BatchNorm statistics and EMA weights are kept too, and the optimizer
+  state's structure stays that of ``config.optimizer`` (checkpoints resume in either mode).
+  """
+  new_state, metrics = train_step(state, batch, teacher_variables, config=config, **step_kwargs)
+  finite = jnp.isfinite(metrics["train/loss"]) & jnp.isfinite(metrics["train/grad_norm"])
+  first = health["first_nonfinite"]
+  health = {
+    "first_nonfinite": jnp.where((first < 0) & ~finite, state.step + 1, first),
+    "skipped": health["skipped"] + (~finite).astype(jnp.int32),
+  }
+  if config.get("nonfinite", "stop") == "skip":
+    kept = state.replace(step=new_state.step)
+    new_state = optax.tree.where(finite, new_state, kept)
+    metrics["train/skipped_steps"] = health["skipped"]
+  return new_state, metrics, health
+
+
+def check_health(config, health, step: int, warned: int = 0) -> int:
+  """Raises NonFiniteError under ``nonfinite='stop'``; under 'skip' warns when more updates were
+  skipped than ``warned``. Returns the number skipped so far."""
+  first, skipped = int(health["first_nonfinite"]), int(health["skipped"])
+  if first < 0 or (skipped <= warned and config.get("nonfinite", "stop") == "skip"):
+    return skipped
+  if config.get("nonfinite", "stop") == "stop":
+    raise NonFiniteError(
+      f"non-finite loss or gradient norm at step {first}; stopped at step {step} without saving "
+      f"it. Lower optimizer.lr, set grad_clip_norm, or set nonfinite='skip' to drop such updates."
+    )
+  logging.warning(
+    "%d update(s) skipped by step %d: non-finite loss or gradient norm (first at step %d).",
+    skipped,
+    step,
+    first,
+  )
+  return skipped
+
+
+@jax.jit
+def all_finite(tree) -> jax.Array:
+  """Whether every floating-point leaf of ``tree`` is finite (one reduction, one scalar)."""
+  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])) if leaves else True
+
+
+def check_finite_state(state: TrainState, step: int) -> None:
+  """Raises NonFiniteError unless parameters, optimizer state, BatchNorm statistics and EMA are
+  finite; runs before each save (one host sync), so no checkpoint holds NaN or Inf."""
+  if not all_finite((state.params, state.opt_state, state.model_state, state.ema_params)):
+    raise NonFiniteError(
+      f"non-finite parameters or optimizer state after step {step}; not saved. Lower "
+      f"optimizer.lr or set grad_clip_norm."
+    )
+
+
+# ------------------------------------------------------------------------------------------------
 # Preemption
 
 
 class PreemptionWatcher:
-  """Turns SIGTERM into a flag checked between steps (installed from the main thread only)."""
+  """Turns SIGTERM into a flag checked between steps (installed from the main thread only).
 
-  def __init__(self):
+  Single-process only. With several processes, JAX's preemption sync manager (started by
+  ``jax.distributed.initialize``) owns SIGTERM: a notice to any one process reaches all of them,
+  and ``reached_preemption(step)`` becomes True at the same step everywhere. A Python handler
+  here would replace JAX's and leave the processes saving different steps (a hang).
+  """
+
+  def __init__(self, multiprocess: bool = False, checkpointer=None):
     self.requested = False
     self._previous = None
+    self._multiprocess = multiprocess
+    self._checkpointer = checkpointer
 
   def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
+    if not self._multiprocess and threading.current_thread() is threading.main_thread():
       self._previous = signal.signal(signal.SIGTERM, self._handle)
     return self
+
+  def should_stop(self, step: int) -> bool:
+    """Whether to save ``step`` and exit; the same answer on every process."""
+    if self._multiprocess:
+      if self._checkpointer.reached_preemption(step):
+        logging.warning("Preemption notice: all processes save step %d and exit.", step)
+        return True
+      return False
+    return self.requested
 
   def _handle(self, signum, frame):
     logging.warning("SIGTERM received: saving a checkpoint at the end of this step.")
@@ -393,6 +487,7 @@ def train_and_evaluate(
   # Data. Each process reads only its slice of every global batch.
   train_source = data_lib.make_source(config.data, config.data.train_split)
   eval_source = data_lib.make_source(config.data, config.data.eval_split)
+  data_lib.check_same_classes(train_source, eval_source)
   num_classes = config.data.get("num_classes") or train_source.num_classes
   validate_recipe(config, num_classes)
   image_shape = (config.data.image_size, config.data.image_size, train_source[0]["image"].shape[-1])
@@ -453,110 +548,135 @@ def train_and_evaluate(
     async_save=config.get("async_checkpointing", True),
   )
   writer = metrics_lib.MetricWriter(workdir)
-  start = checkpointer.latest_step()
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    if start is not None:
-      ckpt_lib.check_compatible(checkpointer.saved_meta(start)["config"], config, workdir)
+  try:  # pending saves of earlier steps are committed even when a step or evaluation fails
+    checkpointer.check_best()
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       abstract = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         jax.eval_shape(init_state, jax.random.key(0)),
         shardings,
       )
-      state = checkpointer.restore(start, abstract, train_iter)
-      writer.truncate_after(start)
-      logging.info("Resumed from step %d in %s", start, workdir)
-    else:
-      start = 0
-      writer.truncate_after(-1)  # rows of an earlier attempt killed before its first checkpoint
-      init_rng = jax.random.key(config.seed + 1)  # separate stream from dropout keys
-      state = jax.jit(init_state, out_shardings=shardings)(init_rng)
-      state = apply_initializer(config, state, model, tx, shardings, warmstart)
-    num_params = sum(x.size for x in jax.tree.leaves(state.params))
-    logging.info("%s: %.2fM parameters; %d steps", config.model.name, num_params / 1e6, total_steps)
 
-    step_fn = jax.jit(
-      functools.partial(
-        train_step,
-        model=model,
-        tx=tx,
-        schedule=schedule,
-        config=config,
-        num_classes=num_classes,
-        teacher=teacher,
-      ),
-      in_shardings=(
-        shardings,
-        sharding.batch_sharding(mesh, rules),
-        teacher.shardings if teacher else (),
-      ),
-      out_shardings=(shardings, sharding.replicated(mesh)),
-      donate_argnums=0,
-    )
-    teacher_variables = teacher.variables if teacher else ()
-    eval_fn = eval_lib.make_eval_step(model, mesh, rules, (shardings.params, shardings.model_state))
-    # Locality metrics (nonlocality, gates, centres) at each evaluation, if config.analysis asks.
-    locality_fn = None
-    if make_locality_logger is not None:
-      locality_fn = make_locality_logger(config, model, mesh, eval_source)
-    if locality_fn is not None and start == 0:  # the curves (ConViT Figs. 5-6) start at init
-      writer.write(0, locality_fn(state.params))
-    plot_centers = lambda step, params: None
-    if make_center_plotter is not None:
-      plot_centers = make_center_plotter(config, state.params, workdir)
-    if start == 0:
-      plot_centers(0, state.params)
-    batch_sharding = sharding.batch_sharding(mesh, rules)
-    progress = metrics_lib.Progress(total_steps, config.batch_size, start)
-    log_every = config.get("log_every_steps", 50)
-    eval_every = config.get("eval_every_steps", 0)
-    ckpt_every = config.get("checkpoint_every_steps", 0)
-    final = {}
-    if start >= total_steps:
-      final = metrics_lib.last_evaluation(workdir)
-      progress.finished(workdir, final)
+      def restore(step):
+        restored = checkpointer.restore(step, abstract, train_iter)
+        if not all_finite(restored):
+          raise ckpt_lib.DamagedCheckpointError("non-finite values in the restored state")
+        return restored
 
-    with PreemptionWatcher() as preemption:
-      for step in range(start + 1, total_steps + 1):
-        batch = sharding.global_batch(next(train_iter), batch_sharding)
-        state, train_metrics = step_fn(state, batch, teacher_variables)
-        last = step == total_steps
-        preempted = preemption.requested or checkpointer.reached_preemption(step)
+      start, state, meta = checkpointer.restore_newest_intact(
+        restore,
+        lambda meta: ckpt_lib.check_compatible(meta["config"], config, workdir, num_classes),
+      )
+      if start is not None:
+        ckpt_lib.report_changed_hyperparameters(meta, config, workdir, start)
+        writer.truncate_after(start)
+        logging.info("Resumed from step %d in %s", start, workdir)
+      else:
+        start = 0
+        writer.truncate_after(-1)  # rows of an earlier attempt killed before its first checkpoint
+        init_rng = jax.random.key(config.seed + 1)  # separate stream from dropout keys
+        state = jax.jit(init_state, out_shardings=shardings)(init_rng)
+        state = apply_initializer(config, state, model, tx, shardings, warmstart)
+      num_params = sum(x.size for x in jax.tree.leaves(state.params))
+      logging.info(
+        "%s: %.2fM parameters; %d steps", config.model.name, num_params / 1e6, total_steps
+      )
 
-        record = {}
-        if step % log_every == 0 or last or step == start + 1:
-          record.update(jax.device_get(train_metrics))
-          record.update(progress.update(step, float(record["train/loss"])))
-          record["epoch"] = step / steps_per_epoch
-        if (eval_every and step % eval_every == 0) or last:
-          eval_start = time.perf_counter()
-          final = eval_lib.evaluate(
-            eval_fn, (state.params, state.model_state), eval_batches, batch_sharding
-          )
-          if use_ema:  # timm evaluates both the model and its EMA
-            ema_metrics = eval_lib.evaluate(
-              eval_fn, (state.ema_params, state.model_state), eval_batches, batch_sharding
+      step_fn = jax.jit(
+        functools.partial(
+          guarded_step,
+          model=model,
+          tx=tx,
+          schedule=schedule,
+          config=config,
+          num_classes=num_classes,
+          teacher=teacher,
+        ),
+        in_shardings=(
+          shardings,
+          sharding.batch_sharding(mesh, rules),
+          teacher.shardings if teacher else (),
+          sharding.replicated(mesh),
+        ),
+        out_shardings=(shardings, sharding.replicated(mesh), sharding.replicated(mesh)),
+        donate_argnums=(0, 3),
+      )
+      health = jax.device_put(initial_health(), sharding.replicated(mesh))
+      teacher_variables = teacher.variables if teacher else ()
+      eval_fn = eval_lib.make_eval_step(
+        model, mesh, rules, (shardings.params, shardings.model_state)
+      )
+      # Locality metrics (nonlocality, gates, centres) at each evaluation, if config.analysis asks.
+      locality_fn = None
+      if make_locality_logger is not None:
+        locality_fn = make_locality_logger(config, model, mesh, eval_source)
+      if locality_fn is not None and start == 0:  # the curves (ConViT Figs. 5-6) start at init
+        writer.write(0, locality_fn(state.params))
+      plot_centers = lambda step, params: None
+      if make_center_plotter is not None:
+        plot_centers = make_center_plotter(config, state.params, workdir)
+      if start == 0:
+        plot_centers(0, state.params)
+      batch_sharding = sharding.batch_sharding(mesh, rules)
+      progress = metrics_lib.Progress(total_steps, config.batch_size, start)
+      log_every = config.get("log_every_steps", 50)
+      eval_every = config.get("eval_every_steps", 0)
+      ckpt_every = config.get("checkpoint_every_steps", 0)
+      final = {}
+      if start >= total_steps:
+        final = metrics_lib.last_evaluation(workdir)
+        progress.finished(workdir, final)
+
+      skipped_warned = 0
+      watcher = PreemptionWatcher(multiprocess=process_count > 1, checkpointer=checkpointer)
+      with watcher as preemption:
+        for step in range(start + 1, total_steps + 1):
+          batch = sharding.global_batch(next(train_iter), batch_sharding)
+          state, train_metrics, health = step_fn(state, batch, teacher_variables, health)
+          last = step == total_steps
+          preempted = preemption.should_stop(step)
+
+          record = {}
+          if step % log_every == 0 or last or step == start + 1:
+            record.update(jax.device_get(train_metrics))
+            skipped_warned = check_health(config, jax.device_get(health), step, skipped_warned)
+            record.update(progress.update(step, float(record["train/loss"])))
+            record["epoch"] = step / steps_per_epoch
+          save = (ckpt_every and step % ckpt_every == 0) or last or preempted
+          if save:  # before the evaluation, so that a failing evaluation loses no training
+            skipped_warned = check_health(config, jax.device_get(health), step, skipped_warned)
+            check_finite_state(state, step)
+            save_start = time.perf_counter()
+            checkpointer.save(step, state, train_iter, config, force=True, num_classes=num_classes)
+            progress.checkpoint(time.perf_counter() - save_start)
+          if (eval_every and step % eval_every == 0) or last:
+            eval_start = time.perf_counter()
+            final = eval_lib.evaluate(
+              eval_fn, (state.params, state.model_state), eval_batches, batch_sharding
             )
-            final.update({k.replace("eval/", "eval_ema/"): v for k, v in ema_metrics.items()})
-          record.update(final)
-          if locality_fn is not None:
-            record.update(locality_fn(state.params))
-          plot_centers(step, state.params)
-          record.update(progress.evaluation(step, final, time.perf_counter() - eval_start))
-        if record:
-          writer.write(step, record)
-        if (ckpt_every and step % ckpt_every == 0) or last or preempted:
-          save_start = time.perf_counter()
-          checkpointer.save(step, state, train_iter, config, metrics=record, force=True)
-          progress.checkpoint(time.perf_counter() - save_start)
-        if preempted and not last:
-          checkpointer.wait()
-          logging.warning("Preempted: checkpoint saved at step %d; exiting.", step)
-          final = {"preempted": True, "step": step}
-          break
-  checkpointer.wait()
-  checkpointer.close()
-  writer.close()
-  workdir_lib.release_lock(workdir)
+            if use_ema:  # timm evaluates both the model and its EMA
+              ema_metrics = eval_lib.evaluate(
+                eval_fn, (state.ema_params, state.model_state), eval_batches, batch_sharding
+              )
+              final.update({k.replace("eval/", "eval_ema/"): v for k, v in ema_metrics.items()})
+            record.update(final)
+            if locality_fn is not None:
+              record.update(locality_fn(state.params))
+            plot_centers(step, state.params)
+            record.update(progress.evaluation(step, final, time.perf_counter() - eval_start))
+            if save:
+              checkpointer.save_best(step, state, config, final, num_classes=num_classes)
+          if record:
+            writer.write(step, record)
+          if preempted and not last:
+            checkpointer.wait()
+            logging.warning("Preempted: checkpoint saved at step %d; exiting.", step)
+            final = {"preempted": True, "step": step}
+            break
+  finally:
+    checkpointer.close()
+    writer.close()
+    workdir_lib.release_lock(workdir)
   return final
 
 

@@ -416,6 +416,31 @@ def make_source(data_config: Any, split: str) -> Any:
   return source
 
 
+def check_same_classes(train_source: Any, eval_source: Any) -> None:
+  """Raises ValueError listing the differences when the splits' class lists differ: labels are
+  indices into the sorted class list, so a missing, extra or renamed class shifts every label
+  after it and the evaluation scores against the wrong classes."""
+  train, evaluated = list(train_source.class_names), list(eval_source.class_names)
+  if train == evaluated:
+    return
+  missing = [c for c in train if c not in evaluated]
+  extra = [c for c in evaluated if c not in train]
+  parts = []
+  if missing and extra and len(missing) == len(extra):
+    parts.append("renamed? " + ", ".join(f"{a!r} -> {b!r}" for a, b in zip(missing, extra)))
+  else:
+    if missing:
+      parts.append(f"missing from the eval split: {missing}")
+    if extra:
+      parts.append(f"only in the eval split: {extra}")
+  if not parts:
+    parts.append(f"same names in another order: {train} vs {evaluated}")
+  raise ValueError(
+    f"train and eval class lists differ ({len(train)} vs {len(evaluated)} classes; "
+    f"{train_source!r} vs {eval_source!r}): " + "; ".join(parts)
+  )
+
+
 def num_classes(data_config: Any, source: Any) -> int:
   """data.num_classes if set, else the source's class count."""
   return int(data_config.num_classes or source.num_classes)

@@ -1,0 +1,338 @@
+"""Fault injection: preemption of one of two processes, a dead peer, damaged checkpoints,
+non-finite training, failing evaluation, mismatched class lists and changed datasets.
+
+Each test injects the fault as a user would meet it and asserts what the user sees and what is
+kept (docs/reliability.md).
+"""
+
+import json
+import logging
+import os
+import signal
+import time
+
+import chex
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from PIL import Image
+
+from locvit import checkpoint as ckpt_lib
+from locvit import sharding, train
+from locvit.data import CorruptImageError
+from locvit.metrics import read_metrics
+from tests.test_cli import _free_port, _main
+from tests.train_utils import tiny_config
+
+
+def _losses(workdir):
+  return [(r["step"], r["train/loss"]) for r in read_metrics(workdir) if "train/loss" in r]
+
+
+def _steps(workdir):
+  return sorted(int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit())
+
+
+def _wait_for_rows(workdir, rows, timeout=240):
+  path, deadline = workdir / "metrics.jsonl", time.time() + timeout
+  while time.time() < deadline:
+    if path.exists() and len(path.read_text().splitlines()) >= rows:
+      return
+    time.sleep(0.05)
+  raise AssertionError(f"{path} did not reach {rows} rows")
+
+
+def _two_processes(workdir, *args):
+  port = _free_port()
+  common = [
+    "--config=tests/configs/tiny.py",
+    f"--workdir={workdir}",
+    f"--coordinator_address=localhost:{port}",
+    "--num_processes=2",
+    *args,
+  ]
+  return [_main(*common, f"--process_id={i}", devices=4) for i in range(2)]
+
+
+# ------------------------------------------------------------------------------------------------
+# Several processes
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_of_two_processes_saves_the_same_step_everywhere_and_resumes(tmp_path):
+  """SIGTERM reaches process 1 only: both save the same step and exit 0; the restart completes
+  and reproduces one uninterrupted run. Rolling and best/ save the same steps asynchronously,
+  through distinct orbax barriers."""
+  args = [
+    "--config.total_steps=30",
+    "--config.async_checkpointing=True",
+    "--config.checkpoint_every_steps=4",
+    "--config.eval_every_steps=4",
+  ]
+  reference = tiny_config(total_steps=30, checkpoint_every_steps=4, eval_every_steps=4)
+  train.train_and_evaluate(reference, str(tmp_path / "reference"))
+
+  workdir = tmp_path / "split"
+  procs = _two_processes(workdir, *args)
+  _wait_for_rows(workdir, 6)
+  procs[1].send_signal(signal.SIGTERM)
+  signalled = time.time()
+  outs = [p.communicate(timeout=120)[0] for p in procs]
+  assert time.time() - signalled < 60
+  for p, out in zip(procs, outs):
+    assert p.returncode == 0, out[-3000:]
+  stopped = read_metrics(workdir)[-1]["step"]
+  assert 6 <= stopped < 30
+  for out in outs:
+    assert f"Preemption notice: all processes save step {stopped} and exit." in out
+  assert max(_steps(workdir)) == stopped
+
+  again = _two_processes(workdir, *args)
+  for p in again:
+    out = p.communicate(timeout=240)[0]
+    assert p.returncode == 0, out[-3000:]
+  np.testing.assert_allclose(
+    [loss for _, loss in _losses(workdir)],
+    [loss for _, loss in _losses(tmp_path / "reference")],
+    rtol=1e-5,
+  )
+  assert [s for s, _ in _losses(workdir)] == list(range(1, 31))
+  assert _steps(workdir)[-1] == 30 and os.listdir(workdir / "checkpoints" / "best")
+  for step in _steps(workdir):  # asynchronous saves get their manifest too, and it verifies
+    assert ckpt_lib.verify_checksums(str(workdir / "checkpoints" / str(step))) is None
+    assert (workdir / "checkpoints" / str(step) / ckpt_lib.CHECKSUMS).exists()
+
+
+@pytest.mark.slow
+def test_a_killed_peer_makes_the_other_process_exit_with_an_error(tmp_path):
+  procs = _two_processes(tmp_path, "--config.total_steps=100000", "--heartbeat_timeout=5")
+  _wait_for_rows(tmp_path, 3)
+  procs[1].send_signal(signal.SIGKILL)
+  killed = time.time()
+  out = procs[0].communicate(timeout=90)[0]
+  procs[1].wait()
+  assert procs[0].returncode != 0
+  assert time.time() - killed < 60
+  assert "This most likely indicates that another task died" in out
+
+
+# ------------------------------------------------------------------------------------------------
+# Non-finite training
+
+
+def test_nan_learning_rate_exits_with_one_line_error_and_writes_no_checkpoint(tmp_path):
+  proc = _main(
+    "--config=configs/quickstart.py",
+    f"--workdir={tmp_path}",
+    "--config.optimizer.lr=nan",
+    "--config.total_steps=4",
+    "--config.checkpoint_every_steps=1",
+  )
+  out, _ = proc.communicate(timeout=240)
+  assert proc.returncode == 2, out[-3000:]
+  assert (
+    "locvit: error: non-finite parameters or optimizer state after step 1; not saved. Lower "
+    "optimizer.lr or set grad_clip_norm." in out
+  )
+  assert "Traceback" not in out
+  assert _steps(tmp_path) == []
+
+
+@pytest.fixture
+def poisoned_step(monkeypatch):
+  """The training batch of the given step carries a NaN image (calls are counted from 1)."""
+  calls = {"n": 0, "at": None}
+  orig = sharding.global_batch
+
+  def global_batch(local, batch_sharding):
+    if "mask" not in local:  # a training batch
+      calls["n"] += 1
+      if calls["n"] == calls["at"]:
+        local = dict(local, image=np.full_like(local["image"], np.nan))
+    return orig(local, batch_sharding)
+
+  monkeypatch.setattr(sharding, "global_batch", global_batch)
+  return calls
+
+
+def test_a_nan_batch_stops_the_run_naming_the_step_after_the_last_good_checkpoint(
+  tmp_path, poisoned_step
+):
+  poisoned_step["at"] = 3
+  config = tiny_config(checkpoint_every_steps=1)
+  with pytest.raises(train.NonFiniteError, match="non-finite loss or gradient norm at step 3;"):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert _steps(tmp_path) == [1, 2]
+
+
+def test_nonfinite_skip_drops_the_update_and_counts_it(tmp_path, poisoned_step, caplog):
+  poisoned_step["at"] = 3
+  config = tiny_config(nonfinite="skip", checkpoint_every_steps=1, keep_checkpoints=6)
+  train.train_and_evaluate(config, str(tmp_path))
+  rows = {r["step"]: r for r in read_metrics(tmp_path) if "train/loss" in r}
+  assert [rows[s]["train/skipped_steps"] for s in range(1, 7)] == [0, 0, 1, 1, 1, 1]
+  assert not np.isfinite(rows[3]["train/loss"]) and np.isfinite(rows[6]["train/loss"])
+  assert "1 update(s) skipped by step 3: non-finite loss or gradient norm (first at step 3)." in (
+    caplog.text
+  )
+  # The skipped step kept the state (parameters, optimizer state); only its counter moved on.
+  reader = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"), async_save=False, read_only=True)
+  read = lambda step: reader.manager.restore(
+    step, args=ocp.args.Composite(state=ocp.args.StandardRestore())
+  )["state"]
+  second, third, fourth = read(2), read(3), read(4)
+  reader.close()
+  assert int(third["step"]) == 3
+  chex.assert_trees_all_equal(
+    (second["params"], second["opt_state"]), (third["params"], third["opt_state"])
+  )
+  assert not np.array_equal(third["params"]["head"]["kernel"], fourth["params"]["head"]["kernel"])
+
+
+# ------------------------------------------------------------------------------------------------
+# Damaged checkpoints
+
+
+def _largest_data_file(step_dir):
+  files = [
+    os.path.join(root, f)
+    for root, _, names in os.walk(step_dir / "state")
+    for f in names
+    if "/d/" in os.path.join(root, f) + "/"
+  ]
+  return max(files, key=os.path.getsize)
+
+
+def test_damaged_checkpoints_fall_back_to_the_newest_intact_one_and_resume_exactly(
+  tmp_path, caplog
+):
+  config = tiny_config(total_steps=6, checkpoint_every_steps=2)
+  workdir = tmp_path / "run"
+  train.train_and_evaluate(config, str(workdir))
+  uninterrupted = _losses(workdir)
+  ckpts = workdir / "checkpoints"
+  with open(_largest_data_file(ckpts / "6"), "r+b") as f:  # 16 bytes overwritten
+    f.seek(os.path.getsize(f.name) // 2)
+    f.write(b"\xff" * 16)
+  os.truncate(_largest_data_file(ckpts / "4"), 100)  # a truncated data file
+  with pytest.raises(ckpt_lib.DamagedCheckpointError, match=r"Checkpoint step 6 in .* is damaged"):
+    train.evaluate_checkpoint(config, str(workdir))  # --mode=eval names the damage too
+  train.train_and_evaluate(config, str(workdir))
+  warnings = [r.getMessage() for r in caplog.records if "Damaged checkpoints" in r.getMessage()]
+  assert len(warnings) == 1
+  assert warnings[0].startswith("Damaged checkpoints skipped: step 6: state/ocdbt.process_0/d/")
+  assert "checksum mismatch; step 4: state/ocdbt.process_0/d/" in warnings[0]
+  assert "Resuming from step 2" in warnings[0]
+  assert sorted(os.listdir(ckpts / "damaged")) == ["4", "6"]  # moved, not deleted
+  assert _steps(workdir) == [2, 4, 6]  # the intact step 2 survived rotation
+  assert _losses(workdir) == uninterrupted  # steps 3-6 redone from step 2, bitwise
+
+
+def test_no_intact_checkpoint_is_a_clear_error_and_nothing_is_touched(tmp_path):
+  config = tiny_config(total_steps=4, checkpoint_every_steps=2)
+  train.train_and_evaluate(config, str(tmp_path))
+  for step in (2, 4):
+    os.remove(tmp_path / "checkpoints" / str(step) / "state" / "_METADATA")
+  listing = lambda: sorted(str(p) for p in (tmp_path / "checkpoints").rglob("*"))
+  before = listing()
+  with pytest.raises(ckpt_lib.NoIntactCheckpointError) as err:
+    train.train_and_evaluate(config, str(tmp_path))
+  assert str(err.value) == (
+    f"No intact checkpoint in {tmp_path}/checkpoints: step 4: state/_METADATA missing; "
+    "step 2: state/_METADATA missing. Nothing was moved or deleted; restore the files, or start "
+    "afresh in a new --workdir."
+  )
+  assert listing() == before
+
+
+def test_a_damaged_best_checkpoint_never_blocks_training(tmp_path, caplog):
+  config = tiny_config(total_steps=2, eval_every_steps=2)
+  train.train_and_evaluate(config, str(tmp_path))
+  meta = tmp_path / "checkpoints" / "best" / "2" / "meta" / "metadata"
+  meta.write_text(meta.read_text()[:-7])
+  config.total_steps = 4
+  train.train_and_evaluate(config, str(tmp_path))
+  assert "The best checkpoint (step 2) is damaged: meta/metadata checksum mismatch." in caplog.text
+  assert os.listdir(tmp_path / "checkpoints" / "best") == ["4"]
+  assert os.listdir(tmp_path / "checkpoints" / "damaged") == ["best_2"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Data consistency and failing evaluation
+
+
+def _image_folder(root, classes, bad=None):
+  """ROOT/{train,test}/<class>/*.png, 4 tiny images per class; ``bad`` (split, class) gets a
+  corrupt JPEG as its last file."""
+  rng = np.random.default_rng(0)
+  for split, names in classes.items():
+    for c in names:
+      (root / split / c).mkdir(parents=True)
+      for i in range(4):
+        pixels = rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(root / split / c / f"{i}.png")
+  if bad is not None:
+    path = root / bad[0] / bad[1] / "z_corrupt.jpg"
+    path.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    return path
+  return None
+
+
+def _folder_config(root, **kwargs):
+  config = tiny_config(**kwargs)
+  config.data.source, config.data.root = "image_folder", str(root)
+  config.data.mean, config.data.std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+  config.batch_size = config.eval_batch_size = 8
+  return config
+
+
+def test_mismatched_train_and_eval_class_lists_are_refused_with_the_differences(tmp_path):
+  _image_folder(tmp_path, {"train": ["cat", "dog", "eel"], "test": ["cat", "dog"]})
+  with pytest.raises(ValueError, match=r"missing from the eval split: \['eel'\]"):
+    train.train_and_evaluate(_folder_config(tmp_path), str(tmp_path / "run"))
+  renamed = tmp_path / "renamed"
+  _image_folder(renamed, {"train": ["cat", "dog"], "test": ["cat", "hound"]})
+  with pytest.raises(ValueError, match=r"2 vs 2 classes.*renamed\? 'dog' -> 'hound'"):
+    train.train_and_evaluate(_folder_config(renamed), str(tmp_path / "run"))
+
+
+def test_a_failing_evaluation_keeps_the_step_checkpoint_and_names_the_file(tmp_path):
+  path = _image_folder(tmp_path, {"train": ["a", "b"], "test": ["a", "b"]}, bad=("test", "b"))
+  config = _folder_config(tmp_path, total_steps=4, eval_every_steps=2, checkpoint_every_steps=2)
+  with pytest.raises(CorruptImageError, match=f"cannot decode image file '{path}'"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert _steps(tmp_path / "run") == [2]
+
+
+def test_a_changed_dataset_is_refused_and_changed_hyperparameters_are_reported(tmp_path, caplog):
+  config = tiny_config(total_steps=2)
+  train.train_and_evaluate(config, str(tmp_path))
+  changed = tiny_config(total_steps=2)
+  changed.data.num_classes = 12
+  with pytest.raises(ValueError, match="  num_classes: checkpoint has 10, config has 12"):
+    train.train_and_evaluate(changed, str(tmp_path))
+  # An older checkpoint (no dataset fields, no checksums, no hyperparameters) still resumes.
+  step_dir = tmp_path / "checkpoints" / "2"
+  meta = json.loads((step_dir / "meta" / "metadata").read_text())
+  for field in ("data.source", "data.name", "num_classes"):
+    del meta["config"][field]
+  del meta["hyperparameters"]
+  (step_dir / "meta" / "metadata").write_text(json.dumps(meta))
+  os.remove(step_dir / ckpt_lib.CHECKSUMS)
+  train.train_and_evaluate(tiny_config(total_steps=3), str(tmp_path))
+  assert not (tmp_path / ckpt_lib.RESUME_LOG).exists()
+  # Changed learning rate and batch size: one warning, and an entry in resume_log.json.
+  changed = tiny_config(total_steps=4, batch_size=16)
+  changed.optimizer.lr = 5e-4
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    train.train_and_evaluate(changed, str(tmp_path))
+  warnings = [
+    r.getMessage() for r in caplog.records if "changed training settings" in r.getMessage()
+  ]
+  assert len(warnings) == 1 and "batch_size: 32 -> 16" in warnings[0]
+  assert "'lr': 0.001" in warnings[0] and "'lr': 0.0005" in warnings[0]
+  log = json.loads((tmp_path / ckpt_lib.RESUME_LOG).read_text())
+  assert [entry["step"] for entry in log] == [3]
+  assert set(log[0]["changed"]) == {"optimizer", "batch_size", "total_steps"}
+  assert log[0]["changed"]["batch_size"] == {"checkpoint": 32, "config": 16}
