@@ -85,7 +85,14 @@ def _clean_env() -> dict[str, str]:
 
 def test_cli_rejects_an_unknown_mode():
   out = subprocess.run(
-    [sys.executable, "-m", "locvit.main", "--cpu_malloc=fast", "--config=x", "--workdir=y"],
+    [
+      sys.executable,
+      "-m",
+      "locvit.main",
+      "--cpu_malloc=fast",
+      f"--config={os.path.join(ROOT, 'configs', 'quickstart.py')}",
+      "--workdir=y",
+    ],
     env=_clean_env(),
     capture_output=True,
     text=True,

@@ -12,6 +12,7 @@ import pytest
 
 from configs import cordonnier_cifar10_small, gmm_cifar10_small, structinit_cifar10_small
 from locvit.data import validate_data_config
+from locvit.init.impulse import solver_config
 from locvit.models import create_model
 
 NUM_CLASSES = 10
@@ -141,12 +142,13 @@ def test_structinit_variants_differ_only_in_the_init():
     3.0,
   )
   impulse = configs[2].init
-  assert (impulse.name, impulse.filter_size, impulse.mode, impulse.steps) == (
+  assert (impulse.name, impulse.filter_size, impulse.mode, impulse.solver) == (
     "impulse",
     3,
     "same",
-    10_000,
+    "paper",
   )
+  assert solver_config(impulse).steps == 10_000  # the paper's solver
   assert impulse.cache_dir is None
   assert configs[1].init.name == "mimetic" and configs[1].init.alpha == 0.7
 
