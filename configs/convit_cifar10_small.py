@@ -49,7 +49,7 @@ MODELS = {
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  _, (model, overrides) = choose(arg, MODELS, "convit", "model (convit or deit)")
+  _, (model, overrides) = choose(arg, MODELS, "convit", "model")
   c = base_config()
   c.model.name = model
   set_overrides(c, drop_path_rate=0.1, **overrides)

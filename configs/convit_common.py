@@ -12,6 +12,7 @@ Locality logging (``config.analysis``, see ``locvit.analysis.locality``) is on, 
 
 from __future__ import annotations
 
+import difflib
 import os
 from typing import Any
 
@@ -92,5 +93,7 @@ def choose(arg: str | None, choices: dict[str, Any], default: str, what: str) ->
   """``choices[arg or default]`` with a clear error naming the valid choices."""
   key = default if arg is None or arg == "" else arg
   if key not in choices:
-    raise ValueError(f"Unknown {what} {key!r}. Valid choices: {sorted(choices)}.")
+    close = difflib.get_close_matches(key, list(choices), n=3)
+    hint = f"did you mean {' or '.join(close)}?" if close else f"choices: {', '.join(choices)}"
+    raise ValueError(f"unknown {what} {key!r}; {hint}")
   return key, choices[key]

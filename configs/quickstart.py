@@ -11,6 +11,7 @@ from locvit.configs.common import base_config
 def get_config():
   c = base_config()
   c.data.source = "digits"
+  c.data.name = "digits"  # a label only (TFDS reads it); scikit-learn ships the images
   c.data.image_size = 8
   c.data.train_augment = "none"
   c.data.mean = (0.5,)

@@ -49,13 +49,20 @@ def make_eval_step(model, mesh, rules, variable_shardings) -> Callable:
 
 
 def evaluate(
-  step_fn: Callable, variables: Any, batches: Iterable[dict[str, np.ndarray]], batch_sharding
+  step_fn: Callable,
+  variables: Any,
+  batches: Iterable[dict[str, np.ndarray]],
+  batch_sharding,
+  on_batch: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
-  """Runs ``step_fn`` over all batches; returns ``eval/top1``, ``eval/top5`` (fractions) etc."""
+  """Runs ``step_fn`` over all batches; returns ``eval/top1``, ``eval/top5`` (fractions) etc.
+  ``on_batch(batches_done)`` is called after each batch (progress lines)."""
   totals = None
-  for local in batches:
+  for done, local in enumerate(batches, 1):
     out = step_fn(variables, sharding.global_batch(local, batch_sharding))
     totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
+    if on_batch is not None:
+      on_batch(done)
   if totals is None:
     raise ValueError("The evaluation split is empty.")
   totals = jax.device_get(totals)

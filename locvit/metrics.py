@@ -9,6 +9,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -149,15 +150,21 @@ class Progress:
     """Prints the evaluation line of ``step``; its time is left out of speed and ETA. Returns
     ``{'perf/eval_seconds': seconds}``."""
     self._paused += seconds
-    which = "Final evaluation" if step == self.total_steps else "Evaluation"
-    numbers = _eval_numbers(metrics)
-    self._print(f"{which} at step {step}/{self.total_steps}: {numbers}  ({seconds:.1f} s)")
+    self._print(evaluation_line(step, metrics, seconds, self.total_steps))
     return {"perf/eval_seconds": seconds}
 
   def checkpoint(self, seconds: float) -> None:
     """Counts a checkpoint save's blocking time, shown on the next progress line."""
     self._paused += seconds
     self._checkpoint_seconds += seconds
+
+  def pause(self, seconds: float) -> None:
+    """Leaves ``seconds`` of other work (e.g. saving the best checkpoint) out of the rates."""
+    self._paused += seconds
+
+  def evaluating(self, num_batches: int) -> Callable[[int], None]:
+    """A per-batch callback for ``evaluate`` that shows a long evaluation's progress."""
+    return eval_progress(num_batches, self._print)
 
   def finished(self, workdir: str, metrics: dict[str, Any]) -> None:
     """Says that ``workdir`` already holds the last step, with its final evaluation."""
@@ -166,6 +173,34 @@ class Progress:
       f"{workdir} is finished at step {self.total_steps}/{self.total_steps}{numbers}. Nothing to "
       "train: raise --config.total_steps or use a new --workdir to train more."
     )
+
+
+def evaluation_line(
+  step: int, metrics: dict[str, Any], seconds: float, total_steps: int | None = None
+) -> str:
+  """The line an evaluation prints, in training and in ``--mode=eval`` alike."""
+  which = "Final evaluation" if step == total_steps else "Evaluation"
+  at = f"{step}/{total_steps}" if total_steps else f"{step}"
+  examples = metrics.get("eval/num_examples")
+  count = f"{examples} examples, " if examples is not None else ""
+  return f"{which} at step {at}: {_eval_numbers(metrics)}  ({count}{seconds:.1f} s)"
+
+
+def eval_progress(
+  num_batches: int, print_line: Callable[[str], None] = print, every_seconds: float = 10.0
+) -> Callable[[int], None]:
+  """A callback ``(batches_done)`` printing ``evaluating: 12/79 batches (10 s)`` at most once per
+  ``every_seconds``, so that a long evaluation is not silent."""
+  start = last = time.perf_counter()
+
+  def report(done: int) -> None:
+    nonlocal last
+    now = time.perf_counter()
+    if now - last >= every_seconds and done < num_batches:
+      last = now
+      print_line(f"evaluating: {done}/{num_batches} batches ({now - start:.0f} s)")
+
+  return report
 
 
 def _hms(seconds: float) -> str:

@@ -652,11 +652,19 @@ def train_and_evaluate(
           if (eval_every and step % eval_every == 0) or last:
             eval_start = time.perf_counter()
             final = eval_lib.evaluate(
-              eval_fn, (state.params, state.model_state), eval_batches, batch_sharding
+              eval_fn,
+              (state.params, state.model_state),
+              eval_batches,
+              batch_sharding,
+              progress.evaluating(len(eval_batches)),
             )
             if use_ema:  # timm evaluates both the model and its EMA
               ema_metrics = eval_lib.evaluate(
-                eval_fn, (state.ema_params, state.model_state), eval_batches, batch_sharding
+                eval_fn,
+                (state.ema_params, state.model_state),
+                eval_batches,
+                batch_sharding,
+                progress.evaluating(len(eval_batches)),
               )
               final.update({k.replace("eval/", "eval_ema/"): v for k, v in ema_metrics.items()})
             record.update(final)
@@ -665,7 +673,9 @@ def train_and_evaluate(
             plot_centers(step, state.params)
             record.update(progress.evaluation(step, final, time.perf_counter() - eval_start))
             if save:
+              save_start = time.perf_counter()
               checkpointer.save_best(step, state, config, final, num_classes=num_classes)
+              progress.pause(time.perf_counter() - save_start)
           if record:
             writer.write(step, record)
           if preempted and not last:
@@ -681,9 +691,13 @@ def train_and_evaluate(
 
 
 def evaluate_checkpoint(
-  config: ml_collections.ConfigDict, workdir: str, step: int | None = None
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  step: int | None = None,
+  print_progress: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
-  """Eval-only mode: restores parameters from ``workdir`` (latest or ``step``) and evaluates.
+  """Eval-only mode: restores parameters from ``workdir`` (latest or ``step``) and evaluates;
+  ``print_progress`` gets a line every 10 s of a long evaluation.
 
   With ``config.ema.decay > 0`` the EMA weights are evaluated too (``eval_ema/*``).
   """
@@ -716,9 +730,11 @@ def evaluate_checkpoint(
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     eval_fn = eval_lib.make_eval_step(model, mesh, rules, variable_shardings)
     batch_sharding = sharding.batch_sharding(mesh, rules)
-    result = eval_lib.evaluate(eval_fn, (params, model_state), batches, batch_sharding)
+    show = metrics_lib.eval_progress(len(batches), print_progress)
+    result = eval_lib.evaluate(eval_fn, (params, model_state), batches, batch_sharding, show)
     if ema is not None:
-      ema_result = eval_lib.evaluate(eval_fn, (ema, model_state), batches, batch_sharding)
+      show = metrics_lib.eval_progress(len(batches), print_progress)
+      ema_result = eval_lib.evaluate(eval_fn, (ema, model_state), batches, batch_sharding, show)
       result.update({k.replace("eval/", "eval_ema/"): v for k, v in ema_result.items()})
   result["step"] = step
   return result

@@ -143,7 +143,7 @@ def test_table1_rows_models_sizes_and_recipes():
     )
     assert c.optimizer.decay_mask == expected_mask
   assert convit_table1.get_config().model.name == "convit_small"
-  with pytest.raises(ValueError, match=r"Unknown Table 1 row 'convit_huge'.*'convit_base'"):
+  with pytest.raises(ValueError, match=r"unknown Table 1 row 'convit_huge'; did you mean .*base"):
     convit_table1.get_config("convit_huge")
 
 
@@ -162,7 +162,7 @@ def test_table2_fractions_scale_the_epochs(percent):
     assert total == math.ceil(300 / (percent / 100) * (subset // 1024))
     assert c.eval_every_steps == IMAGENET // 1024  # every ~1.28M images
   assert convit_table2.PAPER[("convit", 10)] == (59.6, 80.3)
-  with pytest.raises(ValueError, match=r"Unknown Table 2 run 'convit_20'"):
+  with pytest.raises(ValueError, match=r"unknown Table 2 run 'convit_20'"):
     convit_table2.get_config("convit_20")
 
 
@@ -251,7 +251,7 @@ def test_cifar100_appendix_c():
   )
   assert (c.num_epochs, c.batch_size, c.optimizer.lr, c.eval_every_steps) == (3000, 512, 4e-4, 97)
   assert convit_cifar100.get_config().model.name == "convit_tiny_plus"
-  with pytest.raises(ValueError, match="Unknown appendix C model 'convit_small'"):
+  with pytest.raises(ValueError, match="unknown appendix C model 'convit_small'"):
     convit_cifar100.get_config("convit_small")
 
 
@@ -277,10 +277,16 @@ def test_cifar10_small_trains_both_models_identically(monkeypatch, tmp_path):
 def test_cifar10_small_needs_a_root(monkeypatch):
   monkeypatch.delenv("CIFAR10_ROOT", raising=False)
   c = convit_cifar10_small.get_config("deit")
-  with pytest.raises(ValueError, match=r"data.root=None must be set when source='image_folder'"):
+  with pytest.raises(ValueError) as error:
     validate_data_config(c.data)
-  with pytest.raises(ValueError, match=r"Unknown model \(convit or deit\) 'vit'"):
-    convit_cifar10_small.get_config("vit")
+  assert str(error.value) == (
+    "data.root=None must be set when source='image_folder': the CIFAR-10 configs read "
+    "$CIFAR10_ROOT (or give --config.data.root=DIR); prepare DIR with "
+    "`python -m locvit.data.prepare cifar10 --out=DIR`"
+  )
+  with pytest.raises(ValueError) as error:
+    convit_cifar10_small.get_config("convitt")
+  assert str(error.value) == "unknown model 'convitt'; did you mean convit?"
 
 
 def test_configs_are_lockable_and_overridable():

@@ -9,6 +9,7 @@ import glob
 import importlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -20,7 +21,7 @@ import zipfile
 import pytest
 
 from locvit import main, run_config
-from locvit.metrics import read_metrics
+from locvit.metrics import _eval_numbers, read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICKSTART = "--config=configs/quickstart.py"
@@ -248,13 +249,11 @@ def test_eval_with_only_workdir_uses_the_runs_config_and_overrides(tmp_path):
 
   rc, out, err = _run(f"--workdir={workdir}", "--mode=eval")
   assert rc == 0, (out, err)
-  result = json.loads(out.splitlines()[-1])
+  # The line training evaluations print (the same numbers as the run's final evaluation).
   final = [r for r in read_metrics(workdir) if "eval/top1" in r][-1]
-  assert (result["step"], result["eval/top1"], result["eval/loss"]) == (
-    30,
-    final["eval/top1"],
-    final["eval/loss"],
-  )
+  examples = final["eval/num_examples"]
+  expected = f"Evaluation at step 30: {_eval_numbers(final)}  ({examples} examples, "
+  assert re.fullmatch(re.escape(expected) + r"\d+\.\d s\)", out.splitlines()[-1]), out
   # An override given with --workdir replaces the saved value: a 4-block model does not fit.
   rc, out, err = _run(f"--workdir={workdir}", "--mode=eval", "--config.model.overrides.depth=4")
   assert rc == 2 and "incompatible config" in err and "'depth': 2" in err, err

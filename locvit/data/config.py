@@ -131,8 +131,9 @@ def validate_data_config(cfg: Any) -> None:
     raise ValueError(f"data.name={cfg.name!r} must be a TFDS dataset name when source='tfds'")
   if cfg.source == "image_folder" and not cfg.root:
     raise ValueError(
-      f"data.root={cfg.root!r} must be set when source='image_folder' "
-      "(layout ROOT/{train,test}/<class>/*.{jpg,jpeg,png})"
+      f"data.root={cfg.root!r} must be set when source='image_folder': the CIFAR-10 configs read "
+      "$CIFAR10_ROOT (or give --config.data.root=DIR); prepare DIR with "
+      "`python -m locvit.data.prepare cifar10 --out=DIR`"
     )
   for field in ("train_split", "eval_split"):
     if not isinstance(cfg[field], str) or not cfg[field]:

@@ -1,0 +1,197 @@
+"""Prepares CIFAR-10 / CIFAR-100 as the image folders the configs read, from the official archives.
+
+  python -m locvit.data.prepare cifar10 --out=DIR                       # downloads the archive
+  python -m locvit.data.prepare cifar10 --out=DIR --archive=cifar-10-python.tar.gz   # offline
+  export CIFAR10_ROOT=DIR
+
+The archive (``cifar-10-python.tar.gz`` / ``cifar-100-python.tar.gz`` from
+https://www.cs.toronto.edu/~kriz/cifar.html) is checked against the MD5 published there before it
+is read. The output is ``DIR/{train,test}/<class>/<NNNNN>.<ext>``, the images of each class in the
+archive's order (so ``data.train_fraction`` keeps the first images of each class), CIFAR-100 by
+its 100 fine labels. ``--format=jpeg`` (default) writes JPEG quality 75, the copy docs/results.md
+was measured on; ``--format=png`` writes the pixels losslessly (about 3x the disk space).
+The splits are written into ``DIR/.partial`` and moved into place when complete, so an interrupted
+run leaves no half-written split behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import io
+import pickle
+import shutil
+import sys
+import tarfile
+import urllib.request
+
+import numpy as np
+from etils import epath
+from PIL import Image
+
+
+@dataclasses.dataclass(frozen=True)
+class Archive:
+  """One official CIFAR archive in its Python (pickle) format."""
+
+  filename: str
+  md5: str  # published on https://www.cs.toronto.edu/~kriz/cifar.html
+  folder: str  # the folder inside the tarball
+  splits: dict[str, tuple[str, ...]]  # split -> pickled batch files
+  meta: str  # the pickle holding the class names
+  names_key: str  # its key for the class names
+  labels_key: str  # a batch's key for the labels
+
+  @property
+  def url(self) -> str:
+    return f"https://www.cs.toronto.edu/~kriz/{self.filename}"
+
+
+ARCHIVES = {
+  "cifar10": Archive(
+    filename="cifar-10-python.tar.gz",
+    md5="c58f30108f718f92721af3b95e74349a",
+    folder="cifar-10-batches-py",
+    splits={"train": tuple(f"data_batch_{i}" for i in range(1, 6)), "test": ("test_batch",)},
+    meta="batches.meta",
+    names_key="label_names",
+    labels_key="labels",
+  ),
+  "cifar100": Archive(
+    filename="cifar-100-python.tar.gz",
+    md5="eb9058c3a382ffc7106e4002c42a8d85",
+    folder="cifar-100-python",
+    splits={"train": ("train",), "test": ("test",)},
+    meta="meta",
+    names_key="fine_label_names",
+    labels_key="fine_labels",
+  ),
+}
+USE_HINT = {
+  "cifar10": "export CIFAR10_ROOT={out}",
+  "cifar100": "--config.data.source=image_folder --config.data.root={out}",
+}
+FORMATS = {"jpeg": ("jpg", {"quality": 75}), "png": ("png", {})}
+
+
+class PrepareError(ValueError):
+  """A problem with the archive or the output directory, reported as one line."""
+
+
+def md5sum(path: epath.Path) -> str:
+  digest = hashlib.md5()
+  with path.open("rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+      digest.update(chunk)
+  return digest.hexdigest()
+
+
+def download(archive: Archive, directory: epath.Path) -> epath.Path:
+  """Downloads ``archive`` into ``directory`` (kept there for the next run)."""
+  target = directory / archive.filename
+  if target.exists():
+    return target
+  partial = directory / (archive.filename + ".download")
+  print(f"downloading {archive.url}", flush=True)
+  try:
+    with urllib.request.urlopen(archive.url) as response, partial.open("wb") as f:
+      shutil.copyfileobj(response, f)
+  except OSError as e:
+    raise PrepareError(
+      f"cannot download {archive.url} ({e}); download it elsewhere and pass --archive=FILE"
+    ) from e
+  partial.rename(target)
+  return target
+
+
+def _unpickle(tar: tarfile.TarFile, archive: Archive, member: str) -> dict:
+  name = f"{archive.folder}/{member}"
+  try:
+    f = tar.extractfile(name)
+  except KeyError:
+    raise PrepareError(f"{archive.filename} has no {name}: not the official archive") from None
+  return pickle.load(f, encoding="bytes")
+
+
+def convert(dataset: str, archive_path: epath.Path, out: epath.Path, image_format: str) -> dict:
+  """Writes ``out/{train,test}/<class>/*`` from a checked archive; returns images per split."""
+  archive = ARCHIVES[dataset]
+  found = md5sum(archive_path)
+  if found != archive.md5:
+    raise PrepareError(
+      f"{archive_path}: MD5 {found} is not the published {archive.md5} of {archive.filename} "
+      "(damaged or a different file)"
+    )
+  existing = [split for split in archive.splits if (out / split).exists()]
+  if existing:
+    raise PrepareError(f"{out / existing[0]} already exists; choose an empty --out")
+  extension, options = FORMATS[image_format]
+  partial = out / ".partial"
+  if partial.exists():
+    partial.rmtree()  # left by an interrupted run
+  counts = {}
+  with tarfile.open(archive_path, "r:gz") as tar:
+    names = [n.decode() for n in _unpickle(tar, archive, archive.meta)[archive.names_key.encode()]]
+    for split, members in archive.splits.items():
+      written = [0] * len(names)
+      for name in names:
+        (partial / split / name).mkdir(parents=True, exist_ok=True)
+      for member in members:
+        batch = _unpickle(tar, archive, member)
+        images = np.asarray(batch[b"data"], np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+        for image, label in zip(images, batch[archive.labels_key.encode()], strict=True):
+          buffer = io.BytesIO()
+          Image.fromarray(image).save(buffer, format=image_format.upper(), **options)
+          index = written[label]
+          (partial / split / names[label] / f"{index:05d}.{extension}").write_bytes(
+            buffer.getvalue()
+          )
+          written[label] += 1
+      counts[split] = sum(written)
+  for split in archive.splits:
+    (partial / split).rename(out / split)
+  partial.rmdir()
+  return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(
+    prog="python -m locvit.data.prepare",
+    description="Prepare CIFAR-10/100 image folders (DIR/{train,test}/<class>/) from the official "
+    "archive, checked against its published MD5.",
+  )
+  parser.add_argument("dataset", choices=sorted(ARCHIVES))
+  parser.add_argument("--out", required=True, help="output directory (the config's data.root)")
+  parser.add_argument(
+    "--archive", help="a local copy of the official archive (default: download it into --out)"
+  )
+  parser.add_argument(
+    "--format",
+    choices=sorted(FORMATS),
+    default="jpeg",
+    help="jpeg: quality 75, the copy docs/results.md was measured on (default); png: lossless",
+  )
+  args = parser.parse_args(argv)
+  out = epath.Path(args.out)
+  try:
+    out.mkdir(parents=True, exist_ok=True)
+    archive = ARCHIVES[args.dataset]
+    if args.archive:
+      archive_path = epath.Path(args.archive)
+      if not archive_path.exists():
+        raise PrepareError(f"--archive={args.archive}: no such file")
+    else:
+      archive_path = download(archive, out)
+    counts = convert(args.dataset, archive_path, out, args.format)
+  except (PrepareError, OSError) as e:
+    print(f"locvit.data.prepare: error: {e}", file=sys.stderr)
+    return 2
+  split_counts = ", ".join(f"{split} {n}" for split, n in counts.items())
+  print(f"{args.dataset}: {split_counts} images as {args.format} in {out}", flush=True)
+  print(f"use it with: {USE_HINT[args.dataset].format(out=out)}", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
