@@ -1,12 +1,13 @@
 """Reduced-scale sample-efficiency experiment (the idea of ConViT Table 2 / Fig. 2, on a CPU):
 ConViT vs DeiT of the same size, trained identically on 10% of CIFAR-10.
 
-  export CIFAR10_ROOT=/tmp/cifar10   # tar -xzf shared/data/cifar10-jpeg.tar.gz -C $CIFAR10_ROOT
+  python -m locvit.data.prepare cifar10 --out=/tmp/cifar10   # JPEG q75 image folders
+  export CIFAR10_ROOT=/tmp/cifar10
   python -m locvit.main --config=configs/convit_cifar10_small.py:convit --workdir=DIR_C
   python -m locvit.main --config=configs/convit_cifar10_small.py:deit --workdir=DIR_D
   python -m locvit.main --config=... --workdir=DIR_C --mode=analyze   # Figs. 5-7 for the run
 
-Data: the image-folder copy of CIFAR-10 (JPEG q75, ``shared/data/README.md``), the first 10% of
+Data: the image-folder copy of CIFAR-10 (JPEG q75, from ``python -m locvit.data.prepare cifar10``), the first 10% of
 each class (``data.train_fraction=0.1``: 500 images per class, 5,000 in all, the official
 per-class subsampling), 32x32, random crop (padding 4) + flip, CIFAR-10 mean/std; evaluation on
 the full 10,000-image test split. ``data.root`` comes from ``$CIFAR10_ROOT`` (or
@@ -22,10 +23,9 @@ Models (both 4 heads x 48 = 192 channels, depth 6, MLP ratio 4, patch 4 -> 8x8 p
 Training, identical for both: AdamW lr 1e-3 (batch 128), eps 1e-8, weight decay 0.05 with the
 official ConViT mask, 2 warmup epochs from 1e-6 then cosine to 1e-5, label smoothing 0.1,
 stochastic depth 0.1, ``TOTAL_STEPS = 360`` steps (46,080 images, about 9 epochs of the 5,000),
-evaluations at the middle and the end. Budget: one run takes about 10-11 minutes on 2 CPU cores
-(measured on the shared machine at load ~2: 1.5 s per DeiT step and 1.6 s per ConViT step, about
-30 s per evaluation of the 10,000 test images, ~15 s of start-up and compilation). Locality
-metrics (real per-layer inputs) are logged at each evaluation.
+evaluations at the middle and the end. Budget: the runs of docs/results.md took 15-21 minutes
+each on 2 shared CPU cores (the time column there; the step rate depends on the machine's load
+and on ``--cpu_malloc``). Locality metrics (real per-layer inputs) are logged at each evaluation.
 """
 
 import ml_collections

@@ -30,7 +30,7 @@ mean/std (0.4914, 0.4822, 0.4465) / (0.2023, 0.1994, 0.2010); no label smoothing
 Data: TFDS ``cifar10`` by default (needs a prepared ``data_dir`` or network access). The offline
 image-folder copy of CIFAR-10 (JPEG quality 75; accuracies a little lower than the paper's)::
 
-  tar -xzf /work/shared/data/cifar10-jpeg.tar.gz -C DIR
+  python -m locvit.data.prepare cifar10 --out=DIR
   python -m locvit.main --config=configs/cordonnier_cifar10.py:quadratic --workdir=RUN \\
     --config.data.source=image_folder --config.data.root=DIR
 

@@ -2,7 +2,8 @@
 Table 8 depth-8 ViT) on a CPU: the same ViT trained from trunc-normal, mimetic and impulse-3
 initializations at 10% of CIFAR-10.
 
-  export CIFAR10_ROOT=/tmp/cifar   # tar -xzf shared/data/cifar10-jpeg.tar.gz -C $CIFAR10_ROOT
+  python -m locvit.data.prepare cifar10 --out=/tmp/cifar   # JPEG q75 image folders
+  export CIFAR10_ROOT=/tmp/cifar
   python -m locvit.main --config=configs/structinit_cifar10_small.py:INIT --workdir=DIR \\
     --config.seed=SEED
 

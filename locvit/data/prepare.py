@@ -155,7 +155,8 @@ def convert(dataset: str, archive_path: epath.Path, out: epath.Path, image_forma
   return counts
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+  """The command line of ``python -m locvit.data.prepare``."""
   parser = argparse.ArgumentParser(
     prog="python -m locvit.data.prepare",
     description="Prepare CIFAR-10/100 image folders (DIR/{train,test}/<class>/) from the official "
@@ -172,7 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     default="jpeg",
     help="jpeg: quality 75, the copy docs/results.md was measured on (default); png: lossless",
   )
-  args = parser.parse_args(argv)
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  """Prepares the dataset; 0 on success, 2 (with one line on stderr) on a bad archive or output."""
+  args = parser().parse_args(argv)
   out = epath.Path(args.out)
   try:
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,158 @@
+"""Every code block of README.md and docs/*.md, run as written or checked by a named stand-in.
+
+Python blocks are executed (in a fresh temporary directory). The NNX and Theorem 1 blocks are run by
+tests/test_readme.py, which also checks their results; here they are only counted.
+
+Bash commands, line by line (``\\`` continuations joined, ``for`` loops expanded):
+- ``python -m locvit.main --config=...``: the config is loaded with every override, as
+  ``--print_config`` does, in this process (a full run takes minutes to hours; one subprocess per
+  command would cost ~5 s of imports each). ``--print_config`` itself is tested in test_cli.py.
+- ``python -m locvit.main`` without ``--config`` (eval/analyze of a finished ``DIR``) and synopsis
+  lines with placeholders (``NAME``, ``[...]``, a leading ``...``): not run;
+  tests/test_first_hour.py runs eval from a workdir.
+- ``python -m locvit.data.prepare``: its arguments are parsed (the download needs the network);
+  tests/test_prepare.py converts official-format archives.
+- ``python -m locvit.convert`` and the timm Python block: run on ``convit_tiny.pth``, a state dict
+  of the PyTorch reference ConViT-Ti (tests/torch_reference.py, timm's key names) saved with
+  ``torch.save``, standing in for timm's pretrained download.
+- ``python benchmarks/X.py`` / ``experiments/X.py``: the script exists (they run for minutes; their
+  importability is tested on its own).
+- Installs (pip, venv, tfds), the whole test suite, ``LD_PRELOAD``/``GLIBC_TUNABLES`` examples
+  for the user's own script: not run (network, 15 minutes, no such script). ``export`` sets the
+  variable.
+
+Runtime: ~1 min on 2 busy cores, mostly compiling ConViT-Ti at 224x224 and at 32x32.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pathlib
+import re
+import shlex
+
+import pytest
+import torch
+from absl import flags
+from ml_collections import config_flags
+
+from locvit import main as main_lib
+from locvit.convert import __main__ as convert_cli
+from locvit.data import prepare
+from tests import torch_reference
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+CHECKED_ELSEWHERE = ("nnx.", "QuadraticPositional(")  # tests/test_readme.py
+# A README command that fails as written today: configs declare only the model overrides they set,
+# so --config.model.overrides.attention_implementation is refused for convit_s (the setting is
+# being renamed and resolved outside the modules in issue 20; the command must then be updated).
+KNOWN_BROKEN = {"--config.model.overrides.attention_implementation=cudnn"}
+NOT_RUN = re.compile(
+  r"^(pip |python3? -m venv|\S*/pip |\S*/tfds |XLA_FLAGS=\S+ pytest|LD_PRELOAD=|GLIBC_TUNABLES=)"
+)
+
+
+def blocks(language: str) -> list[tuple[str, str]]:
+  """(file name, body) of every fenced block in ``language``."""
+  found = []
+  for path in DOCS:
+    for body in re.findall(rf"```{language}\n(.*?)```", path.read_text(), re.S):
+      found.append((path.name, body))
+  return found
+
+
+def commands() -> list[tuple[str, str]]:
+  """(file name, command) of every bash line, continuations joined and loops expanded."""
+  found = []
+  for name, body in blocks("bash"):
+    text = re.sub(r"\\\n\s*", " ", body)
+    loops: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+      header = re.findall(r"for (\w+) in ([^;]+); do", line)
+      if header:
+        loops = [(var, values.split()) for var, values in header]
+        continue
+      tokens = shlex.split(line, comments=True)
+      if tokens in ([], ["done;", "done"], ["done"]):
+        continue
+      parts = [list(group) for is_and, group in itertools.groupby(tokens, "&&".__eq__)]
+      for values in itertools.product(*[v for _, v in loops]):
+        for part in parts:
+          if part != ["&&"]:
+            expanded = shlex.join(part)
+            for (var, _), value in zip(loops, values, strict=True):
+              expanded = re.sub(rf"\$\{{?{var}\}}?", value, expanded)
+            found.append((name, expanded))
+  return found
+
+
+def load_config(argv: list[str]):
+  """The config ``python -m locvit.main argv`` would run, overrides applied (no workdir made)."""
+  config_args = [a for a in argv if a.startswith("--config")]
+  config_args = main_lib.resolve_config_argv(["locvit", *config_args])
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=config_args)
+  values(config_args)
+  main_lib.check_config(values.config)
+  return values.config
+
+
+def test_every_python_block_runs(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  reference = torch_reference.build("convit_tiny")  # the stand-in for timm's download
+  torch.save(reference.state_dict(), tmp_path / "convit_tiny.pth")
+  ran = 0
+  for name, body in blocks("python"):
+    if any(marker in body for marker in CHECKED_ELSEWHERE):
+      continue
+    namespace = {"__name__": f"doc_block_{ran}"}
+    exec(compile(body, name, "exec"), namespace)
+    ran += 1
+    if "logits" in namespace:
+      assert namespace["logits"].shape[0] == namespace["images"].shape[0], body
+  assert ran == 3  # the model in five lines, timm weights, a GPSA block in your own model
+
+
+def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
+  monkeypatch.chdir(ROOT)
+  monkeypatch.setenv("HOME", str(tmp_path))
+  checked = {"config": 0, "known broken": 0, "prepare": 0, "convert": 0, "script": 0, "not run": 0}
+  for name, command in commands():
+    command = os.path.expandvars(command)
+    argv = shlex.split(command)
+    where = f"{name}: {command}"
+    if argv[0] == "export":
+      key, _, value = argv[1].partition("=")
+      monkeypatch.setenv(key, value)
+    elif NOT_RUN.match(" ".join(argv)) or argv[0] == "..." or "NAME" in command or "[" in command:
+      checked["not run"] += 1
+    elif argv[:3] == ["python", "-m", "locvit.main"]:
+      if KNOWN_BROKEN.intersection(argv):
+        with pytest.raises(AttributeError, match="attention_implementation"):
+          load_config(argv[3:])
+        checked["known broken"] += 1
+      elif any(a.startswith("--config=") for a in argv):
+        assert load_config(argv[3:]) is not None, where
+        checked["config"] += 1
+      else:
+        checked["not run"] += 1  # eval/analyze of a run's DIR
+    elif argv[:3] == ["python", "-m", "locvit.data.prepare"]:
+      args = prepare.parser().parse_args(argv[3:])
+      assert args.dataset in prepare.ARCHIVES, where
+      checked["prepare"] += 1
+    elif argv[:3] == ["python", "-m", "locvit.convert"]:
+      torch.save(torch_reference.build("convit_tiny").state_dict(), tmp_path / "convit_tiny.pth")
+      monkeypatch.chdir(tmp_path)
+      assert convert_cli.main(argv[3:]) == 0, where
+      assert (tmp_path / "DIR").is_dir()
+      monkeypatch.chdir(ROOT)
+      checked["convert"] += 1
+    elif argv[0] == "python" and argv[1].startswith(("benchmarks/", "experiments/")):
+      assert (ROOT / argv[1]).is_file(), where
+      checked["script"] += 1
+    else:
+      pytest.fail(f"no runner or stand-in for {where}")
+  assert checked["config"] >= 20 and checked["prepare"] >= 3 and checked["convert"] == 1, checked
+  assert checked["known broken"] == len(KNOWN_BROKEN), checked
