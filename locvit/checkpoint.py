@@ -339,16 +339,12 @@ class Checkpointer:
     state: Any,
     data_iter: grain.DatasetIterator | None,
     config: ml_collections.ConfigDict,
-    metrics: dict[str, Any] | None = None,
     force: bool = False,
     num_classes: int | None = None,
   ) -> bool:
-    """Saves ``step``; also replaces the best checkpoint when ``eval/top1`` improves on it."""
-    metrics = {k: float(v) for k, v in (metrics or {}).items() if k.startswith("eval/")}
-    items = self._items(step, state, data_iter, config, metrics, num_classes)
-    saved = self._save(self.manager, step, items, force)
-    self.save_best(step, state, config, metrics, num_classes)
-    return saved
+    """Saves ``step`` into ``DIR`` (the best one is kept by ``save_best``, after evaluation)."""
+    items = self._items(step, state, data_iter, config, {}, num_classes)
+    return self._save(self.manager, step, items, force)
 
   def save_best(
     self,

@@ -123,6 +123,28 @@ def tree_shardings(boxed_abstract: Any, mesh: Mesh, rules: Rules) -> Any:
   )
 
 
+def opt_state_shardings(abstract_opt_state, abstract_params, param_shardings, mesh):
+  """Shards each optimizer-state leaf like the parameter it mirrors (Adam's mu and nu, momentum):
+  the parameter whose dict-key path is the longest suffix of the leaf's path and whose shape is
+  equal. Everything else (counts, scalars) is replicated. Works for any optax chain, including
+  ``multi_transform`` / ``masked`` states.
+  """
+  flat = lambda tree: {
+    tuple(k.key for k in path): v for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
+  shapes, shardings = flat(abstract_params), flat(param_shardings)
+
+  def pick(path, leaf):
+    keys = tuple(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
+    for start in range(len(keys)):
+      shape = shapes.get(keys[start:])
+      if shape is not None and shape.shape == leaf.shape:
+        return shardings[keys[start:]]
+    return replicated(mesh)
+
+  return jax.tree_util.tree_map_with_path(pick, abstract_opt_state)
+
+
 def global_batch(
   local_batch: dict[str, np.ndarray], sharding: NamedSharding
 ) -> dict[str, jax.Array]:

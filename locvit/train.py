@@ -144,28 +144,6 @@ def split_variables(variables):
   return variables["params"], {k: v for k, v in variables.items() if k != "params"}
 
 
-def opt_state_shardings(abstract_opt_state, abstract_params, param_shardings, mesh):
-  """Shards each optimizer-state leaf like the parameter it mirrors (Adam's mu and nu, momentum):
-  the parameter whose dict-key path is the longest suffix of the leaf's path and whose shape is
-  equal. Everything else (counts, scalars) is replicated. Works for any optax chain, including
-  ``multi_transform`` / ``masked`` states.
-  """
-  flat = lambda tree: {
-    tuple(k.key for k in path): v for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]
-  }
-  shapes, shardings = flat(abstract_params), flat(param_shardings)
-
-  def pick(path, leaf):
-    keys = tuple(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
-    for start in range(len(keys)):
-      shape = shapes.get(keys[start:])
-      if shape is not None and shape.shape == leaf.shape:
-        return shardings[keys[start:]]
-    return sharding.replicated(mesh)
-
-  return jax.tree_util.tree_map_with_path(pick, abstract_opt_state)
-
-
 def state_shardings(
   boxed_params, tx, mesh, rules, boxed_model_state=None, ema: bool = False
 ) -> TrainState:
@@ -177,7 +155,7 @@ def state_shardings(
   return TrainState(
     step=sharding.replicated(mesh),
     params=params,
-    opt_state=opt_state_shardings(abstract_opt, abstract_params, params, mesh),
+    opt_state=sharding.opt_state_shardings(abstract_opt, abstract_params, params, mesh),
     model_state=model_state,
     ema_params=params if ema else {},
   )

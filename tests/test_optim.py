@@ -152,7 +152,8 @@ def test_checkpoints_keep_last_n_and_best(tmp_path):
   state = {"w": jnp.arange(3.0)}
   top1 = {1: 0.2, 2: 0.9, 3: 0.5, 4: 0.4, 5: 0.3}
   for step, acc in top1.items():
-    ckpt.save(step, state, None, config, metrics={"eval/top1": acc})
+    ckpt.save(step, state, None, config)
+    ckpt.save_best(step, state, config, {"eval/top1": acc})
   ckpt.wait()
   assert sorted(ckpt.manager.all_steps()) == [4, 5]
   assert ckpt.best_step() == 2 and ckpt.best_score() == 0.9
@@ -160,7 +161,9 @@ def test_checkpoints_keep_last_n_and_best(tmp_path):
   # A restarted run keeps the best across rotations of the last-N steps.
   ckpt = ckpt_lib.Checkpointer(str(tmp_path), keep=2, async_save=False)
   for step, acc in {6: 0.1, 7: 0.95, 8: 0.2}.items():
-    ckpt.save(step, {"w": jnp.full(3, float(step))}, None, config, metrics={"eval/top1": acc})
+    state = {"w": jnp.full(3, float(step))}
+    ckpt.save(step, state, None, config)
+    ckpt.save_best(step, state, config, {"eval/top1": acc})
   ckpt.wait()
   assert sorted(ckpt.manager.all_steps()) == [7, 8]
   assert ckpt.best_step() == 7 and ckpt.best_score() == 0.95
