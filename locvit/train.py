@@ -543,10 +543,10 @@ def train_and_evaluate(
 
       start, state, meta = checkpointer.restore_newest_intact(
         restore,
-        lambda meta: ckpt_lib.check_compatible(meta["config"], config, workdir, num_classes),
+        lambda meta: run_config.check_compatible(meta["config"], config, workdir, num_classes),
       )
       if start is not None:
-        ckpt_lib.report_changed_hyperparameters(meta, config, workdir, start)
+        run_config.report_changed_hyperparameters(meta, config, workdir, start)
         writer.truncate_after(start)
         logging.info("Resumed from step %d in %s", start, workdir)
       else:
@@ -606,6 +606,7 @@ def train_and_evaluate(
         progress.finished(workdir, final)
 
       skipped_warned = 0
+      meta = run_config.checkpoint_meta(config, num_classes)
       watcher = PreemptionWatcher(multiprocess=process_count > 1, checkpointer=checkpointer)
       with watcher as preemption:
         for step in range(start + 1, total_steps + 1):
@@ -625,7 +626,7 @@ def train_and_evaluate(
             skipped_warned = check_health(config, jax.device_get(health), step, skipped_warned)
             check_finite_state(state, step)
             save_start = time.perf_counter()
-            checkpointer.save(step, state, train_iter, config, force=True, num_classes=num_classes)
+            checkpointer.save(step, state, train_iter, meta, force=True)
             progress.checkpoint(time.perf_counter() - save_start)
           if (eval_every and step % eval_every == 0) or last:
             eval_start = time.perf_counter()
@@ -643,7 +644,7 @@ def train_and_evaluate(
             plot_centers(step, state.params)
             record.update(progress.evaluation(step, final, time.perf_counter() - eval_start))
             if save:
-              checkpointer.save_best(step, state, config, final, num_classes=num_classes)
+              checkpointer.save_best(step, state, meta, final)
           if record:
             writer.write(step, record)
           if preempted and not last:
@@ -678,7 +679,12 @@ def evaluate_checkpoint(
     sharding.tree_shardings(boxed_model_state, mesh, rules),
   )
   params, model_state, step = ckpt_lib.restore_model_variables(
-    workdir, model, image_shape, step=step, shardings=variable_shardings, config=config
+    workdir,
+    model,
+    image_shape,
+    step=step,
+    shardings=variable_shardings,
+    check=lambda meta: run_config.check_compatible(meta["config"], config, workdir),
   )
   ema = None
   if ema_enabled(config):
