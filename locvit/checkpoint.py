@@ -16,8 +16,6 @@ moves damaged steps to ``DIR/damaged/`` (never deleting anything). See docs/reli
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -25,66 +23,15 @@ from typing import Any
 import flax.linen as nn
 import grain
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from absl import logging
 from jax.experimental import multihost_utils
 
+from locvit.checksums import CHECKSUMS, verify_checksums, write_checksums  # noqa: F401
+from locvit.sharding import model_variable_shapes, with_shardings
+
 BEST_METRIC = "eval/top1"
-CHECKSUMS = "checksums.json"  # in each committed step directory
 DAMAGED = "damaged"  # DIR/damaged/<step>: quarantined steps that failed verification
-
-
-# ------------------------------------------------------------------------------------------------
-# Integrity: a checksum manifest per committed step
-
-
-def _file_digests(step_dir: str) -> dict[str, str]:
-  digests = {}
-  for root, _, files in os.walk(step_dir):
-    for name in files:
-      path = os.path.join(root, name)
-      rel = os.path.relpath(path, step_dir)
-      if rel == CHECKSUMS:
-        continue
-      with open(path, "rb") as f:
-        digests[rel] = hashlib.file_digest(f, "sha256").hexdigest()
-  return dict(sorted(digests.items()))
-
-
-def write_checksums(step_dir: str) -> None:
-  """Writes ``step_dir/checksums.json`` (SHA-256 of every file) atomically."""
-  manifest = {"algorithm": "sha256", "files": _file_digests(step_dir)}
-  tmp = os.path.join(step_dir, CHECKSUMS + ".tmp")
-  with open(tmp, "w") as f:
-    json.dump(manifest, f, indent=0)
-  os.replace(tmp, os.path.join(step_dir, CHECKSUMS))
-
-
-def verify_checksums(step_dir: str) -> str | None:
-  """None when every file listed in ``checksums.json`` is present and unchanged (or the step has
-  no manifest: a run killed between commit and manifest); else a short description."""
-  path = os.path.join(step_dir, CHECKSUMS)
-  if not os.path.exists(path):
-    return None
-  try:
-    with open(path) as f:
-      expected = json.load(f)["files"]
-  except (OSError, ValueError, KeyError) as e:
-    return f"unreadable {CHECKSUMS} ({type(e).__name__})"
-  problems = []
-  for rel, digest in expected.items():
-    full = os.path.join(step_dir, rel)
-    if not os.path.exists(full):
-      problems.append(f"{rel} missing")
-      continue
-    with open(full, "rb") as f:
-      if hashlib.file_digest(f, "sha256").hexdigest() != digest:
-        problems.append(f"{rel} checksum mismatch")
-  if not problems:
-    return None
-  more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
-  return ", ".join(problems[:3]) + more
 
 
 def _one_line(error: BaseException) -> str:
@@ -214,28 +161,14 @@ class Checkpointer:
       self._unsummed.append((manager, step))
     return saved
 
-  def save(
-    self,
-    step: int,
-    state: Any,
-    data_iter: grain.DatasetIterator | None,
-    meta: dict[str, Any],
-    force: bool = False,
-  ) -> bool:
-    """Saves ``step`` into ``DIR`` (the best one is kept by ``save_best``, after evaluation).
-
-    ``meta``: JSON recorded beside the state (``run_config.checkpoint_meta``: the config
-    fingerprint and hyperparameters)."""
+  def save(self, step: int, state: Any, data_iter, meta: dict, force: bool = False) -> bool:
+    """Saves ``step`` and the position of ``data_iter`` (a grain iterator, or None) into ``DIR``;
+    ``meta`` is JSON kept beside them (``run_config.checkpoint_meta``). ``save_best`` keeps the
+    best step, after evaluation."""
     items = self._items(step, state, data_iter, meta, {})
     return self._save(self.manager, step, items, force)
 
-  def save_best(
-    self,
-    step: int,
-    state: Any,
-    meta: dict[str, Any],
-    metrics: dict[str, Any],
-  ) -> bool:
+  def save_best(self, step: int, state: Any, meta: dict, metrics: dict[str, Any]) -> bool:
     """Replaces ``DIR/best`` with ``step`` when its ``eval/top1`` beats the kept one's."""
     metrics = {k: float(v) for k, v in metrics.items() if k.startswith("eval/")}
     if self.best is None or BEST_METRIC not in metrics:
@@ -385,15 +318,6 @@ def restore_variables_args(abstract: dict[str, Any]) -> ocp.args.Composite:
   )
 
 
-def model_variable_shapes(model: nn.Module, image_shape: tuple[int, ...]) -> tuple[Any, Any]:
-  """Boxed abstract ``(params, other collections)`` of ``model`` (shapes and logical axes)."""
-  variables = jax.eval_shape(
-    lambda rng: model.init({"params": rng}, jnp.zeros((1, *image_shape), jnp.float32)),
-    jax.random.key(0),
-  )
-  return variables["params"], {k: v for k, v in variables.items() if k != "params"}
-
-
 def _reader(workdir: str) -> Checkpointer:
   return Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False, read_only=True)
 
@@ -435,9 +359,7 @@ def restore_model_variables(
     if shardings is None:
       device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
       shardings = jax.tree.map(lambda _: device, abstract)
-    abstract = jax.tree.map(
-      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
-    )
+    abstract = with_shardings(abstract, shardings)
     restored = checkpointer.manager.restore(
       step, args=restore_variables_args({"params": abstract[0], "model_state": abstract[1]})
     )["state"]
@@ -460,11 +382,7 @@ def saved_model_config(workdir: str, step: int | None = None) -> dict[str, Any]:
 
 def restore_ema_params(workdir: str, step: int, shardings: Any, boxed_params: Any) -> Any:
   """The EMA weights (``TrainState.ema_params``) saved at ``step``, in ``shardings``."""
-  abstract = jax.tree.map(
-    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-    nn.meta.unbox(boxed_params),
-    shardings,
-  )
+  abstract = with_shardings(nn.meta.unbox(boxed_params), shardings)
   checkpointer = _reader(workdir)
   try:
     restored = checkpointer.manager.restore(

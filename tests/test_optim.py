@@ -8,7 +8,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from locvit import checkpoint as ckpt_lib
-from locvit import optim, run_config, train
+from locvit import optim, run_config, sharding, train
+from locvit.data import device_augment
 from locvit.metrics import read_metrics
 from locvit.models import create_model
 from tests.train_utils import tiny_config
@@ -16,7 +17,7 @@ from tests.train_utils import tiny_config
 
 def _params(name="convit_tiny_patch2_32", **overrides):
   model = create_model(name, num_classes=10, **overrides)
-  boxed, _ = train.abstract_train_state(model, None, (8, 8, 3))
+  boxed, _ = sharding.model_variable_shapes(model, (8, 8, 3))
   return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.tree.map(lambda x: x, boxed))
 
 
@@ -81,7 +82,7 @@ def test_frozen_parameters_do_not_move(tmp_path):
   config = tiny_config(freeze=("blocks_0/attn/",))
   config.total_steps = 3
   model = train.build_model(config, 10)
-  _, init = train.abstract_train_state(model, None, (8, 8, 1))
+  init = lambda rng: sharding.init_model_variables(model, (8, 8, 1), rng)[0]
   import flax.linen as nn
 
   params = nn.meta.unbox(init(jax.random.key(0)))
@@ -127,7 +128,7 @@ def test_label_smoothing_loss_matches_formula():
   logits = jnp.array([[2.0, 0.0, -1.0]])
   model = type("M", (), {"apply": lambda self, v, x, train, rngs: logits})()
   labels = jnp.array([0])
-  targets = train.device_augment.soft_targets(labels, 3, 0.3)  # what the step feeds the loss
+  targets = device_augment.soft_targets(labels, 3, 0.3)  # what the step feeds the loss
   loss, _ = train.loss_and_metrics({}, model, None, targets, labels, None)
   logp = jax.nn.log_softmax(logits)[0]
   target = np.array([0.7 + 0.1, 0.1, 0.1])
@@ -181,7 +182,7 @@ def test_intended_mask_spares_gmm_and_elm_mask_parameters():
     ("elm_vit_smalldata_d6_patch4_32", ("elm",)),
   ]:
     model = create_model(name, num_classes=10)
-    boxed, _ = train.abstract_train_state(model, None, (32, 32, 3))
+    boxed, _ = sharding.model_variable_shapes(model, (32, 32, 3))
     mask = _flat(optim.decay_mask(nn.meta.unbox(boxed), "intended"))
     masked = {k: v for k, v in mask.items() if k.split("/")[-1] in mask_params}
     assert masked and not any(masked.values()), masked  # every layer's mask parameters
