@@ -117,7 +117,8 @@ class Progress:
     self._compiled = False  # the first line's interval includes compiling the step
     self._train_steps, self._train_seconds = 0, 0.0  # since the first line
 
-  def _print(self, line: str) -> None:
+  def print_line(self, line: str) -> None:
+    """Prints ``line`` on process 0."""
     if self.enabled:
       print(line, flush=True)
 
@@ -143,14 +144,14 @@ class Progress:
       line += f"  (checkpoint {self._checkpoint_seconds:.1f} s)"
       perf["perf/checkpoint_seconds"] = self._checkpoint_seconds
       self._checkpoint_seconds = 0.0
-    self._print(line)
+    self.print_line(line)
     return perf
 
   def evaluation(self, step: int, metrics: dict[str, Any], seconds: float) -> dict[str, float]:
     """Prints the evaluation line of ``step``; its time is left out of speed and ETA. Returns
     ``{'perf/eval_seconds': seconds}``."""
     self._paused += seconds
-    self._print(evaluation_line(step, metrics, seconds, self.total_steps))
+    self.print_line(evaluation_line(step, metrics, seconds, self.total_steps))
     return {"perf/eval_seconds": seconds}
 
   def checkpoint(self, seconds: float) -> None:
@@ -162,14 +163,10 @@ class Progress:
     """Leaves ``seconds`` of other work (e.g. saving the best checkpoint) out of the rates."""
     self._paused += seconds
 
-  def evaluating(self, num_batches: int) -> Callable[[int], None]:
-    """A per-batch callback for ``evaluate`` that shows a long evaluation's progress."""
-    return eval_progress(num_batches, self._print)
-
   def finished(self, workdir: str, metrics: dict[str, Any]) -> None:
     """Says that ``workdir`` already holds the last step, with its final evaluation."""
     numbers = f": {_eval_numbers(metrics)}" if "eval/top1" in metrics else ""
-    self._print(
+    self.print_line(
       f"{workdir} is finished at step {self.total_steps}/{self.total_steps}{numbers}. Nothing to "
       "train: raise --config.total_steps or use a new --workdir to train more."
     )
