@@ -215,7 +215,7 @@ def _explain_override(argv: Sequence[str]) -> str | None:
 
 def _parse_flags(argv: Sequence[str]) -> list[str]:
   """absl's flag parsing, with config and flag mistakes as one line on stderr (exit 2)."""
-  argv = ["--list_models=*" if arg in ("--list_models", "-list_models") else arg for arg in argv]
+  argv = ["--list_models=" if arg in ("--list_models", "-list_models") else arg for arg in argv]
   try:
     sys.argv = resolve_config_argv(argv)
     return flags.FLAGS(sys.argv)
@@ -283,7 +283,7 @@ def _answer_what_is_there() -> bool:
   if _LIST_MODELS.value is not None:
     from locvit.models import list_models
 
-    print("\n".join(list_models(_LIST_MODELS.value)), flush=True)
+    print("\n".join(list_models(_LIST_MODELS.value or None)), flush=True)  # bare: all
   if _LIST_CONFIGS.value:
     print(list_configs_text(), flush=True)
   if _PRINT_CONFIG.value:

@@ -1,0 +1,120 @@
+"""What the command line prints: --list_models, --list_configs, --print_config (exact output,
+nothing created), and progress rates that leave checkpoint, best-checkpoint and evaluation time
+out."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from locvit import main as main_lib
+from locvit import metrics
+from locvit.configs import quickstart
+from locvit.models import list_models
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_main(*args, cwd=ROOT):
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  proc = subprocess.run(
+    [sys.executable, "-m", "locvit.main", *args],
+    cwd=cwd,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.mark.xfail(
+  list_models("*_tiny_plus_patch4_32") == [],
+  reason="list_models globs come with the registry change of issue 23 (refactor-models)",
+  strict=True,
+)
+def test_list_models_takes_a_glob():
+  rc, out, err = run_main("--list_models=*_tiny_plus_patch4_32")
+  assert (rc, err) == (0, "")
+  assert out == "convit_tiny_plus_patch4_32\ndeit_tiny_plus_patch4_32\n"
+
+
+def test_list_models_alone_lists_every_model():
+  rc, out, err = run_main("--list_models")
+  assert (rc, err) == (0, "")
+  assert out.splitlines() == list_models() and len(out.splitlines()) > 100
+
+
+def test_list_configs_names_each_shipped_config_with_its_summary():
+  rc, out, err = run_main("--list_configs")
+  assert (rc, err) == (0, "")
+  lines = out.splitlines()
+  assert [line.split()[0] for line in lines] == main_lib.shipped_config_names()
+  width = max(map(len, main_lib.shipped_config_names()))
+  summary = "Quickstart: a small DeiT-style ViT on scikit-learn's 8x8 digits, offline, ~1 minute "
+  summary += "on 2 cores."
+  assert f"{'quickstart':<{width}}  {summary}" in lines
+
+
+def test_print_config_shows_the_resolved_config_and_creates_nothing(tmp_path):
+  workdir = tmp_path / "run"
+  rc, out, err = run_main(
+    "--config=quickstart",
+    f"--workdir={workdir}",
+    "--config.total_steps=7",
+    "--config.model.overrides.depth=2",
+    "--print_config",
+  )
+  assert (rc, err) == (0, "")
+  expected = quickstart.get_config()
+  expected.total_steps, expected.model.overrides.depth = 7, 2
+  assert out == expected.to_json_best_effort(indent=2, sort_keys=True) + "\n"
+  assert json.loads(out)["data"]["name"] == "digits"  # not "cifar10" beside source "digits"
+  assert not workdir.exists()
+
+
+def test_a_run_without_workdir_is_one_line():
+  rc, out, err = run_main("--config=quickstart")
+  assert (rc, out) == (2, "")
+  assert err == (
+    "locvit: error: --workdir=DIR is required: the directory for the run's checkpoints and "
+    "metrics\n"
+  )
+
+
+def test_rates_leave_out_checkpoint_and_evaluation_time(monkeypatch, capsys):
+  now = [0.0]
+  monkeypatch.setattr(metrics.time, "perf_counter", lambda: now[0])
+  progress = metrics.Progress(total_steps=100, batch_size=64)
+  now[0] = 10.0  # step 1, with compilation
+  progress.update(1, 2.0)
+  now[0] += 10 * 0.5  # steps 2-11 at 2 steps/s
+  progress.checkpoint(3.0)
+  now[0] += 3.0
+  progress.evaluation(11, {"eval/top1": 0.5, "eval/top5": 0.9}, seconds=4.0)
+  now[0] += 4.0
+  progress.pause(1.5)  # saving the best checkpoint
+  now[0] += 1.5
+  perf = progress.update(11, 1.5)
+  assert perf["perf/steps_per_sec"] == pytest.approx(2.0)
+  assert perf["perf/images_per_sec"] == pytest.approx(128.0)
+  assert perf["perf/checkpoint_seconds"] == 3.0
+  lines = capsys.readouterr().out.splitlines()
+  assert (
+    lines[-1]
+    == "step 11/100  loss 1.5000  2.00 steps/s  128.0 img/s  ETA 0:00:44  (checkpoint 3.0 s)"
+  )
+  assert lines[-2] == "Evaluation at step 11/100: top-1 0.5000  top-5 0.9000  (4.0 s)"
+
+
+def test_long_evaluations_show_progress(monkeypatch):
+  now = [0.0]
+  monkeypatch.setattr(metrics.time, "perf_counter", lambda: now[0])
+  printed = []
+  report = metrics.eval_progress(8, printed.append, every_seconds=10)
+  for batch in range(1, 9):
+    now[0] += 4.0
+    report(batch)
+  assert printed == ["evaluating: 3/8 batches (12 s)", "evaluating: 6/8 batches (24 s)"]
