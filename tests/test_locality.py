@@ -325,7 +325,7 @@ def trained(initial, tmp_path_factory):
 def test_analyze_writes_the_three_figures(trained, tmp_path):
   config, workdir = trained
   paths = analyze_lib.analyze(config, workdir, str(tmp_path))
-  names = ["nonlocality.png", "gates.png", "attention_maps.png"]
+  names = ["training_curves.png", "nonlocality.png", "gates.png", "attention_maps.png"]
   assert paths == [str(tmp_path / n) for n in names]
   for path in paths:
     with open(path, "rb") as f:
@@ -335,6 +335,29 @@ def test_analyze_writes_the_three_figures(trained, tmp_path):
   assert analyze_lib.analyze(config, workdir, layers=(1,))[-1] == os.path.join(
     workdir, "analysis", "attention_maps.png"
   )
+
+
+def test_training_curves_draw_loss_and_accuracy_of_the_run(trained, tmp_path):
+  _, workdir = trained
+  records = metrics_lib.read_metrics(workdir)
+  series = analyze_lib.training_series(records)
+  assert set(series) == {"train/loss", "eval/loss", "eval/top1", "eval/top5"}
+  eval_rows = [r for r in records if "eval/top1" in r]
+  np.testing.assert_array_equal(series["eval/top1"][0], [r["step"] for r in eval_rows])
+  np.testing.assert_array_equal(series["eval/top5"][1], [r["eval/top5"] for r in eval_rows])
+  # With EMA records (as a run with config.ema.decay > 0 logs them), those are drawn too.
+  rows = [{**r, "eval_ema/top1": r["eval/top1"] / 2} if "eval/top1" in r else r for r in records]
+  fig = plots.training_curves_figure(analyze_lib.training_series(rows), title="run")
+  loss_ax, accuracy_ax = fig.axes
+  assert [line.get_label() for line in loss_ax.get_lines()] == ["eval/loss", "train/loss"]
+  assert [line.get_label() for line in accuracy_ax.get_lines()] == [
+    "eval/top1",
+    "eval/top5",
+    "eval_ema/top1",
+  ]
+  np.testing.assert_allclose(accuracy_ax.get_lines()[0].get_ydata(), 100 * series["eval/top1"][1])
+  [path] = analyze_lib.training_curves(workdir, str(tmp_path))
+  assert mpimg.imread(path).shape[2] == 4
 
 
 def test_curves_are_the_logged_records(trained):

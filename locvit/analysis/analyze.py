@@ -6,6 +6,8 @@ Reads ``DIR/metrics.jsonl`` (the ``locality/...`` records the trainer logs at ea
 when ``config.analysis.locality`` is True) and the latest checkpoint in ``DIR/checkpoints``, and
 writes into ``DIR/analysis`` (or ``output_dir``):
 
+- ``training_curves.png``: train and eval loss, eval top-1 and top-5 (and the EMA's, when logged)
+  over training, for any model;
 - ``nonlocality.png``: head-averaged nonlocality of every layer over training (paper Fig. 5);
 - ``gates.png``: ``sigmoid(lambda_h)`` of every head of every GPSA layer over training (Fig. 6);
 - ``attention_maps.png``: the attention of one query patch for every head of chosen layers on one
@@ -155,6 +157,35 @@ def query_maps(
   return out, gates
 
 
+TRAINING_CURVES = tuple(
+  f"{split}/{name}"
+  for split in ("train", "eval", "eval_ema")
+  for name in ("loss", "top1", "top5")
+  if split != "train" or name == "loss"
+)
+
+
+def training_series(records: Sequence[dict[str, Any]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+  """``{key: (steps, values)}`` of each ``TRAINING_CURVES`` key logged in ``records``."""
+  series = {}
+  for key in TRAINING_CURVES:
+    rows = [(r["step"], r[key]) for r in records if key in r]
+    if rows:
+      steps, values = zip(*rows, strict=True)
+      series[key] = (np.asarray(steps), np.asarray(values, dtype=float))
+  return series
+
+
+def training_curves(workdir: str, output_dir: str, *, title: str = "") -> list[str]:
+  """``training_curves.png`` from ``workdir/metrics.jsonl``; ``[]`` without logged metrics."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  series = training_series(metrics_lib.read_metrics(workdir) if os.path.exists(path) else [])
+  if not series:
+    return []
+  fig = plots.training_curves_figure(series, title=title)
+  return [plots.save(fig, os.path.join(output_dir, "training_curves.png"))]
+
+
 def curve_figures(workdir: str, output_dir: str, *, title: str = "") -> list[str]:
   """Figs. 5 and 6 from ``workdir/metrics.jsonl``; ``[]`` (and a warning) without records."""
   path = os.path.join(workdir, "metrics.jsonl")
@@ -204,10 +235,16 @@ def analyze(
   """
   analysis = _analysis_config(config)
   output_dir = output_dir or os.path.join(workdir, "analysis")
+  curves = training_curves(workdir, output_dir, title=config.model.name)  # any model
 
   # Everything that can be wrong with the arguments is checked before any compilation.
   source = data_lib.make_source(config.data, config.data.eval_split)
   model = build_model(config, config.data.get("num_classes") or source.num_classes)
+  if not hasattr(model, "depth"):  # no transformer blocks (e.g. a ResNet): the curves only
+    logging.warning(
+      "%s has no attention layers: drawing the training curves only.", config.model.name
+    )
+    return curves
   images = locality.fixed_eval_images(config, analysis.map_image_index + 1, source=source)
   if analysis.map_image_index >= len(images):
     raise ValueError(f"analysis.map_image_index={analysis.map_image_index}: only {len(images)}.")
@@ -217,7 +254,7 @@ def analyze(
   layers = _check_layers(default_layers if layers is None else layers, model.depth)
   query = _check_query(query or analysis.query or (grid.height // 2, grid.width // 2), grid)
 
-  paths = curve_figures(workdir, output_dir, title=config.model.name)
+  paths = curves + curve_figures(workdir, output_dir, title=config.model.name)
   params, step = restore_params(config, workdir, model, image.shape, step)
   maps, gates = query_maps(model, params, image, layers, query)
   fig = plots.attention_maps_figure(

@@ -1,5 +1,6 @@
 """ConViT figures with matplotlib's object API and the Agg canvas (no pyplot, no global state).
 
+- :func:`training_curves_figure`: loss, and top-1/top-5, over training (train and eval, EMA too).
 - :func:`nonlocality_figure`: nonlocality of each layer over training (paper Fig. 5).
 - :func:`gate_figure`: ``sigmoid(lambda_h)`` of every head of every GPSA layer over training,
   with the head mean in black (Fig. 6).
@@ -28,6 +29,30 @@ def save(fig: Figure, path: str, dpi: int = 120) -> str:
   FigureCanvasAgg(fig)
   fig.savefig(path, dpi=dpi, bbox_inches="tight")
   return path
+
+
+def training_curves_figure(
+  series: Mapping[str, tuple[np.ndarray, np.ndarray]], *, title: str = ""
+) -> Figure:
+  """Two panels from ``metrics.jsonl`` series ``{key: (steps, values)}``: the ``*/loss`` keys on
+  the left, the ``*/top1`` and ``*/top5`` keys (as percentages) on the right."""
+  fig = Figure(figsize=(10, 4))
+  loss_ax, accuracy_ax = fig.subplots(1, 2)
+  for key in sorted(series):
+    steps, values = series[key]
+    style = "-" if key.startswith("train/") else ".-"
+    if key.endswith("/loss"):
+      loss_ax.plot(steps, values, style, label=key)
+    else:
+      accuracy_ax.plot(steps, 100 * np.asarray(values), style, label=key)
+  loss_ax.set_ylabel("loss")
+  accuracy_ax.set_ylabel("accuracy (%)")
+  for ax in (loss_ax, accuracy_ax):
+    ax.set_xlabel("step")
+    if ax.get_lines():
+      ax.legend(fontsize="small")
+  fig.suptitle(title or "Training curves")
+  return fig
 
 
 def _layer_colours(layers: Sequence[int]) -> dict[int, tuple]:
