@@ -178,6 +178,30 @@ def check_compatible(
     )
 
 
+def _leaves(value: Any, prefix: str) -> dict[str, Any]:
+  """``{'optimizer.lr': 0.001, ...}`` for a nested dict under the name ``prefix``."""
+  if isinstance(value, dict):
+    return {k: v for key in value for k, v in _leaves(value[key], f"{prefix}.{key}").items()}
+  return {prefix: value}
+
+
+def _as_set(field: str, value: Any) -> str:
+  if field == "total_steps" and isinstance(value, int) and value <= 0:
+    return "unset (from num_epochs)"  # -1 is the config's "not set"
+  return repr(value)
+
+
+def describe_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+  """``['optimizer.lr: 0.001 -> 0.0005', ...]``: each changed leaf, as the user would set it."""
+  lines = []
+  for field in saved:
+    old, new = _leaves(saved[field], field), _leaves(current[field], field)
+    for leaf in sorted(old.keys() | new.keys()):
+      if old.get(leaf) != new.get(leaf):
+        lines.append(f"{leaf}: {_as_set(leaf, old.get(leaf))} -> {_as_set(leaf, new.get(leaf))}")
+  return lines
+
+
 def report_changed_hyperparameters(
   saved_meta: dict[str, Any], config: ml_collections.ConfigDict, workdir: str, step: int
 ) -> list[str]:
@@ -188,7 +212,7 @@ def report_changed_hyperparameters(
   changed = [k for k in HYPERPARAMETER_FIELDS if k in saved and saved[k] != current[k]]
   if not changed:
     return []
-  lines = [f"{k}: {saved[k]!r} -> {current[k]!r}" for k in changed]
+  lines = describe_changes({k: saved[k] for k in changed}, {k: current[k] for k in changed})
   logging.warning(
     "Resuming from step %d with changed training settings: %s", step, "; ".join(lines)
   )

@@ -331,7 +331,7 @@ def test_a_changed_dataset_is_refused_and_changed_hyperparameters_are_reported(t
     r.getMessage() for r in caplog.records if "changed training settings" in r.getMessage()
   ]
   assert len(warnings) == 1 and "batch_size: 32 -> 16" in warnings[0]
-  assert "'lr': 0.001" in warnings[0] and "'lr': 0.0005" in warnings[0]
+  assert "optimizer.lr: 0.001 -> 0.0005" in warnings[0]
   log = json.loads((tmp_path / run_config.RESUME_LOG).read_text())
   assert [entry["step"] for entry in log] == [3]
   assert set(log[0]["changed"]) == {"optimizer", "batch_size", "total_steps"}
