@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from locvit import cpu_malloc, metrics, run_config
 from locvit import main as main_lib
-from locvit import metrics, run_config
 from locvit.configs import quickstart
 from locvit.models import list_models
 
@@ -127,3 +127,17 @@ def test_resume_warning_shows_values_as_the_user_sets_them():
     "total_steps: unset (from num_epochs) -> 700",
     "optimizer.lr: 0.001 -> 0.0005",
   ]
+
+
+def test_an_enum_typo_gets_its_close_match_and_the_cpu_hint_shows_once(tmp_path):
+  rc, out, err = run_main(
+    "--config=quickstart", f"--workdir={tmp_path / 'run'}", "--config.data.source=imagefolder"
+  )
+  assert rc == 2
+  assert err == (
+    "locvit: error: data.source='imagefolder' is not one of ['digits', 'image_folder', 'tfds']; "
+    "did you mean image_folder?\n"
+  )
+  # Without TCMalloc installed, CPU training names it once, on stdout, with no --verbosity.
+  hint = [main_lib.CPU_MALLOC_HINT] if cpu_malloc.find_tcmalloc() is None else []
+  assert out.splitlines() == hint

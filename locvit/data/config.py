@@ -7,6 +7,7 @@ message naming the field, the bad value and the valid choices instead of deep in
 
 from __future__ import annotations
 
+import difflib
 import numbers
 from collections.abc import Sequence
 from typing import Any
@@ -95,7 +96,9 @@ def default_data_config() -> ml_collections.ConfigDict:
 def _choice(cfg: Any, field: str, choices: Sequence[str]) -> None:
   value = cfg[field]
   if value not in choices:
-    raise ValueError(f"data.{field}={value!r} is not one of {sorted(choices)}")
+    close = difflib.get_close_matches(str(value), list(choices), n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    raise ValueError(f"data.{field}={value!r} is not one of {sorted(choices)}{hint}")
 
 
 def _number(cfg: Any, field: str, *, lo: float, hi: float, lo_open: bool, integer: bool) -> None:
