@@ -7,6 +7,8 @@ Bash commands, line by line (``\\`` continuations joined, ``for`` loops expanded
 - ``python -m locvit.main --config=...``: the config is loaded with every override, as
   ``--print_config`` does, in this process (a full run takes minutes to hours; one subprocess per
   command would cost ~5 s of imports each). ``--print_config`` itself is tested in test_cli.py.
+- ``python -m locvit.main --list_models/--list_configs``: their exact output is tested in
+  test_cli_output.py.
 - ``python -m locvit.main`` without ``--config`` (eval/analyze of a finished ``DIR``) and synopsis
   lines with placeholders (``NAME``, ``[...]``, a leading ``...``): not run;
   tests/test_first_hour.py runs eval from a workdir.
@@ -137,7 +139,7 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
         assert load_config(argv[3:]) is not None, where
         checked["config"] += 1
       else:
-        checked["not run"] += 1  # eval/analyze of a run's DIR
+        checked["not run"] += 1  # eval/analyze of a run's DIR, or --list_* (test_cli_output.py)
     elif argv[:3] == ["python", "-m", "locvit.data.prepare"]:
       args = prepare.parser().parse_args(argv[3:])
       assert args.dataset in prepare.ARCHIVES, where
