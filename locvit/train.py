@@ -182,6 +182,7 @@ class HealthMonitor:
     self.config, self.warned = config, 0
 
   def check(self, health, step: int) -> None:
+    """Stops (or warns about skipped updates) per ``config.nonfinite`` at ``step``."""
     self.warned = check_health(self.config, jax.device_get(health), step, self.warned)
 
 

@@ -105,6 +105,7 @@ class Evaluation:
 
   @property
   def batch_sharding(self) -> jax.sharding.NamedSharding:
+    """How a global batch is laid out: split over the mesh's data axis."""
     return sharding.batch_sharding(self.mesh, self.rules)
 
 
@@ -129,6 +130,7 @@ class Training(Evaluation):
 
   @property
   def use_ema(self) -> bool:
+    """Whether the run keeps a weight EMA (``config.ema.decay > 0``)."""
     return state_lib.ema_enabled(self.config)
 
   def __enter__(self) -> Training:
