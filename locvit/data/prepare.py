@@ -45,6 +45,7 @@ class Archive:
 
   @property
   def url(self) -> str:
+    """Where the archive is published."""
     return f"https://www.cs.toronto.edu/~kriz/{self.filename}"
 
 
@@ -80,6 +81,7 @@ class PrepareError(ValueError):
 
 
 def md5sum(path: epath.Path) -> str:
+  """The hex MD5 of the file at ``path`` (the checksum the CIFAR page publishes)."""
   digest = hashlib.md5()
   with path.open("rb") as f:
     for chunk in iter(lambda: f.read(1 << 20), b""):
