@@ -35,10 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 from PIL import Image
 
-from configs import recipes
-from configs.common import base_config
 from locvit import data as data_lib
 from locvit import optim, sharding, train
+from locvit.configs import recipes
+from locvit.configs.common import base_config
 
 
 class JpegSource:

@@ -29,8 +29,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from configs.gmm_table1 import get_config
 from locvit import optim, sharding, train
+from locvit.configs.gmm_table1 import get_config
 
 MODELS = {
   "vit": ("vit,cifar10,base", {}),

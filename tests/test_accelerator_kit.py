@@ -1,0 +1,58 @@
+"""``benchmarks/accelerator.py --smoke``: the GPU kit's code, run on CPU at toy sizes."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _image_folder(root: Path) -> Path:
+  rng = np.random.default_rng(0)
+  for split in ("train", "test"):
+    for label in ("cat", "dog"):
+      (root / split / label).mkdir(parents=True)
+      for i in range(4):
+        pixels = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(root / split / label / f"{i}.jpg")
+  return root
+
+
+def test_smoke_run_prints_both_tables(tmp_path):
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "CIFAR10_ROOT")}
+  result = subprocess.run(
+    [
+      sys.executable,
+      "benchmarks/accelerator.py",
+      "--smoke",
+      f"--data_root={_image_folder(tmp_path)}",
+    ],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  out = result.stdout
+  assert "H100 PCIe" in out and "TPU v5 lite" in out  # the peak table
+  assert "device: cpu" in out and "MFU not computed" in out
+  # Table 1: ConViT-Ti beside the PyTorch reference (timm's names), with a ratio.
+  convit = re.search(
+    r"^convit_tiny +32 +2 +([\d.]+) +([\d.]+) +([\d.]+) +n/a +([\d.]+) +([\d.]+)x", out, re.M
+  )
+  assert convit, out
+  gflops, step_ms, images_per_s, torch_images_per_s, ratio = map(float, convit.groups())
+  assert gflops > 0 and step_ms > 0 and torch_images_per_s > 0
+  np.testing.assert_allclose(images_per_s, 2e3 / step_ms, rtol=0.01)
+  np.testing.assert_allclose(ratio, images_per_s / torch_images_per_s, rtol=0.02)
+  assert re.search(r"^GMM-ViT \(GMM masks\) +32 +4 .* no timm model$", out, re.M), out
+  # Table 2: three steps from the image folder.
+  row = re.search(r"^GMM-ViT \(GMM masks\) +crop_flip +4 +([\d.]+) +(\d+)% +(\d+)%$", out, re.M)
+  assert row, out
+  assert float(row[1]) > 0 and 0 <= int(row[2]) <= 100 and 0 <= int(row[3]) <= 100
