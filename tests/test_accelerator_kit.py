@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -56,3 +57,25 @@ def test_smoke_run_prints_both_tables(tmp_path):
   row = re.search(r"^GMM-ViT \(GMM masks\) +crop_flip +4 +([\d.]+) +(\d+)% +(\d+)%$", out, re.M)
   assert row, out
   assert float(row[1]) > 0 and 0 <= int(row[2]) <= 100 and 0 <= int(row[3]) <= 100
+
+
+def _wheel(folder: Path, name: str, requires: list[str]) -> Path:
+  path = folder / f"{name}-1.0-py3-none-any.whl"
+  metadata = "".join(f"Requires-Dist: {r}\n" for r in requires)
+  with zipfile.ZipFile(path, "w") as archive:
+    archive.writestr(f"{name}-1.0.dist-info/METADATA", f"Name: {name}\n{metadata}")
+  return path
+
+
+def test_gpu_wheels_names_a_requirement_nothing_provides(tmp_path):
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  try:
+    import gpu_wheels
+  finally:
+    sys.path.pop(0)
+  wheels = [
+    _wheel(tmp_path, "grain", ["absl-py", "array-record>=0.8.1; sys_platform != 'win32'"]),
+    _wheel(tmp_path, "array_record", ["etils[epath]", "Tree_Lib (>=1)", "pytest; extra == 'test'"]),
+  ]
+  assert gpu_wheels.missing(wheels) == {"array_record-1.0-py3-none-any.whl": ["tree-lib"]}
+  assert gpu_wheels.missing(wheels[:1]) == {"grain-1.0-py3-none-any.whl": ["array-record"]}
