@@ -79,3 +79,24 @@ def test_gpu_wheels_names_a_requirement_nothing_provides(tmp_path):
   ]
   assert gpu_wheels.missing(wheels) == {"array_record-1.0-py3-none-any.whl": ["tree-lib"]}
   assert gpu_wheels.missing(wheels[:1]) == {"grain-1.0-py3-none-any.whl": ["array-record"]}
+
+
+def test_step_hlo_diff_ignores_names_and_locations_only():
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  try:
+    import step_hlo_diff
+  finally:
+    sys.path.pop(0)
+  a = """HloModule jit_step, entry_computation_layout={(f32[2]{0})->f32[2]{0}}
+ENTRY %main.12 (p.1: f32[2]) -> f32[2] {
+  %p.1 = f32[2]{0} parameter(0), metadata={op_name="x" source_file="/a/locvit/x.py"}
+  ROOT %add.7 = f32[2]{0} add(%p.1, %p.1), metadata={source_line=3}, stack_frame_id=4
+}
+FileNames
+1 "/a/locvit/x.py"
+StackFrames
+4 {file_location_id=1 parent_frame_id=0}"""
+  renamed = a.replace("%add.7", "%add.9").replace("/a/", "/b/").replace("line=3", "line=5")
+  assert step_hlo_diff.normalised(a) == step_hlo_diff.normalised(renamed)
+  other_op = a.replace("add(", "multiply(")
+  assert step_hlo_diff.normalised(a) != step_hlo_diff.normalised(other_op)
