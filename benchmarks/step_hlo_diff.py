@@ -2,12 +2,12 @@
 
   python benchmarks/step_hlo_diff.py --baseline=PATH [--model=convit_tiny] [--image_size=112]
 
-Compiles ``locvit.train.train_step`` (DeiT recipe, no Mixup/CutMix/erasing, batch ``--batch_size``,
-one CPU device) in two fresh processes, one importing ``locvit`` and ``configs`` from each
-checkout, and compares XLA's optimised HLO after dropping what does not change the program
-(source metadata, stack frames, instruction and computation names). Equal programs mean a timing
-difference between the checkouts is measurement noise, not code; otherwise the first differing
-lines are printed.
+Compiles the training step of ``convit_throughput.py`` (``locvit.train.train_step``, DeiT recipe,
+batch ``--batch_size``, one CPU device) in two fresh processes, one importing ``locvit`` and
+``configs`` from each checkout, and compares XLA's optimised HLO after dropping what does not
+change the program (source metadata, stack frames, instruction and computation names). Equal
+programs mean a timing difference between the checkouts is measurement noise, not code;
+otherwise the first differing lines are printed.
 """
 
 from __future__ import annotations
@@ -42,36 +42,12 @@ def normalised(hlo: str) -> list[str]:
   return lines
 
 
-def compiled_hlo(model: str, image_size: int, batch_size: int) -> str:
-  """Optimised HLO of the training step, with ``locvit`` and ``configs`` from ``sys.path[0]``."""
-  import flax.linen as nn
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
+def compiled_hlo(root: str, model: str, image_size: int, batch_size: int) -> str:
+  """Optimised HLO of ``convit_throughput``'s training step with ``root``'s locvit and configs."""
+  import convit_throughput
 
-  from configs.common import base_config
-  from configs.recipes import deit_recipe
-  from locvit import optim, train
-
-  config = deit_recipe(base_config())
-  config.mixup.mixup_alpha = config.mixup.cutmix_alpha = config.random_erasing.prob = 0.0
-  config.batch_size, config.model.name = batch_size, model
-  config.model.overrides.drop_path_rate = 0.0
-  net = train.build_model(config, 1000)
-  _, init = train.abstract_train_state(net, None, (image_size, image_size, 3))
-  params = nn.meta.unbox(jax.jit(init)(jax.random.key(0)))
-  schedule = optim.make_schedule(config, 1000, 100)
-  tx = optim.make_optimizer(config, params, schedule)
-  state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-  rng = np.random.default_rng(0)
-  batch = {
-    "image": jnp.asarray(rng.normal(size=(batch_size, image_size, image_size, 3)), jnp.float32),
-    "label": jnp.asarray(rng.integers(0, 1000, batch_size), jnp.int32),
-  }
-  step = lambda s, b: train.train_step(
-    s, b, model=net, tx=tx, schedule=schedule, config=config, num_classes=1000
-  )
-  return jax.jit(step, donate_argnums=0).lower(state, batch).compile().as_text()
+  convit_throughput._use_checkout(root)
+  return convit_throughput.compiled_step(model, image_size, batch_size)[0].as_text()
 
 
 def hlo_of_checkout(root: str, args) -> list[str]:
@@ -92,8 +68,7 @@ def main() -> None:
   parser.add_argument("--worker", help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.worker:
-    sys.path.insert(0, args.worker)
-    print(compiled_hlo(args.model, args.image_size, args.batch_size))
+    print(compiled_hlo(args.worker, args.model, args.image_size, args.batch_size))
     return
   if not args.baseline:
     parser.error("--baseline=PATH (another checkout) is required")
