@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from locvit import data as data_lib
-from locvit import optim, train
+from locvit import optim, sharding, train
 from locvit.configs import convit_cifar10_small, gmm_cifar10_small, structinit_cifar10_small
 from locvit.configs.common import base_config
 from locvit.configs.recipes import deit_recipe
@@ -146,8 +146,8 @@ def _torch_sizes(name: str, smoke: bool) -> dict:
 def _state_and_step(config, image_shape: tuple, num_classes: int):
   """``(state, jitted step)``: ``locvit.train.train_step`` for ``config`` on one device."""
   model = train.build_model(config, num_classes)
-  _, init = train.abstract_variables(model, image_shape)
-  params, model_state = train.split_variables(nn.meta.unbox(jax.jit(init)(jax.random.key(0))))
+  init = functools.partial(sharding.init_model_variables, model, image_shape)
+  params, model_state = nn.meta.unbox(jax.jit(init)(jax.random.key(0)))
   schedule = optim.make_schedule(config, 1000, 100)
   tx = optim.make_optimizer(config, params, schedule)
   state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), model_state)

@@ -37,7 +37,7 @@ def test_smoke_run_prints_both_tables(tmp_path):
     env=env,
     capture_output=True,
     text=True,
-    timeout=300,
+    timeout=600,  # about 50 s of CPU time; a shared machine at load 20 took 140 s
   )
   assert result.returncode == 0, result.stderr[-3000:]
   out = result.stdout
