@@ -34,10 +34,10 @@ import jax
 import numpy as np
 from PIL import Image
 
-from configs import recipes
-from configs.common import base_config
 from locvit import data as data_lib
 from locvit import optim, sharding, train
+from locvit.configs import recipes
+from locvit.configs.common import base_config
 from locvit.run import state as state_lib
 
 

@@ -81,10 +81,8 @@ MALLOC_TABLE_MODES = {"jax": ("default", "tcmalloc", "retain"), "torch": ("defau
 
 
 @functools.cache
-def jax_step(name: str, image_size: int, batch_size: int, cpu_kernels: bool = True):
-  """``(run, xla_mb, gflops)``: ``run()`` performs one jitted training step on a resident batch.
-
-  ``gflops``: XLA's cost analysis of the compiled step (forward, backward and optimizer).
+def compiled_step(name: str, image_size: int, batch_size: int, cpu_kernels: bool = True):
+  """``(compiled step, state, batch)``: locvit's training step compiled for a resident batch.
 
   ``cpu_kernels=False`` traces the step with locvit's CPU code paths off (table 3).
   """
@@ -120,7 +118,17 @@ def jax_step(name: str, image_size: int, batch_size: int, cpu_kernels: bool = Tr
   step = functools.partial(
     train.train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=1000
   )
-  compiled = jax.jit(step, donate_argnums=0).lower(state, batch).compile()
+  return jax.jit(step, donate_argnums=0).lower(state, batch).compile(), state, batch
+
+
+def jax_step(name: str, image_size: int, batch_size: int, cpu_kernels: bool = True):
+  """``(run, xla_mb, gflops)``: ``run()`` performs one jitted training step on a resident batch.
+
+  ``gflops``: XLA's cost analysis of the compiled step (forward, backward and optimizer).
+  """
+  import jax
+
+  compiled, state, batch = compiled_step(name, image_size, batch_size, cpu_kernels)
   mem = compiled.memory_analysis()
   xla_bytes = (
     mem.argument_size_in_bytes

@@ -28,8 +28,8 @@ import time
 import flax.linen as nn
 import jax
 
-from configs.gmm_table1 import get_config
 from locvit import optim, sharding, train
+from locvit.configs.gmm_table1 import get_config
 from locvit.run import state as state_lib
 
 MODELS = {

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from configs.quickstart import get_config
 from locvit import optim, sharding, train
+from locvit.configs.quickstart import get_config
 
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Interleaved repeats of each step.")
 _STEPS = flags.DEFINE_integer("steps", 100, "Steps per timed repeat.")

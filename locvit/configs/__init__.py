@@ -9,7 +9,7 @@ in both places and ``--config=configs/NAME.py`` keeps working from the repositor
 import os
 
 _CHECKOUT_CONFIGS = os.path.join(
-  os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs"
+  os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))), "configs"
 )
 if os.path.isdir(_CHECKOUT_CONFIGS):
   __path__ = [_CHECKOUT_CONFIGS]
