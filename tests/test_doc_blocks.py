@@ -52,7 +52,8 @@ CHECKED_ELSEWHERE = ("nnx.", "QuadraticPositional(")  # tests/test_readme.py
 # being renamed and resolved outside the modules in issue 20; the command must then be updated).
 KNOWN_BROKEN = {"--config.model.overrides.attention_implementation=cudnn"}
 NOT_RUN = re.compile(
-  r"^(pip |python3? -m venv|\S*/pip |\S*/tfds |XLA_FLAGS=\S+ pytest|LD_PRELOAD=|GLIBC_TUNABLES=)"
+  r"^(pip |python3? -m (venv|pip )|\S*/pip |\S*/tfds |XLA_FLAGS=\S+ pytest"
+  r"|LD_PRELOAD=|GLIBC_TUNABLES=)"
 )
 
 
@@ -124,6 +125,8 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
   for name, command in commands():
     command = os.path.expandvars(command)
     argv = shlex.split(command)
+    if argv[0].startswith("PYTHONPATH="):
+      argv = argv[1:]  # the script's import path
     where = f"{name}: {command}"
     if argv[0] == "export":
       key, _, value = argv[1].partition("=")
@@ -151,7 +154,7 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
       assert (tmp_path / "DIR").is_dir()
       monkeypatch.chdir(ROOT)
       checked["convert"] += 1
-    elif argv[0] == "python" and argv[1].startswith(("benchmarks/", "experiments/")):
+    elif argv[0] in ("python", "python3") and argv[1].startswith(("benchmarks/", "experiments/")):
       assert (ROOT / argv[1]).is_file(), where
       checked["script"] += 1
     else:
