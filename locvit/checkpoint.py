@@ -16,7 +16,6 @@ moves damaged steps to ``DIR/damaged/`` (never deleting anything). See docs/reli
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -25,8 +24,10 @@ import grain
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
 from jax.experimental import multihost_utils
 
+from locvit import paths
 from locvit.checksums import CHECKSUMS, verify_checksums, write_checksums  # noqa: F401
 from locvit.sharding import model_variable_shapes, with_shardings
 
@@ -99,10 +100,10 @@ class Checkpointer:
     async_save: bool = True,
     read_only: bool = False,
   ):
-    self.directory = os.path.abspath(directory)
+    self.directory = paths.path(directory)
     self.read_only = read_only
     self.manager = _manager(self.directory, max(keep, 1), async_save, read_only, "last")
-    best_dir = os.path.join(self.directory, "best")
+    best_dir = self.directory / "best"
     self.best = _manager(best_dir, 1, async_save, read_only, "best") if keep_best else None
     self._unsummed: list[tuple[Any, int]] = []  # (manager, step) saved, manifest not written yet
     self._best_score: Any = _UNKNOWN
@@ -149,8 +150,8 @@ class Checkpointer:
     pending = [(m, s) for m, s in self._unsummed if manager is None or m is manager]
     self._unsummed = [(m, s) for m, s in self._unsummed if (m, s) not in pending]
     for manager, step in pending:
-      step_dir = os.path.join(str(manager.directory), str(step))
-      if jax.process_index() == 0 and os.path.isdir(step_dir):  # gone: rotated out already
+      step_dir = epath.Path(manager.directory) / str(step)
+      if jax.process_index() == 0 and step_dir.is_dir():  # gone: rotated out already
         write_checksums(step_dir)
 
   def _save(self, manager, step, args, force) -> bool:
@@ -182,14 +183,13 @@ class Checkpointer:
 
   def _quarantine(self, manager, step: int, tag: str = "") -> str:
     """Moves ``step`` of ``manager`` to ``DIR/damaged/`` (process 0), then every process reloads."""
-    target = os.path.join(self.directory, DAMAGED, f"{tag}{step}")
+    target = self.directory / DAMAGED / f"{tag}{step}"
     if jax.process_index() == 0:
-      os.makedirs(os.path.dirname(target), exist_ok=True)
       n = 1
-      while os.path.exists(target):
-        target = os.path.join(self.directory, DAMAGED, f"{tag}{step}.{n}")
+      while target.exists():
+        target = self.directory / DAMAGED / f"{tag}{step}.{n}"
         n += 1
-      os.rename(os.path.join(str(manager.directory), str(step)), target)
+      paths.move_tree(epath.Path(manager.directory) / str(step), target)
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices(f"locvit_quarantine_{tag}{step}")
     manager.reload()
@@ -201,7 +201,7 @@ class Checkpointer:
     step = self.best_step()
     if step is None:
       return
-    problem = verify_checksums(os.path.join(str(self.best.directory), str(step)))
+    problem = verify_checksums(epath.Path(self.best.directory) / str(step))
     if problem is None:
       try:
         self.best_score()
@@ -235,7 +235,7 @@ class Checkpointer:
       return None, None, None
     damaged: list[tuple[int, str]] = []
     for step in steps:
-      problem = verify_checksums(os.path.join(self.directory, str(step)))
+      problem = verify_checksums(self.directory / str(step))
       if problem is None:
         try:
           meta = self.saved_meta(step)
@@ -266,7 +266,7 @@ class Checkpointer:
         "%s.",
         "; ".join(f"step {s}: {p}" for s, p in damaged),
         step,
-        os.path.join(self.directory, DAMAGED),
+        self.directory / DAMAGED,
       )
     return step, state, meta
 
@@ -278,6 +278,20 @@ class Checkpointer:
     if data_iter is not None:
       items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
     return self.manager.restore(step, args=ocp.args.Composite(**items))["state"]
+
+  def check_for_errors(self, step: int) -> None:
+    """Raises ``CheckpointSaveError`` at ``step`` when an asynchronous save has failed in the
+    background, so that a run never trains on without checkpoints."""
+    for manager in (self.manager, self.best):
+      if manager is None:
+        continue
+      try:
+        manager.check_for_errors()
+      except Exception as e:  # orbax re-raises the writer thread's error, of any type
+        raise CheckpointSaveError(
+          f"saving a checkpoint to {manager.directory} failed ({_one_line(e)}); stopped at step "
+          f"{step}. Steps already committed are kept: {sorted(manager.all_steps())}"
+        ) from e
 
   def reached_preemption(self, step: int) -> bool:
     """Multi-host preemption notice (JAX's distributed preemption sync); False single-process."""
@@ -297,6 +311,10 @@ class Checkpointer:
     self.manager.close()
     if self.best is not None:
       self.best.close()
+
+
+class CheckpointSaveError(RuntimeError):
+  """A checkpoint could not be written (disk full, bucket not writable, ...)."""
 
 
 class DamagedCheckpointError(ValueError):
@@ -319,7 +337,7 @@ def restore_variables_args(abstract: dict[str, Any]) -> ocp.args.Composite:
 
 
 def _reader(workdir: str) -> Checkpointer:
-  return Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False, read_only=True)
+  return Checkpointer(paths.path(workdir) / "checkpoints", async_save=False, read_only=True)
 
 
 def restore_model_variables(
@@ -347,7 +365,7 @@ def restore_model_variables(
         f"No checkpoint for step {step} in {workdir}/checkpoints; saved steps: "
         f"{sorted(checkpointer.manager.all_steps())}."
       )
-    problem = verify_checksums(os.path.join(checkpointer.directory, str(step)))
+    problem = verify_checksums(checkpointer.directory / str(step))
     if problem is not None:
       raise DamagedCheckpointError(
         f"Checkpoint step {step} in {workdir}/checkpoints is damaged: {problem}. Saved steps: "

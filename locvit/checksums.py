@@ -1,6 +1,10 @@
 """Integrity of a committed checkpoint step: ``checksums.json``, the SHA-256 of each of its files.
 
 Written once orbax has committed the step (``Checkpointer``); verified before a resume restores it.
+Works through the path layer, so a step in a bucket is checked like one on a local disk. GCS's own
+per-object CRC32C/MD5 is not used: it is recomputed by the server on every write, so an object
+overwritten with damaged bytes carries a matching server checksum; only a digest recorded at
+commit time can tell.
 """
 
 from __future__ import annotations
@@ -9,51 +13,51 @@ import hashlib
 import json
 import os
 
+from etils import epath
+
+from locvit import paths
+
 CHECKSUMS = "checksums.json"  # in each committed step directory
 
 
-def _file_digests(step_dir: str) -> dict[str, str]:
+def _digest(file: epath.Path) -> str:
+  return hashlib.sha256(file.read_bytes()).hexdigest()
+
+
+def _file_digests(step_dir: epath.Path) -> dict[str, str]:
   digests = {}
-  for root, _, files in os.walk(step_dir):
-    for name in files:
-      path = os.path.join(root, name)
-      rel = os.path.relpath(path, step_dir)
-      if rel == CHECKSUMS:
-        continue
-      with open(path, "rb") as f:
-        digests[rel] = hashlib.file_digest(f, "sha256").hexdigest()
+  for file in paths.files_under(step_dir):
+    rel = os.path.relpath(os.fspath(file), os.fspath(step_dir))
+    if rel != CHECKSUMS:
+      digests[rel] = _digest(file)
   return dict(sorted(digests.items()))
 
 
-def write_checksums(step_dir: str) -> None:
+def write_checksums(step_dir: str | os.PathLike) -> None:
   """Writes ``step_dir/checksums.json`` (SHA-256 of every file) atomically."""
+  step_dir = epath.Path(step_dir)
   manifest = {"algorithm": "sha256", "files": _file_digests(step_dir)}
-  tmp = os.path.join(step_dir, CHECKSUMS + ".tmp")
-  with open(tmp, "w") as f:
-    json.dump(manifest, f, indent=0)
-  os.replace(tmp, os.path.join(step_dir, CHECKSUMS))
+  paths.write_atomically(step_dir / CHECKSUMS, json.dumps(manifest, indent=0))
 
 
-def verify_checksums(step_dir: str) -> str | None:
+def verify_checksums(step_dir: str | os.PathLike) -> str | None:
   """None when every file listed in ``checksums.json`` is present and unchanged (or the step has
   no manifest: a run killed between commit and manifest); else a short description."""
-  path = os.path.join(step_dir, CHECKSUMS)
-  if not os.path.exists(path):
+  step_dir = epath.Path(step_dir)
+  manifest = step_dir / CHECKSUMS
+  if not manifest.exists():
     return None
   try:
-    with open(path) as f:
-      expected = json.load(f)["files"]
+    expected = json.loads(manifest.read_text())["files"]
   except (OSError, ValueError, KeyError) as e:
     return f"unreadable {CHECKSUMS} ({type(e).__name__})"
   problems = []
   for rel, digest in expected.items():
-    full = os.path.join(step_dir, rel)
-    if not os.path.exists(full):
+    file = step_dir / rel
+    if not file.exists():
       problems.append(f"{rel} missing")
-      continue
-    with open(full, "rb") as f:
-      if hashlib.file_digest(f, "sha256").hexdigest() != digest:
-        problems.append(f"{rel} checksum mismatch")
+    elif _digest(file) != digest:
+      problems.append(f"{rel} checksum mismatch")
   if not problems:
     return None
   more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""

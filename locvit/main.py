@@ -33,7 +33,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 import locvit.configs
-from locvit import cpu_malloc, run_config
+from locvit import cpu_malloc, paths, run_config
 from locvit import workdir as workdir_lib
 from locvit.metrics import evaluation_line
 
@@ -178,7 +178,7 @@ def resolve_config_argv(argv: Sequence[str]) -> list[str]:
   if workdir is None:
     return argv  # absl reports the missing --workdir
   saved = run_config.path(workdir)
-  if not os.path.isfile(saved):
+  if not saved.is_file():
     raise ConfigError(f"no --config given and {saved} does not exist (no run saved its config)")
   return [argv[0], f"--config={_saved_config(saved)}", *argv[1:]]
 
@@ -217,6 +217,9 @@ def _parse_flags(argv: Sequence[str]) -> list[str]:
   """absl's flag parsing, with config and flag mistakes as one line on stderr (exit 2)."""
   argv = ["--list_models=" if arg in ("--list_models", "-list_models") else arg for arg in argv]
   try:
+    workdir = _flag_value(argv, "workdir")[1]
+    if workdir:  # a bucket workdir without its client library: one line, before anything
+      paths.check_client(workdir)
     sys.argv = resolve_config_argv(argv)
     return flags.FLAGS(sys.argv)
   except Exception as e:
@@ -226,7 +229,7 @@ def _parse_flags(argv: Sequence[str]) -> list[str]:
     if "Error whilst parsing config file" in str(e):  # get_config raised: its message, no stack
       given = _flag_value(argv, "config")[1]
       message = f"--config={given}: " + re.sub(r"^\w+: ", "", last_line)
-    elif isinstance(e, ConfigError | flags.Error):
+    elif isinstance(e, ConfigError | flags.Error | paths.PathError):
       message = str(e)
     else:  # e.g. ml_collections' AttributeError for an override naming no field
       message = _explain_override(sys.argv) or last_line

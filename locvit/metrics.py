@@ -13,6 +13,12 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+from absl import logging
+from etils import epath
+
+from locvit import paths
+
+METRICS = "metrics.jsonl"
 
 
 def _jsonable(value: Any) -> Any:
@@ -23,70 +29,100 @@ def _jsonable(value: Any) -> Any:
 
 
 class MetricWriter:
-  """Appends one JSON object per logged step and mirrors scalars to TensorBoard.
+  """Writes one JSON object per logged step to ``DIR/metrics.jsonl`` and mirrors scalars to
+  TensorBoard.
 
-  Each row is one ``write`` of a whole line to a file opened for appending, so a killed run leaves
-  no half row. A resumed or restarted run first drops the rows it will log again
+  On a local disk each row is one ``write`` of a whole line to a file opened for appending, so a
+  killed run leaves no half row. An object store has no append: rows are kept in memory and the
+  object is rewritten whole at ``flush`` (after each checkpoint save, and at the end). Rows newer
+  than the last checkpoint may then be lost by a kill, which costs nothing: the resumed run logs
+  them again. A resumed or restarted run first drops the rows it will log again
   (``truncate_after``).
   """
 
-  def __init__(self, workdir: str, *, enabled: bool | None = None):
+  def __init__(self, workdir, *, enabled: bool | None = None):
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
-    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.path = paths.path(workdir) / METRICS
+    self._rows: list[str] | None = None  # object store: every row of the file, in order
     self._tb = None
     if self.enabled:
       from tensorboardX import SummaryWriter
 
-      os.makedirs(workdir, exist_ok=True)
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+      self._tb = SummaryWriter(os.fspath(self.path.parent / "tensorboard"))
+      if paths.is_object_store(self.path):
+        self._rows = _complete_lines(self.path) if self.path.exists() else []
 
   def truncate_after(self, step: int) -> None:
     """Drops records logged after ``step`` (steps a resumed run will log again; all of them for
-    ``step=-1``), and a partial last line."""
-    if not self.enabled or not os.path.exists(self.path):
+    ``step=-1``), a partial last line, and lines that are not JSON (named in a warning)."""
+    if not self.enabled:
       return
-    kept = [line for line in _complete_lines(self.path) if json.loads(line)["step"] <= step]
-    tmp = self.path + ".tmp"
-    with open(tmp, "w") as f:
-      f.writelines(kept)
-    os.replace(tmp, self.path)
+    if self._rows is not None:
+      self._rows = [row for row in self._rows if _row_step(row, self.path) <= step]
+      self.flush()
+    elif self.path.exists():
+      kept = [row for row in _complete_lines(self.path) if _row_step(row, self.path) <= step]
+      paths.write_atomically(self.path, "".join(kept))
 
   def write(self, step: int, metrics: dict[str, Any]) -> None:
-    """Appends ``{'step': step, **metrics}`` to ``metrics.jsonl``; finite scalars also go to
-    TensorBoard. A no-op on processes other than 0."""
+    """Writes ``{'step': step, **metrics}``; finite scalars also go to TensorBoard. A no-op on
+    processes other than 0."""
     if not self.enabled:
       return
     record = {"step": int(step), **{k: _jsonable(v) for k, v in metrics.items()}}
-    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-      os.write(fd, (json.dumps(record) + "\n").encode())
-    finally:
-      os.close(fd)
+    line = json.dumps(record) + "\n"
+    if self._rows is not None:
+      self._rows.append(line)
+    else:
+      fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+      try:
+        os.write(fd, line.encode())
+      finally:
+        os.close(fd)
     for key, value in record.items():
       if key != "step" and isinstance(value, int | float) and math.isfinite(value):
         self._tb.add_scalar(key, value, int(step))
 
-  def close(self) -> None:
-    """Flushes and closes the TensorBoard writer."""
+  def flush(self) -> None:
+    """Makes every row written so far durable (object stores; local rows already are)."""
+    if self.enabled and self._rows is not None:
+      self.path.write_text("".join(self._rows))
     if self._tb is not None:
       self._tb.flush()
+
+  def close(self) -> None:
+    """Flushes the rows and closes the TensorBoard writer."""
+    self.flush()
+    if self._tb is not None:
       self._tb.close()
 
 
-def _complete_lines(path: str) -> list[str]:
+def _complete_lines(path) -> list[str]:
   """The newline-terminated, non-empty lines of ``path``."""
-  with open(path) as f:
-    return [line for line in f if line.endswith("\n") and line.strip()]
+  lines = epath.Path(path).read_text().splitlines(keepends=True)
+  return [line for line in lines if line.endswith("\n") and line.strip()]
 
 
-def read_metrics(workdir: str) -> list[dict[str, Any]]:
-  """Reads ``metrics.jsonl`` back (for tests, notebooks and plots)."""
-  return [json.loads(line) for line in _complete_lines(os.path.join(workdir, "metrics.jsonl"))]
+def _row_step(line: str, path) -> int:
+  """The step of a row; a line that is not a JSON row is named in a warning and sorts last
+  (dropped by ``truncate_after``) instead of blocking every resume."""
+  try:
+    return int(json.loads(line)["step"])
+  except (ValueError, KeyError, TypeError):
+    logging.warning("Dropping a line of %s that is not a metrics row: %r", path, line[:80])
+    return 2**62
+
+
+def read_metrics(workdir) -> list[dict[str, Any]]:
+  """Reads ``metrics.jsonl`` back (for tests, notebooks and plots), skipping non-JSON lines."""
+  path = paths.path(workdir) / METRICS
+  return [json.loads(line) for line in _complete_lines(path) if _row_step(line, path) < 2**62]
 
 
 def last_evaluation(workdir: str) -> dict[str, Any]:
   """The last row of ``metrics.jsonl`` with ``eval/top1``, or {} (none, or no file)."""
-  if not os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+  if not (paths.path(workdir) / METRICS).exists():
     return {}
   rows = [row for row in read_metrics(workdir) if "eval/top1" in row]
   return rows[-1] if rows else {}

@@ -13,7 +13,6 @@ the command line apply to a saved config as to any other.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
 import time
@@ -23,14 +22,17 @@ from typing import Any
 import jax
 import ml_collections
 from absl import logging
+from etils import epath
+
+from locvit import paths
 
 FILENAME = "config.json"
 _TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 
 
-def path(workdir: str) -> str:
+def path(workdir: str) -> epath.Path:
   """``DIR/config.json``."""
-  return os.path.join(workdir, FILENAME)
+  return paths.path(workdir) / FILENAME
 
 
 def _lost_types(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, str]:
@@ -56,11 +58,7 @@ def write(workdir: str, config: ml_collections.ConfigDict, argv: Sequence[str] |
     "config": json.loads(config.to_json_best_effort()),
     "types": _lost_types(config),
   }
-  tmp = path(workdir) + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(record, f, indent=2)
-    f.write("\n")
-  os.replace(tmp, path(workdir))
+  paths.write_atomically(path(workdir), json.dumps(record, indent=2) + "\n")
 
 
 def _as_tuple(value: list) -> tuple:
@@ -83,8 +81,7 @@ def _restore_types(tree: dict[str, Any], types: dict[str, str], prefix: str = ""
 
 def read(config_path: str) -> ml_collections.ConfigDict:
   """The ``ConfigDict`` saved in ``config_path`` (a ``config.json``), with its types restored."""
-  with open(config_path) as f:
-    record = json.load(f)
+  record = json.loads(epath.Path(config_path).read_text())
   return ml_collections.ConfigDict(_restore_types(record["config"], record.get("types", {})))
 
 
@@ -217,11 +214,8 @@ def report_changed_hyperparameters(
     "Resuming from step %d with changed training settings: %s", step, "; ".join(lines)
   )
   if jax.process_index() == 0:
-    path = os.path.join(workdir, RESUME_LOG)
-    log = []
-    if os.path.exists(path):
-      with open(path) as f:
-        log = json.load(f)
+    path = paths.path(workdir) / RESUME_LOG
+    log = json.loads(path.read_text()) if path.exists() else []
     log.append(
       {
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -229,10 +223,7 @@ def report_changed_hyperparameters(
         "changed": {k: {"checkpoint": saved[k], "config": current[k]} for k in changed},
       }
     )
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump(log, f, indent=1)
-    os.replace(tmp, path)
+    paths.write_atomically(path, json.dumps(log, indent=1))
   return changed
 
 

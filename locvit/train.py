@@ -30,6 +30,7 @@ from locvit import checkpoint as ckpt_lib
 from locvit import evaluate as eval_lib
 from locvit import metrics as metrics_lib
 from locvit import run_config, sharding
+from locvit import workdir as workdir_lib
 from locvit.models.factory import build_model  # noqa: F401  (also importable as train.build_model)
 from locvit.run import bundle
 from locvit.run.bundle import training_length, validate, validate_recipe  # noqa: F401
@@ -274,30 +275,43 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
       last = step == total_steps
       preempted = preemption.should_stop(step)
 
+      run.checkpointer.check_for_errors(step)  # an async save that failed stops the run here
       record = {}
       if step % log_every == 0 or last or step == start + 1:
         monitor.check(health, step)
+        workdir_lib.check_lock(run.workdir)
         record.update(log_train_metrics(run, step, train_metrics, progress))
       save = (ckpt_every and step % ckpt_every == 0) or last or preempted
-      if save:  # before the evaluation, so that a failing evaluation loses no training
+      if save:
         monitor.check(health, step)
-        save_checkpoint(run, step, state, meta, progress)
+      # A step's metrics row is durable before the checkpoint that covers it: a resumed run starts
+      # at a checkpoint and logs every later step again, so each step is logged exactly once.
       if (eval_every and step % eval_every == 0) or last:
         eval_start = time.perf_counter()
         ema = state.ema_params if run.use_ema else None
         variables = (state.params, state.model_state)
-        final = evaluate_with_ema(
-          eval_fn, variables, ema, run.eval_batches, run.batch_sharding, progress.print_line
-        )
+        try:
+          final = evaluate_with_ema(
+            eval_fn, variables, ema, run.eval_batches, run.batch_sharding, progress.print_line
+          )
+        except BaseException:  # a failing evaluation loses no training: keep the step and its row
+          if save:
+            writer.write(step, record)
+            writer.flush()
+            save_checkpoint(run, step, state, meta, progress)
+          raise
         record.update(final)
         record.update(analysis(step, state.params))
         record.update(progress.evaluation(step, final, time.perf_counter() - eval_start))
-        if save:
+      if record:
+        writer.write(step, record)
+      if save:
+        writer.flush()
+        save_checkpoint(run, step, state, meta, progress)
+        if "eval/top1" in record:  # evaluated at this step
           save_start = time.perf_counter()
           run.checkpointer.save_best(step, state, meta, final)
           progress.pause(time.perf_counter() - save_start)
-      if record:
-        writer.write(step, record)
       if preempted and not last:
         run.checkpointer.wait()
         logging.warning("Preempted: checkpoint saved at step %d; exiting.", step)

@@ -21,7 +21,6 @@ warning says how to log them). Run it as a single process.
 from __future__ import annotations
 
 import functools
-import os
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -35,7 +34,7 @@ from absl import logging
 from locvit import checkpoint as ckpt_lib
 from locvit import data as data_lib
 from locvit import metrics as metrics_lib
-from locvit import run_config
+from locvit import paths, run_config
 from locvit.analysis import locality, plots
 from locvit.models.factory import build_model
 
@@ -178,18 +177,18 @@ def training_series(records: Sequence[dict[str, Any]]) -> dict[str, tuple[np.nda
 
 def training_curves(workdir: str, output_dir: str, *, title: str = "") -> list[str]:
   """``training_curves.png`` from ``workdir/metrics.jsonl``; ``[]`` without logged metrics."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  series = training_series(metrics_lib.read_metrics(workdir) if os.path.exists(path) else [])
+  path = paths.path(workdir) / metrics_lib.METRICS
+  series = training_series(metrics_lib.read_metrics(workdir) if path.exists() else [])
   if not series:
     return []
   fig = plots.training_curves_figure(series, title=title)
-  return [plots.save(fig, os.path.join(output_dir, "training_curves.png"))]
+  return [plots.save(fig, paths.path(output_dir) / "training_curves.png")]
 
 
 def curve_figures(workdir: str, output_dir: str, *, title: str = "") -> list[str]:
   """Figs. 5 and 6 from ``workdir/metrics.jsonl``; ``[]`` (and a warning) without records."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  records = metrics_lib.read_metrics(workdir) if os.path.exists(path) else []
+  path = paths.path(workdir) / metrics_lib.METRICS
+  records = metrics_lib.read_metrics(workdir) if path.exists() else []
   steps, series = locality_series(records)
   if "nonlocality" not in series:
     logging.warning(
@@ -202,11 +201,11 @@ def curve_figures(workdir: str, output_dir: str, *, title: str = "") -> list[str
   x, xlabel = (steps * ratio, "epoch") if ratio else (steps, "step")
   layer_means = {i: np.nanmean(v, axis=1) for i, v in series["nonlocality"].items()}
   fig = plots.nonlocality_figure(x, layer_means, xlabel=xlabel, title=title)
-  paths = [plots.save(fig, os.path.join(output_dir, "nonlocality.png"))]
+  written = [plots.save(fig, paths.path(output_dir) / "nonlocality.png")]
   if "gate" in series:
     fig = plots.gate_figure(x, series["gate"], xlabel=xlabel)
-    paths.append(plots.save(fig, os.path.join(output_dir, "gates.png")))
-  return paths
+    written.append(plots.save(fig, paths.path(output_dir) / "gates.png"))
+  return written
 
 
 # ------------------------------------------------------------------------------------------------
@@ -234,7 +233,7 @@ def analyze(
     step: checkpoint step for the maps; default the latest.
   """
   analysis = _analysis_config(config)
-  output_dir = output_dir or os.path.join(workdir, "analysis")
+  output_dir = output_dir or paths.path(workdir) / "analysis"
   curves = training_curves(workdir, output_dir, title=config.model.name)  # any model
 
   # Everything that can be wrong with the arguments is checked before any compilation.
@@ -254,12 +253,12 @@ def analyze(
   layers = _check_layers(default_layers if layers is None else layers, model.depth)
   query = _check_query(query or analysis.query or (grid.height // 2, grid.width // 2), grid)
 
-  paths = curves + curve_figures(workdir, output_dir, title=config.model.name)
+  written = curves + curve_figures(workdir, output_dir, title=config.model.name)
   params, step = restore_params(config, workdir, model, image.shape, step)
   maps, gates = query_maps(model, params, image, layers, query)
   fig = plots.attention_maps_figure(
     display_image(config, image), grid, query, maps, gates, patch_size=model.patch_size
   )
   fig.suptitle(f"{config.model.name}, step {step}, query patch {query}")
-  paths.append(plots.save(fig, os.path.join(output_dir, "attention_maps.png")))
-  return paths
+  written.append(plots.save(fig, paths.path(output_dir) / "attention_maps.png"))
+  return written

@@ -12,6 +12,7 @@ Layers are labelled from 0, like the parameters (``blocks_i``); the paper counts
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Mapping, Sequence
 
@@ -20,15 +21,20 @@ from matplotlib import colormaps, colors, patches
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from locvit import paths
 from locvit.attention import TokenGrid
 
 
-def save(fig: Figure, path: str, dpi: int = 120) -> str:
-  """Renders ``fig`` to a PNG at ``path`` (directories are created) and returns the path."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+def save(fig: Figure, path: str | os.PathLike, dpi: int = 120) -> str:
+  """Renders ``fig`` to a PNG at ``path`` (a local path or a bucket URI; directories are created)
+  and returns the path."""
+  target = paths.path(path)
+  target.parent.mkdir(parents=True, exist_ok=True)
   FigureCanvasAgg(fig)
-  fig.savefig(path, dpi=dpi, bbox_inches="tight")
-  return path
+  png = io.BytesIO()
+  fig.savefig(png, format="png", dpi=dpi, bbox_inches="tight")
+  target.write_bytes(png.getvalue())
+  return os.fspath(target)
 
 
 def training_curves_figure(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +20,7 @@ import optax
 
 from locvit import checkpoint as ckpt_lib
 from locvit import data as data_lib
-from locvit import distill, optim, run_config, sharding
+from locvit import distill, optim, paths, run_config, sharding
 from locvit import metrics as metrics_lib
 from locvit import workdir as workdir_lib
 from locvit.data import device_augment
@@ -230,7 +229,7 @@ def build_training(
       config, run.num_classes, run.image_shape, run.mesh, run.rules
     )
   run.checkpointer = ckpt_lib.Checkpointer(
-    os.path.join(workdir, "checkpoints"),
+    paths.path(workdir) / "checkpoints",
     keep=config.get("keep_checkpoints", 3),
     async_save=config.get("async_checkpointing", True),
   )

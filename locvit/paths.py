@@ -1,0 +1,107 @@
+"""One path layer for everything a run reads or writes: local directories and object stores alike.
+
+Paths are ``etils.epath.Path`` (the layer orbax uses): a local path, or ``gs://BUCKET/...`` (gcsfs)
+and ``s3://BUCKET/...`` (s3fs). Object stores have no rename, no append and no file locks, so the
+few operations that relied on them are spelled out here once, with their object-store form:
+an atomic replace is a single object write, a move is copy-then-delete.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+
+from etils import epath
+
+# scheme -> (modules the scheme needs, the install line that provides them)
+CLIENTS = {
+  "gs": (("gcsfs", "google.cloud.storage"), "pip install 'locvit[gcs]'"),
+  "s3": (("s3fs",), "pip install 'locvit[s3]'"),
+}
+
+
+class PathError(RuntimeError):
+  """A workdir path that cannot be used as given (e.g. its storage client is not installed)."""
+
+
+def scheme(path: str | os.PathLike) -> str:
+  """'gs', 's3', ... for an object-store URI, '' for a local path."""
+  text = os.fspath(path)
+  return text.split("://", 1)[0] if "://" in text else ""
+
+
+def is_object_store(path: str | os.PathLike) -> bool:
+  return scheme(path) != ""
+
+
+def check_client(path: str | os.PathLike) -> None:
+  """Raises ``PathError`` naming what to install when ``path``'s storage client is missing, so a
+  run fails before it creates anything instead of deep inside a writer."""
+  name = scheme(path)
+  if not name:
+    return
+  if name not in CLIENTS:
+    raise PathError(
+      f"{path}: unsupported storage scheme '{name}://'; use a local path, gs:// or s3://"
+    )
+  modules, install = CLIENTS[name]
+  missing = [m for m in modules if _missing(m)]
+  if missing:
+    raise PathError(f"{path}: {name}:// needs {' and '.join(missing)}: {install}")
+
+
+def _missing(module: str) -> bool:
+  if sys.modules.get(module, ...) is None:  # Python's mark of a blocked import
+    return True
+  try:
+    return importlib.util.find_spec(module) is None
+  except ModuleNotFoundError:  # a missing parent package
+    return True
+
+
+def path(value: str | os.PathLike) -> epath.Path:
+  """``value`` as an epath.Path; local paths are made absolute (the cwd may change later)."""
+  text = os.fspath(value)
+  return epath.Path(text if is_object_store(text) else os.path.abspath(text))
+
+
+def write_atomically(target: epath.Path, text: str) -> None:
+  """Replaces ``target`` with ``text`` so that readers see the old or the new content, never a
+  part: a temporary file renamed over it locally, one object write on an object store."""
+  if is_object_store(target):
+    target.write_text(text)
+    return
+  tmp = target.parent / (target.name + ".tmp")
+  tmp.write_text(text)
+  os.replace(tmp, target)
+
+
+def files_under(directory: epath.Path) -> list[epath.Path]:
+  """Every file below ``directory``, recursively (epath's GCS backend refuses ``**`` globs)."""
+  found = []
+  for child in directory.iterdir():
+    found.extend(files_under(child) if child.is_dir() else [child])
+  return found
+
+
+def move_tree(source: epath.Path, target: epath.Path) -> None:
+  """Moves a directory: a rename locally; on an object store every object is copied, and the
+  source is deleted only once all copies exist (a failure leaves the source whole)."""
+  if not is_object_store(source):
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(source, target)
+    return
+  for file in files_under(source):
+    destination = target / os.path.relpath(os.fspath(file), os.fspath(source))
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    file.copy(destination)
+  source.rmtree()
+
+
+def remove_tree(directory: epath.Path) -> None:
+  if is_object_store(directory):
+    directory.rmtree()
+  else:
+    shutil.rmtree(directory)
