@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import sys
 
 from etils import epath
@@ -33,6 +32,7 @@ def scheme(path: str | os.PathLike) -> str:
 
 
 def is_object_store(path: str | os.PathLike) -> bool:
+  """Whether ``path`` is an object-store URI (no rename, no append, no file locks)."""
   return scheme(path) != ""
 
 
@@ -98,10 +98,3 @@ def move_tree(source: epath.Path, target: epath.Path) -> None:
     destination.parent.mkdir(parents=True, exist_ok=True)
     file.copy(destination)
   source.rmtree()
-
-
-def remove_tree(directory: epath.Path) -> None:
-  if is_object_store(directory):
-    directory.rmtree()
-  else:
-    shutil.rmtree(directory)
