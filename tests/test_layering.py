@@ -23,7 +23,7 @@ LAYERS = (
   ("paths",),  # the path layer for local disks and object stores
   # No model knowledge. ``configs``: the package only locates the shipped config files, which
   # main loads by path.
-  ("locvit", "ops", "sharding", "metrics", "cpu_malloc", "checksums", "workdir", "run_config"),
+  ("ops", "sharding", "metrics", "cpu_malloc", "checksums", "workdir", "run_config"),
   ("checkpoint",),  # orbax and integrity
   ("configs",),
   ("attention",),  # positional terms, the attention core
@@ -33,6 +33,7 @@ LAYERS = (
   ("run",),  # the run bundle, the state, the step
   ("train",),  # the loop; analysis reaches it only as hooks passed in
   ("main",),  # the CLI
+  ("locvit",),  # the package's top-level names (create_model, list_models), loaded on first use
 )
 
 

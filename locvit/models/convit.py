@@ -94,6 +94,7 @@ def convit(
 for _size, (_heads, _head_dim) in CONVIT_SIZES.items():
   _fn = functools.partial(convit, heads=_heads, head_dim=_head_dim, patch_size=16)
   register_model(f"convit_{_size}", image_size=224)(_fn)
+  register_model(f"convit_{_size}_patch16_224", image_size=224)(_fn)  # timm's name, as DeiT's
   for _patch, _res in RESOLUTIONS:
     _fn = functools.partial(convit, heads=_heads, head_dim=_head_dim, patch_size=_patch)
     register_model(f"convit_{_size}_patch{_patch}_{_res}", image_size=_res)(_fn)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import fnmatch
 from collections.abc import Callable
 from typing import Any
 
@@ -29,14 +30,22 @@ def register_model(name: str, *, image_size: int) -> Callable:
 
 
 def list_models(pattern: str | None = None) -> list[str]:
-  """Registered model names, optionally filtered by a substring."""
-  return sorted(n for n in _MODELS if pattern is None or pattern in n)
+  """Registered model names, sorted; ``pattern`` filters them as a shell glob, as timm's does
+  (``list_models("convit*")``), and a pattern without ``*?[`` as a substring."""
+  if pattern is None:
+    return sorted(_MODELS)
+  if not any(c in pattern for c in "*?["):
+    pattern = f"*{pattern}*"
+  return sorted(fnmatch.filter(_MODELS, pattern))
 
 
 def _unknown(name: str) -> ValueError:
   close = difflib.get_close_matches(name, _MODELS, n=3)
-  hint = f" Did you mean {close}?" if close else ""
-  return ValueError(f"Unknown model {name!r}.{hint} Valid names: {list_models()}.")
+  hint = f"did you mean {' or '.join(close)}? " if close else ""
+  return ValueError(
+    f"unknown model {name!r}; {hint}`python -m locvit.main --list_models='PATTERN'` lists the "
+    f"{len(_MODELS)} names"
+  )
 
 
 def default_image_size(name: str) -> int:
