@@ -228,7 +228,7 @@ def _parse_flags(argv: Sequence[str]) -> list[str]:
     last_line = str(e).strip().splitlines()[-1]
     if "Error whilst parsing config file" in str(e):  # get_config raised: its message, no stack
       given = _flag_value(argv, "config")[1]
-      message = f"--config={given}: " + re.sub(r"^\w+: ", "", last_line)
+      message = (f"--config={given}: " if given else "") + re.sub(r"^\w+: ", "", last_line)
     elif isinstance(e, ConfigError | flags.Error | paths.PathError):
       message = str(e)
     else:  # e.g. ml_collections' AttributeError for an override naming no field

@@ -81,8 +81,15 @@ def _restore_types(tree: dict[str, Any], types: dict[str, str], prefix: str = ""
 
 def read(config_path: str) -> ml_collections.ConfigDict:
   """The ``ConfigDict`` saved in ``config_path`` (a ``config.json``), with its types restored."""
-  record = json.loads(epath.Path(config_path).read_text())
-  return ml_collections.ConfigDict(_restore_types(record["config"], record.get("types", {})))
+  try:
+    record = json.loads(epath.Path(config_path).read_text())
+    config = record["config"]
+  except (ValueError, KeyError, TypeError) as e:  # a damaged or foreign file
+    raise ValueError(
+      f"{config_path} is not a readable run config ({type(e).__name__}: {e}); restore it, or "
+      "give --config=FILE"
+    ) from None
+  return ml_collections.ConfigDict(_restore_types(config, record.get("types", {})))
 
 
 def get_config(config_path: str) -> ml_collections.ConfigDict:

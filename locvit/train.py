@@ -108,6 +108,8 @@ def restore_or_initialise(run: bundle.Training) -> tuple[int, TrainState]:
     restore,
     lambda meta: run_config.check_compatible(meta["config"], config, run.workdir, run.num_classes),
   )
+  if jax.process_index() == 0:  # accepted: only now replace the config.json of the workdir
+    run_config.write(run.workdir, config)
   if start is not None:
     run_config.report_changed_hyperparameters(meta, config, run.workdir, start)
     run.writer.truncate_after(start)

@@ -309,8 +309,11 @@ def test_a_changed_dataset_is_refused_and_changed_hyperparameters_are_reported(t
   train.train_and_evaluate(config, str(tmp_path))
   changed = tiny_config(total_steps=2)
   changed.data.num_classes = 12
+  saved_config = (tmp_path / run_config.FILENAME).read_bytes()
   with pytest.raises(ValueError, match="  num_classes: checkpoint has 10, config has 12"):
     train.train_and_evaluate(changed, str(tmp_path))
+  # The refused run left the run's config.json as it was (eval/analyze/resume still use it).
+  assert (tmp_path / run_config.FILENAME).read_bytes() == saved_config
   # An older checkpoint (no dataset fields, no checksums, no hyperparameters) still resumes.
   step_dir = tmp_path / "checkpoints" / "2"
   meta = json.loads((step_dir / "meta" / "metadata").read_text())

@@ -257,6 +257,11 @@ def test_eval_with_only_workdir_uses_the_runs_config_and_overrides(tmp_path):
   # An override given with --workdir replaces the saved value: a 4-block model does not fit.
   rc, out, err = _run(f"--workdir={workdir}", "--mode=eval", "--config.model.overrides.depth=4")
   assert rc == 2 and "incompatible config" in err and "'depth': 2" in err, err
+  # A damaged config.json is named in one line, with the cause.
+  (workdir / "config.json").write_text('{"command": "python -m locvit.main", "config": {')
+  rc, out, err = _run(f"--workdir={workdir}", "--mode=eval")
+  assert rc == 2 and len(err.splitlines()) == 1, err
+  assert err.startswith(f"locvit: error: {workdir}/config.json is not a readable run config ("), err
 
 
 # ------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import optax
 
 from locvit import checkpoint as ckpt_lib
 from locvit import data as data_lib
-from locvit import distill, optim, paths, run_config, sharding
+from locvit import distill, optim, paths, sharding
 from locvit import metrics as metrics_lib
 from locvit import workdir as workdir_lib
 from locvit.data import device_augment
@@ -204,10 +204,9 @@ def build_training(
   """
   run = _checked_setup(config, hooks)
   config = run.config
-  # The config is valid: only now create the workdir (writable, not in use) and keep the config.
+  # The config is valid: only now create the workdir (writable, not in use). The config is kept
+  # (config.json) once the workdir's checkpoint has accepted it (train.restore_or_initialise).
   workdir_lib.claim(workdir)
-  if jax.process_index() == 0:
-    run_config.write(workdir, config)
   run.workdir = workdir
   run.train_iter = data_lib.make_train_iterator(
     config.data,
