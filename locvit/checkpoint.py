@@ -179,6 +179,10 @@ class Checkpointer:
       return False
     items = self._items(step, state, None, meta, metrics)
     self._best_score = metrics[BEST_METRIC]
+    kept = self.best_step()
+    if kept is not None and kept >= step:  # a run resumed below best/ (e.g. its newest step was
+      self.best.wait_until_finished()  # damaged): the better, older-numbered step replaces it
+      self.best.delete(kept)
     return self._save(self.best, step, items, force=True)
 
   def _quarantine(self, manager, step: int, tag: str = "") -> str:

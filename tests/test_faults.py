@@ -339,3 +339,18 @@ def test_a_changed_dataset_is_refused_and_changed_hyperparameters_are_reported(t
   assert [entry["step"] for entry in log] == [3]
   assert set(log[0]["changed"]) == {"optimizer", "batch_size", "total_steps"}
   assert log[0]["changed"]["batch_size"] == {"checkpoint": 32, "config": 16}
+
+
+def test_a_new_best_at_or_below_the_kept_best_step_replaces_it(tmp_path):
+  """A run resumed below ``best/`` (its newest step damaged, or killed between the best and the
+  rolling save) that evaluates better at a step <= the kept best's step (was: `Checkpoint for
+  step N already exists`, exit 2)."""
+  checkpointer = ckpt_lib.Checkpointer(tmp_path / "checkpoints", async_save=False)
+  state = {"w": np.zeros(3, np.float32)}
+  assert checkpointer.save_best(6, state, {}, {"eval/top1": 0.5})
+  assert checkpointer.save_best(6, {"w": np.ones(3, np.float32)}, {}, {"eval/top1": 0.6})
+  assert checkpointer.save_best(4, state, {}, {"eval/top1": 0.7})
+  assert not checkpointer.save_best(2, state, {}, {"eval/top1": 0.65})  # worse: kept as it is
+  checkpointer.close()
+  reader = ckpt_lib.Checkpointer(tmp_path / "checkpoints", read_only=True)
+  assert (reader.best_step(), reader.best_score()) == (4, 0.7)
