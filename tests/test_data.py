@@ -9,6 +9,7 @@ import data_fixtures
 import grain
 import numpy as np
 import pytest
+from PIL import Image
 
 from locvit import data as D
 from locvit.data import augment as A
@@ -771,3 +772,16 @@ def test_class_limit_image_folder(cifar10_folder):
   assert (len(train), len(test)) == (10_000, 2_000)
   assert train.class_names == ["airplane", "automobile"] and train.num_classes == 2
   assert Path(train.source.paths[int(train.indices[-1])]).parent.name == "automobile"
+
+
+def test_16_bit_images_are_scaled_to_8_bits(tmp_path):
+  """A 16-bit greyscale PNG trains as its grey levels (was: clipped to white by convert('RGB'))."""
+  folder = tmp_path / "train" / "grey"
+  folder.mkdir(parents=True)
+  levels = np.array([[0, 257, 32768, 65535]], np.uint16)
+  Image.fromarray(levels).save(folder / "a.png")
+  source = D.ImageFolderSource(tmp_path, "train")
+  pixels = source.decode(0)
+  assert pixels.dtype == np.uint8 and pixels.shape == (1, 4, 3)
+  np.testing.assert_array_equal(pixels[..., 0], [[0, 1, 128, 255]])
+  assert (pixels == pixels[..., :1]).all()

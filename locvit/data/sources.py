@@ -88,6 +88,22 @@ class DigitsSource:
 # ----------------------------------------------------------------------------- image folder
 
 
+# 16-bit greyscale PNG/TIFF (PIL opens them as I;16* or as 32-bit I). PIL's convert("RGB") clips
+# them at 255, so a mid-grey 16-bit image would train as white. (16-bit RGB PNGs open as 8-bit RGB.)
+_WIDE_INTEGER_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def _gray16_to_rgb8(pixels: np.ndarray, path) -> np.ndarray:
+  """16-bit grey levels scaled to 8 bits (v / 257, rounded: 0 -> 0, 65535 -> 255), as RGB."""
+  if pixels.min() < 0 or pixels.max() > 65535:
+    raise CorruptImageError(
+      f"cannot decode image file {path!r}: 32-bit pixel values outside 0..65535; save it as 8- or "
+      "16-bit"
+    )
+  grey = np.round(pixels.astype(np.float64) / 257.0).astype(np.uint8)
+  return np.repeat(grey[..., None], 3, axis=-1)
+
+
 class ImageFolderSource:
   """Images laid out as ROOT/<split>/<class>/*.{jpg,jpeg,png}, decoded with PIL to RGB uint8.
 
@@ -173,7 +189,11 @@ class ImageFolderSource:
     path = self.paths[index]
     try:
       with Image.open(path) as img:
+        if img.mode in _WIDE_INTEGER_MODES:
+          return _gray16_to_rgb8(np.asarray(img), path)
         return np.asarray(img.convert("RGB"), dtype=np.uint8)
+    except CorruptImageError:
+      raise
     except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, ... on bad files.
       raise CorruptImageError(f"cannot decode image file {path!r} ({type(e).__name__}: {e})") from e
 
