@@ -30,6 +30,7 @@ LAYERS = (
   ("analysis",),  # reports and plots
   ("train",),  # the loop; analysis reaches it only as hooks passed in
   ("main",),  # the CLI
+  ("reproduce",),  # plans of runs: trains through train, beside the CLI
 )
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import ml_collections
 
+from locvit import cpu_malloc
 from locvit import metrics as metrics_lib
 from locvit.configs.reproduce_plans import PLANS
 
@@ -117,15 +118,13 @@ def check_data(config: ml_collections.ConfigDict, row_name: str) -> None:
         f"CIFAR-10 as described in {DATA_HELP} (DIR/train/<class>/*.jpg, DIR/test/<class>/*.jpg)."
       )
   elif data.source == "tfds":
-    import tensorflow_datasets as tfds
+    from locvit.data.sources import DatasetNotPreparedError, TfdsSource
 
-    builder = tfds.builder(data.name, data_dir=data.get("data_dir"))
-    if not builder.data_path.exists():
-      raise ReproduceError(
-        f"row {row_name!r}: TFDS dataset {data.name!r} is not prepared in {builder.data_dir}. "
-        f"Run `tfds build {data.name}` (or see {DATA_HELP}), or set $CIFAR10_ROOT to the image "
-        "folder copy."
-      )
+    for split in (data.train_split, data.eval_split):
+      try:
+        TfdsSource(data.name, split, data.get("data_dir"))
+      except DatasetNotPreparedError as e:
+        raise ReproduceError(f"row {row_name!r}: {e}") from e
 
 
 def use_tfds(config: ml_collections.ConfigDict, data_dir: str | None) -> None:
@@ -149,16 +148,18 @@ class RowCost:
   batch_size: int
 
 
-def split_budget(costs: dict[str, RowCost], seeds: int, seconds: float) -> int:
-  """The number of steps every row gets so that ``seeds`` runs of each row fit in ``seconds``."""
+def split_budget(costs: dict[str, RowCost], seeds: int, seconds: float, spent: float = 0.0) -> int:
+  """The number of steps every row gets so that ``seeds`` runs of each row fit in ``seconds``
+  (what is left of the budget after ``spent`` seconds of measuring)."""
   overhead = seeds * sum(c.overhead_sec for c in costs.values())
   per_step = seeds * sum(1.0 / c.steps_per_sec for c in costs.values())
   steps = math.floor((seconds - overhead) / per_step)
   if steps < 2:
-    need = (overhead + 2 * per_step) / 60
+    need = (spent + overhead + 2 * per_step) / 60
     raise ReproduceError(
       f"the budget is too small for {seeds} seed(s) of {len(costs)} rows here: it needs at least "
-      f"{need:.1f} minutes (--minutes), or fewer --seeds"
+      f"{need:.1f} minutes (--minutes; {spent / 60:.1f} of them measuring step rates at load "
+      f"{os.getloadavg()[0]:.1f}), or fewer --seeds"
     )
   return steps
 
@@ -167,19 +168,20 @@ def run_seconds(cost: RowCost, steps: int) -> float:
   return cost.overhead_sec + steps / cost.steps_per_sec
 
 
-def probe(config: ml_collections.ConfigDict, workdir: str) -> RowCost:
-  """Times a ``PROBE_STEPS``-step run of ``config`` (one evaluation included) in ``workdir``."""
+def probe(config: ml_collections.ConfigDict, workdir: str, steps: int = PROBE_STEPS) -> RowCost:
+  """Times a ``steps``-step run of ``config`` (one evaluation included) in ``workdir``."""
   from locvit import train
 
   shutil.rmtree(workdir, ignore_errors=True)
-  config = budgeted_config(config, PROBE_STEPS, seed=0)
+  config = budgeted_config(config, steps, seed=0)
   config.log_every_steps = 1
+  config.checkpoint_every_steps = 0  # the final save only, as in a run
   start = time.perf_counter()
   train.train_and_evaluate(config, workdir)
   wall = time.perf_counter() - start
   rows = [r for r in metrics_lib.read_metrics(workdir) if "perf/steps_per_sec" in r]
   step_seconds = [1.0 / r["perf/steps_per_sec"] for r in rows[1:]]  # the first one compiles
-  steps_per_sec = 1.0 / statistics.median(step_seconds)
+  steps_per_sec = 1.0 / statistics.median(step_seconds or [wall])
   steps_per_epoch = round(rows[-1]["step"] / rows[-1]["epoch"])
   shutil.rmtree(workdir, ignore_errors=True)
   return RowCost(
@@ -236,6 +238,10 @@ def plan_runs(plan: dict[str, Any], seeds: int) -> list[tuple[int, str]]:
 
 def make_plan(name, plan, configs, workdir, seeds, minutes, started) -> dict[str, Any]:
   """Probes each row and splits the budget; saved as DIR/plan.json."""
+  # One-time costs of the process (first compilations, lazy imports, data caches) would otherwise
+  # count as the first row's per-run overhead.
+  print("Warming up (2 steps of the first row)...", flush=True)
+  probe(next(iter(configs.values())), os.path.join(workdir, "_probe", "warmup"), steps=2)
   costs = {}
   for row, config in configs.items():
     print(f"Measuring the step rate of {row} ({PROBE_STEPS} steps + one evaluation)...", flush=True)
@@ -246,8 +252,8 @@ def make_plan(name, plan, configs, workdir, seeds, minutes, started) -> dict[str
       flush=True,
     )
   shutil.rmtree(os.path.join(workdir, "_probe"), ignore_errors=True)
-  left = minutes * 60 - (time.time() - started)
-  steps = split_budget(costs, seeds, left)
+  spent = time.time() - started
+  steps = split_budget(costs, seeds, minutes * 60 - spent, spent)
   if plan.get("max_steps"):
     steps = min(steps, plan["max_steps"])
   return {
@@ -382,6 +388,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   )
   parser.add_argument("--tfds_data_dir", default=None)
   args = parser.parse_args(argv)
+  if argv is None:  # the command line, as locvit.main: TCMalloc where installed (README, "On CPU")
+    cpu_malloc.reexec_with("auto")
   try:
     if args.report:
       from locvit.reproduce import report as reproduce_report
