@@ -31,7 +31,6 @@ from pathlib import Path
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 from PIL import Image
 
@@ -39,6 +38,7 @@ from configs import recipes
 from configs.common import base_config
 from locvit import data as data_lib
 from locvit import optim, sharding, train
+from locvit.run import state as state_lib
 
 
 class JpegSource:
@@ -81,11 +81,11 @@ def step_rate(config, num_classes: int, image_size: int, batch_size: int, steps:
   mesh, rules = sharding.make_mesh(config.mesh), sharding.logical_rules(config.mesh)
   model = train.build_model(config, num_classes)
   shape = (image_size, image_size, 3)
-  boxed, init = train.abstract_variables(model, shape)
-  boxed_params, boxed_state = train.split_variables(boxed)
+  boxed_params, _ = sharding.model_variable_shapes(model, shape)
   schedule = optim.make_schedule(config, 1000, 100)
   tx = optim.make_optimizer(config, nn.meta.unbox(boxed_params), schedule)
-  shardings = train.state_shardings(boxed_params, tx, mesh, rules, boxed_state)
+  layout = state_lib.state_layout(model, shape, tx, mesh, rules)
+  shardings = layout.shardings
   batch_sh = sharding.batch_sharding(mesh, rules)
   keys = jax.random.split(jax.random.key(1))
   batch = {
@@ -93,13 +93,7 @@ def step_rate(config, num_classes: int, image_size: int, batch_size: int, steps:
     "label": jax.random.randint(keys[1], (batch_size,), 0, num_classes),
   }
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    params, model_state = train.split_variables(nn.meta.unbox(init(jax.random.key(0))))
-    state = train.TrainState(
-      step=jnp.zeros((), jnp.int32),
-      params=params,
-      opt_state=tx.init(params),
-      model_state=model_state,
-    )
+    state = layout.init(jax.random.key(0))
     step = jax.jit(
       functools.partial(
         train.train_step,

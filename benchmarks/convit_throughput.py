@@ -106,8 +106,9 @@ def jax_step(name: str, image_size: int, batch_size: int, cpu_kernels: bool = Tr
   if not cpu_kernels:
     config.model.overrides.attention_implementation = "xla"
   model = train.build_model(config, NUM_CLASSES)
-  _, init = train.abstract_train_state(model, None, (image_size, image_size, 3))
-  params = nn.meta.unbox(jax.jit(init)(jax.random.key(0)))
+  # plain flax (model.init), so that the step also runs from an older checkout (--baseline)
+  images = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), images)["params"])
   schedule = optim.make_schedule(config, 1000, 100)
   tx = optim.make_optimizer(config, params, schedule)
   state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))

@@ -27,10 +27,10 @@ import time
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from configs.gmm_table1 import get_config
 from locvit import optim, sharding, train
+from locvit.run import state as state_lib
 
 MODELS = {
   "vit": ("vit,cifar10,base", {}),
@@ -53,15 +53,12 @@ def make_step(name: str, batch_size: int, mesh, rules):
   config = get_config(arg)
   config.batch_size = batch_size
   model = train.build_model(config, 10).clone(**overrides)
-  boxed, init = train.abstract_train_state(model, None, (32, 32, 3))
+  boxed, _ = sharding.model_variable_shapes(model, (32, 32, 3))
   schedule = optim.make_schedule(config, 1000, 100)
   tx = optim.make_optimizer(config, nn.meta.unbox(boxed), schedule)
-  shardings = train.state_shardings(boxed, tx, mesh, rules)
+  layout = state_lib.state_layout(model, (32, 32, 3), tx, mesh, rules)
+  shardings = layout.shardings
   batch_sh = sharding.batch_sharding(mesh, rules)
-
-  def init_state(rng):
-    params = nn.meta.unbox(init(rng))
-    return train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
 
   step = jax.jit(
     functools.partial(
@@ -76,7 +73,7 @@ def make_step(name: str, batch_size: int, mesh, rules):
     "image": jax.random.normal(keys[0], (batch_size, 32, 32, 3)),
     "label": jax.random.randint(keys[1], (batch_size,), 0, 10),
   }
-  init_jit = jax.jit(init_state, out_shardings=shardings)
+  init_jit = jax.jit(layout.init, out_shardings=shardings)
   return step, init_jit, sharding.global_batch(batch, batch_sh)
 
 

@@ -18,12 +18,12 @@ import time
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 from absl import app, flags
 from ml_collections import config_flags
 
 from locvit import data as data_lib
 from locvit import optim, sharding, train
+from locvit.run import state as state_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/cifar10_deit.py", lock_config=True)
 _STEPS = flags.DEFINE_integer("steps", 30, "Timed steps per measurement.")
@@ -46,14 +46,14 @@ def main(argv):
 
   model = train.build_model(config, source.num_classes)
   shape = batch["image"].shape[1:]
-  boxed, init = train.abstract_train_state(model, None, shape)
+  boxed, _ = sharding.model_variable_shapes(model, shape)
   schedule = optim.make_schedule(config, 1000, 100)
   tx = optim.make_optimizer(config, nn.meta.unbox(boxed), schedule)
-  shardings = train.state_shardings(boxed, tx, mesh, rules)
+  layout = state_lib.state_layout(model, shape, tx, mesh, rules)
+  shardings = layout.shardings
   batch_sh = sharding.batch_sharding(mesh, rules)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    params = nn.meta.unbox(init(jax.random.key(0)))
-    state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+    state = layout.init(jax.random.key(0))
     step = jax.jit(
       functools.partial(
         train.train_step,

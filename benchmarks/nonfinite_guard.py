@@ -19,7 +19,7 @@ import numpy as np
 from absl import app, flags
 
 from configs.quickstart import get_config
-from locvit import optim, train
+from locvit import optim, sharding, train
 
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Interleaved repeats of each step.")
 _STEPS = flags.DEFINE_integer("steps", 100, "Steps per timed repeat.")
@@ -29,8 +29,7 @@ def main(argv):
   del argv
   config = get_config()
   model = train.build_model(config, 10)
-  _, init = train.abstract_variables(model, (8, 8, 1))
-  params = nn.meta.unbox(init(jax.random.key(0)))["params"]
+  params, _ = nn.meta.unbox(sharding.init_model_variables(model, (8, 8, 1), jax.random.key(0)))
   schedule = optim.make_schedule(config, 1000, 28)
   tx = optim.make_optimizer(config, params, schedule)
   state = train.TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params))

@@ -10,7 +10,7 @@ import jax
 import ml_collections
 
 from locvit import checkpoint as ckpt_lib
-from locvit import train
+from locvit import sharding
 from locvit.analysis.analyze import restore_params
 
 IMAGE_SHAPE = (32, 32, 3)
@@ -31,8 +31,8 @@ def initial_params(config: ml_collections.ConfigDict, model: nn.Module):
   """The trainer's step-0 parameters: ``model.init`` with ``key(seed + 1)`` (no ``config.init``)."""
   if config.get("init") is not None and config.init.name != "none":
     raise ValueError(f"config.init={config.init.name!r}: step 0 cannot be rebuilt from model.init.")
-  _, init = train.abstract_variables(model, IMAGE_SHAPE)
-  return nn.meta.unbox(jax.jit(init)(jax.random.key(config.seed + 1))["params"])
+  init = lambda rng: sharding.init_model_variables(model, IMAGE_SHAPE, rng)[0]
+  return nn.meta.unbox(jax.jit(init)(jax.random.key(config.seed + 1)))
 
 
 def checkpoint_steps(workdir: str) -> list[int]:

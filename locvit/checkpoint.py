@@ -3,7 +3,8 @@
 ``DIR/<step>`` keeps the last N steps and ``DIR/best/<step>`` the best one. A step holds:
 - ``state``: the sharded ``TrainState`` (restored with the shardings of the abstract target);
 - ``data``: the grain training-iterator position, one file per process;
-- ``meta``: JSON with the config fingerprint, so an incompatible workdir is caught before compiling.
+- ``meta``: JSON given by the caller (the config fingerprint, ``locvit.run_config``), so an
+  incompatible workdir is caught before compiling.
 
 Orbax writes each step into a temporary directory and renames it when complete, so an interrupted
 save never leaves a half-written checkpoint that would be picked up on resume. Once a step is
@@ -15,190 +16,22 @@ moves damaged steps to ``DIR/damaged/`` (never deleting anything). See docs/reli
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
-import time
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
 import grain
 import jax
-import jax.numpy as jnp
-import ml_collections
 import orbax.checkpoint as ocp
 from absl import logging
 from jax.experimental import multihost_utils
 
+from locvit.checksums import CHECKSUMS, verify_checksums, write_checksums  # noqa: F401
+from locvit.sharding import model_variable_shapes, with_shardings
+
 BEST_METRIC = "eval/top1"
-# Config fields whose change makes a checkpoint unusable for resuming.
-FINGERPRINT_FIELDS = (
-  "model",
-  "data.source",
-  "data.name",
-  "data.image_size",
-  "data.num_classes",
-  "num_classes",  # derived: the class count the head was built for (data.num_classes or source's)
-  "optimizer.name",
-  "optimizer.decay_mask",
-  "freeze",
-  "grad_clip_norm",
-  "distillation.type",  # the student gains a distillation token and head
-  "ema.enabled",  # the state gains the EMA weights (derived: ema.decay > 0)
-)
-
-
-# Fields whose change on resume is allowed but reported (one warning, and RESUME_LOG).
-HYPERPARAMETER_FIELDS = (
-  "optimizer",
-  "schedule",
-  "batch_size",
-  "grad_accum_steps",
-  "total_steps",
-  "num_epochs",
-  "label_smoothing",
-  "data.root",
-)
-RESUME_LOG = "resume_log.json"  # in the workdir: one entry per resume with changed fields
-CHECKSUMS = "checksums.json"  # in each committed step directory
 DAMAGED = "damaged"  # DIR/damaged/<step>: quarantined steps that failed verification
-
-
-def _get(config: ml_collections.ConfigDict, dotted: str, num_classes: int | None = None) -> Any:
-  if dotted == "ema.enabled":
-    ema = config.get("ema")
-    return bool(ema is not None and ema.decay > 0)
-  if dotted == "num_classes":
-    return num_classes if num_classes is not None else config.data.get("num_classes")
-  value: Any = config
-  for part in dotted.split("."):
-    value = value.get(part) if hasattr(value, "get") else None
-  return value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
-
-
-def _jsonable(fields, config, num_classes) -> dict[str, Any]:
-  return json.loads(json.dumps({f: _get(config, f, num_classes) for f in fields}, default=str))
-
-
-def fingerprint(
-  config: ml_collections.ConfigDict, num_classes: int | None = None
-) -> dict[str, Any]:
-  """The JSON-able subset of the config a checkpoint depends on."""
-  return _jsonable(FINGERPRINT_FIELDS, config, num_classes)
-
-
-def hyperparameters(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """The training settings recorded with each checkpoint (a change is reported on resume)."""
-  return _jsonable(HYPERPARAMETER_FIELDS, config, None)
-
-
-def check_compatible(
-  saved: dict[str, Any],
-  config: ml_collections.ConfigDict,
-  where: str,
-  num_classes: int | None = None,
-) -> None:
-  """Raises if the workdir's checkpoint came from an incompatible config (model, dataset, ...)."""
-  current = fingerprint(config, num_classes)
-  # Fields absent from an older checkpoint's metadata are not compared, nor a class count the
-  # caller does not know.
-  diffs = [
-    f"  {k}: checkpoint has {saved.get(k)!r}, config has {current[k]!r}"
-    for k in FINGERPRINT_FIELDS
-    if k in saved and saved[k] != current[k] and not (k == "num_classes" and current[k] is None)
-  ]
-  if diffs:
-    raise ValueError(
-      f"The checkpoint in {where} was written by an incompatible config:\n"
-      + "\n".join(diffs)
-      + "\nUse a fresh --workdir, or restore the original config values to resume."
-    )
-
-
-def report_changed_hyperparameters(
-  saved_meta: dict[str, Any], config: ml_collections.ConfigDict, workdir: str, step: int
-) -> list[str]:
-  """Lists training settings changed since ``step`` was saved in ONE warning, and appends them to
-  ``workdir/resume_log.json``; returns the changed field names (none for older checkpoints)."""
-  saved = saved_meta.get("hyperparameters") or {}
-  current = hyperparameters(config)
-  changed = [k for k in HYPERPARAMETER_FIELDS if k in saved and saved[k] != current[k]]
-  if not changed:
-    return []
-  lines = [f"{k}: {saved[k]!r} -> {current[k]!r}" for k in changed]
-  logging.warning(
-    "Resuming from step %d with changed training settings: %s", step, "; ".join(lines)
-  )
-  if jax.process_index() == 0:
-    path = os.path.join(workdir, RESUME_LOG)
-    log = []
-    if os.path.exists(path):
-      with open(path) as f:
-        log = json.load(f)
-    log.append(
-      {
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "step": step,
-        "changed": {k: {"checkpoint": saved[k], "config": current[k]} for k in changed},
-      }
-    )
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump(log, f, indent=1)
-    os.replace(tmp, path)
-  return changed
-
-
-# ------------------------------------------------------------------------------------------------
-# Integrity: a checksum manifest per committed step
-
-
-def _file_digests(step_dir: str) -> dict[str, str]:
-  digests = {}
-  for root, _, files in os.walk(step_dir):
-    for name in files:
-      path = os.path.join(root, name)
-      rel = os.path.relpath(path, step_dir)
-      if rel == CHECKSUMS:
-        continue
-      with open(path, "rb") as f:
-        digests[rel] = hashlib.file_digest(f, "sha256").hexdigest()
-  return dict(sorted(digests.items()))
-
-
-def write_checksums(step_dir: str) -> None:
-  """Writes ``step_dir/checksums.json`` (SHA-256 of every file) atomically."""
-  manifest = {"algorithm": "sha256", "files": _file_digests(step_dir)}
-  tmp = os.path.join(step_dir, CHECKSUMS + ".tmp")
-  with open(tmp, "w") as f:
-    json.dump(manifest, f, indent=0)
-  os.replace(tmp, os.path.join(step_dir, CHECKSUMS))
-
-
-def verify_checksums(step_dir: str) -> str | None:
-  """None when every file listed in ``checksums.json`` is present and unchanged (or the step has
-  no manifest: a run killed between commit and manifest); else a short description."""
-  path = os.path.join(step_dir, CHECKSUMS)
-  if not os.path.exists(path):
-    return None
-  try:
-    with open(path) as f:
-      expected = json.load(f)["files"]
-  except (OSError, ValueError, KeyError) as e:
-    return f"unreadable {CHECKSUMS} ({type(e).__name__})"
-  problems = []
-  for rel, digest in expected.items():
-    full = os.path.join(step_dir, rel)
-    if not os.path.exists(full):
-      problems.append(f"{rel} missing")
-      continue
-    with open(full, "rb") as f:
-      if hashlib.file_digest(f, "sha256").hexdigest() != digest:
-        problems.append(f"{rel} checksum mismatch")
-  if not problems:
-    return None
-  more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
-  return ", ".join(problems[:3]) + more
 
 
 def _one_line(error: BaseException) -> str:
@@ -303,13 +136,8 @@ class Checkpointer:
       return None
     return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
-  def _items(self, step, state, data_iter, config, metrics, num_classes) -> ocp.args.Composite:
-    meta = {
-      "step": step,
-      "config": fingerprint(config, num_classes),
-      "hyperparameters": hyperparameters(config),
-      "metrics": metrics,
-    }
+  def _items(self, step, state, data_iter, meta, metrics) -> ocp.args.Composite:
+    meta = {"step": step, **meta, "metrics": metrics}
     items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
     if data_iter is not None:
       items["data"] = grain.checkpoint.CheckpointSave(data_iter)
@@ -333,31 +161,14 @@ class Checkpointer:
       self._unsummed.append((manager, step))
     return saved
 
-  def save(
-    self,
-    step: int,
-    state: Any,
-    data_iter: grain.DatasetIterator | None,
-    config: ml_collections.ConfigDict,
-    metrics: dict[str, Any] | None = None,
-    force: bool = False,
-    num_classes: int | None = None,
-  ) -> bool:
-    """Saves ``step``; also replaces the best checkpoint when ``eval/top1`` improves on it."""
-    metrics = {k: float(v) for k, v in (metrics or {}).items() if k.startswith("eval/")}
-    items = self._items(step, state, data_iter, config, metrics, num_classes)
-    saved = self._save(self.manager, step, items, force)
-    self.save_best(step, state, config, metrics, num_classes)
-    return saved
+  def save(self, step: int, state: Any, data_iter, meta: dict, force: bool = False) -> bool:
+    """Saves ``step`` and the position of ``data_iter`` (a grain iterator, or None) into ``DIR``;
+    ``meta`` is JSON kept beside them (``run_config.checkpoint_meta``). ``save_best`` keeps the
+    best step, after evaluation."""
+    items = self._items(step, state, data_iter, meta, {})
+    return self._save(self.manager, step, items, force)
 
-  def save_best(
-    self,
-    step: int,
-    state: Any,
-    config: ml_collections.ConfigDict,
-    metrics: dict[str, Any],
-    num_classes: int | None = None,
-  ) -> bool:
+  def save_best(self, step: int, state: Any, meta: dict, metrics: dict[str, Any]) -> bool:
     """Replaces ``DIR/best`` with ``step`` when its ``eval/top1`` beats the kept one's."""
     metrics = {k: float(v) for k, v in metrics.items() if k.startswith("eval/")}
     if self.best is None or BEST_METRIC not in metrics:
@@ -365,7 +176,7 @@ class Checkpointer:
     best = self.best_score()
     if best is not None and metrics[BEST_METRIC] <= best:
       return False
-    items = self._items(step, state, None, config, metrics, num_classes)
+    items = self._items(step, state, None, meta, metrics)
     self._best_score = metrics[BEST_METRIC]
     return self._save(self.best, step, items, force=True)
 
@@ -507,15 +318,6 @@ def restore_variables_args(abstract: dict[str, Any]) -> ocp.args.Composite:
   )
 
 
-def model_variable_shapes(model: nn.Module, image_shape: tuple[int, ...]) -> tuple[Any, Any]:
-  """Boxed abstract ``(params, other collections)`` of ``model`` (shapes and logical axes)."""
-  variables = jax.eval_shape(
-    lambda rng: model.init({"params": rng}, jnp.zeros((1, *image_shape), jnp.float32)),
-    jax.random.key(0),
-  )
-  return variables["params"], {k: v for k, v in variables.items() if k != "params"}
-
-
 def _reader(workdir: str) -> Checkpointer:
   return Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False, read_only=True)
 
@@ -527,12 +329,12 @@ def restore_model_variables(
   *,
   step: int | None = None,
   shardings: tuple[Any, Any] | None = None,
-  config: ml_collections.ConfigDict | None = None,
+  check: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[Any, Any, int]:
   """``(params, model_state, step)`` from ``workdir/checkpoints`` (the latest step by default).
 
   Restores into ``shardings`` (a ``(params, model_state)`` pair of sharding trees) or onto the
-  first device. With ``config``, first checks the checkpoint was written by a compatible config.
+  first device. ``check(meta)`` first vets the step's metadata (a compatible config).
   Raises FileNotFoundError naming the directory when it holds no checkpoint.
   """
   checkpointer = _reader(workdir)
@@ -551,15 +353,13 @@ def restore_model_variables(
         f"Checkpoint step {step} in {workdir}/checkpoints is damaged: {problem}. Saved steps: "
         f"{sorted(checkpointer.manager.all_steps())}; pick another with --step."
       )
-    if config is not None:
-      check_compatible(checkpointer.saved_meta(step)["config"], config, workdir)
+    if check is not None:
+      check(checkpointer.saved_meta(step))
     abstract = nn.meta.unbox(model_variable_shapes(model, image_shape))
     if shardings is None:
       device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
       shardings = jax.tree.map(lambda _: device, abstract)
-    abstract = jax.tree.map(
-      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
-    )
+    abstract = with_shardings(abstract, shardings)
     restored = checkpointer.manager.restore(
       step, args=restore_variables_args({"params": abstract[0], "model_state": abstract[1]})
     )["state"]
@@ -582,11 +382,7 @@ def saved_model_config(workdir: str, step: int | None = None) -> dict[str, Any]:
 
 def restore_ema_params(workdir: str, step: int, shardings: Any, boxed_params: Any) -> Any:
   """The EMA weights (``TrainState.ema_params``) saved at ``step``, in ``shardings``."""
-  abstract = jax.tree.map(
-    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-    nn.meta.unbox(boxed_params),
-    shardings,
-  )
+  abstract = with_shardings(nn.meta.unbox(boxed_params), shardings)
   checkpointer = _reader(workdir)
   try:
     restored = checkpointer.manager.restore(

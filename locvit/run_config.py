@@ -16,10 +16,13 @@ import json
 import os
 import shlex
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import ml_collections
+from absl import logging
 
 FILENAME = "config.json"
 _TYPES = {"bool": bool, "int": int, "float": float, "str": str}
@@ -88,3 +91,127 @@ def read(config_path: str) -> ml_collections.ConfigDict:
 def get_config(config_path: str) -> ml_collections.ConfigDict:
   """ml-collections entry point: ``--config=locvit/run_config.py:DIR/config.json``."""
   return read(config_path)
+
+
+# ------------------------------------------------------------------------------------------------
+# What a checkpoint records of the config: the fingerprint (must match to resume) and the
+# hyperparameters (a change is reported)
+# Config fields whose change makes a checkpoint unusable for resuming.
+FINGERPRINT_FIELDS = (
+  "model",
+  "data.source",
+  "data.name",
+  "data.image_size",
+  "data.num_classes",
+  "num_classes",  # derived: the class count the head was built for (data.num_classes or source's)
+  "optimizer.name",
+  "optimizer.decay_mask",
+  "freeze",
+  "grad_clip_norm",
+  "distillation.type",  # the student gains a distillation token and head
+  "ema.enabled",  # the state gains the EMA weights (derived: ema.decay > 0)
+)
+
+
+# Fields whose change on resume is allowed but reported (one warning, and RESUME_LOG).
+HYPERPARAMETER_FIELDS = (
+  "optimizer",
+  "schedule",
+  "batch_size",
+  "grad_accum_steps",
+  "total_steps",
+  "num_epochs",
+  "label_smoothing",
+  "data.root",
+)
+RESUME_LOG = "resume_log.json"  # in the workdir: one entry per resume with changed fields
+
+
+def _get(config: ml_collections.ConfigDict, dotted: str, num_classes: int | None = None) -> Any:
+  if dotted == "ema.enabled":
+    ema = config.get("ema")
+    return bool(ema is not None and ema.decay > 0)
+  if dotted == "num_classes":
+    return num_classes if num_classes is not None else config.data.get("num_classes")
+  value: Any = config
+  for part in dotted.split("."):
+    value = value.get(part) if hasattr(value, "get") else None
+  return value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
+
+
+def _jsonable(fields, config, num_classes) -> dict[str, Any]:
+  return json.loads(json.dumps({f: _get(config, f, num_classes) for f in fields}, default=str))
+
+
+def fingerprint(
+  config: ml_collections.ConfigDict, num_classes: int | None = None
+) -> dict[str, Any]:
+  """The JSON-able subset of the config a checkpoint depends on."""
+  return _jsonable(FINGERPRINT_FIELDS, config, num_classes)
+
+
+def hyperparameters(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The training settings recorded with each checkpoint (a change is reported on resume)."""
+  return _jsonable(HYPERPARAMETER_FIELDS, config, None)
+
+
+def check_compatible(
+  saved: dict[str, Any],
+  config: ml_collections.ConfigDict,
+  where: str,
+  num_classes: int | None = None,
+) -> None:
+  """Raises if the workdir's checkpoint came from an incompatible config (model, dataset, ...)."""
+  current = fingerprint(config, num_classes)
+  # Fields absent from an older checkpoint's metadata are not compared, nor a class count the
+  # caller does not know.
+  diffs = [
+    f"  {k}: checkpoint has {saved.get(k)!r}, config has {current[k]!r}"
+    for k in FINGERPRINT_FIELDS
+    if k in saved and saved[k] != current[k] and not (k == "num_classes" and current[k] is None)
+  ]
+  if diffs:
+    raise ValueError(
+      f"The checkpoint in {where} was written by an incompatible config:\n"
+      + "\n".join(diffs)
+      + "\nUse a fresh --workdir, or restore the original config values to resume."
+    )
+
+
+def report_changed_hyperparameters(
+  saved_meta: dict[str, Any], config: ml_collections.ConfigDict, workdir: str, step: int
+) -> list[str]:
+  """Lists training settings changed since ``step`` was saved in ONE warning, and appends them to
+  ``workdir/resume_log.json``; returns the changed field names (none for older checkpoints)."""
+  saved = saved_meta.get("hyperparameters") or {}
+  current = hyperparameters(config)
+  changed = [k for k in HYPERPARAMETER_FIELDS if k in saved and saved[k] != current[k]]
+  if not changed:
+    return []
+  lines = [f"{k}: {saved[k]!r} -> {current[k]!r}" for k in changed]
+  logging.warning(
+    "Resuming from step %d with changed training settings: %s", step, "; ".join(lines)
+  )
+  if jax.process_index() == 0:
+    path = os.path.join(workdir, RESUME_LOG)
+    log = []
+    if os.path.exists(path):
+      with open(path) as f:
+        log = json.load(f)
+    log.append(
+      {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "step": step,
+        "changed": {k: {"checkpoint": saved[k], "config": current[k]} for k in changed},
+      }
+    )
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(log, f, indent=1)
+    os.replace(tmp, path)
+  return changed
+
+
+def checkpoint_meta(config: ml_collections.ConfigDict, num_classes: int | None = None) -> dict:
+  """The ``meta`` a checkpoint keeps of ``config`` (``Checkpointer.save``)."""
+  return {"config": fingerprint(config, num_classes), "hyperparameters": hyperparameters(config)}

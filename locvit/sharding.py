@@ -20,6 +20,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
@@ -120,6 +121,48 @@ def tree_shardings(boxed_abstract: Any, mesh: Mesh, rules: Rules) -> Any:
     specs,
     shapes,
     is_leaf=lambda x: isinstance(x, P),
+  )
+
+
+def opt_state_shardings(abstract_opt_state, abstract_params, param_shardings, mesh):
+  """Shards each optimizer-state leaf like the parameter it mirrors (Adam's mu and nu, momentum):
+  the parameter whose dict-key path is the longest suffix of the leaf's path and whose shape is
+  equal. Everything else (counts, scalars) is replicated. Works for any optax chain, including
+  ``multi_transform`` / ``masked`` states.
+  """
+  flat = lambda tree: {
+    tuple(k.key for k in path): v for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
+  shapes, shardings = flat(abstract_params), flat(param_shardings)
+
+  def pick(path, leaf):
+    keys = tuple(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
+    for start in range(len(keys)):
+      shape = shapes.get(keys[start:])
+      if shape is not None and shape.shape == leaf.shape:
+        return shardings[keys[start:]]
+    return replicated(mesh)
+
+  return jax.tree_util.tree_map_with_path(pick, abstract_opt_state)
+
+
+def init_model_variables(model: nn.Module, image_shape: tuple[int, ...], rng: jax.Array):
+  """Boxed ``(params, other collections)`` from ``model.init`` on one zero image."""
+  variables = model.init({"params": rng}, jnp.zeros((1, *image_shape), jnp.float32))
+  return variables["params"], {k: v for k, v in variables.items() if k != "params"}
+
+
+def model_variable_shapes(model: nn.Module, image_shape: tuple[int, ...]) -> tuple[Any, Any]:
+  """Boxed abstract ``(params, other collections)`` of ``model`` (shapes and logical axes)."""
+  return jax.eval_shape(
+    lambda rng: init_model_variables(model, image_shape, rng), jax.random.key(0)
+  )
+
+
+def with_shardings(abstract: Any, shardings: Any) -> Any:
+  """``ShapeDtypeStruct``s of ``abstract`` carrying ``shardings`` (a restore or jit target)."""
+  return jax.tree.map(
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
   )
 
 

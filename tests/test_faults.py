@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from locvit import checkpoint as ckpt_lib
-from locvit import sharding, train
+from locvit import run_config, sharding, train
 from locvit.data import CorruptImageError
 from locvit.metrics import read_metrics
 from tests.test_cli import _free_port, _main
@@ -320,7 +320,7 @@ def test_a_changed_dataset_is_refused_and_changed_hyperparameters_are_reported(t
   (step_dir / "meta" / "metadata").write_text(json.dumps(meta))
   os.remove(step_dir / ckpt_lib.CHECKSUMS)
   train.train_and_evaluate(tiny_config(total_steps=3), str(tmp_path))
-  assert not (tmp_path / ckpt_lib.RESUME_LOG).exists()
+  assert not (tmp_path / run_config.RESUME_LOG).exists()
   # Changed learning rate and batch size: one warning, and an entry in resume_log.json.
   changed = tiny_config(total_steps=4, batch_size=16)
   changed.optimizer.lr = 5e-4
@@ -332,7 +332,7 @@ def test_a_changed_dataset_is_refused_and_changed_hyperparameters_are_reported(t
   ]
   assert len(warnings) == 1 and "batch_size: 32 -> 16" in warnings[0]
   assert "'lr': 0.001" in warnings[0] and "'lr': 0.0005" in warnings[0]
-  log = json.loads((tmp_path / ckpt_lib.RESUME_LOG).read_text())
+  log = json.loads((tmp_path / run_config.RESUME_LOG).read_text())
   assert [entry["step"] for entry in log] == [3]
   assert set(log[0]["changed"]) == {"optimizer", "batch_size", "total_steps"}
   assert log[0]["changed"]["batch_size"] == {"checkpoint": 32, "config": 16}

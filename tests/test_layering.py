@@ -22,12 +22,14 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "locvit"
 LAYERS = (
   # No model knowledge. ``configs``: the package only locates the shipped config files, which
   # main loads by path.
-  ("locvit", "ops", "sharding", "metrics", "cpu_malloc", "checkpoint", "workdir", "run_config"),
+  ("locvit", "ops", "sharding", "metrics", "cpu_malloc", "checksums", "workdir", "run_config"),
+  ("checkpoint",),  # orbax and integrity
   ("configs",),
   ("attention",),  # positional terms, the attention core
   ("models",),  # backbones, registry, build_model, parameter surgery
   ("init", "data", "convert", "optim", "evaluate", "distill"),  # use models, never each other
   ("analysis",),  # reports and plots
+  ("run",),  # the run bundle, the state, the step
   ("train",),  # the loop; analysis reaches it only as hooks passed in
   ("main",),  # the CLI
   ("reproduce",),  # plans of runs: trains through train, beside the CLI

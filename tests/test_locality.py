@@ -54,8 +54,8 @@ def initial():
   """(config, model, initial params) of the tiny ConViT on 8x8x1 digits (4x4 patch grid)."""
   config = tiny_convit_config()
   model = train.build_model(config, 10)
-  _, init = train.abstract_train_state(model, None, (8, 8, 1))
-  return config, model, nn.meta.unbox(jax.jit(init)(jax.random.key(config.seed + 1)))
+  init = functools.partial(sharding.init_model_variables, model, (8, 8, 1))
+  return config, model, nn.meta.unbox(jax.jit(init)(jax.random.key(config.seed + 1))[0])
 
 
 @pytest.fixture(scope="module")

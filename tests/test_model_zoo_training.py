@@ -6,13 +6,13 @@ optimizer-state shardings, BatchNorm state, and tensor-parallel layouts of each 
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from locvit import optim, sharding, train
 from locvit.models import create_model
 from locvit.models.convit import convit_overrides
+from locvit.run import state as state_lib
 from tests.train_utils import tiny_config
 
 FAMILIES = {
@@ -39,11 +39,10 @@ def test_family_trains_on_a_tensor_parallel_mesh(name):
   config.model.name = name
   mesh, rules = sharding.make_mesh(config.mesh), sharding.logical_rules(config.mesh)
   model = create_model(name, num_classes=10, **FAMILIES[name])
-  boxed, init = train.abstract_variables(model, (32, 32, 3))
-  boxed_params, boxed_state = train.split_variables(boxed)
+  boxed_params, _ = sharding.model_variable_shapes(model, (32, 32, 3))
   schedule = optim.make_schedule(config, 10, 1)
   tx = optim.make_optimizer(config, nn.meta.unbox(boxed_params), schedule)
-  shardings = train.state_shardings(boxed_params, tx, mesh, rules, boxed_state)
+  layout = state_lib.state_layout(model, (32, 32, 3), tx, mesh, rules)
   batch_sharding = sharding.batch_sharding(mesh, rules)
   rng = np.random.default_rng(0)
   batch = {
@@ -51,19 +50,15 @@ def test_family_trains_on_a_tensor_parallel_mesh(name):
     "label": rng.integers(0, 10, size=8).astype(np.int32),
   }
 
-  def init_state(key):
-    params, model_state = train.split_variables(nn.meta.unbox(init(key)))
-    return train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), model_state)
-
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    state = jax.jit(init_state, out_shardings=shardings)(jax.random.key(0))
+    state = jax.jit(layout.init, out_shardings=layout.shardings)(jax.random.key(0))
     before = jax.device_get(state.params)
     step = jax.jit(
       lambda s, b: train.train_step(
         s, b, model=model, tx=tx, schedule=schedule, config=config, num_classes=10
       ),
-      in_shardings=(shardings, batch_sharding),
-      out_shardings=(shardings, sharding.replicated(mesh)),
+      in_shardings=(layout.shardings, batch_sharding),
+      out_shardings=(layout.shardings, sharding.replicated(mesh)),
     )
     for _ in range(2):
       state, metrics = step(state, sharding.global_batch(batch, batch_sharding))

@@ -8,7 +8,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from locvit import checkpoint as ckpt_lib
-from locvit import optim, train
+from locvit import optim, run_config, sharding, train
+from locvit.data import device_augment
 from locvit.metrics import read_metrics
 from locvit.models import create_model
 from tests.train_utils import tiny_config
@@ -16,7 +17,7 @@ from tests.train_utils import tiny_config
 
 def _params(name="convit_tiny_patch2_32", **overrides):
   model = create_model(name, num_classes=10, **overrides)
-  boxed, _ = train.abstract_train_state(model, None, (8, 8, 3))
+  boxed, _ = sharding.model_variable_shapes(model, (8, 8, 3))
   return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.tree.map(lambda x: x, boxed))
 
 
@@ -81,7 +82,7 @@ def test_frozen_parameters_do_not_move(tmp_path):
   config = tiny_config(freeze=("blocks_0/attn/",))
   config.total_steps = 3
   model = train.build_model(config, 10)
-  _, init = train.abstract_train_state(model, None, (8, 8, 1))
+  init = lambda rng: sharding.init_model_variables(model, (8, 8, 1), rng)[0]
   import flax.linen as nn
 
   params = nn.meta.unbox(init(jax.random.key(0)))
@@ -127,7 +128,7 @@ def test_label_smoothing_loss_matches_formula():
   logits = jnp.array([[2.0, 0.0, -1.0]])
   model = type("M", (), {"apply": lambda self, v, x, train, rngs: logits})()
   labels = jnp.array([0])
-  targets = train.device_augment.soft_targets(labels, 3, 0.3)  # what the step feeds the loss
+  targets = device_augment.soft_targets(labels, 3, 0.3)  # what the step feeds the loss
   loss, _ = train.loss_and_metrics({}, model, None, targets, labels, None)
   logp = jax.nn.log_softmax(logits)[0]
   target = np.array([0.7 + 0.1, 0.1, 0.1])
@@ -152,7 +153,8 @@ def test_checkpoints_keep_last_n_and_best(tmp_path):
   state = {"w": jnp.arange(3.0)}
   top1 = {1: 0.2, 2: 0.9, 3: 0.5, 4: 0.4, 5: 0.3}
   for step, acc in top1.items():
-    ckpt.save(step, state, None, config, metrics={"eval/top1": acc})
+    ckpt.save(step, state, None, run_config.checkpoint_meta(config))
+    ckpt.save_best(step, state, run_config.checkpoint_meta(config), {"eval/top1": acc})
   ckpt.wait()
   assert sorted(ckpt.manager.all_steps()) == [4, 5]
   assert ckpt.best_step() == 2 and ckpt.best_score() == 0.9
@@ -160,7 +162,9 @@ def test_checkpoints_keep_last_n_and_best(tmp_path):
   # A restarted run keeps the best across rotations of the last-N steps.
   ckpt = ckpt_lib.Checkpointer(str(tmp_path), keep=2, async_save=False)
   for step, acc in {6: 0.1, 7: 0.95, 8: 0.2}.items():
-    ckpt.save(step, {"w": jnp.full(3, float(step))}, None, config, metrics={"eval/top1": acc})
+    state = {"w": jnp.full(3, float(step))}
+    ckpt.save(step, state, None, run_config.checkpoint_meta(config))
+    ckpt.save_best(step, state, run_config.checkpoint_meta(config), {"eval/top1": acc})
   ckpt.wait()
   assert sorted(ckpt.manager.all_steps()) == [7, 8]
   assert ckpt.best_step() == 7 and ckpt.best_score() == 0.95
@@ -178,7 +182,7 @@ def test_intended_mask_spares_gmm_and_elm_mask_parameters():
     ("elm_vit_smalldata_d6_patch4_32", ("elm",)),
   ]:
     model = create_model(name, num_classes=10)
-    boxed, _ = train.abstract_train_state(model, None, (32, 32, 3))
+    boxed, _ = sharding.model_variable_shapes(model, (32, 32, 3))
     mask = _flat(optim.decay_mask(nn.meta.unbox(boxed), "intended"))
     masked = {k: v for k, v in mask.items() if k.split("/")[-1] in mask_params}
     assert masked and not any(masked.values()), masked  # every layer's mask parameters

@@ -47,7 +47,7 @@ def _param_specs(layout, shape):
   mesh = sharding.make_mesh(config.mesh)
   rules = sharding.logical_rules(config.mesh)
   model = train.build_model(config, 10)
-  boxed, _ = train.abstract_train_state(model, None, (8, 8, 1))
+  boxed, _ = sharding.model_variable_shapes(model, (8, 8, 1))
   shardings = sharding.tree_shardings(boxed, mesh, rules)
   return jax.tree.map(lambda s: s.spec, shardings, is_leaf=lambda x: hasattr(x, "spec"))
 
@@ -74,7 +74,7 @@ def test_optimizer_state_sharded_like_parameters():
   config = tiny_config(freeze=("blocks_0/",))
   config.mesh.layout = "fsdp"
   mesh, rules = sharding.make_mesh(config.mesh), sharding.logical_rules(config.mesh)
-  boxed, _ = train.abstract_train_state(train.build_model(config, 10), None, (8, 8, 1))
+  boxed, _ = sharding.model_variable_shapes(train.build_model(config, 10), (8, 8, 1))
   params = nn.meta.unbox(boxed)
   tx = optim.make_optimizer(config, params, optim.make_schedule(config, 6, 1))
   shardings = train.state_shardings(boxed, tx, mesh, rules)
@@ -246,8 +246,8 @@ def test_config_init_is_applied_to_a_fresh_run(tmp_path):
   saved = ckpt.manager.restore(1, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
   ckpt.close()
   model = train.build_model(config, 10)
-  _, init = train.abstract_train_state(model, None, (8, 8, 1))
-  fresh = nn.meta.unbox(init(jax.random.key(config.seed + 1)))
+  fresh, _ = sharding.init_model_variables(model, (8, 8, 1), jax.random.key(config.seed + 1))
+  fresh = nn.meta.unbox(fresh)
   expected = apply_init(config.init, fresh, model, 8)
   np.testing.assert_allclose(
     saved["state"]["params"]["blocks_1"]["attn"]["qkv"]["kernel"],

@@ -33,6 +33,7 @@ from absl import logging
 from locvit import checkpoint as ckpt_lib
 from locvit import data as data_lib
 from locvit import metrics as metrics_lib
+from locvit import run_config
 from locvit.analysis import locality, plots
 from locvit.models.factory import build_model
 
@@ -98,7 +99,11 @@ def restore_params(
   """``(params, step)`` of a checkpoint in ``workdir/checkpoints`` (latest by default), restored
   onto one device without the optimizer state."""
   params, _, step = ckpt_lib.restore_model_variables(
-    workdir, model, image_shape, step=step, config=config
+    workdir,
+    model,
+    image_shape,
+    step=step,
+    check=lambda meta: run_config.check_compatible(meta["config"], config, workdir),
   )
   return params, step
 

@@ -1,0 +1,238 @@
+"""Everything a run needs, built once from a validated config, apart from the loop.
+
+``build_training(config, workdir)`` checks the config (before anything is compiled or written),
+claims the workdir, keeps the config, and builds the mesh and rules, the data sources and
+iterators, the model, the optimizer, the state layout, the teacher, the checkpointer and the
+metric writer. ``build_evaluation(config)`` builds the part an evaluation needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import ml_collections
+import optax
+
+from locvit import checkpoint as ckpt_lib
+from locvit import data as data_lib
+from locvit import distill, optim, run_config, sharding
+from locvit import metrics as metrics_lib
+from locvit import workdir as workdir_lib
+from locvit.data import device_augment
+from locvit.init import from_checkpoint
+from locvit.models.factory import build_model
+from locvit.models.layers import check_patchable
+from locvit.run import state as state_lib
+from locvit.run.step import NONFINITE_MODES
+
+
+def validate_recipe(config: ml_collections.ConfigDict, num_classes: Any) -> None:
+  """Checks the on-device augmentation, EMA and distillation blocks; runs before compiling."""
+  if config.get("mixup") is not None:
+    device_augment.validate_mixup_config(config.mixup, num_classes)
+  if config.get("random_erasing") is not None:
+    device_augment.validate_erasing_config(config.random_erasing)
+  if config.get("nonfinite", "stop") not in NONFINITE_MODES:
+    raise ValueError(f"nonfinite={config.nonfinite!r} is not one of {list(NONFINITE_MODES)}")
+  if config.get("ema") is not None and not 0 <= config.ema.decay < 1:
+    raise ValueError(f"ema.decay={config.ema.decay!r} must be in [0, 1) (0 turns the EMA off)")
+  distill.validate(config)
+
+
+def check_analysis_hooks(config: ml_collections.ConfigDict, **hooks: Callable | None) -> None:
+  """``config.analysis`` switches on per-evaluation analysis only the caller's hooks can do."""
+  analysis = config.get("analysis") or {}
+  fields = {"locality": "make_locality_logger", "center_plots": "make_center_plotter"}
+  for field, hook in fields.items():
+    if analysis.get(field) and hooks[hook] is None:
+      raise ValueError(
+        f"config.analysis.{field}=True, but train_and_evaluate got no {hook}: pass "
+        f"**locvit.analysis.hooks.training_hooks() (as locvit.main does) or turn it off."
+      )
+
+
+def validate(config: ml_collections.ConfigDict, mesh, rules, model: nn.Module) -> None:
+  """Checks that would otherwise fail deep inside JAX; runs before anything is compiled."""
+  image_size = config.data.image_size
+  if hasattr(model, "patch_size"):
+    check_patchable(image_size, image_size, model.patch_size)
+  dp = sharding.data_parallel_size(mesh, rules)
+  for name in ("batch_size", "eval_batch_size"):
+    size = config.get(name) or config.batch_size
+    if size % dp:
+      valid = [dp * k for k in range(max(size // dp, 1), max(size // dp, 1) + 3)]
+      raise ValueError(
+        f"{name}={size} is not divisible by the {dp} data-parallel devices of mesh "
+        f"{dict(mesh.shape)}. Valid values near it: {valid}."
+      )
+    if size % jax.process_count():
+      raise ValueError(f"{name}={size} is not divisible by {jax.process_count()} processes.")
+  accum = config.get("grad_accum_steps", 1)
+  if accum < 1 or config.batch_size % (accum * dp):
+    raise ValueError(
+      f"grad_accum_steps={accum}: batch_size={config.batch_size} must split into {accum} "
+      f"micro-batches each divisible by {dp} data-parallel devices."
+    )
+
+
+def training_length(config, num_train_examples: int) -> tuple[int, int]:
+  """(total_steps, steps_per_epoch). Epochs scale by 1/train_fraction (ConViT Table 2)."""
+  steps_per_epoch = max(num_train_examples // config.batch_size, 1)
+  if config.get("total_steps", -1) > 0:
+    return config.total_steps, steps_per_epoch
+  epochs = config.num_epochs / config.data.get("train_fraction", 1.0)
+  return max(math.ceil(epochs * steps_per_epoch), 1), steps_per_epoch
+
+
+@dataclasses.dataclass
+class Evaluation:
+  """What evaluating a model needs: mesh and rules, the model, and the eval data."""
+
+  config: ml_collections.ConfigDict
+  mesh: jax.sharding.Mesh
+  rules: Any
+  model: nn.Module
+  num_classes: int
+  image_shape: tuple[int, int, int]
+  eval_source: Any
+  eval_batches: Any
+
+  @property
+  def batch_sharding(self) -> jax.sharding.NamedSharding:
+    """How a global batch is laid out: split over the mesh's data axis."""
+    return sharding.batch_sharding(self.mesh, self.rules)
+
+
+@dataclasses.dataclass
+class Training(Evaluation):
+  """Everything a training run needs; ``with`` it to close the checkpointer and the writer and
+  release the workdir when the run ends, however it ends."""
+
+  workdir: str = ""
+  train_source: Any = None
+  train_iter: Any = None
+  total_steps: int = 0
+  steps_per_epoch: int = 0
+  schedule: optax.Schedule | None = None
+  tx: optax.GradientTransformation | None = None
+  layout: state_lib.StateLayout | None = None
+  teacher: distill.Teacher | None = None
+  warmstart: Any = None
+  checkpointer: ckpt_lib.Checkpointer | None = None
+  writer: metrics_lib.MetricWriter | None = None
+  hooks: dict[str, Callable | None] = dataclasses.field(default_factory=dict)
+
+  @property
+  def use_ema(self) -> bool:
+    """Whether the run keeps a weight EMA (``config.ema.decay > 0``)."""
+    return state_lib.ema_enabled(self.config)
+
+  def __enter__(self) -> Training:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    try:  # pending saves of earlier steps are committed even when a step or evaluation fails
+      self.checkpointer.close()
+    finally:
+      self.writer.close()
+      workdir_lib.release_lock(self.workdir)
+
+
+def _eval_batches(config, eval_source):
+  eval_batch_size = config.get("eval_batch_size") or config.batch_size
+  return data_lib.make_eval_iterator(
+    config.data,
+    eval_source,
+    local_batch_size=eval_batch_size // jax.process_count(),
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+  )
+
+
+def _image_shape(config, source) -> tuple[int, int, int]:
+  return (config.data.image_size, config.data.image_size, source[0]["image"].shape[-1])
+
+
+def build_evaluation(config: ml_collections.ConfigDict) -> Evaluation:
+  """The mesh, the model and the eval data of ``config`` (validated first)."""
+  mesh = sharding.make_mesh(config.mesh)
+  rules = sharding.logical_rules(config.mesh)
+  eval_source = data_lib.make_source(config.data, config.data.eval_split)
+  num_classes = config.data.get("num_classes") or eval_source.num_classes
+  model = build_model(config, num_classes)
+  validate(config, mesh, rules, model)
+  image_shape = _image_shape(config, eval_source)
+  batches = _eval_batches(config, eval_source)
+  return Evaluation(config, mesh, rules, model, num_classes, image_shape, eval_source, batches)
+
+
+def _checked_setup(config, hooks):
+  """Validates ``config`` against its data and model before the workdir is touched."""
+  check_analysis_hooks(config, **hooks)
+  mesh = sharding.make_mesh(config.mesh)
+  rules = sharding.logical_rules(config.mesh)
+  train_source = data_lib.make_source(config.data, config.data.train_split)
+  eval_source = data_lib.make_source(config.data, config.data.eval_split)
+  data_lib.check_same_classes(train_source, eval_source)
+  num_classes = config.data.get("num_classes") or train_source.num_classes
+  validate_recipe(config, num_classes)
+  image_shape = _image_shape(config, train_source)
+  warmstart = None
+  if from_checkpoint.enabled(config):  # e.g. a pruned model (Cordonnier et al., appendix E)
+    config = ml_collections.ConfigDict(config.to_dict())  # don't edit the caller's config
+    warmstart = from_checkpoint.load(config, num_classes, image_shape)
+    from_checkpoint.apply_layer_heads(config, warmstart)
+  model = build_model(config, num_classes)
+  validate(config, mesh, rules, model)
+  run = Training(config, mesh, rules, model, num_classes, image_shape, eval_source, None)
+  run.train_source, run.warmstart, run.hooks = train_source, warmstart, hooks
+  run.total_steps, run.steps_per_epoch = training_length(config, len(train_source))
+  return run
+
+
+def build_training(
+  config: ml_collections.ConfigDict, workdir: str, **hooks: Callable | None
+) -> Training:
+  """Validates ``config``, then claims ``workdir``, keeps the config and builds the run.
+
+  ``hooks``: ``make_locality_logger`` and ``make_center_plotter`` (see ``train_and_evaluate``).
+  """
+  run = _checked_setup(config, hooks)
+  config = run.config
+  # The config is valid: only now create the workdir (writable, not in use) and keep the config.
+  workdir_lib.claim(workdir)
+  if jax.process_index() == 0:
+    run_config.write(workdir, config)
+  run.workdir = workdir
+  run.train_iter = data_lib.make_train_iterator(
+    config.data,
+    run.train_source,
+    seed=config.seed,
+    local_batch_size=config.batch_size // jax.process_count(),
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+  )
+  run.eval_batches = _eval_batches(config, run.eval_source)
+  boxed_params, _ = ckpt_lib.model_variable_shapes(run.model, run.image_shape)
+  run.schedule = optim.make_schedule(config, run.total_steps, run.steps_per_epoch)
+  run.tx = optim.make_optimizer(config, nn.meta.unbox(boxed_params), run.schedule)
+  run.layout = state_lib.state_layout(
+    run.model, run.image_shape, run.tx, run.mesh, run.rules, ema=run.use_ema
+  )
+  if distill.enabled(config):
+    run.teacher = distill.load_teacher(
+      config, run.num_classes, run.image_shape, run.mesh, run.rules
+    )
+  run.checkpointer = ckpt_lib.Checkpointer(
+    os.path.join(workdir, "checkpoints"),
+    keep=config.get("keep_checkpoints", 3),
+    async_save=config.get("async_checkpointing", True),
+  )
+  run.writer = metrics_lib.MetricWriter(workdir)
+  return run

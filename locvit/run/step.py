@@ -1,0 +1,216 @@
+"""The jitted training step and the non-finite guard.
+
+Per step, on device: random erasing and Mixup/CutMix of the batch (``locvit.data.device_augment``),
+the frozen teacher's logits when distilling (``locvit.distill``), the loss and its gradient
+(accumulated over micro-batches if asked), the optimizer update and the weight EMA. The guard is
+checked on device each step and read on the host only at log and save steps.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from absl import logging
+
+from locvit import distill
+from locvit.data import device_augment
+from locvit.run.state import TrainState, ema_enabled
+
+
+def loss_and_metrics(
+  params,
+  model,
+  images,
+  targets,
+  labels,
+  rng,
+  model_state=None,
+  teacher_logits=None,
+  distillation=None,
+):
+  """Mean soft-target cross-entropy (plus the distillation term); aux = (accuracy, model_state).
+
+  ``targets`` are the (mixed, smoothed) soft targets; accuracy compares the class head's argmax
+  with the original ``labels``.
+  """
+  variables = {"params": params, **(model_state or {})}
+  if model_state:  # BatchNorm: batch statistics in training, running averages updated.
+    outputs, model_state = model.apply(
+      variables, images, train=True, rngs={"dropout": rng}, mutable=list(model_state)
+    )
+  else:
+    outputs = model.apply(variables, images, train=True, rngs={"dropout": rng})
+  if teacher_logits is not None:
+    logits, dist_logits = outputs
+    loss = distill.distillation_loss(logits, dist_logits, targets, teacher_logits, distillation)
+  else:
+    logits = outputs
+    loss = jnp.mean(optax.softmax_cross_entropy(logits, targets))
+  accuracy = jnp.mean(jnp.argmax(logits, -1) == labels)
+  return loss, (accuracy, model_state)
+
+
+def ema_update(config, step: jax.Array, params, ema_params):
+  """``ema <- decay * ema + (1 - decay) * params``; with ``ema.warmup`` the decay ramps as
+  ``min(decay, (1 + t) / (10 + t))`` (TensorFlow's ExponentialMovingAverage num_updates rule)."""
+  decay = jnp.asarray(config.ema.decay, jnp.float32)
+  if config.ema.get("warmup"):
+    t = step.astype(jnp.float32)
+    decay = jnp.minimum(decay, (1.0 + t) / (10.0 + t))
+  return optax.incremental_update(params, ema_params, step_size=1.0 - decay)
+
+
+def train_step(
+  state: TrainState,
+  batch,
+  teacher_variables=(),
+  *,
+  model,
+  tx,
+  schedule,
+  config,
+  num_classes,
+  teacher: distill.Teacher | None = None,
+):
+  """One optimizer update on a global batch, optionally accumulated over micro-batches."""
+  rng = jax.random.fold_in(jax.random.key(config.seed), state.step)
+  augment_rng = jax.random.fold_in(jax.random.key(config.seed + 2), state.step)
+  images, targets = device_augment.augment_batch(
+    augment_rng,
+    batch["image"],
+    batch["label"],
+    mixup=config.get("mixup"),
+    erasing=config.get("random_erasing"),
+    num_classes=num_classes,
+    label_smoothing=config.label_smoothing,
+  )
+  inputs = {"image": images, "target": targets, "label": batch["label"]}
+  if teacher is not None:
+    inputs["teacher"] = distill.teacher_logits(teacher, teacher_variables, images)
+  grad_fn = jax.value_and_grad(loss_and_metrics, has_aux=True)
+
+  def loss_grad(mb, key, model_state):
+    return grad_fn(
+      state.params,
+      model,
+      mb["image"],
+      mb["target"],
+      mb["label"],
+      key,
+      model_state=model_state,
+      teacher_logits=mb.get("teacher"),
+      distillation=config.get("distillation"),
+    )
+
+  accum = config.get("grad_accum_steps", 1)
+  if accum == 1:
+    (loss, (acc, model_state)), grads = loss_grad(inputs, rng, state.model_state)
+  else:
+    # Example r goes to micro-batch r % accum: keeps each device's rows local after the reshape.
+    micro = jax.tree.map(lambda x: jnp.moveaxis(x.reshape(-1, accum, *x.shape[1:]), 1, 0), inputs)
+
+    def body(carry, xs):
+      i, mb = xs
+      loss_sum, acc_sum, grad_sum, model_state = carry
+      (loss_i, (acc_i, model_state)), g = loss_grad(mb, jax.random.fold_in(rng, i), model_state)
+      grad_sum = jax.tree.map(jnp.add, grad_sum, g)
+      return (loss_sum + loss_i, acc_sum + acc_i, grad_sum, model_state), None
+
+    zeros = (0.0, 0.0, jax.tree.map(jnp.zeros_like, state.params), state.model_state)
+    (loss, acc, grads, model_state), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
+    loss, acc, grads = jax.tree.map(lambda x: x / accum, (loss, acc, grads))
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  ema_params = state.ema_params
+  if ema_enabled(config):
+    ema_params = ema_update(config, state.step, params, ema_params)
+  metrics = {
+    "train/loss": loss,
+    "train/accuracy": acc,
+    "train/lr": schedule(state.step),
+    "train/grad_norm": optax.tree.norm(grads),
+  }
+  new_state = TrainState(
+    step=state.step + 1,
+    params=params,
+    opt_state=opt_state,
+    model_state=model_state,
+    ema_params=ema_params,
+  )
+  return new_state, metrics
+
+
+# ------------------------------------------------------------------------------------------------
+# Non-finite guard: checked on device each step, read on the host only at log and save steps
+
+NONFINITE_MODES = ("stop", "skip")
+
+
+class NonFiniteError(ValueError):
+  """Training produced a non-finite loss, gradient norm or state (config.nonfinite='stop')."""
+
+
+def initial_health() -> dict[str, jax.Array]:
+  """``first_nonfinite``: the first step with a non-finite loss or gradient norm (-1: none);
+  ``skipped``: updates dropped under ``nonfinite='skip'``."""
+  return {"first_nonfinite": jnp.int32(-1), "skipped": jnp.int32(0)}
+
+
+def guarded_step(state: TrainState, batch, teacher_variables, health, *, config, **step_kwargs):
+  """``train_step`` plus the non-finite check, in the same jitted computation (no host sync).
+
+  With ``nonfinite='skip'`` a non-finite step keeps the previous state (only the step counter,
+  hence the data and random streams, moves on), as ``optax.apply_if_finite`` does for the
+  optimizer alone; here the BatchNorm statistics and EMA weights are kept too, and the optimizer
+  state's structure stays that of ``config.optimizer`` (checkpoints resume in either mode).
+  """
+  new_state, metrics = train_step(state, batch, teacher_variables, config=config, **step_kwargs)
+  finite = jnp.isfinite(metrics["train/loss"]) & jnp.isfinite(metrics["train/grad_norm"])
+  first = health["first_nonfinite"]
+  health = {
+    "first_nonfinite": jnp.where((first < 0) & ~finite, state.step + 1, first),
+    "skipped": health["skipped"] + (~finite).astype(jnp.int32),
+  }
+  if config.get("nonfinite", "stop") == "skip":
+    kept = state.replace(step=new_state.step)
+    new_state = optax.tree.where(finite, new_state, kept)
+    metrics["train/skipped_steps"] = health["skipped"]
+  return new_state, metrics, health
+
+
+def check_health(config, health, step: int, warned: int = 0) -> int:
+  """Raises NonFiniteError under ``nonfinite='stop'``; under 'skip' warns when more updates were
+  skipped than ``warned``. Returns the number skipped so far."""
+  first, skipped = int(health["first_nonfinite"]), int(health["skipped"])
+  if first < 0 or (skipped <= warned and config.get("nonfinite", "stop") == "skip"):
+    return skipped
+  if config.get("nonfinite", "stop") == "stop":
+    raise NonFiniteError(
+      f"non-finite loss or gradient norm at step {first}; stopped at step {step} without saving "
+      f"it. Lower optimizer.lr, set grad_clip_norm, or set nonfinite='skip' to drop such updates."
+    )
+  logging.warning(
+    "%d update(s) skipped by step %d: non-finite loss or gradient norm (first at step %d).",
+    skipped,
+    step,
+    first,
+  )
+  return skipped
+
+
+@jax.jit
+def all_finite(tree) -> jax.Array:
+  """Whether every floating-point leaf of ``tree`` is finite (one reduction, one scalar)."""
+  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])) if leaves else True
+
+
+def check_finite_state(state: TrainState, step: int) -> None:
+  """Raises NonFiniteError unless parameters, optimizer state, BatchNorm statistics and EMA are
+  finite; runs before each save (one host sync), so no checkpoint holds NaN or Inf."""
+  if not all_finite((state.params, state.opt_state, state.model_state, state.ema_params)):
+    raise NonFiniteError(
+      f"non-finite parameters or optimizer state after step {step}; not saved. Lower "
+      f"optimizer.lr or set grad_clip_norm."
+    )
