@@ -44,7 +44,12 @@ PLANS = {
       }
       for init, top1 in (("trunc_normal", 0.8863), ("impulse3", 0.9162), ("mimetic", 0.9116))
     },
-    "comparisons": [("trunc_normal", "impulse3"), ("trunc_normal", "mimetic")],
+    # The paper's ordering: both structured inits above trunc-normal, Imp.-3 above mimetic.
+    "comparisons": [
+      ("trunc_normal", "impulse3"),
+      ("trunc_normal", "mimetic"),
+      ("mimetic", "impulse3"),
+    ],
   },
   "convit_sample_efficiency": {
     "title": "ConViT vs DeiT at 10% of CIFAR-10 (ConViT's sample-efficiency claim, Table 2 / "

@@ -35,6 +35,7 @@ import ml_collections
 from locvit import cpu_malloc
 from locvit import metrics as metrics_lib
 from locvit.configs.reproduce_plans import PLANS
+from locvit.reproduce.report import locvit_commit
 
 PROBE_STEPS = 8
 DATA_HELP = "docs/data_preparation.md"
@@ -263,6 +264,8 @@ def make_plan(name, plan, configs, workdir, seeds, minutes, started) -> dict[str
     "steps": steps,
     "started": started,
     "load_at_probe": os.getloadavg(),
+    "locvit_commit": locvit_commit(),
+    "estimated_minutes": seeds * sum(run_seconds(c, steps) for c in costs.values()) / 60,
     "rows": {row: dataclasses.asdict(cost) for row, cost in costs.items()},
   }
 

@@ -157,8 +157,14 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
     "rows": rows,
     "comparisons": comparisons,
     "machine": machine(),
-    "locvit_commit": locvit_commit(),
+    "locvit_commit": saved.get(
+      "locvit_commit"
+    ),  # of the runs; plans before it was recorded lack it
+    "report_commit": locvit_commit(),
     "budget_minutes": saved["minutes"],
+    "estimated_minutes": saved.get("estimated_minutes"),
+    "runs_finished": sum(len(f) for f in finals.values()),
+    "runs_planned": seeds * len(plan["rows"]),
     "training_wall_minutes": wall / 60,
     "load_average_range": [min(loads), max(loads)] if loads else None,
     "load_at_probe": saved["load_at_probe"],
@@ -205,8 +211,15 @@ def markdown(report: dict[str, Any]) -> str:
     f"{m['cpu_count']} CPUs; 1-minute load average {load[0]:.1f}-{load[1]:.1f} during the runs."
     if load
     else f"Machine: JAX backend {m['jax_backend']}, device {m['device_kind']}.",
-    f"locvit commit {report['locvit_commit']}; budget {report['budget_minutes']:g} minutes; "
-    f"training wall time {report['training_wall_minutes']:.1f} minutes.",
+    f"locvit commit {report['locvit_commit'] or 'not recorded'} (report: "
+    f"{report['report_commit']}); budget "
+    f"{report['budget_minutes']:g} minutes; {report['runs_finished']} of {report['runs_planned']} "
+    f"runs finished in {report['training_wall_minutes']:.1f} minutes of training wall time"
+    + (
+      f" (planned: {report['estimated_minutes']:.1f} for all)."
+      if report["estimated_minutes"] is not None
+      else "."
+    ),
     "Top-1/top-5: final evaluation on the full test split, mean +- sample sd over seeds.",
   ]
   return "\n".join(lines) + "\n"
