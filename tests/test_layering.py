@@ -33,6 +33,7 @@ LAYERS = (
   ("run",),  # the run bundle, the state, the step
   ("train",),  # the loop; analysis reaches it only as hooks passed in
   ("main",),  # the CLI
+  ("reproduce",),  # plans of runs: trains through train, beside the CLI
   ("locvit",),  # the package's top-level names (create_model, list_models), loaded on first use
 )
 

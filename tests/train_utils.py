@@ -34,14 +34,14 @@ def tiny_config(**top_level):
 
 
 @contextlib.contextmanager
-def sigterm_after_step(step: int):
-  """Sends this process SIGTERM right after the metrics of ``step`` are written."""
+def sigterm_after_step(step: int, signum: int = signal.SIGTERM):
+  """Sends this process SIGTERM (or ``signum``) right after the metrics of ``step`` are written."""
   orig_write = metrics.MetricWriter.write
 
   def write_and_signal(self, at_step, record):
     orig_write(self, at_step, record)
     if at_step == step:
-      os.kill(os.getpid(), signal.SIGTERM)
+      os.kill(os.getpid(), signum)
 
   metrics.MetricWriter.write = write_and_signal
   try:

@@ -1,0 +1,238 @@
+"""The table of a reproduced plan: ``DIR/results.md`` and ``DIR/results.json``.
+
+Per row, the final top-1/top-5 as mean +- sd (sample sd) over the finished seeds beside the
+paper's number; per comparison (baseline, treatment), the per-seed paired differences of top-1,
+their mean, and the paired t statistic t = mean(d) / (sd(d) / sqrt(n)) with n - 1 degrees of
+freedom and its two-sided p (Student's t distribution).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+from typing import Any
+
+from scipy import stats
+
+from locvit import metrics as metrics_lib
+from locvit.configs.reproduce_plans import PLANS
+
+NOISE_P = 0.05
+
+
+def final_evaluation(workdir: str, steps: int) -> dict[str, float] | None:
+  """``eval/top1`` and ``eval/top5`` of ``workdir``'s step ``steps``, or None if not finished."""
+  if not os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+    return None
+  for record in metrics_lib.read_metrics(workdir):
+    if record.get("step") == steps and "eval/top1" in record:
+      return {"top1": record["eval/top1"], "top5": record["eval/top5"]}
+  return None
+
+
+def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
+  if not values:
+    return None, None
+  return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def paired_t(differences: list[float]) -> dict[str, Any]:
+  """Paired t test of per-seed differences (the same as scipy.stats.ttest_rel on the pairs)."""
+  n = len(differences)
+  result: dict[str, Any] = {"n": n, "mean": statistics.fmean(differences) if n else None}
+  result.update(sd=None, t=None, df=None, p=None)
+  if n < 2:
+    return result
+  sd = statistics.stdev(differences)
+  result.update(sd=sd, df=n - 1)
+  if sd == 0:
+    return result
+  t = result["mean"] / (sd / math.sqrt(n))
+  result.update(t=t, p=2 * stats.t.sf(abs(t), n - 1))
+  return result
+
+
+def verdict(test: dict[str, Any]) -> str:
+  if test["p"] is None:
+    return "not testable (fewer than 2 paired seeds or identical differences)"
+  if test["p"] >= NOISE_P:
+    return f"within noise (p = {test['p']:.2f} >= {NOISE_P})"
+  return f"significant at p < {NOISE_P} (p = {test['p']:.3f})"
+
+
+def machine() -> dict[str, Any]:
+  import jax
+
+  return {
+    "jax_backend": jax.default_backend(),
+    "device_kind": jax.devices()[0].device_kind,
+    "device_count": jax.device_count(),
+    "cpu_count": os.cpu_count(),
+  }
+
+
+def locvit_commit() -> str:
+  here = os.path.dirname(os.path.abspath(__file__))
+  try:
+    out = subprocess.run(
+      ["git", "-C", here, "rev-parse", "--short", "HEAD"],
+      capture_output=True,
+      text=True,
+      check=True,
+    )
+    return out.stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    from locvit import __version__
+
+    return f"locvit {__version__} (no git checkout)"
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def build_report(name: str, workdir: str) -> dict[str, Any]:
+  plan = PLANS[name]
+  saved = _read_json(os.path.join(workdir, "plan.json"))
+  if saved is None:
+    raise ValueError(f"{workdir} holds no plan.json: run `python -m locvit.reproduce {name}` first")
+  steps, seeds = saved["steps"], saved["seeds"]
+  rows, finals, wall, loads = {}, {}, 0.0, []
+  for row, spec in plan["rows"].items():
+    cost = saved["rows"][row]
+    finals[row] = {}
+    for seed in range(seeds):
+      run = os.path.join(workdir, row, f"seed{seed}")
+      final = final_evaluation(run, steps)
+      if final is not None:
+        finals[row][seed] = final
+      timing = _read_json(os.path.join(run, "reproduce_run.json"))
+      if timing is not None:
+        wall += timing["wall_seconds"]
+        loads += [timing["load_before"][0], timing["load_after"][0]]
+    top1_mean, top1_sd = mean_sd([f["top1"] for f in finals[row].values()])
+    top5_mean, top5_sd = mean_sd([f["top5"] for f in finals[row].values()])
+    rows[row] = {
+      "config": spec["config"],
+      "overrides": spec["overrides"],
+      "seeds_finished": sorted(finals[row]),
+      "top1_per_seed": {s: f["top1"] for s, f in finals[row].items()},
+      "top1_mean": top1_mean,
+      "top1_sd": top1_sd,
+      "top5_mean": top5_mean,
+      "top5_sd": top5_sd,
+      "paper_top1": spec["paper_top1"],
+      "steps": steps,
+      "epochs": steps / cost["steps_per_epoch"],
+      "paper_epochs": spec["paper_epochs"],
+      "paper_budget_fraction": steps
+      * cost["batch_size"]
+      / (spec["paper_epochs"] * spec["paper_train_examples"]),
+      "steps_per_sec": cost["steps_per_sec"],
+    }
+  comparisons = []
+  for base, treat in plan["comparisons"]:
+    paired = sorted(set(finals[base]) & set(finals[treat]))
+    diffs = [finals[treat][s]["top1"] - finals[base][s]["top1"] for s in paired]
+    test = paired_t(diffs)
+    comparisons.append(
+      {
+        "baseline": base,
+        "treatment": treat,
+        "seeds": paired,
+        "top1_differences": diffs,
+        **test,
+        "verdict": verdict(test),
+      }
+    )
+  return {
+    "plan": name,
+    "title": plan["title"],
+    "rows": rows,
+    "comparisons": comparisons,
+    "machine": machine(),
+    "locvit_commit": saved.get(
+      "locvit_commit"
+    ),  # of the runs; plans before it was recorded lack it
+    "report_commit": locvit_commit(),
+    "budget_minutes": saved["minutes"],
+    "estimated_minutes": saved.get("estimated_minutes"),
+    "runs_finished": sum(len(f) for f in finals.values()),
+    "runs_planned": seeds * len(plan["rows"]),
+    "training_wall_minutes": wall / 60,
+    "load_average_range": [min(loads), max(loads)] if loads else None,
+    "load_at_probe": saved["load_at_probe"],
+  }
+
+
+def _pct(mean: float | None, sd: float | None) -> str:
+  if mean is None:
+    return "-"
+  return f"{100 * mean:.2f}" + (f" +- {100 * sd:.2f}" if sd is not None else "")
+
+
+def markdown(report: dict[str, Any]) -> str:
+  m = report["machine"]
+  lines = [f"# {report['title']}", ""]
+  lines.append(
+    "| row | seeds | top-1 % | top-5 % | paper top-1 % | steps | epochs | paper epochs | "
+    "of paper budget |"
+  )
+  lines.append("|---|---|---|---|---|---|---|---|---|")
+  for name, r in report["rows"].items():
+    paper = f"{100 * r['paper_top1']:.2f}" if r["paper_top1"] is not None else "-"
+    lines.append(
+      f"| {name} | {len(r['seeds_finished'])} | {_pct(r['top1_mean'], r['top1_sd'])} | "
+      f"{_pct(r['top5_mean'], r['top5_sd'])} | {paper} | {r['steps']} | {r['epochs']:.2f} | "
+      f"{r['paper_epochs']} | {r['paper_budget_fraction']:.2%} |"
+    )
+  lines += [
+    "",
+    "| comparison | per-seed top-1 differences (points) | mean | paired t (df) | verdict |",
+    "|---|---|---|---|---|",
+  ]
+  for c in report["comparisons"]:
+    diffs = ", ".join(f"{100 * d:+.2f}" for d in c["top1_differences"]) or "-"
+    mean = f"{100 * c['mean']:+.2f}" if c["mean"] is not None else "-"
+    t = f"{c['t']:.2f} ({c['df']})" if c["t"] is not None else "-"
+    lines.append(
+      f"| {c['treatment']} - {c['baseline']} | {diffs} | {mean} | {t} | {c['verdict']} |"
+    )
+  load = report["load_average_range"]
+  lines += [
+    "",
+    f"Machine: JAX backend {m['jax_backend']}, device {m['device_kind']} x {m['device_count']}, "
+    f"{m['cpu_count']} CPUs; 1-minute load average {load[0]:.1f}-{load[1]:.1f} during the runs."
+    if load
+    else f"Machine: JAX backend {m['jax_backend']}, device {m['device_kind']}.",
+    f"locvit commit {report['locvit_commit'] or 'not recorded'} (report: "
+    f"{report['report_commit']}); budget "
+    f"{report['budget_minutes']:g} minutes; {report['runs_finished']} of {report['runs_planned']} "
+    f"runs finished in {report['training_wall_minutes']:.1f} minutes of training wall time"
+    + (
+      f" (planned: {report['estimated_minutes']:.1f} for all)."
+      if report["estimated_minutes"] is not None
+      else "."
+    ),
+    "Top-1/top-5: final evaluation on the full test split, mean +- sample sd over seeds.",
+  ]
+  return "\n".join(lines) + "\n"
+
+
+def write_report(name: str, workdir: str) -> dict[str, Any]:
+  """Writes ``DIR/results.json`` and ``DIR/results.md`` (atomically) and prints the table."""
+  report = build_report(name, workdir)
+  text = markdown(report)
+  for filename, content in (("results.json", json.dumps(report, indent=2)), ("results.md", text)):
+    path = os.path.join(workdir, filename)
+    with open(path + ".tmp", "w") as f:
+      f.write(content)
+    os.replace(path + ".tmp", path)
+  print(text, flush=True)
+  return report

@@ -1,0 +1,220 @@
+"""``python -m locvit.reproduce``: the smoke plan end to end, the budget split, skip and resume,
+the report's statistics and the missing-data message."""
+
+import json
+import math
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from locvit import metrics, optim
+from locvit import reproduce as rp
+from locvit.reproduce import report
+from tests.train_utils import sigterm_after_step
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _env(**extra):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="", **extra)  # one device: CI's command
+  env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  return env
+
+
+def test_smoke_plan_end_to_end(tmp_path):
+  workdir = str(tmp_path / "smoke")
+  done = subprocess.run(
+    [sys.executable, "-m", "locvit.reproduce", "smoke", "--minutes=3", f"--workdir={workdir}"],
+    cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600,
+  )  # fmt: skip
+  assert done.returncode == 0, done.stderr[-3000:]
+  out = done.stdout
+  assert "depth1" in out and "Estimated training time" in out and "estimated end" in out
+  with open(os.path.join(workdir, "results.json")) as f:
+    results = json.load(f)
+  steps = results["rows"]["depth1"]["steps"]
+  assert steps == rp.PLANS["smoke"]["max_steps"]
+  for row in ("depth1", "depth2"):
+    assert results["rows"][row]["seeds_finished"] == [0, 1]
+    assert results["rows"][row]["steps"] == steps
+    assert 0.1 < results["rows"][row]["top1_mean"] <= 1.0
+    for seed in (0, 1):
+      assert rp.is_finished(os.path.join(workdir, row, f"seed{seed}"), steps)
+  (comparison,) = results["comparisons"]
+  assert comparison["seeds"] == [0, 1] and comparison["df"] == 1
+  assert results["machine"]["jax_backend"] == "cpu"
+  assert "| depth2 - depth1 |" in pathlib.Path(workdir, "results.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------------
+# The budget
+
+
+def test_budget_gives_every_row_the_same_steps_and_fits():
+  costs = {
+    "fast": rp.RowCost(steps_per_sec=4.0, overhead_sec=20.0, steps_per_epoch=39, batch_size=128),
+    "slow": rp.RowCost(steps_per_sec=1.0, overhead_sec=30.0, steps_per_epoch=39, batch_size=128),
+  }
+  seconds, seeds = 3600.0, 3
+  steps = rp.split_budget(costs, seeds, seconds)
+  total = lambda s: seeds * sum(rp.run_seconds(c, s) for c in costs.values())
+  assert total(steps) <= seconds < total(steps + 1)
+  with pytest.raises(rp.ReproduceError, match=r"needs at least 3.6 minutes \(--minutes; 1.0 of "):
+    rp.split_budget(costs, seeds, 60.0, spent=60.0)
+
+
+@pytest.mark.parametrize("plan, row", [("structinit", "impulse3"), ("smoke", "depth2")])
+def test_schedule_fits_the_budgeted_steps(plan, row, monkeypatch):
+  monkeypatch.setenv("CIFAR10_ROOT", "/nonexistent")
+  base = rp.row_config(rp.PLANS[plan]["rows"][row])
+  fraction = rp.warmup_fraction(base)
+  config = rp.budgeted_config(base, 137, seed=2)
+  assert config.total_steps == 137 and config.seed == 2
+  assert config.schedule.warmup_steps == round(fraction * 137) > 0
+  schedule = optim.make_schedule(config, 137, 39)
+  peak = optim.peak_learning_rate(config)
+  assert math.isclose(schedule(config.schedule.warmup_steps), peak, rel_tol=1e-5)
+  assert math.isclose(schedule(137), config.schedule.min_lr, rel_tol=1e-4)
+  assert schedule(100) > schedule(120) > schedule(137)
+  if plan == "structinit":  # the config's own reference follows the run's seed
+    assert config.init.seed == 2
+
+
+def test_seeds_alternate_between_rows():
+  order = rp.plan_runs(rp.PLANS["structinit"], 2)
+  assert order == [
+    (0, "trunc_normal"), (0, "impulse3"), (0, "mimetic"),
+    (1, "trunc_normal"), (1, "impulse3"), (1, "mimetic"),
+  ]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------
+# Skip and resume
+
+
+def _write_plan(workdir, steps, seeds=2):
+  os.makedirs(workdir, exist_ok=True)
+  cost = {"steps_per_sec": 20.0, "overhead_sec": 5.0, "steps_per_epoch": 22, "batch_size": 64}
+  plan = {
+    "plan": "smoke", "seeds": seeds, "minutes": 3, "steps": steps, "started": time.time(),
+    "load_at_probe": [1.0, 1.0, 1.0], "rows": {"depth1": cost, "depth2": cost},
+  }  # fmt: skip
+  with open(os.path.join(workdir, "plan.json"), "w") as f:
+    json.dump(plan, f)
+
+
+def test_ctrl_c_resumes_the_interrupted_run_and_skips_finished_ones(tmp_path, capsys):
+  workdir, steps = str(tmp_path / "smoke"), 20
+  _write_plan(workdir, steps, seeds=1)
+  first = os.path.join(workdir, "depth1", "seed0")
+  with sigterm_after_step(6, signal.SIGINT):  # Ctrl-C during the first run
+    assert rp.main(["smoke", f"--workdir={workdir}"]) == 130
+  out = capsys.readouterr().out
+  assert "Stopped. Everything is saved: run the same command again to resume" in out
+  assert not rp.is_finished(first, steps)
+  assert "7" in os.listdir(os.path.join(first, "checkpoints"))  # saved at the end of the step
+  assert not os.path.exists(os.path.join(workdir, "depth2"))
+
+  assert rp.main(["smoke", f"--workdir={workdir}"]) == 0
+  out = capsys.readouterr().out
+  assert "0 of 2 runs finished" in out
+  logged = [r["step"] for r in metrics.read_metrics(first) if "train/loss" in r]
+  assert logged == sorted(set(logged)) and logged[-1] == steps  # each step once, to the end
+  assert 8 in logged  # the resumed run logs its first step, after the checkpoint at 7
+  finished = _metrics_files(workdir)
+  assert all(rp.is_finished(run, steps) for run in finished)
+
+  assert rp.main(["smoke", f"--workdir={workdir}"]) == 0  # everything finished: nothing trains
+  out = capsys.readouterr().out
+  assert "2 of 2 runs finished" in out and "==" not in out
+  assert finished == _metrics_files(workdir)
+
+
+def _metrics_files(workdir):
+  runs = [pathlib.Path(workdir, row, "seed0") for row in ("depth1", "depth2")]
+  return {str(run): (run / "metrics.jsonl").read_text() for run in runs}
+
+
+def test_a_saved_plan_is_not_replaced(tmp_path):
+  workdir = str(tmp_path / "w")
+  _write_plan(workdir, 30)
+  with pytest.raises(rp.ReproduceError, match="planned with --seeds=2; use that or a new"):
+    rp.reproduce("smoke", workdir, 3, seeds=3)
+  with pytest.raises(rp.ReproduceError, match="holds plan 'smoke', not 'gmm'"):
+    rp.load_or_make_plan("gmm", rp.PLANS["gmm"], {}, workdir, None, 3, time.time())
+
+
+# ------------------------------------------------------------------------------------------------
+# The report
+
+
+def test_report_statistics_match_a_hand_computation(tmp_path):
+  workdir, steps = str(tmp_path / "r"), 30
+  _write_plan(workdir, steps, seeds=3)
+  top1 = {"depth1": [0.61, 0.58, 0.64], "depth2": [0.66, 0.60, 0.71]}
+  for row, values in top1.items():
+    for seed, value in enumerate(values):
+      writer = metrics.MetricWriter(os.path.join(workdir, row, f"seed{seed}"))
+      writer.write(steps, {"eval/top1": value, "eval/top5": 0.9 + value / 10})
+      writer.close()
+  result = report.write_report("smoke", workdir)
+
+  row = result["rows"]["depth2"]
+  assert row["top1_mean"] == pytest.approx(np.mean(top1["depth2"]))
+  assert row["top1_sd"] == pytest.approx(np.std(top1["depth2"], ddof=1))
+  assert row["epochs"] == pytest.approx(30 / 22)
+  assert row["paper_budget_fraction"] == pytest.approx(30 * 64 / (30 * 1437))
+  (c,) = result["comparisons"]
+  expected = stats.ttest_rel(top1["depth2"], top1["depth1"])
+  diffs = np.subtract(top1["depth2"], top1["depth1"])
+  assert c["top1_differences"] == pytest.approx(diffs.tolist())
+  assert c["mean"] == pytest.approx(diffs.mean()) and c["df"] == 2
+  assert c["t"] == pytest.approx(expected.statistic)
+  assert c["p"] == pytest.approx(expected.pvalue)
+  assert c["verdict"] == f"within noise (p = {expected.pvalue:.2f} >= 0.05)"
+  text = pathlib.Path(workdir, "results.md").read_text()
+  assert "| depth2 | 3 | 65.67 +- 5.51 |" in text
+  assert f"| depth2 - depth1 | +5.00, +2.00, +7.00 | +4.67 | {expected.statistic:.2f} (2) |" in text
+
+
+def test_a_consistent_difference_is_significant():
+  test = report.paired_t([0.031, 0.029, 0.030, 0.032])
+  assert test["p"] < 0.001 and report.verdict(test).startswith("significant at p < 0.05")
+  assert report.verdict(report.paired_t([0.03])).startswith("not testable")
+
+
+# ------------------------------------------------------------------------------------------------
+# Data
+
+
+def test_missing_cifar_fails_in_seconds_with_instructions(tmp_path, monkeypatch, capsys):
+  monkeypatch.delenv("CIFAR10_ROOT", raising=False)
+  workdir = str(tmp_path / "w")
+  start = time.perf_counter()
+  assert rp.main(["structinit", "--minutes=60", f"--workdir={workdir}"]) == 2
+  assert capsys.readouterr().err == (
+    "locvit.reproduce: error: row 'trunc_normal' reads CIFAR-10 from an image folder but "
+    "$CIFAR10_ROOT is not set. Prepare it as described in docs/data_preparation.md and `export "
+    "CIFAR10_ROOT=DIR` (DIR/train/<class>/*.jpg, DIR/test/<class>/*.jpg), or pass --data=tfds to "
+    "read the TFDS copy.\n"
+  )
+  monkeypatch.setenv("CIFAR10_ROOT", str(tmp_path))
+  (tmp_path / "train").mkdir()
+  assert rp.main(["gmm", "--minutes=60", f"--workdir={workdir}"]) == 2
+  assert capsys.readouterr().err == (
+    f"locvit.reproduce: error: row 'vit': no test folder in CIFAR10_ROOT={tmp_path}. Prepare "
+    "CIFAR-10 as described in docs/data_preparation.md (DIR/train/<class>/*.jpg, "
+    "DIR/test/<class>/*.jpg).\n"
+  )
+  assert rp.main(["convit", "--workdir", workdir]) == 2
+  assert "unknown plan 'convit'; valid plans: convit_sample_efficiency, cordonnier" in (
+    capsys.readouterr().err
+  )
+  assert time.perf_counter() - start < 30 and not os.path.exists(workdir)
