@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import importlib.metadata
 import os
 import statistics
 import subprocess
@@ -85,9 +86,11 @@ def locvit_commit() -> str:
     )
     return out.stdout.strip()
   except (OSError, subprocess.CalledProcessError):
-    from locvit import __version__
-
-    return f"locvit {__version__} (no git checkout)"
+    try:
+      version = importlib.metadata.version("locvit")
+    except importlib.metadata.PackageNotFoundError:
+      version = "unknown version"
+    return f"locvit {version} (no git checkout)"
 
 
 def _read_json(path: str) -> dict[str, Any] | None:
