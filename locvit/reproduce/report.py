@@ -8,9 +8,9 @@ freedom and its two-sided p (Student's t distribution).
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
-import importlib.metadata
 import os
 import statistics
 import subprocess
