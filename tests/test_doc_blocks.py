@@ -40,6 +40,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from locvit import main as main_lib
+from locvit.configs.reproduce_plans import PLANS
 from locvit.convert import __main__ as convert_cli
 from locvit.data import prepare
 from tests import torch_reference
@@ -122,6 +123,7 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
   monkeypatch.chdir(ROOT)
   monkeypatch.setenv("HOME", str(tmp_path))
   checked = {"config": 0, "known broken": 0, "prepare": 0, "convert": 0, "script": 0, "not run": 0}
+  checked["reproduce"] = 0
   for name, command in commands():
     command = os.path.expandvars(command)
     argv = shlex.split(command)
@@ -147,6 +149,9 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
       args = prepare.parser().parse_args(argv[3:])
       assert args.dataset in prepare.ARCHIVES, where
       checked["prepare"] += 1
+    elif argv[:3] == ["python", "-m", "locvit.reproduce"]:  # a plan runs for minutes: its name
+      assert argv[3] in PLANS, where  # (the smoke plan runs end to end in test_reproduce.py)
+      checked["reproduce"] += 1
     elif argv[:3] == ["python", "-m", "locvit.convert"]:
       torch.save(torch_reference.build("convit_tiny").state_dict(), tmp_path / "convit_tiny.pth")
       monkeypatch.chdir(tmp_path)
@@ -160,4 +165,4 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
     else:
       pytest.fail(f"no runner or stand-in for {where}")
   assert checked["config"] >= 20 and checked["prepare"] >= 3 and checked["convert"] == 1, checked
-  assert checked["known broken"] == len(KNOWN_BROKEN), checked
+  assert checked["known broken"] == len(KNOWN_BROKEN) and checked["reproduce"] >= 1, checked
