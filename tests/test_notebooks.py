@@ -60,4 +60,6 @@ def test_requirements_are_lower_bounds():
   setup = configparser.ConfigParser()
   setup.read(os.path.join(ROOT, "setup.cfg"))
   requirements = [r for r in setup["options"]["install_requires"].split("\n") if r.strip()]
-  assert requirements and all(re.fullmatch(r"[\w.-]+>=[\w.]+", r.strip()) for r in requirements)
+  assert requirements and all(
+    re.fullmatch(r"[\w.-]+(\[[\w,-]+\])?>=[\w.]+", r.strip()) for r in requirements
+  )

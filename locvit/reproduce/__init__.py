@@ -50,12 +50,17 @@ class ReproduceError(ValueError):
 
 
 def get_plan(name: str) -> dict[str, Any]:
+  """The shipped plan ``name`` from ``locvit.configs.reproduce_plans.PLANS``.
+
+  An unknown name raises ``ReproduceError`` listing the valid names.
+  """
   if name not in PLANS:
     raise ReproduceError(f"unknown plan {name!r}; valid plans: {', '.join(sorted(PLANS))}")
   return PLANS[name]
 
 
 def set_dotted(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
+  """Sets ``config.a.b.c = value`` for ``key='a.b.c'`` (a row's override)."""
   *parents, leaf = key.split(".")
   node = config
   for part in parents:
@@ -143,6 +148,8 @@ def use_tfds(config: ml_collections.ConfigDict, data_dir: str | None) -> None:
 
 @dataclasses.dataclass
 class RowCost:
+  """A row's measured cost: training steps per second and seconds per run outside training."""
+
   steps_per_sec: float  # training only, compilation excluded
   overhead_sec: float  # per run: start-up, compilation, initialization, evaluation, saving
   steps_per_epoch: int
@@ -166,6 +173,7 @@ def split_budget(costs: dict[str, RowCost], seeds: int, seconds: float, spent: f
 
 
 def run_seconds(cost: RowCost, steps: int) -> float:
+  """Estimated wall seconds of one run of ``steps`` steps at ``cost``."""
   return cost.overhead_sec + steps / cost.steps_per_sec
 
 
@@ -198,10 +206,12 @@ def probe(config: ml_collections.ConfigDict, workdir: str, steps: int = PROBE_ST
 
 
 def run_dir(workdir: str, row: str, seed: int) -> str:
+  """The workdir of one run: ``WORKDIR/ROW/seedK``."""
   return os.path.join(workdir, row, f"seed{seed}")
 
 
 def is_finished(workdir: str, steps: int) -> bool:
+  """Whether the run in ``workdir`` has its final evaluation at ``steps``."""
   if not os.path.exists(os.path.join(workdir, "metrics.jsonl")):
     return False
   return any(r.get("step") == steps and "eval/top1" in r for r in metrics_lib.read_metrics(workdir))
@@ -271,6 +281,7 @@ def make_plan(name, plan, configs, workdir, seeds, minutes, started) -> dict[str
 
 
 def describe(saved: dict[str, Any], plan: dict[str, Any]) -> str:
+  """The plan as printed before the runs start: rows, seeds, steps, epochs, budget fraction."""
   steps, lines = saved["steps"], [plan["title"], ""]
   lines.append(
     f"{'row':<14} {'seeds':>5} {'steps':>6} {'epochs':>7} {'paper epochs':>12} "
@@ -291,6 +302,10 @@ def describe(saved: dict[str, Any], plan: dict[str, Any]) -> str:
 
 
 def load_or_make_plan(name, plan, configs, workdir, seeds, minutes, started) -> dict[str, Any]:
+  """The plan saved in ``workdir/plan.json`` (a re-run resumes it).
+
+  Without one, a new plan is measured on this machine.
+  """
   path = os.path.join(workdir, "plan.json")
   if os.path.exists(path):
     with open(path) as f:
@@ -373,6 +388,10 @@ def reproduce(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  """``python -m locvit.reproduce PLAN --minutes=M --workdir=DIR [--seeds=K] [--report]``.
+
+  Returns the exit status.
+  """
   import argparse
 
   parser = argparse.ArgumentParser(

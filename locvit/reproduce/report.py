@@ -35,6 +35,7 @@ def final_evaluation(workdir: str, steps: int) -> dict[str, float] | None:
 
 
 def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
+  """Mean and sample standard deviation (None for fewer than 1 or 2 values)."""
   if not values:
     return None, None
   return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
@@ -57,6 +58,7 @@ def paired_t(differences: list[float]) -> dict[str, Any]:
 
 
 def verdict(test: dict[str, Any]) -> str:
+  """The plain-words reading of a paired t test: significant at p < 0.05, or within noise."""
   if test["p"] is None:
     return "not testable (fewer than 2 paired seeds or identical differences)"
   if test["p"] >= NOISE_P:
@@ -65,6 +67,7 @@ def verdict(test: dict[str, Any]) -> str:
 
 
 def machine() -> dict[str, Any]:
+  """The JAX backend, device kind and count, and CPU count of this machine."""
   import jax
 
   return {
@@ -76,6 +79,7 @@ def machine() -> dict[str, Any]:
 
 
 def locvit_commit() -> str:
+  """The git commit of the locvit checkout, or the installed version outside a checkout."""
   here = os.path.dirname(os.path.abspath(__file__))
   try:
     out = subprocess.run(
@@ -101,6 +105,7 @@ def _read_json(path: str) -> dict[str, Any] | None:
 
 
 def build_report(name: str, workdir: str) -> dict[str, Any]:
+  """Per-row means and per-comparison paired statistics of the finished runs in ``workdir``."""
   plan = PLANS[name]
   saved = _read_json(os.path.join(workdir, "plan.json"))
   if saved is None:
@@ -181,6 +186,7 @@ def _pct(mean: float | None, sd: float | None) -> str:
 
 
 def markdown(report: dict[str, Any]) -> str:
+  """``report`` as the markdown tables of ``results.md``."""
   m = report["machine"]
   lines = [f"# {report['title']}", ""]
   lines.append(
