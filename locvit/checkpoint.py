@@ -1,10 +1,14 @@
-"""Checkpoints with orbax: async saves, last-N plus best retention, data-iterator position, resume.
+"""Checkpoints with orbax: async saves, last-N plus best retention, resume on any topology.
 
 ``DIR/<step>`` keeps the last N steps and ``DIR/best/<step>`` the best one. A step holds:
 - ``state``: the sharded ``TrainState`` (restored with the shardings of the abstract target);
-- ``data``: the grain training-iterator position, one file per process;
 - ``meta``: JSON given by the caller (the config fingerprint, ``locvit.run_config``), so an
   incompatible workdir is caught before compiling.
+
+No data-iterator state is saved: the input position is a function of the global step
+(``locvit.data.pipeline``), so a step saved by P processes with D devices restores onto any mesh
+the config allows (orbax reshards the arrays to the target shardings). Steps saved by earlier
+versions hold a ``data`` item too; it is not read.
 
 Orbax writes each step into a temporary directory and renames it when complete, so an interrupted
 save never leaves a half-written checkpoint that would be picked up on resume. Once a step is
@@ -20,7 +24,6 @@ from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
-import grain
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
@@ -60,7 +63,7 @@ def _manager(
     ),
   )
   with _without_orbax_notice("Given directory is read only"):  # said for every reader, by design
-    return ocp.CheckpointManager(directory, item_names=("state", "data", "meta"), options=options)
+    return ocp.CheckpointManager(directory, item_names=("state", "meta"), options=options)
 
 
 @contextlib.contextmanager
@@ -137,12 +140,9 @@ class Checkpointer:
       return None
     return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
-  def _items(self, step, state, data_iter, meta, metrics) -> ocp.args.Composite:
+  def _items(self, step, state, meta, metrics) -> ocp.args.Composite:
     meta = {"step": step, **meta, "metrics": metrics}
-    items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
-    if data_iter is not None:
-      items["data"] = grain.checkpoint.CheckpointSave(data_iter)
-    return ocp.args.Composite(**items)
+    return ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
 
   def _write_pending_checksums(self, manager=None) -> None:
     """Manifests of the steps of ``manager`` (default: both) saved since; call it only once that
@@ -162,11 +162,10 @@ class Checkpointer:
       self._unsummed.append((manager, step))
     return saved
 
-  def save(self, step: int, state: Any, data_iter, meta: dict, force: bool = False) -> bool:
-    """Saves ``step`` and the position of ``data_iter`` (a grain iterator, or None) into ``DIR``;
-    ``meta`` is JSON kept beside them (``run_config.checkpoint_meta``). ``save_best`` keeps the
-    best step, after evaluation."""
-    items = self._items(step, state, data_iter, meta, {})
+  def save(self, step: int, state: Any, meta: dict, force: bool = False) -> bool:
+    """Saves ``step``'s ``state`` into ``DIR``; ``meta`` is JSON kept beside it
+    (``run_config.checkpoint_meta``). ``save_best`` keeps the best step, after evaluation."""
+    items = self._items(step, state, meta, {})
     return self._save(self.manager, step, items, force)
 
   def save_best(self, step: int, state: Any, meta: dict, metrics: dict[str, Any]) -> bool:
@@ -177,7 +176,7 @@ class Checkpointer:
     best = self.best_score()
     if best is not None and metrics[BEST_METRIC] <= best:
       return False
-    items = self._items(step, state, None, meta, metrics)
+    items = self._items(step, state, meta, metrics)
     self._best_score = metrics[BEST_METRIC]
     kept = self.best_step()
     if kept is not None and kept >= step:  # a run resumed below best/ (e.g. its newest step was
@@ -274,14 +273,10 @@ class Checkpointer:
       )
     return step, state, meta
 
-  def restore(
-    self, step: int, abstract_state: Any, data_iter: grain.DatasetIterator | None = None
-  ) -> Any:
-    """Restores ``state`` into the shardings of ``abstract_state`` (and the iterator in place)."""
-    items = {"state": ocp.args.StandardRestore(abstract_state)}
-    if data_iter is not None:
-      items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
-    return self.manager.restore(step, args=ocp.args.Composite(**items))["state"]
+  def restore(self, step: int, abstract_state: Any) -> Any:
+    """Restores ``state`` into the shardings of ``abstract_state`` (any mesh)."""
+    args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
+    return self.manager.restore(step, args=args)["state"]
 
   def check_for_errors(self, step: int) -> None:
     """Raises ``CheckpointSaveError`` at ``step`` when an asynchronous save has failed in the

@@ -23,6 +23,7 @@ import functools
 import importlib.util
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -341,10 +342,35 @@ def main(argv):
     sys.exit(0)
 
 
+class TerminatedError(Exception):
+  """SIGTERM outside the training loop (start-up, evaluation, shutdown)."""
+
+
+def _stop(signum, frame):
+  raise TerminatedError
+
+
+def _exit_stopped(cause: str, status: int) -> None:
+  workdir = _WORKDIR.value or "the workdir"
+  print(
+    f"locvit: stopped by {cause}; the checkpoints committed in {workdir} are kept (the same "
+    "command resumes from the newest)",
+    file=sys.stderr,
+    flush=True,
+  )
+  sys.exit(status)
+
+
 def _main_with_clear_errors(argv):
-  """Configuration and data errors are printed as one clear message, not a traceback."""
+  """Configuration and data errors are printed as one clear message, not a traceback; so is a
+  stop by SIGTERM outside the loop (which saves and exits 0 itself) or by a second Ctrl-C."""
+  signal.signal(signal.SIGTERM, _stop)  # the loop takes SIGTERM over; JAX's multi-host sync too
   try:
     main(argv)
+  except TerminatedError:
+    _exit_stopped("SIGTERM", 128 + signal.SIGTERM)
+  except KeyboardInterrupt:
+    _exit_stopped("Ctrl-C", 128 + signal.SIGINT)
   except (
     ValueError,
     FileNotFoundError,

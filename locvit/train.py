@@ -8,8 +8,10 @@ The step itself (augmentation, distillation, gradient accumulation, EMA, non-fin
 ``locvit.run.step``; the state and its shardings ``locvit.run.state``.
 
 Determinism: the dropout key of step ``s`` is ``fold_in(key(seed), s)``, the augmentation key
-``fold_in(key(seed + 2), s)``, and the data iterator's position is checkpointed, so a run stopped
-by SIGTERM and resumed reproduces the uninterrupted run (bitwise on CPU).
+``fold_in(key(seed + 2), s)``, and the data position is a function of the global step, so a run
+stopped by SIGTERM and resumed reproduces the uninterrupted run (bitwise on CPU), and resumes on
+another process or device count too (same data order; the loss agrees to reduction-order rounding,
+docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -52,23 +54,28 @@ from locvit.run.step import (  # noqa: F401  (the step's names, as train.* for c
 
 
 class PreemptionWatcher:
-  """Turns SIGTERM into a flag checked between steps (installed from the main thread only).
+  """Turns SIGTERM and a first Ctrl-C into a request to save and exit, read between steps and
+  between evaluation batches; a second Ctrl-C stops at once (``KeyboardInterrupt``). Installed
+  from the main thread only.
 
   Single-process only. With several processes, JAX's preemption sync manager (started by
   ``jax.distributed.initialize``) owns SIGTERM: a notice to any one process reaches all of them,
   and ``reached_preemption(step)`` becomes True at the same step everywhere. A Python handler
-  here would replace JAX's and leave the processes saving different steps (a hang).
+  here would replace JAX's and leave the processes saving different steps (a hang); Ctrl-C keeps
+  Python's default there.
   """
+
+  NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
 
   def __init__(self, multiprocess: bool = False, checkpointer=None):
     self.requested = False
-    self._previous = None
+    self._previous = {}
     self._multiprocess = multiprocess
     self._checkpointer = checkpointer
 
   def __enter__(self):
     if not self._multiprocess and threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
+      self._previous = {s: signal.signal(s, self._handle) for s in self.NAMES}
     return self
 
   def should_stop(self, step: int) -> bool:
@@ -80,13 +87,27 @@ class PreemptionWatcher:
       return False
     return self.requested
 
+  def interrupts_evaluation(self) -> bool:
+    """Whether a running evaluation should stop at its next batch (single process)."""
+    return self.requested and not self._multiprocess
+
   def _handle(self, signum, frame):
-    logging.warning("SIGTERM received: saving a checkpoint at the end of this step.")
+    if signum == signal.SIGINT and self.requested:
+      raise KeyboardInterrupt
+    logging.warning(
+      "%s received: saving a checkpoint at the end of this step%s.",
+      self.NAMES[signum],
+      " (Ctrl-C again stops at once, without saving)" if signum == signal.SIGINT else "",
+    )
     self.requested = True
 
   def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
+
+
+class EvaluationInterruptedError(Exception):
+  """A stop request (SIGTERM, Ctrl-C) reached a running evaluation between two batches."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -99,7 +120,7 @@ def restore_or_initialise(run: bundle.Training) -> tuple[int, TrainState]:
   config, layout, checkpointer = run.config, run.layout, run.checkpointer
 
   def restore(step):
-    restored = checkpointer.restore(step, layout.abstract, run.train_iter)
+    restored = checkpointer.restore(step, layout.abstract)
     if not all_finite(restored):
       raise ckpt_lib.DamagedCheckpointError("non-finite values in the restored state")
     return restored
@@ -201,21 +222,40 @@ def save_checkpoint(run, step: int, state: TrainState, meta, progress) -> None:
   """Saves ``step`` (never a non-finite state), timing the save for the rates."""
   check_finite_state(state, step)
   save_start = time.perf_counter()
-  run.checkpointer.save(step, state, run.train_iter, meta, force=True)
+  run.checkpointer.save(step, state, meta, force=True)
   progress.checkpoint(time.perf_counter() - save_start)
 
 
 def evaluate_with_ema(
-  eval_fn, variables, ema_params, batches, batch_sharding, print_line: Callable[[str], None]
+  eval_fn,
+  variables,
+  ema_params,
+  batches,
+  batch_sharding,
+  print_line: Callable[[str], None],
+  interrupted: Callable[[], bool] = lambda: False,
 ) -> dict[str, Any]:
   """``eval/*`` of ``variables`` (params, model_state); with EMA weights also ``eval_ema/*`` (timm
   evaluates both the model and its EMA). A long evaluation prints its progress with
-  ``print_line``."""
-  show = lambda: metrics_lib.eval_progress(len(batches), print_line)
-  result = eval_lib.evaluate(eval_fn, variables, batches, batch_sharding, show())
+  ``print_line``; it raises ``EvaluationInterruptedError`` after the batch during which
+  ``interrupted()`` became True."""
+
+  def on_batch():
+    show = metrics_lib.eval_progress(len(batches), print_line)
+
+    def call(done: int) -> None:
+      show(done)
+      if interrupted():
+        raise EvaluationInterruptedError(
+          f"the evaluation stopped after batch {done}/{len(batches)}"
+        )
+
+    return call
+
+  result = eval_lib.evaluate(eval_fn, variables, batches, batch_sharding, on_batch())
   if ema_params is not None:
     ema_metrics = eval_lib.evaluate(
-      eval_fn, (ema_params, variables[1]), batches, batch_sharding, show()
+      eval_fn, (ema_params, variables[1]), batches, batch_sharding, on_batch()
     )
     result.update({k.replace("eval/", "eval_ema/"): v for k, v in ema_metrics.items()})
   return result
@@ -269,10 +309,11 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
     progress.finished(run.workdir, final)
   monitor = HealthMonitor(config)
   meta = run_config.checkpoint_meta(config, run.num_classes)
+  train_batches = run.train_batches(start)
   watcher = PreemptionWatcher(multiprocess=jax.process_count() > 1, checkpointer=run.checkpointer)
   with watcher as preemption:
     for step in range(start + 1, total_steps + 1):
-      batch = sharding.global_batch(next(run.train_iter), run.batch_sharding)
+      batch = sharding.global_batch(next(train_batches), run.batch_sharding)
       state, train_metrics, health = step_fn(state, batch, teacher_variables, health)
       last = step == total_steps
       preempted = preemption.should_stop(step)
@@ -294,17 +335,31 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
         variables = (state.params, state.model_state)
         try:
           final = evaluate_with_ema(
-            eval_fn, variables, ema, run.eval_batches, run.batch_sharding, progress.print_line
+            eval_fn,
+            variables,
+            ema,
+            run.eval_batches,
+            run.batch_sharding,
+            progress.print_line,
+            preemption.interrupts_evaluation,
           )
+          record.update(final)
+          record.update(analysis(step, state.params))
+          record.update(progress.evaluation(step, final, time.perf_counter() - eval_start))
+        except EvaluationInterruptedError as e:  # within the grace period: save now, without it
+          logging.warning(
+            "Stop requested at step %d: %s; saving the step without it%s.",
+            step,
+            e,
+            f" (--mode=eval --workdir={run.workdir} evaluates it)" if last else "",
+          )
+          final, save, preempted = {}, True, True
         except BaseException:  # a failing evaluation loses no training: keep the step and its row
           if save:
             writer.write(step, record)
             writer.flush()
             save_checkpoint(run, step, state, meta, progress)
           raise
-        record.update(final)
-        record.update(analysis(step, state.params))
-        record.update(progress.evaluation(step, final, time.perf_counter() - eval_start))
       if record:
         writer.write(step, record)
       if save:
@@ -314,7 +369,7 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
           save_start = time.perf_counter()
           run.checkpointer.save_best(step, state, meta, final)
           progress.pause(time.perf_counter() - save_start)
-      if preempted and not last:
+      if preempted and (not last or not final):
         run.checkpointer.wait()
         logging.warning("Preempted: checkpoint saved at step %d; exiting.", step)
         final = {"preempted": True, "step": step}

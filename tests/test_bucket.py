@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.gcs_server import BUCKET, blobs, gcs_server
-from tests.test_cli import ROOT
+from tests.test_cli import ROOT, _free_port
 
 RUN = "run"
 WORKDIR = f"gs://{BUCKET}/{RUN}"
@@ -31,9 +31,9 @@ def server():
     yield env
 
 
-def _main(cwd, env, *args, python_prefix=()):
+def _main(cwd, env, *args, python_prefix=(), devices=8):
   full_env = {**os.environ, **env, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
-  full_env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+  full_env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   command = [sys.executable, *python_prefix, "-m", "locvit.main", *args]
   if python_prefix:
     command = [sys.executable, *python_prefix, *args]
@@ -133,4 +133,49 @@ def test_a_missing_client_library_is_one_line_before_anything_is_created(server,
     f"locvit: error: gs://{BUCKET}/nolib: gs:// needs gcsfs: pip install 'locvit[gcs]'"
   ), err
   assert not blobs("nolib")
+  assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_two_processes_save_to_a_bucket_and_one_process_resumes_on_half_the_devices(
+  server, tmp_path
+):
+  """2 processes x 4 devices write one checkpoint in the bucket; SIGTERM to process 1 saves a step
+  on both; 1 process x 4 devices resumes from the bucket and logs each later step once."""
+  workdir = f"gs://{BUCKET}/topology"
+  tiny = [
+    f"--config={os.path.join(ROOT, 'tests', 'configs', 'tiny.py')}",
+    "--config.total_steps=24",
+    "--config.checkpoint_every_steps=4",
+    f"--workdir={workdir}",
+  ]
+  port = _free_port()
+  procs = [
+    _main(
+      tmp_path,
+      server,
+      *tiny,
+      f"--coordinator_address=localhost:{port}",
+      "--num_processes=2",
+      f"--process_id={i}",
+      devices=4,
+    )
+    for i in range(2)
+  ]
+  for line in procs[0].stdout:
+    if line.startswith("step 10/24"):
+      procs[1].send_signal(signal.SIGTERM)
+      break
+  for p in procs:
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 0, out[-2000:] + err[-3000:]
+  stopped = _steps("topology")[-1]
+  assert 10 <= stopped < 24
+  resumed = _main(tmp_path, server, *tiny, devices=4)
+  out, err = resumed.communicate(timeout=240)
+  assert resumed.returncode == 0, out + err[-3000:]
+  first = next(line for line in out.splitlines() if line.startswith("step "))
+  assert first.startswith(f"step {stopped + 1}/24 "), out
+  steps = [r["step"] for r in _rows("topology") if "train/loss" in r]
+  assert steps == list(range(1, 25)), steps
   assert list(tmp_path.iterdir()) == []

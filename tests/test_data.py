@@ -347,18 +347,30 @@ def test_train_iterator_exact_resume():
   _assert_batches_equal(_take(fresh, 5), expected)
 
 
-def test_train_iterator_grain_checkpoint_roundtrip(tmp_path):
-  ocp = pytest.importorskip("orbax.checkpoint")
-  cfg = _cfg(train_augment="crop_flip")
-  src = D.DigitsSource("train")
-  it = D.make_train_iterator(cfg, src, seed=1, local_batch_size=64)
-  _take(it, 3)
-  ckpt = ocp.Checkpointer(grain.checkpoint.CheckpointHandler())
-  ckpt.save(tmp_path / "it", args=grain.checkpoint.CheckpointSave(it))
-  expected = _take(it, 3)
-  fresh = D.make_train_iterator(cfg, src, seed=1, local_batch_size=64)
-  ckpt.restore(tmp_path / "it", args=grain.checkpoint.CheckpointRestore(fresh))
-  _assert_batches_equal(_take(fresh, 3), expected)
+@pytest.mark.parametrize("process_count", [1, 2, 4])
+def test_a_resumed_iterator_continues_the_global_order_on_any_process_count(process_count):
+  """The position after step s is a function of s: 2 processes that stopped at step 9 (past the
+  first epoch boundary) resume as 1 or 4 processes with the same global batches."""
+  src = IndexSource(100)
+  uninterrupted = _take(D.make_train_iterator(_index_cfg(), src, seed=3, local_batch_size=16), 14)
+  resumed = [
+    _take(
+      D.make_train_iterator(
+        _index_cfg(),
+        src,
+        seed=3,
+        local_batch_size=16 // process_count,
+        process_index=p,
+        process_count=process_count,
+        start_step=9,
+      ),
+      5,
+    )
+    for p in range(process_count)
+  ]
+  for k in range(5):
+    joined = np.concatenate([_indices(resumed[p][k]) for p in range(process_count)])
+    np.testing.assert_array_equal(joined, _indices(uninterrupted[9 + k]))
 
 
 def test_train_batch_size_errors():

@@ -153,7 +153,7 @@ def test_checkpoints_keep_last_n_and_best(tmp_path):
   state = {"w": jnp.arange(3.0)}
   top1 = {1: 0.2, 2: 0.9, 3: 0.5, 4: 0.4, 5: 0.3}
   for step, acc in top1.items():
-    ckpt.save(step, state, None, run_config.checkpoint_meta(config))
+    ckpt.save(step, state, run_config.checkpoint_meta(config))
     ckpt.save_best(step, state, run_config.checkpoint_meta(config), {"eval/top1": acc})
   ckpt.wait()
   assert sorted(ckpt.manager.all_steps()) == [4, 5]
@@ -163,7 +163,7 @@ def test_checkpoints_keep_last_n_and_best(tmp_path):
   ckpt = ckpt_lib.Checkpointer(str(tmp_path), keep=2, async_save=False)
   for step, acc in {6: 0.1, 7: 0.95, 8: 0.2}.items():
     state = {"w": jnp.full(3, float(step))}
-    ckpt.save(step, state, None, run_config.checkpoint_meta(config))
+    ckpt.save(step, state, run_config.checkpoint_meta(config))
     ckpt.save_best(step, state, run_config.checkpoint_meta(config), {"eval/top1": acc})
   ckpt.wait()
   assert sorted(ckpt.manager.all_steps()) == [7, 8]

@@ -1,6 +1,7 @@
 """The training system: sharding layouts, resume, evaluation and bad input."""
 
 import os
+import signal
 
 import flax.linen as nn
 import jax
@@ -97,13 +98,15 @@ def test_fsdp_leaves_indivisible_dims_unsharded():
   assert tuple(spec) == (None, None)
 
 
-def test_sigterm_resume_reproduces_uninterrupted_run(tmp_path, single_device_run):
-  """SIGTERM during step 3 -> checkpoint after step 4 -> resume: bitwise the same run."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_or_ctrl_c_resume_reproduces_uninterrupted_run(tmp_path, single_device_run, signum):
+  """SIGTERM (or a Ctrl-C) during step 3 -> checkpoint after step 4 -> resume: bitwise the same
+  run."""
   full_dir, full = single_device_run
   config = tiny_config()
   config.mesh.num_devices, config.mesh.shape = 1, (1, 1)
   workdir = str(tmp_path / "split")
-  with sigterm_after_step(3):
+  with sigterm_after_step(3, signum):
     first = train.train_and_evaluate(config, workdir)
   # The flag is read between steps: the step in flight completes and is checkpointed.
   assert first == {"preempted": True, "step": 4}

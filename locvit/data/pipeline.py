@@ -18,10 +18,13 @@ above, so the multi-host property holds unchanged. Copy c of example i draws its
 here they are adjacent rows of the same global batch, which is the same batch as a whole. It trims
 the epoch to a multiple of 256 examples; here the remainder n mod G is dropped, as for k = 1.)
 
+Resuming. The position after global step s is batch s of every process's stream, whatever P and
+L are (`start_step`), so a run saved by one topology resumes on another and continues the same
+global order; the checkpoint holds no per-process iterator state.
+
 Performance. Each grain prefetch thread builds whole batches (decode + augment in uint8, then
 one vectorised normalisation per batch), which keeps per-example Python work to the decode and
-the ops themselves. The returned grain `DatasetIterator` checkpoints its position exactly
-(`get_state`/`set_state`, `grain.checkpoint.CheckpointSave/CheckpointRestore`).
+the ops themselves. The returned grain `DatasetIterator` also has grain's `get_state`/`set_state`.
 """
 
 from __future__ import annotations
@@ -117,6 +120,7 @@ def make_train_dataset(
   local_batch_size: int,
   process_index: int = 0,
   process_count: int = 1,
+  start_step: int = 0,
 ) -> grain.IterDataset:
   """The infinite training `grain.IterDataset` behind `make_train_iterator`."""
   validate_data_config(data_config)
@@ -143,6 +147,8 @@ def make_train_dataset(
   ds = grain.MapDataset.range(order.per_process).repeat()  # repeat() = infinite epochs.
   ds = ds.map_with_index(load)
   ds = ds.batch(local_batch_size, drop_remainder=True, batch_fn=_stack)
+  if start_step:
+    ds = ds[int(start_step) :]  # batch k of this process belongs to global step k + 1
   ds = ds.map(_normalizer(data_config))
   return ds.to_iter_dataset(_read_options(data_config))
 
@@ -155,11 +161,13 @@ def make_train_iterator(
   local_batch_size: int,
   process_index: int = 0,
   process_count: int = 1,
+  start_step: int = 0,
 ) -> grain.DatasetIterator:
   """Infinite iterator of {'image': float32 (B,H,W,C) normalised, 'label': int32 (B,)}.
 
   Deterministic given `seed`, reshuffled every epoch; process `process_index` reads only its
-  disjoint 1/process_count share of each epoch. The iterator's state can be checkpointed.
+  disjoint 1/process_count share of each epoch. It starts with the batches of global step
+  `start_step + 1` (a resumed run), which depend on the global batch size only.
   """
   ds = make_train_dataset(
     data_config,
@@ -168,6 +176,7 @@ def make_train_iterator(
     local_batch_size=local_batch_size,
     process_index=process_index,
     process_count=process_count,
+    start_step=start_step,
   )
   return iter(ds)
 

@@ -218,24 +218,15 @@ def is_finished(workdir: str, steps: int) -> bool:
 
 
 class Interrupt:
-  """Ctrl-C (or SIGTERM) stops after the current step with a checkpoint: inside the training loop
-  it is handed to the loop's preemption handler; before it, it raises KeyboardInterrupt."""
-
-  def __init__(self):
-    self.requested = False
+  """Ctrl-C or SIGTERM between runs stops at once (``KeyboardInterrupt``); inside a run's training
+  loop, the loop's own handler (``train.PreemptionWatcher``) saves the step first."""
 
   def __enter__(self):
     self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
     return self
 
   def _handle(self, signum, frame):
-    self.requested = True
-    loop_handler = signal.getsignal(signal.SIGTERM)
-    if callable(loop_handler) and loop_handler != self._handle:
-      print("\nInterrupted: saving a checkpoint at the end of this step.", flush=True)
-      loop_handler(signum, frame)
-    else:
-      raise KeyboardInterrupt
+    raise KeyboardInterrupt
 
   def __exit__(self, *exc):
     for s, handler in self._previous.items():
@@ -349,7 +340,7 @@ def reproduce(
     if data == "tfds":
       use_tfds(config, tfds_data_dir)
     check_data(config, row)
-  with Interrupt() as interrupt:
+  with Interrupt():
     try:
       saved = load_or_make_plan(name, plan, configs, workdir, seeds, minutes, started)
       print(describe(saved, plan), flush=True)
@@ -367,7 +358,7 @@ def reproduce(
         print(f"\n== {row} seed {seed}: {path}", flush=True)
         start, load = time.time(), os.getloadavg()
         result = train.train_and_evaluate(budgeted_config(configs[row], saved["steps"], seed), path)
-        if result.get("preempted") or interrupt.requested:
+        if result.get("preempted"):
           raise KeyboardInterrupt
         with open(os.path.join(path, "reproduce_run.json"), "w") as f:
           json.dump(

@@ -115,7 +115,6 @@ class Training(Evaluation):
 
   workdir: str = ""
   train_source: Any = None
-  train_iter: Any = None
   total_steps: int = 0
   steps_per_epoch: int = 0
   schedule: optax.Schedule | None = None
@@ -126,6 +125,19 @@ class Training(Evaluation):
   checkpointer: ckpt_lib.Checkpointer | None = None
   writer: metrics_lib.MetricWriter | None = None
   hooks: dict[str, Callable | None] = dataclasses.field(default_factory=dict)
+
+  def train_batches(self, start_step: int):
+    """This process's training batches for steps ``start_step + 1, ...``: the position depends
+    on the global step alone, so a run resumes on another process or device count."""
+    return data_lib.make_train_iterator(
+      self.config.data,
+      self.train_source,
+      seed=self.config.seed,
+      local_batch_size=self.config.batch_size // jax.process_count(),
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+      start_step=start_step,
+    )
 
   @property
   def use_ema(self) -> bool:
@@ -208,14 +220,6 @@ def build_training(
   # (config.json) once the workdir's checkpoint has accepted it (train.restore_or_initialise).
   workdir_lib.claim(workdir)
   run.workdir = workdir
-  run.train_iter = data_lib.make_train_iterator(
-    config.data,
-    run.train_source,
-    seed=config.seed,
-    local_batch_size=config.batch_size // jax.process_count(),
-    process_index=jax.process_index(),
-    process_count=jax.process_count(),
-  )
   run.eval_batches = _eval_batches(config, run.eval_source)
   boxed_params, _ = ckpt_lib.model_variable_shapes(run.model, run.image_shape)
   run.schedule = optim.make_schedule(config, run.total_steps, run.steps_per_epoch)
