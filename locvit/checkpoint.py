@@ -20,6 +20,8 @@ moves damaged steps to ``DIR/damaged/`` (never deleting anything). See docs/reli
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +43,17 @@ DAMAGED = "damaged"  # DIR/damaged/<step>: quarantined steps that failed verific
 def _one_line(error: BaseException) -> str:
   text = str(error).strip().splitlines()
   return f"{type(error).__name__}: {text[0][:200] if text else ''}"
+
+
+def _save_failure(error: BaseException) -> str:
+  """The cause of a failed write: the OS error TensorStore names at the end of its message
+  (``... [os_error_code='28']``: "No space left on device"), else the first line."""
+  code = re.search(r"\[os_error_code='(\d+)'\]", str(error))
+  if code:
+    return os.strerror(int(code.group(1)))
+  if isinstance(error, OSError) and error.strerror:
+    return error.strerror
+  return _one_line(error)
 
 
 def _manager(
@@ -155,12 +168,23 @@ class Checkpointer:
         write_checksums(step_dir)
 
   def _save(self, manager, step, args, force) -> bool:
-    manager.wait_until_finished()  # the previous save is committed: its manifest can be written
-    self._write_pending_checksums(manager)
-    saved = manager.save(step, args=args, force=force)
+    try:
+      manager.wait_until_finished()  # the previous save is committed: its manifest can be written
+      self._write_pending_checksums(manager)
+      saved = manager.save(step, args=args, force=force)
+    except Exception as e:  # orbax raises TensorStore's and the writer thread's errors, any type
+      raise self._save_error(manager, step, e) from e
     if saved:
       self._unsummed.append((manager, step))
     return saved
+
+  def _save_error(self, manager, step: int, error: BaseException) -> CheckpointSaveError:
+    saved = epath.Path(manager.directory)
+    committed = sorted(int(p.name) for p in saved.iterdir() if p.name.isdigit())
+    return CheckpointSaveError(
+      f"saving a checkpoint to {manager.directory} failed ({_save_failure(error)}); stopped at "
+      f"step {step}. Steps already committed are kept: {committed}"
+    )
 
   def save(self, step: int, state: Any, meta: dict, force: bool = False) -> bool:
     """Saves ``step``'s ``state`` into ``DIR``; ``meta`` is JSON kept beside it
@@ -287,10 +311,7 @@ class Checkpointer:
       try:
         manager.check_for_errors()
       except Exception as e:  # orbax re-raises the writer thread's error, of any type
-        raise CheckpointSaveError(
-          f"saving a checkpoint to {manager.directory} failed ({_one_line(e)}); stopped at step "
-          f"{step}. Steps already committed are kept: {sorted(manager.all_steps())}"
-        ) from e
+        raise self._save_error(manager, step, e) from e
 
   def reached_preemption(self, step: int) -> bool:
     """Multi-host preemption notice (JAX's distributed preemption sync); False single-process."""
@@ -298,9 +319,14 @@ class Checkpointer:
 
   def wait(self) -> None:
     """Blocks until every asynchronous save (last-N and best) has been committed."""
-    self.manager.wait_until_finished()
-    if self.best is not None:
-      self.best.wait_until_finished()
+    for manager in (self.manager, self.best):
+      if manager is None:
+        continue
+      try:
+        manager.wait_until_finished()
+      except Exception as e:  # the writer thread's error, of any type
+        pending = [s for m, s in self._unsummed if m is manager]
+        raise self._save_error(manager, max(pending, default=-1), e) from e
     self._write_pending_checksums()
 
   def close(self) -> None:
@@ -312,7 +338,7 @@ class Checkpointer:
       self.best.close()
 
 
-class CheckpointSaveError(RuntimeError):
+class CheckpointSaveError(OSError):
   """A checkpoint could not be written (disk full, bucket not writable, ...)."""
 
 

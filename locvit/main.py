@@ -21,6 +21,7 @@ import ast
 import difflib
 import functools
 import importlib.util
+import logging as std_logging
 import os
 import re
 import signal
@@ -337,6 +338,9 @@ def main(argv):
     return
   from locvit.analysis.hooks import training_hooks
 
+  if not _TRACEBACK.value:
+    _report_failed_saves_once()
+
   result = train.train_and_evaluate(config, _WORKDIR.value, **training_hooks())
   if result.get("preempted"):
     sys.exit(0)
@@ -373,16 +377,40 @@ def _main_with_clear_errors(argv):
     _exit_stopped("Ctrl-C", 128 + signal.SIGINT)
   except (
     ValueError,
-    FileNotFoundError,
+    OSError,  # FileNotFoundError, a full disk, CheckpointSaveError
     AttributeError,
     KeyError,
     workdir_lib.WorkdirError,
   ) as e:
     if _TRACEBACK.value:
       raise
-    if isinstance(e, ConfigError | workdir_lib.WorkdirError):
-      _exit_with_error(str(e))
+    if type(e) is OSError and e.filename and e.strerror:  # e.g. metrics.jsonl on a full disk
+      _exit_with_error(f"{e.filename}: {e.strerror}; the checkpoints committed are kept")
     _exit_with_error(str(e))  # --traceback shows the stack
+
+
+def _report_failed_saves_once() -> None:
+  """After a failed checkpoint write, orbax logs each of its writer threads' tracebacks, and
+  TensorStore's late callbacks raise on orbax's closed event loop (hundreds of lines). The
+  failure reaches the loop as one ``CheckpointSaveError`` (a failed restore as a damaged step);
+  this drops the echoes: orbax's error records, asyncio's unretrieved futures at exit."""
+  orbax_dir = os.sep + "orbax" + os.sep
+  logging.get_absl_logger().addFilter(
+    lambda r: not (orbax_dir in r.pathname and r.levelno >= std_logging.ERROR)
+  )
+  std_logging.getLogger("asyncio").addFilter(
+    lambda r: "exception was never retrieved" not in r.getMessage()
+  )
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if not (
+      isinstance(unraisable.exc_value, RuntimeError)
+      and "loop is closed" in str(unraisable.exc_value)
+    ):
+      previous(unraisable)
+
+  sys.unraisablehook = hook
 
 
 def run() -> None:

@@ -78,6 +78,8 @@ class MetricWriter:
       fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
       try:
         os.write(fd, line.encode())
+      except OSError as e:  # e.g. a full disk: name the file
+        raise OSError(e.errno, e.strerror, os.fspath(self.path)) from e
       finally:
         os.close(fd)
     for key, value in record.items():

@@ -8,9 +8,11 @@ kept (docs/reliability.md).
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import chex
@@ -23,7 +25,7 @@ from locvit import checkpoint as ckpt_lib
 from locvit import run_config, sharding, train
 from locvit.data import CorruptImageError
 from locvit.metrics import read_metrics
-from tests.test_cli import _free_port, _main
+from tests.test_cli import ROOT, _free_port, _main
 from tests.train_utils import sigterm_after_step, tiny_config
 
 
@@ -202,6 +204,46 @@ def test_sigterm_in_start_up_and_a_second_ctrl_c_stop_with_one_line(tmp_path):
   assert proc.returncode == 130, err
   assert err.splitlines()[-1] == f"locvit: stopped by Ctrl-C; {stopped}"
   assert "Traceback" not in err
+
+
+FULL_DISK = """
+mnt=$1 out=$2; shift 2
+mount -t tmpfs -o size=64m tmpfs "$mnt"
+"$@" --workdir="$mnt/run" > "$out/stdout" 2> "$out/stderr" &
+for i in $(seq 1 1200); do grep -q "^step 12/" "$out/stdout" && break; sleep 0.1; done
+dd if=/dev/zero of="$mnt/filler" bs=1M 2> /dev/null
+wait $!; echo $? > "$out/rc"
+rm "$mnt/filler"
+"$@" --workdir="$mnt/run" > "$out/stdout2" 2> "$out/stderr2"; echo $? > "$out/rc2"
+cp "$mnt/run/metrics.jsonl" "$out/"
+"""
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_mid_run_stops_it_with_one_line_and_the_resume_loses_nothing(tmp_path):
+  """The workdir is a 64 MB tmpfs (a private mount in a user namespace), filled at step 12."""
+  if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode:
+    pytest.skip("no user and mount namespaces: a small file system cannot be mounted")
+  mount, out = tmp_path / "mnt", tmp_path / "out"
+  mount.mkdir()
+  out.mkdir()
+  command = [sys.executable, "-m", "locvit.main", "--config=tests/configs/tiny.py"]
+  command += ["--config.total_steps=40", "--config.checkpoint_every_steps=5"]
+  command += ["--config.async_checkpointing=True"]
+  env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+  script = ["unshare", "-rm", "bash", "-c", FULL_DISK, "full_disk", str(mount), str(out)]
+  subprocess.run(script + command, cwd=ROOT, env=env, timeout=600, check=True)
+  err = (out / "stderr").read_text().splitlines()
+  assert (out / "rc").read_text().strip() == "2"
+  assert len(err) == 1, err
+  assert re.fullmatch(
+    rf"locvit: error: saving a checkpoint to {mount}/run/checkpoints failed \(No space left on "
+    r"device\); stopped at step 1[0-9]\. Steps already committed are kept: \[5(, 10)?\]",
+    err[0],
+  ), err[0]
+  assert (out / "rc2").read_text().strip() == "0", (out / "stderr2").read_text()
+  rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows if "train/loss" in r] == list(range(1, 41))
 
 
 # ------------------------------------------------------------------------------------------------
