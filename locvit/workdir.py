@@ -45,11 +45,16 @@ def check_writable(directory: str | os.PathLike) -> None:
   later, or a full disk found at the first save)."""
   directory = paths.path(directory)
   probe = directory / f".write_probe.{socket.gethostname()}.{os.getpid()}"
+  created = not directory.exists()
   try:
     directory.mkdir(parents=True, exist_ok=True)
     probe.write_bytes(b"locvit write probe\n" * 64)
     probe.unlink()
   except OSError as e:
+    with contextlib.suppress(OSError):  # leave nothing behind (a full disk takes the empty file)
+      probe.unlink(missing_ok=True)
+      if created:
+        directory.rmdir()
     raise WorkdirError(f"cannot write to {directory}: {e.strerror or e}") from None
 
 

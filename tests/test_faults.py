@@ -246,6 +246,30 @@ def test_a_disk_that_fills_mid_run_stops_it_with_one_line_and_the_resume_loses_n
   assert [r["step"] for r in rows if "train/loss" in r] == list(range(1, 41))
 
 
+def test_a_full_disk_at_start_is_one_line_and_leaves_nothing_behind(tmp_path):
+  if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode:
+    pytest.skip("no user and mount namespaces: a small file system cannot be mounted")
+  mount = tmp_path / "mnt"
+  mount.mkdir()
+  script = """m=$1; shift; mount -t tmpfs -o size=1m tmpfs "$m" && dd if=/dev/zero of="$m/f" bs=64k
+  "$@"; echo $?; ls -A "$m" """
+  command = [sys.executable, "-m", "locvit.main", "--config=tests/configs/tiny.py"]
+  command += [f"--workdir={mount}/run"]
+  env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+  done = subprocess.run(
+    ["unshare", "-rm", "bash", "-c", script, "full", str(mount), *command],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert done.stderr.splitlines()[-1] == (
+    f"locvit: error: cannot write to {mount}/run: No space left on device"
+  )
+  assert done.stdout.splitlines()[-2:] == ["2", "f"]  # exit 2; nothing but the filler file
+
+
 # ------------------------------------------------------------------------------------------------
 # Non-finite training
 

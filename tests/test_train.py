@@ -208,6 +208,15 @@ def test_batch_not_divisible_by_devices(tmp_path):
   _fails(tiny_config(batch_size=36), tmp_path, "batch_size=36", "8 data-parallel devices", "40")
 
 
+def test_a_batch_larger_than_the_dataset_is_refused_before_the_workdir_exists(tmp_path):
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError) as error:
+    train.train_and_evaluate(tiny_config(batch_size=2048), str(workdir))
+  assert str(error.value).startswith("batch_size=2048 is larger than the 1437 training examples")
+  assert "use --config.batch_size of at most 1437" in str(error.value)
+  assert not workdir.exists()
+
+
 def test_mesh_not_matching_devices(tmp_path):
   config = tiny_config()
   config.mesh.shape = (3, 2)

@@ -203,6 +203,12 @@ def _checked_setup(config, hooks):
   validate(config, mesh, rules, model)
   run = Training(config, mesh, rules, model, num_classes, image_shape, eval_source, None)
   run.train_source, run.warmstart, run.hooks = train_source, warmstart, hooks
+  if len(train_source) < config.batch_size:  # refused before the workdir is created
+    raise ValueError(
+      f"batch_size={config.batch_size} is larger than the {len(train_source)} training examples "
+      f"of {train_source!r}: a step needs a whole batch; use --config.batch_size of at most "
+      f"{len(train_source)}, or more data."
+    )
   run.total_steps, run.steps_per_epoch = training_length(config, len(train_source))
   return run
 
