@@ -143,6 +143,35 @@ def test_logits_hook_and_terms_compose_in_order():
   np.testing.assert_allclose(got, np.einsum("bhnm,bmhd->bnhd", probs, v), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("implementation", ["einsum", "xla"])
+def test_a_custom_scale_reaches_the_gated_kernel_on_every_path(implementation):
+  """The gate rule with ``scale=0.3``: the fused CPU kernel, JAX's kernel and the explicit form
+  against NumPy (ConViT Eq. 6). The CPU kernel once dropped the scale."""
+  rng = np.random.default_rng(1)
+  q, k, v = (jnp.asarray(rng.normal(size=(2, 4, 3, 5)), jnp.float32) for _ in range(3))
+  pos = jax.nn.softmax(jnp.asarray(rng.normal(size=(3, 4, 4)), jnp.float32), -1)
+  gate = jnp.asarray([0.2, 0.5, 0.9], jnp.float32)
+
+  class Layer(flax.linen.Module):
+    fused: bool
+
+    @flax.linen.compact
+    def __call__(self, q, k, v):
+      terms = (Term(pos, "gate", gate),)
+      return attend(
+        self, q, k, v, terms=terms, scale=0.3, implementation=implementation, fused=self.fused
+      )
+
+  logits = np.einsum("bnhd,bmhd->bhnm", q, k) * 0.3
+  content = np.exp(logits - logits.max(-1, keepdims=True))
+  content /= content.sum(-1, keepdims=True)
+  g = np.asarray(gate)[:, None, None]
+  want = np.einsum("bhnm,bmhd->bnhd", (1 - g) * content + g * np.asarray(pos), v)
+  for fused in (True, False):
+    got = Layer(fused).apply({}, q, k, v)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_quadratic_alpha_parameterization_is_spreads_sqrt_2_alpha():
   """Cordonnier et al. Eq. 9: ``-alpha ||delta - Delta||^2`` is spreads ``s = sqrt(2 alpha)``."""
   grid = TokenGrid(5, 5)

@@ -65,14 +65,17 @@ def test_default_implementation_is_the_einsum_kernel_on_cpu_and_bad_input_is_nam
     dot_product_attention(q, k, v, bias=jnp.zeros((3, 7, 7)), implementation="einsum")
 
 
-def test_gated_kernel_matches_renormalised_gpsa_mix_in_values_and_gradients():
-  """ConViT Eq. 6 (with the renormalisation) against the fused kernel, gradients to the logits."""
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_gated_kernel_matches_renormalised_gpsa_mix_in_values_and_gradients(scale):
+  """ConViT Eq. 6 (with the renormalisation) against the fused kernel, gradients to the logits;
+  a custom logit scale is used by both passes."""
   q, k, v = _qkv(heads=4, tokens=9)
   pos_logits = 2.0 * jax.random.normal(jax.random.key(5), (4, 9, 9))
   gating = jax.random.normal(jax.random.key(6), (4,))
 
   def reference(q, k, v, pos_logits, gating):
-    content = jax.nn.softmax(jnp.einsum("bnhd,bmhd->bhnm", q, k) * q.shape[-1] ** -0.5, -1)
+    factor = q.shape[-1] ** -0.5 if scale is None else scale
+    content = jax.nn.softmax(jnp.einsum("bnhd,bmhd->bhnm", q, k) * factor, -1)
     g = jax.nn.sigmoid(gating)[:, None, None]
     mixed = (1 - g) * content + g * jax.nn.softmax(pos_logits, -1)
     mixed = mixed / jnp.sum(mixed, -1, keepdims=True)
@@ -80,7 +83,7 @@ def test_gated_kernel_matches_renormalised_gpsa_mix_in_values_and_gradients():
 
   def fused(q, k, v, pos_logits, gating):
     pos, gate = jax.nn.softmax(pos_logits, -1), jax.nn.sigmoid(gating)
-    return softmax_attention.gated_positional_attention(q, k, v, pos, gate)
+    return softmax_attention.gated_positional_attention(q, k, v, pos, gate, scale)
 
   def loss(fn):
     return jax.value_and_grad(lambda *a: jnp.sum(jnp.sin(fn(*a))), argnums=tuple(range(5)))

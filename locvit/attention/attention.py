@@ -25,7 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from locvit.attention import projections
+from locvit.attention import core, projections
 from locvit.attention.core import Term, attend
 from locvit.attention.geometry import TokenGrid
 from locvit.attention.projections import output_projection, qkv_projection, trunc_normal
@@ -33,7 +33,8 @@ from locvit.ops import check_implementation
 
 Array = jax.Array
 Combine = Literal["add", "multiply", "replace"]
-COMBINE_RULES = ("add", "multiply", "replace")
+# The core's rules a layer's positional table can use; 'gate' belongs to GPSA's own layer.
+COMBINE_RULES = tuple(rule for rule in core.COMBINE_RULES if rule != "gate")
 
 
 class AttentionLayer(nn.Module):

@@ -209,7 +209,7 @@ def attend(
     if rules == ["gate"]:
       pos, gate = terms[0].table, terms[0].gate
       if implementation == "einsum":
-        return gated_positional_attention(q, k, v, pos, gate)
+        return gated_positional_attention(q, k, v, pos, gate, scale)
       content = dot_product_attention(q, k, v, implementation=implementation, scale=scale)
       g = gate[:, None].astype(dtype)  # broadcasts over (B, N, H, Dh)
       return (1 - g) * content + g * _mix_values(pos.astype(dtype), v)

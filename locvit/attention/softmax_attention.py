@@ -122,9 +122,9 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 def gated_positional_attention(
-  q: Array, k: Array, v: Array, positional: Array, gate: Array
+  q: Array, k: Array, v: Array, positional: Array, gate: Array, scale: float | None = None
 ) -> Array:
-  """GPSA's mixed attention ``((1 - g) softmax(q k^T / sqrt(Dh)) + g P) v`` in one kernel.
+  """GPSA's mixed attention ``((1 - g) softmax(scale q k^T) + g P) v`` in one kernel.
 
   ConViT Eq. 6 without the renormalisation, which is exact no-op: both terms are row-stochastic.
   The heads-first explicit form with a hand-written backward pass: one ``(B, H, N, N)`` mixed map
@@ -136,21 +136,22 @@ def gated_positional_attention(
     q, k, v: ``(B, N, H, Dh)``.
     positional: ``(H, N, N)`` positional attention ``P`` (rows sum to 1), shared by the batch.
     gate: ``(H,)`` gate values ``g = sigmoid(lambda)``.
+    scale: the logits' scale; None means ``Dh ** -0.5``.
 
   Returns:
     ``(B, N, H, Dh)`` in ``v``'s dtype.
   """
-  return _gated(q, k, v, positional, gate)
+  return _gated(q, k, v, positional, gate, q.shape[-1] ** -0.5 if scale is None else float(scale))
 
 
-@jax.custom_vjp
-def _gated(q, k, v, positional, gate):
-  return _gated_fwd(q, k, v, positional, gate)[0]
+@partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _gated(q, k, v, positional, gate, scale):
+  return _gated_fwd(q, k, v, positional, gate, scale)[0]
 
 
-def _gated_fwd(q, k, v, positional, gate):
+def _gated_fwd(q, k, v, positional, gate, scale):
   qh, kh, vh = _to_heads_first(q), _to_heads_first(k), _to_heads_first(v)
-  probs = _probabilities(qh, kh, None, qh.shape[-1] ** -0.5)
+  probs = _probabilities(qh, kh, None, scale)
   g = gate.astype(jnp.float32)[:, None, None]
   pos = positional.astype(jnp.float32)
   mixed = (1 - g) * probs + g * pos
@@ -158,7 +159,7 @@ def _gated_fwd(q, k, v, positional, gate):
   return _to_heads_first(out), (qh, kh, vh, probs, positional, gate)
 
 
-def _gated_bwd(residuals, d_out):
+def _gated_bwd(scale, residuals, d_out):
   qh, kh, vh, probs, positional, gate = residuals
   d_out = _to_heads_first(d_out)
   f32 = partial(jnp.einsum, preferred_element_type=jnp.float32)
@@ -171,7 +172,7 @@ def _gated_bwd(residuals, d_out):
   d_pos = g * _sum_batch(d_mixed)[0]
   d_probs = (1 - g) * d_mixed
   d_logits = probs * (d_probs - jnp.sum(d_probs * probs, axis=-1, keepdims=True))
-  d_scores = (d_logits * qh.shape[-1] ** -0.5).astype(qh.dtype)
+  d_scores = (d_logits * scale).astype(qh.dtype)
   d_q = f32("bhnm,bhmd->bhnd", d_scores, kh)
   d_k = f32("bhnm,bhnd->bhmd", d_scores, qh)
   grads = (d_q.astype(qh.dtype), d_k.astype(kh.dtype), d_v.astype(vh.dtype))
