@@ -42,6 +42,10 @@ def base_config() -> ml_collections.ConfigDict:
   # Module fields to override, e.g. depth=6. A ConfigDict so `--config.model.overrides.depth=6`
   # works for fields a config sets.
   c.model.overrides = ml_collections.ConfigDict()
+  # The attention kernels, a hardware choice kept out of the model's identity (resuming with
+  # another value is allowed): None (CPU code paths on CPU, JAX's choice elsewhere), 'xla',
+  # 'cudnn' or 'einsum' (locvit.ops).
+  c.attention_implementation = ml_collections.config_dict.placeholder(str)
 
   c.data = default_data_config()
 

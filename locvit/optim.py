@@ -24,6 +24,8 @@ import flax
 import ml_collections
 import optax
 
+from locvit.choices import check_choice
+
 # Parameter-name fragments never decayed under the 'intended' mask.
 NO_DECAY_NAMES = (
   "pos_embed",
@@ -54,8 +56,7 @@ def _tree_of(params: Any, fn: Callable[[str, Any], Any]) -> Any:
 
 def decay_mask(params: Any, kind: str) -> Any:
   """Boolean tree: True where weight decay applies."""
-  if kind not in DECAY_MASKS:
-    raise ValueError(f"optimizer.decay_mask={kind!r} is not one of {DECAY_MASKS}.")
+  check_choice("optimizer.decay_mask", kind, DECAY_MASKS)
   if kind == "all":
     return _tree_of(params, lambda path, p: True)
   if kind == "official_convit":
@@ -92,13 +93,19 @@ def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
   return opt.lr
 
 
+def validate(config: ml_collections.ConfigDict) -> None:
+  """The optimizer, decay-mask and schedule names, checked before a run creates anything."""
+  check_choice("optimizer.name", config.optimizer.name, OPTIMIZERS)
+  check_choice("optimizer.decay_mask", config.optimizer.decay_mask, DECAY_MASKS)
+  check_choice("schedule.name", config.schedule.name, SCHEDULES)
+
+
 def make_schedule(
   config: ml_collections.ConfigDict, total_steps: int, steps_per_epoch: int
 ) -> optax.Schedule:
   """A per-step learning-rate schedule; warmup and boundaries may be given in epochs."""
   sched = config.schedule
-  if sched.name not in SCHEDULES:
-    raise ValueError(f"schedule.name={sched.name!r} is not one of {SCHEDULES}.")
+  check_choice("schedule.name", sched.name, SCHEDULES)
   peak = peak_learning_rate(config)
   warmup = int(sched.get("warmup_steps") or round(sched.get("warmup_epochs", 0) * steps_per_epoch))
   warmup = min(warmup, max(total_steps - 1, 0))
@@ -123,8 +130,7 @@ def make_optimizer(
 ) -> optax.GradientTransformation:
   """The full optax chain: clip -> optimizer (with decay mask) -> freeze."""
   opt = config.optimizer
-  if opt.name not in OPTIMIZERS:
-    raise ValueError(f"optimizer.name={opt.name!r} is not one of {OPTIMIZERS}.")
+  check_choice("optimizer.name", opt.name, OPTIMIZERS)
   mask = decay_mask(params, opt.decay_mask)
   if opt.name == "adamw":
     core = optax.adamw(

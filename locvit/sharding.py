@@ -26,6 +26,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from locvit.choices import check_choice
+
 MESH_AXES = ("data", "model")
 Rules = tuple[tuple[str, Any], ...]
 
@@ -40,11 +42,7 @@ def logical_rules(mesh_config: ml_collections.ConfigDict) -> Rules:
   """The logical-axis rules for a mesh config: an explicit ``rules`` tuple wins over ``layout``."""
   if mesh_config.get("rules"):
     return tuple(tuple(r) for r in mesh_config.rules)
-  if mesh_config.layout not in LAYOUTS:
-    raise ValueError(
-      f"mesh.layout={mesh_config.layout!r} is not one of {sorted(LAYOUTS)}; "
-      "or give mesh.rules explicitly."
-    )
+  check_choice("mesh.layout", mesh_config.layout, sorted(LAYOUTS))
   return LAYOUTS[mesh_config.layout]
 
 

@@ -16,8 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs.common import base_config
+from locvit import run_config
 from locvit.attention import Attention, LogitsHook, QuadraticPositional, Term, TokenGrid, attend
 from locvit.models import create_model, default_image_size, list_models
+from locvit.models.factory import build_model
 
 
 def _family(name: str) -> tuple:
@@ -119,6 +122,17 @@ def test_create_model_resolves_the_kernel_setting_once():
   assert model.attention_implementation == "cudnn"
   with pytest.raises(ValueError, match=r"implementation='flash' is not one of"):
     create_model("t2t_smalldata_32", attention_implementation="flash")
+
+
+def test_the_config_chooses_the_kernels_from_the_command_line():
+  """``--config.attention_implementation=cudnn`` (README): one top-level field, outside the model
+  block, so that it is not part of a checkpoint's fingerprint."""
+  config = base_config()
+  config.model.name = "convit_tiny"
+  assert build_model(config, 10).attention_implementation == "einsum"  # None, resolved on CPU
+  config.attention_implementation = "cudnn"
+  assert build_model(config, 10).attention_implementation == "cudnn"
+  assert "attention_implementation" not in run_config.fingerprint(config, 10)["model"]
 
 
 def test_logits_hook_and_terms_compose_in_order():

@@ -20,7 +20,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "locvit"
 # Lowest first. A module may import its own group (top-level module or subpackage of locvit) and
 # the groups of lower layers, never a group of its own layer or a higher one.
 LAYERS = (
-  ("paths",),  # the path layer for local disks and object stores
+  ("paths", "choices"),  # the path layer for local disks and object stores; choice errors
   # No model knowledge. ``configs``: the package only locates the shipped config files, which
   # main loads by path.
   ("ops", "sharding", "metrics", "cpu_malloc", "checksums", "workdir", "run_config"),

@@ -217,6 +217,26 @@ def test_a_batch_larger_than_the_dataset_is_refused_before_the_workdir_exists(tm
   assert not workdir.exists()
 
 
+@pytest.mark.parametrize(
+  "field, value, choices, close",
+  [
+    ("optimizer.name", "adamm", "['adamw', 'sgd']", "adamw"),
+    ("schedule.name", "cosin", "['cosine', 'step', 'constant']", "cosine"),
+    ("mesh.layout", "fsdb", "['dp', 'fsdp', 'tp']", "fsdp"),
+  ],
+)
+def test_a_mistyped_choice_names_its_close_match_before_the_workdir_exists(
+  tmp_path, field, value, choices, close
+):
+  config = tiny_config()
+  block, name = field.split(".")
+  config[block][name] = value
+  with pytest.raises(ValueError) as error:
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert str(error.value) == f"{field}={value!r} is not one of {choices}; did you mean {close}?"
+  assert not (tmp_path / "run").exists()
+
+
 def test_mesh_not_matching_devices(tmp_path):
   config = tiny_config()
   config.mesh.shape = (3, 2)

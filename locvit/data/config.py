@@ -7,13 +7,13 @@ message naming the field, the bad value and the valid choices instead of deep in
 
 from __future__ import annotations
 
-import difflib
 import numbers
 from collections.abc import Sequence
 from typing import Any
 
 import ml_collections
 
+from locvit.choices import check_choice
 from locvit.data import augment, autoaugment
 
 # ImageNet statistics in [0, 1] units, the usual default for ViT/DeiT/ConViT recipes.
@@ -94,11 +94,7 @@ def default_data_config() -> ml_collections.ConfigDict:
 
 
 def _choice(cfg: Any, field: str, choices: Sequence[str]) -> None:
-  value = cfg[field]
-  if value not in choices:
-    close = difflib.get_close_matches(str(value), list(choices), n=1)
-    hint = f"; did you mean {close[0]}?" if close else ""
-    raise ValueError(f"data.{field}={value!r} is not one of {sorted(choices)}{hint}")
+  check_choice(f"data.{field}", cfg[field], sorted(choices))
 
 
 def _number(cfg: Any, field: str, *, lo: float, hi: float, lo_open: bool, integer: bool) -> None:

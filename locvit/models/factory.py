@@ -31,8 +31,11 @@ def check_student(model: nn.Module) -> None:
 
 def build_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Module:
   """The registered ``config.model.name`` with ``model.overrides`` (bf16 compute under
-  ``mixed_precision``), cloned with ``distilled=True`` when distillation is on."""
+  ``mixed_precision``, the kernels of ``attention_implementation``), cloned with
+  ``distilled=True`` when distillation is on."""
   overrides = dict(config.model.get("overrides") or {})
+  if config.get("attention_implementation") is not None:
+    overrides.setdefault("attention_implementation", config.attention_implementation)
   if config.get("mixed_precision"):
     overrides["dtype"] = jnp.bfloat16
   model = create_model(config.model.name, num_classes=num_classes, **overrides)

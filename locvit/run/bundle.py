@@ -193,6 +193,7 @@ def _checked_setup(config, hooks):
   data_lib.check_same_classes(train_source, eval_source)
   num_classes = config.data.get("num_classes") or train_source.num_classes
   validate_recipe(config, num_classes)
+  optim.validate(config)
   image_shape = _image_shape(config, train_source)
   warmstart = None
   if from_checkpoint.enabled(config):  # e.g. a pruned model (Cordonnier et al., appendix E)
