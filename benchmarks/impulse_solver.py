@@ -27,6 +27,7 @@ import time
 import jax
 import numpy as np
 
+from locvit import ops
 from locvit.attention import TokenGrid
 from locvit.init.impulse import (
   SOLVER_PRESETS,
@@ -78,7 +79,9 @@ def main() -> None:
   parser.add_argument("--depth", type=int, default=12, help="layers (solves in 'different' mode)")
   args = parser.parse_args()
   print(f"JAX {jax.__version__} on {jax.devices()[0].device_kind}, {os.cpu_count()} CPU cores")
-  batching = None if args.batching == "auto" else args.batching
+  batching = args.batching
+  if batching == "auto":  # lax.map where the CPU code paths are the default (XLA:CPU)
+    batching = "map" if ops.cpu_kernels(ops.resolve_implementation(None)) else "vmap"
   for name in args.presets.split(","):
     cfg = SolverConfig(
       filter_size=args.filter_size, mode=args.mode, rank_tol=args.rank_tol, **PRESETS[name]

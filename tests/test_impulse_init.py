@@ -498,3 +498,14 @@ def test_attention_map_pngs(tmp_path):
   for path in paths:
     with open(path, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_solver_batching_follows_the_models_resolved_kernel_setting():
+  """No backend check in the solver: the CPU code paths (resolved once by create_model) pick
+  lax.map, any other setting vmap."""
+  from locvit.init import apply
+  from locvit.models import create_model
+
+  assert apply._solver_batching(create_model("deit_tiny_patch4_32")) == "map"  # CPU: 'einsum'
+  xla = create_model("deit_tiny_patch4_32", attention_implementation="xla")
+  assert apply._solver_batching(xla) == "vmap"

@@ -42,6 +42,7 @@ from locvit.init.layout import (
   unflatten,
 )
 from locvit.init.mimetic import VPROJ_MODES, apply_mimetic
+from locvit.ops import cpu_kernels, resolve_implementation
 
 INIT_NAMES = ("none", "trunc_normal", "kaiming_uniform", "mimetic", "impulse")
 DEFAULT_CACHE_DIR = "~/.cache/locvit/impulse_init"
@@ -126,6 +127,13 @@ def write_impulse(params: Any, solution, layout: AttentionLayout) -> Any:
   return unflatten(flat, params)
 
 
+def _solver_batching(model) -> str:
+  """'map' (one solve after another) with the CPU code paths, else 'vmap': the model's resolved
+  kernel setting decides, not a backend check here."""
+  implementation = getattr(model, "attention_implementation", resolve_implementation(None))
+  return "map" if cpu_kernels(implementation) else "vmap"
+
+
 def _impulse(cfg: Mapping, params: Any, model, image_size, layout, seed: int) -> tuple[Any, Any]:
   flat = flatten(params)
   paths = find_qk_kernels(flat, layout)
@@ -146,6 +154,7 @@ def _impulse(cfg: Mapping, params: Any, model, image_size, layout, seed: int) ->
     depth=len(paths),
     seed=seed,
     cache_dir=cfg.get("cache_dir"),
+    batching=_solver_batching(model),
   )
   source = "cache" if solution.from_cache else f"{solution.solve_seconds:.1f}s"
   logging.info("Impulse init (%s, %s):\n%s", grid, source, solution.report())
