@@ -19,14 +19,20 @@ from locvit import sharding
 
 
 def eval_step(
-  model: nn.Module, variables: Any, batch: dict[str, jax.Array]
+  model: nn.Module,
+  variables: Any,
+  batch: dict[str, jax.Array],
+  prepare: Callable[[jax.Array], jax.Array] | None = None,
 ) -> dict[str, jax.Array]:
   """Sums of correct top-1 / top-5, loss and example count over the real (masked) examples.
 
   ``variables`` is ``(params, model_state)``; model_state holds e.g. BatchNorm statistics.
+  ``prepare`` maps the batch's images to the model's input (the training loop passes the uint8
+  normalisation, ``device_augment.normalize``).
   """
   params, model_state = variables
-  logits = model.apply({"params": params, **model_state}, batch["image"], train=False)
+  images = batch["image"] if prepare is None else prepare(batch["image"])
+  logits = model.apply({"params": params, **model_state}, images, train=False)
   labels, mask = batch["label"], batch["mask"].astype(jnp.float32)
   top5 = jax.lax.top_k(logits, min(5, logits.shape[-1]))[1]
   loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
@@ -38,11 +44,12 @@ def eval_step(
   }
 
 
-def make_eval_step(model, mesh, rules, variable_shardings) -> Callable:
-  """Jitted ``eval_step``; ``variable_shardings`` matches ``(params, model_state)``."""
+def make_eval_step(model, mesh, rules, variable_shardings, prepare=None) -> Callable:
+  """Jitted ``eval_step``; ``variable_shardings`` matches ``(params, model_state)``; ``prepare``
+  as in ``eval_step``."""
   batch_sh = sharding.batch_sharding(mesh, rules)
   return jax.jit(
-    lambda variables, batch: eval_step(model, variables, batch),
+    lambda variables, batch: eval_step(model, variables, batch, prepare),
     in_shardings=(variable_shardings, batch_sh),
     out_shardings=sharding.replicated(mesh),
   )

@@ -33,6 +33,7 @@ from locvit import evaluate as eval_lib
 from locvit import metrics as metrics_lib
 from locvit import run_config, sharding
 from locvit import workdir as workdir_lib
+from locvit.data import device_augment
 from locvit.models.factory import build_model  # noqa: F401  (also importable as train.build_model)
 from locvit.run import bundle
 from locvit.run.bundle import training_length, validate, validate_recipe  # noqa: F401
@@ -296,7 +297,11 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
   health = jax.device_put(initial_health(), sharding.replicated(run.mesh))
   teacher_variables = run.teacher.variables if run.teacher else ()
   eval_fn = eval_lib.make_eval_step(
-    run.model, run.mesh, run.rules, (run.layout.shardings.params, run.layout.shardings.model_state)
+    run.model,
+    run.mesh,
+    run.rules,
+    (run.layout.shardings.params, run.layout.shardings.model_state),
+    functools.partial(device_augment.normalize, data_config=config.data),
   )
   analysis = AnalysisHooks(run, state, start)
   progress = metrics_lib.Progress(total_steps, config.batch_size, start)
@@ -407,7 +412,8 @@ def evaluate_checkpoint(
   if ema_enabled(config):
     ema = ckpt_lib.restore_ema_params(workdir, step, variable_shardings[0], boxed_params)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    eval_fn = eval_lib.make_eval_step(run.model, mesh, rules, variable_shardings)
+    normalize = functools.partial(device_augment.normalize, data_config=config.data)
+    eval_fn = eval_lib.make_eval_step(run.model, mesh, rules, variable_shardings, normalize)
     variables = (params, model_state)
     result = evaluate_with_ema(
       eval_fn, variables, ema, run.eval_batches, run.batch_sharding, print_progress

@@ -472,7 +472,7 @@ def test_auto_augment_through_pipeline_on_grayscale_digits():
   src = D.DigitsSource("train")
   it = D.make_train_iterator(cfg, src, seed=0, local_batch_size=64)
   batch = next(it)
-  assert batch["image"].shape == (64, 8, 8, 1) and batch["image"].dtype == np.float32
+  assert batch["image"].shape == (64, 8, 8, 1) and batch["image"].dtype == np.uint8
   plain = next(
     D.make_train_iterator(_cfg(train_augment="crop_flip"), src, seed=0, local_batch_size=64)
   )

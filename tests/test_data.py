@@ -59,14 +59,14 @@ class IndexSource:
 
 
 def _index_cfg(**overrides):
-  # Identity transform and normalisation x / 255, so indices can be read back from batches.
+  # Identity transform, so indices can be read back from the (uint8) batches.
   return _cfg(
     image_size=4, train_augment="none", mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), **overrides
   )
 
 
 def _indices(batch) -> np.ndarray:
-  px = np.rint(batch["image"][:, 0, 0, :2] * 255).astype(np.int64)
+  px = batch["image"][:, 0, 0, :2].astype(np.int64)
   return px[:, 0] * 256 + px[:, 1]
 
 
@@ -242,9 +242,9 @@ def test_train_iterator_shapes_and_dtypes():
   cfg = _cfg(train_augment="crop_flip", crop_padding=1)
   batch = next(D.make_train_iterator(cfg, D.make_source(cfg, "train"), seed=0, local_batch_size=16))
   assert set(batch) == {"image", "label"}
-  assert batch["image"].shape == (16, 8, 8, 1) and batch["image"].dtype == np.float32
+  # uint8 crosses to the device; the train step normalises (device_augment.normalize)
+  assert batch["image"].shape == (16, 8, 8, 1) and batch["image"].dtype == np.uint8
   assert batch["label"].shape == (16,) and batch["label"].dtype == np.int32
-  assert np.all(np.isfinite(batch["image"]))
   assert isinstance(
     D.make_train_iterator(cfg, D.DigitsSource(), seed=0, local_batch_size=4), grain.DatasetIterator
   )
@@ -401,7 +401,7 @@ def test_eval_covers_each_example_once(n, batch_size, process_count):
     lengths.append(len(batches))
     assert len(batches) == len(ev) == D.num_eval_batches(n, batch_size, process_count)
     for b in batches:
-      assert b["image"].shape == (batch_size, 4, 4, 3) and b["image"].dtype == np.float32
+      assert b["image"].shape == (batch_size, 4, 4, 3) and b["image"].dtype == np.uint8
       assert b["label"].shape == (batch_size,) and b["label"].dtype == np.int32
       assert b["mask"].shape == (batch_size,) and b["mask"].dtype == np.bool_
       idx = _indices(b)[b["mask"]]
@@ -662,7 +662,7 @@ def rng_mark_recipe():
 
 
 def _marks(batch) -> np.ndarray:
-  return np.rint(batch["image"][:, 0, 0, 2] * 255).astype(np.int64)
+  return batch["image"][:, 0, 0, 2].astype(np.int64)
 
 
 def test_repeated_augmentation_epoch_order_and_copies(rng_mark_recipe):

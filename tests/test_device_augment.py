@@ -190,3 +190,25 @@ def test_bad_mixup_config(fields, num_classes, match):
 def test_bad_erasing_config(fields, match):
   with pytest.raises(ValueError, match=match):
     da.validate_erasing_config(erasing_cfg(**fields))
+
+
+IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
+@pytest.mark.parametrize(
+  "channels, mean, std", [(3, *IMAGENET), (1, (0.5,), (0.5,)), (1, *IMAGENET)]
+)
+def test_uint8_batches_are_normalised_on_the_device_as_on_the_host(channels, mean, std):
+  """The host sends uint8; the step's normalisation equals the host's (x / 255 - mean) / std to
+  float32 rounding, RGB statistics on greyscale included. A float batch passes unchanged."""
+  from ml_collections import ConfigDict
+
+  from locvit.data import augment
+
+  images = np.random.default_rng(0).integers(0, 256, (4, 5, 5, channels), dtype=np.uint8)
+  data = ConfigDict({"mean": mean, "std": std})
+  got = jax.jit(lambda x: da.normalize(x, data))(images)
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(got, augment.normalize(images, mean, std), rtol=0, atol=1e-6)
+  floats = jnp.ones((2, 3, 3, channels))
+  assert da.normalize(floats, data) is floats

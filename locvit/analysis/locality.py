@@ -297,7 +297,8 @@ def fixed_eval_images(
     source = data_lib.make_source(config.data, config.data.eval_split)
   num_images = min(num_images, len(source))
   batches = data_lib.make_eval_iterator(config.data, source, local_batch_size=num_images)
-  return np.asarray(next(iter(batches))["image"], np.float32)
+  images = next(iter(batches))["image"]  # uint8, as the eval step receives them
+  return data_lib.augment.normalize(images, tuple(config.data.mean), tuple(config.data.std))
 
 
 def make_locality_logger(

@@ -1,8 +1,9 @@
 """Per-example NumPy augmentation ops and a registry of named ops and recipes.
 
 Every op maps a uint8 HWC image and an `np.random.Generator` to a uint8 HWC image, so the result is
-deterministic given the generator. Images stay uint8 until the batch is normalised (see
-`normalize_batch`), which keeps per-example work and memory small.
+deterministic given the generator. Images stay uint8 on the host; the jitted train and eval steps
+normalise the batch on the device (`device_augment.normalize`, with `normalization_constants`),
+which keeps per-example host work, memory and transfers small.
 
 Extending: register an op factory with `@register_op("name")` (it receives the data config and
 returns `fn(image, rng) -> image`), then a recipe with `register_recipe("name", ["op", ...])`.
@@ -144,11 +145,18 @@ def resize_center_crop(
   return image[top : top + size, left : left + size]
 
 
+def normalization_constants(
+  mean: Sequence[float], std: Sequence[float], channels: int
+) -> tuple[np.ndarray, np.ndarray]:
+  """float32 ``(scale, offset)`` per channel: ``x * scale - offset = (x / 255 - mean) / std``."""
+  mean_a, std_a = _channel_stats(mean, std, channels)
+  return (1.0 / (255.0 * std_a)).astype(np.float32), (mean_a / std_a).astype(np.float32)
+
+
 def normalize(image: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
-  """uint8 (..., C) -> float32 (x / 255 - mean) / std. Works per example or per batch."""
-  mean_a, std_a = _channel_stats(mean, std, image.shape[-1])
-  scale = (1.0 / (255.0 * std_a)).astype(np.float32)
-  offset = (mean_a / std_a).astype(np.float32)
+  """uint8 (..., C) -> float32 (x / 255 - mean) / std. Works per example or per batch. (The
+  training and eval steps do the same on the device: ``device_augment.normalize``.)"""
+  scale, offset = normalization_constants(mean, std, image.shape[-1])
   out = image.astype(np.float32)
   out *= scale
   out -= offset

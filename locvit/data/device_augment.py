@@ -1,4 +1,5 @@
-"""Batch augmentations that run on device inside the jitted train step.
+"""Batch augmentations that run on device inside the jitted train step, and the normalisation
+of the uint8 batches the host pipeline sends (train and eval steps).
 
 Random erasing (Zhong et al. 2020), Mixup (Zhang et al. 2018) and CutMix (Yun et al. 2019) with
 timm's semantics, as used by the DeiT recipe (ConViT Table 1) and the GMM paper's small-ViT recipe.
@@ -33,10 +34,25 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from locvit.data import augment
+
 Array = jax.Array
 MIXUP_MODES = ("batch", "elem")
 ERASING_MODES = ("pixel", "rand", "const")
 _ERASING_ATTEMPTS = 10  # timm's RandomErasing tries 10 boxes before giving up.
+
+
+def normalize(images: Array, data_config: Any) -> Array:
+  """uint8 ``(B, H, W, C)`` -> float32 ``(x / 255 - mean) / std`` with ``data.mean``/``data.std``
+  (the host's ``augment.normalize`` constants). Batches cross to the device as uint8, a quarter
+  of the bytes, and the host skips a float pass per image. A float batch is taken as already
+  normalised and returned unchanged."""
+  if images.dtype != jnp.uint8:
+    return images
+  scale, offset = augment.normalization_constants(
+    tuple(data_config.mean), tuple(data_config.std), images.shape[-1]
+  )
+  return images.astype(jnp.float32) * scale - offset
 
 
 def default_mixup_config() -> ml_collections.ConfigDict:

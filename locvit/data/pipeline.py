@@ -22,9 +22,10 @@ Resuming. The position after global step s is batch s of every process's stream,
 L are (`start_step`), so a run saved by one topology resumes on another and continues the same
 global order; the checkpoint holds no per-process iterator state.
 
-Performance. Each grain prefetch thread builds whole batches (decode + augment in uint8, then
-one vectorised normalisation per batch), which keeps per-example Python work to the decode and
-the ops themselves. The returned grain `DatasetIterator` also has grain's `get_state`/`set_state`.
+Performance. Each grain prefetch thread builds whole uint8 batches (decode + augment); they cross
+to the device as uint8 and the jitted train and eval steps normalise them
+(`device_augment.normalize`), so per-example host work is the decode and the ops themselves. The
+returned grain `DatasetIterator` also has grain's `get_state`/`set_state`.
 """
 
 from __future__ import annotations
@@ -64,15 +65,9 @@ def _stack(examples: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
   return {k: np.stack([ex[k] for ex in examples]) for k in examples[0]}
 
 
-def _normalizer(cfg: Any):
-  mean, std = tuple(cfg.mean), tuple(cfg.std)
-
-  def fn(batch: dict[str, np.ndarray]) -> Batch:
-    batch["image"] = augment.normalize_batch(batch["image"], mean, std)
-    batch["label"] = batch["label"].astype(np.int32)
-    return batch
-
-  return fn
+def _int32_labels(batch: dict[str, np.ndarray]) -> Batch:
+  batch["label"] = batch["label"].astype(np.int32)
+  return batch
 
 
 class _EpochOrder:
@@ -149,7 +144,7 @@ def make_train_dataset(
   ds = ds.batch(local_batch_size, drop_remainder=True, batch_fn=_stack)
   if start_step:
     ds = ds[int(start_step) :]  # batch k of this process belongs to global step k + 1
-  ds = ds.map(_normalizer(data_config))
+  ds = ds.map(_int32_labels)
   return ds.to_iter_dataset(_read_options(data_config))
 
 
@@ -163,7 +158,8 @@ def make_train_iterator(
   process_count: int = 1,
   start_step: int = 0,
 ) -> grain.DatasetIterator:
-  """Infinite iterator of {'image': float32 (B,H,W,C) normalised, 'label': int32 (B,)}.
+  """Infinite iterator of {'image': uint8 (B,H,W,C), 'label': int32 (B,)}; the train step
+  normalises the images (`device_augment.normalize`).
 
   Deterministic given `seed`, reshuffled every epoch; process `process_index` reads only its
   disjoint 1/process_count share of each epoch. It starts with the batches of global step
@@ -246,10 +242,11 @@ class EvalIterable:
     }
 
   def dataset(self) -> grain.IterDataset:
-    """A fresh grain pipeline over this process's padded range: ``len(self)`` normalised batches."""
+    """A fresh grain pipeline over this process's padded range: ``len(self)`` uint8 batches (the
+    eval step normalises them)."""
     ds = grain.MapDataset.range(self.num_batches * self.local_batch_size).map(self._load)
     ds = ds.batch(self.local_batch_size, drop_remainder=True, batch_fn=_stack)
-    ds = ds.map(_normalizer(self._cfg))
+    ds = ds.map(_int32_labels)
     return ds.to_iter_dataset(_read_options(self._cfg))
 
   def __iter__(self) -> Iterator[Batch]:

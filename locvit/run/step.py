@@ -78,7 +78,7 @@ def train_step(
   augment_rng = jax.random.fold_in(jax.random.key(config.seed + 2), state.step)
   images, targets = device_augment.augment_batch(
     augment_rng,
-    batch["image"],
+    device_augment.normalize(batch["image"], config.data),
     batch["label"],
     mixup=config.get("mixup"),
     erasing=config.get("random_erasing"),
