@@ -212,3 +212,134 @@ def test_uint8_batches_are_normalised_on_the_device_as_on_the_host(channels, mea
   np.testing.assert_allclose(got, augment.normalize(images, mean, std), rtol=0, atol=1e-6)
   floats = jnp.ones((2, 3, 3, channels))
   assert da.normalize(floats, data) is floats
+
+
+# ----------------------------------------------------------------------------- recipe ops
+
+
+def data_cfg(**fields):
+  from locvit.data import default_data_config
+
+  c = default_data_config()
+  c.update(fields)
+  return c
+
+
+class FixedDraws:
+  """A stand-in generator whose integer draws are given: the host op's offsets, set by hand."""
+
+  def __init__(self, *values):
+    self.values = list(values)
+
+  def integers(self, lo, hi):
+    return self.values.pop(0)
+
+
+@pytest.mark.parametrize("padding", [0, 1, 4])
+def test_the_device_pad_crop_equals_the_host_op_pixel_for_pixel(padding):
+  """Every window offset of the device crop gives the host op's exact pixels (zero padding)."""
+  from locvit.data import augment
+
+  rng = np.random.default_rng(padding)
+  image = rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)
+  offsets = [(t, l) for t in range(2 * padding + 1) for l in range(2 * padding + 1)]  # noqa: E741
+  top, left = (jnp.array(o) for o in zip(*offsets, strict=True))
+  batch = jnp.broadcast_to(image, (len(offsets), *image.shape))
+  got = np.asarray(jax.jit(da.crop_at, static_argnums=3)(batch, top, left, padding))
+  for k, (t, l) in enumerate(offsets):  # noqa: E741
+    want = augment.random_crop_with_padding(image, FixedDraws(t, l), 6, padding)
+    np.testing.assert_array_equal(got[k], want)
+  flipped = np.asarray(da.flip_where(jnp.stack([image, image]), jnp.array([False, True])))
+  np.testing.assert_array_equal(flipped[1], image[:, ::-1])
+  np.testing.assert_array_equal(flipped[0], image)
+
+
+def test_device_crop_offsets_and_flips_are_uniform_per_example_and_follow_the_key():
+  """Offsets uniform over the 2p + 1 positions, flips with probability 1/2, independent per
+  example; the same key gives the same batch (exact resume), another key another one."""
+  padding, n = 2, 4500
+  rows = np.arange(1, 9, dtype=np.uint8)  # pixel value = image row + 1, so the offset is readable
+  image = np.broadcast_to(rows[:, None, None], (8, 8, 1))
+  image = np.concatenate([image, np.broadcast_to(rows[None, :, None], (8, 8, 1))], axis=-1)
+  batch = jnp.broadcast_to(image, (n, 8, 8, 2))
+  cfg = data_cfg(train_augment="crop_flip", augment_on="device", crop_padding=padding)
+  out = np.asarray(jax.jit(lambda k, x: da.recipe_ops(k, x, cfg))(jax.random.key(0), batch))
+  centre = out[:, 4, 4]  # never padding for padding <= 2 on an 8x8 image
+  tops = centre[:, 0].astype(int) - 1 - 4 + padding
+  cols = centre[:, 1].astype(int) - 1
+  flipped = out[:, 4, 3, 1] > out[:, 4, 4, 1]  # the column ramp runs backwards
+  lefts = np.where(flipped, 7 - cols - 4 + padding, cols - 4 + padding)
+  expected, sd = n / 5, np.sqrt(n * 0.2 * 0.8)
+  for offsets in (tops, lefts):
+    counts = np.bincount(offsets, minlength=5)
+    assert len(counts) == 5 and np.all(np.abs(counts - expected) < 4.5 * sd), counts
+  assert abs(flipped.mean() - 0.5) < 4.5 * np.sqrt(0.25 / n)
+  assert abs(np.corrcoef(tops, lefts)[0, 1]) < 0.06 and abs(np.corrcoef(tops, flipped)[0, 1]) < 0.06
+  again = jax.jit(lambda k, x: da.recipe_ops(k, x, cfg))(jax.random.key(0), batch)
+  np.testing.assert_array_equal(out, again)
+  other = jax.jit(lambda k, x: da.recipe_ops(k, x, cfg))(jax.random.key(1), batch)
+  assert not np.array_equal(out, other)
+
+
+def test_augment_on_device_moves_the_trailing_crop_and_flip_and_refuses_when_nothing_moves():
+  from locvit.data import augment, validate_data_config
+
+  def split(**fields):
+    return augment.split_train_ops(data_cfg(**fields))
+
+  assert split(train_augment="crop_flip") == (("resize", "pad_crop", "hflip"), ())
+  assert split(train_augment="crop_flip", augment_on="device") == (
+    ("resize",),
+    ("pad_crop", "hflip"),
+  )
+  assert split(train_augment="rrc_flip", augment_on="device") == (
+    ("random_resized_crop",),
+    ("hflip",),
+  )
+  with pytest.raises(ValueError) as e:
+    validate_data_config(
+      data_cfg(train_augment="crop_flip", auto_augment="autoaug-cifar10", augment_on="device")
+    )
+  assert str(e.value) == (
+    "data.augment_on='device' moves a recipe's trailing pad_crop and hflip into the train step, "
+    "but data.train_augment='crop_flip' + data.auto_augment='autoaug-cifar10' ends with "
+    "'auto_augment', which runs on the host only; set data.augment_on='host'"
+  )
+  with pytest.raises(ValueError, match=r"data.augment_on='gpu' is not one of \['device', 'host'\]"):
+    validate_data_config(data_cfg(augment_on="gpu"))
+
+
+def test_the_host_pipeline_leaves_the_moved_ops_to_the_step():
+  """With augment_on='device' the host sends the decoded (resized) images as they are."""
+  from locvit.data import DigitsSource, make_train_iterator
+
+  source = DigitsSource("train")
+  cfg = data_cfg(train_augment="crop_flip", augment_on="device", num_threads=1, prefetch=1)
+  batch = next(make_train_iterator(cfg, source, seed=0, local_batch_size=16))
+  order = np.random.default_rng([0, 0, 0]).permutation(len(source))[:16]
+  np.testing.assert_array_equal(batch["image"], source.images[order])
+
+
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+def test_device_augmentation_lowers_for_accelerators_without_host_callbacks(platform):
+  """Crop, flip, normalisation, erasing and Mixup/CutMix lower as one device program."""
+  cfg = data_cfg(train_augment="crop_flip", augment_on="device", image_size=16)
+  mixup = mixup_cfg(mixup_alpha=0.8, cutmix_alpha=1.0)
+
+  def augment(key, images, labels):
+    images = da.normalize(da.recipe_ops(key, images, cfg), cfg)
+    return da.augment_batch(
+      key,
+      images,
+      labels,
+      mixup=mixup,
+      erasing=erasing_cfg(prob=0.25),
+      num_classes=K,
+      label_smoothing=0.1,
+    )
+
+  images = jnp.zeros((B, 16, 16, C), jnp.uint8)
+  lowered = jax.jit(augment).trace(jax.random.key(0), images, LABELS)
+  text = lowered.lower(lowering_platforms=(platform,)).as_text()
+  assert "stablehlo.gather" in text and "stablehlo.reverse" in text  # the crop and the flip
+  assert "custom_call" not in text and "callback" not in text.lower()

@@ -294,7 +294,8 @@ def test_nan_learning_rate_exits_with_one_line_error_and_writes_no_checkpoint(tm
 
 @pytest.fixture
 def poisoned_step(monkeypatch):
-  """The training batch of the given step carries a NaN image (calls are counted from 1)."""
+  """The training batch of the given step carries NaN images (calls are counted from 1): a float
+  batch, which the step takes as already normalised (uint8 has no NaN)."""
   calls = {"n": 0, "at": None}
   orig = sharding.global_batch
 
@@ -302,7 +303,7 @@ def poisoned_step(monkeypatch):
     if "mask" not in local:  # a training batch
       calls["n"] += 1
       if calls["n"] == calls["at"]:
-        local = dict(local, image=np.full_like(local["image"], np.nan))
+        local = dict(local, image=np.full(local["image"].shape, np.nan, np.float32))
     return orig(local, batch_sharding)
 
   monkeypatch.setattr(sharding, "global_batch", global_batch)

@@ -235,12 +235,40 @@ def train_op_names(cfg: Any) -> tuple[str, ...]:
   return names
 
 
+# Ops that data.augment_on='device' moves into the jitted train step (`device_augment` implements
+# them). Only a trailing run of them moves, so the ops keep their order.
+DEVICE_OPS = ("pad_crop", "hflip")
+
+
+def split_train_ops(cfg: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """(host op names, device op names) of the train transform under ``data.augment_on``.
+
+  Raises ValueError when 'device' would move nothing (the recipe does not end with a pad-crop or
+  flip, e.g. because data.auto_augment runs after them on the host).
+  """
+  names = train_op_names(cfg)
+  if cfg.get("augment_on", "host") == "host":
+    return names, ()
+  k = len(names)
+  while k and names[k - 1] in DEVICE_OPS:
+    k -= 1
+  if k == len(names):
+    auto = f" + data.auto_augment={cfg.auto_augment!r}" if cfg.get("auto_augment") else ""
+    raise ValueError(
+      f"data.augment_on='device' moves a recipe's trailing {' and '.join(DEVICE_OPS)} into the "
+      f"train step, but data.train_augment={cfg.train_augment!r}{auto} ends with "
+      f"{names[-1]!r}, which runs on the host only; set data.augment_on='host'"
+    )
+  return names[:k], names[k:]
+
+
 def build_train_transform(cfg: Any) -> Op:
-  """The per-example train transform for `cfg.train_augment` (+ `cfg.auto_augment`).
+  """The per-example host train transform for `cfg.train_augment` (+ `cfg.auto_augment`), less
+  the ops that data.augment_on='device' moves into the train step.
 
   Output is image_size^2 uint8.
   """
-  return compose([_OPS[name](cfg) for name in train_op_names(cfg)])
+  return compose([_OPS[name](cfg) for name in split_train_ops(cfg)[0]])
 
 
 def build_eval_transform(cfg: Any) -> Callable[[np.ndarray], np.ndarray]:

@@ -25,6 +25,7 @@ CIFAR10_STD = (0.2023, 0.1994, 0.2010)
 SOURCES = ("digits", "image_folder", "tfds")
 ON_CORRUPT = ("error", "skip")
 INTERPOLATIONS = ("bicubic", "bilinear")
+AUGMENT_ON = ("device", "host")
 
 
 def default_data_config() -> ml_collections.ConfigDict:
@@ -61,6 +62,12 @@ def default_data_config() -> ml_collections.ConfigDict:
     eval_crop_pct: eval resizes the shorter side to image_size / eval_crop_pct, then centre-crops.
     mean, std: per-channel normalisation in [0, 1] units. A 3-tuple applied to 1-channel images
       is averaged to one value.
+    augment_on: 'host' | 'device'. 'device' moves the recipe's trailing pad-crop and flip into
+      the jitted train step (``locvit.data.device_augment``, per-example draws from the step's
+      key); the host keeps the ops before them (decode, resize, random-resized crop,
+      auto_augment). 'host' runs every op on the host, timm's exact code path.
+    decoded_cache_mb: memory budget (MB per process) for keeping a split's decoded images
+      (``locvit.data.decoded``); a larger split keeps streaming. 0: always stream.
     num_threads: threads decoding/augmenting batches (grain ReadOptions.num_threads).
     prefetch: number of batches buffered ahead (grain ReadOptions.prefetch_buffer_size).
   """
@@ -88,6 +95,8 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.eval_crop_pct = 1.0
   c.mean = IMAGENET_MEAN
   c.std = IMAGENET_STD
+  c.augment_on = "host"
+  c.decoded_cache_mb = 4096
   c.num_threads = 4
   c.prefetch = 4
   return c
@@ -126,6 +135,9 @@ def validate_data_config(cfg: Any) -> None:
   _choice(cfg, "on_corrupt", ON_CORRUPT)
   _choice(cfg, "interpolation", INTERPOLATIONS)
   _choice(cfg, "train_augment", augment.list_recipes())
+  if "augment_on" in cfg:  # Older run configs (DIR/config.json) lack the field: 'host'.
+    _choice(cfg, "augment_on", AUGMENT_ON)
+    augment.split_train_ops(cfg)  # Raises when 'device' moves nothing.
   if cfg.source == "tfds" and (not isinstance(cfg.name, str) or not cfg.name):
     raise ValueError(f"data.name={cfg.name!r} must be a TFDS dataset name when source='tfds'")
   if cfg.source == "image_folder" and not cfg.root:
@@ -152,6 +164,8 @@ def validate_data_config(cfg: Any) -> None:
   _number(cfg, "eval_crop_pct", lo=0.0, hi=1.0, lo_open=True, integer=False)
   _pair(cfg, "rrc_scale", lo=0.0, hi=1.0)
   _pair(cfg, "rrc_ratio", lo=0.0, hi=float("inf"))
+  if "decoded_cache_mb" in cfg:
+    _number(cfg, "decoded_cache_mb", lo=0, hi=1 << 40, lo_open=False, integer=False)
   _number(cfg, "num_threads", lo=0, hi=1024, lo_open=False, integer=True)
   _number(cfg, "prefetch", lo=0, hi=1 << 20, lo_open=False, integer=True)
   mean, std = tuple(cfg.mean), tuple(cfg.std)

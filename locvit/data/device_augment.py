@@ -1,6 +1,9 @@
 """Batch augmentations that run on device inside the jitted train step, and the normalisation
 of the uint8 batches the host pipeline sends (train and eval steps).
 
+With ``data.augment_on='device'`` the recipe's pad-and-crop and flip run here too, per example,
+on the uint8 batch before normalisation (``recipe_ops``), instead of on the host.
+
 Random erasing (Zhong et al. 2020), Mixup (Zhang et al. 2018) and CutMix (Yun et al. 2019) with
 timm's semantics, as used by the DeiT recipe (ConViT Table 1) and the GMM paper's small-ViT recipe.
 They act on the normalised float batch, so the host pipeline stays uint8 and cheap, and draw all
@@ -53,6 +56,61 @@ def normalize(images: Array, data_config: Any) -> Array:
     tuple(data_config.mean), tuple(data_config.std), images.shape[-1]
   )
   return images.astype(jnp.float32) * scale - offset
+
+
+# ----------------------------------------------------------------------------- recipe ops
+
+
+def crop_at(images: Array, top: Array, left: Array, padding: int) -> Array:
+  """The window at (top, left) of each zero-padded example: ``(B, H, W, C)`` -> same shape.
+
+  ``top``/``left`` (B,) in [0, 2 * padding] are offsets into the padded image; the host op
+  ``augment.random_crop_with_padding`` takes the window at ``top - padding`` in image coordinates,
+  so the two agree pixel for pixel.
+  """
+  _, height, width, channels = images.shape
+  pad = ((0, 0), (padding, padding), (padding, padding), (0, 0))
+  padded = jnp.pad(images, pad)
+  window = lambda image, y, x: jax.lax.dynamic_slice(image, (y, x, 0), (height, width, channels))
+  return jax.vmap(window)(padded, top, left)
+
+
+def pad_crop(key: Array, images: Array, padding: int) -> Array:
+  """Random crop with zero padding (torchvision's ``RandomCrop(size, padding)``) per example:
+  both offsets uniform in [0, 2 * padding], as the host op draws them."""
+  k_top, k_left = jax.random.split(key)
+  b = images.shape[0]
+  top = jax.random.randint(k_top, (b,), 0, 2 * padding + 1)
+  left = jax.random.randint(k_left, (b,), 0, 2 * padding + 1)
+  return crop_at(images, top, left, padding)
+
+
+def flip_where(images: Array, flip: Array) -> Array:
+  """Mirrors the width axis of the examples where ``flip`` (B,) is true."""
+  return jnp.where(flip[:, None, None, None], images[:, :, ::-1], images)
+
+
+def random_flip(key: Array, images: Array) -> Array:
+  """Horizontal flip of each example with probability 1/2."""
+  return flip_where(images, jax.random.bernoulli(key, 0.5, (images.shape[0],)))
+
+
+_RECIPE_OPS = {
+  "pad_crop": lambda key, images, cfg: pad_crop(key, images, int(cfg.crop_padding)),
+  "hflip": lambda key, images, cfg: random_flip(key, images),
+}
+
+
+def recipe_ops(key: Array, images: Array, data_config: Any) -> Array:
+  """The recipe ops that ``data.augment_on='device'`` moves here (``augment.split_train_ops``),
+  in order, on the uint8 batch; each draws from its own key, per example. A batch with no such
+  ops is returned unchanged."""
+  names = augment.split_train_ops(data_config)[1]
+  if not names:
+    return images
+  for name, op_key in zip(names, jax.random.split(key, len(names)), strict=True):
+    images = _RECIPE_OPS[name](op_key, images, data_config)
+  return images
 
 
 def default_mixup_config() -> ml_collections.ConfigDict:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from locvit.data import decoded
 from locvit.data.config import validate_data_config
 
 logger = logging.getLogger(__name__)
@@ -415,6 +416,8 @@ def make_source(data_config: Any, split: str) -> Any:
   With data.class_limit = k every split keeps only the examples of labels < k (and reports k
   classes). Then, when `split == data_config.train_split` and train_fraction < 1, the source is
   wrapped in a per-class `SubsetSource`; `len()` of the result is the subsampled epoch length.
+  A split whose decoded images fit data.decoded_cache_mb is decoded once and kept
+  (`decoded.cache_decoded`).
   """
   validate_data_config(data_config)
   cfg = data_config
@@ -433,7 +436,7 @@ def make_source(data_config: Any, split: str) -> Any:
     )
   if split == cfg.train_split and cfg.train_fraction < 1.0:
     source = SubsetSource(source, subsample_per_class(source.labels, cfg.train_fraction))
-  return source
+  return decoded.cache_decoded(source, cfg.get("decoded_cache_mb", 0), split)
 
 
 def check_same_classes(train_source: Any, eval_source: Any) -> None:

@@ -1,6 +1,7 @@
 """The jitted training step and the non-finite guard.
 
-Per step, on device: random erasing and Mixup/CutMix of the batch (``locvit.data.device_augment``),
+Per step, on device (``locvit.data.device_augment``): the recipe's pad-crop and flip under
+``data.augment_on='device'``, the normalisation of the uint8 batch, random erasing and Mixup/CutMix;
 the frozen teacher's logits when distilling (``locvit.distill``), the loss and its gradient
 (accumulated over micro-batches if asked), the optimizer update and the weight EMA. The guard is
 checked on device each step and read on the host only at log and save steps.
@@ -76,9 +77,11 @@ def train_step(
   """One optimizer update on a global batch, optionally accumulated over micro-batches."""
   rng = jax.random.fold_in(jax.random.key(config.seed), state.step)
   augment_rng = jax.random.fold_in(jax.random.key(config.seed + 2), state.step)
+  recipe_rng = jax.random.fold_in(jax.random.key(config.seed + 3), state.step)
+  images = device_augment.recipe_ops(recipe_rng, batch["image"], config.data)
   images, targets = device_augment.augment_batch(
     augment_rng,
-    device_augment.normalize(batch["image"], config.data),
+    device_augment.normalize(images, config.data),
     batch["label"],
     mixup=config.get("mixup"),
     erasing=config.get("random_erasing"),

@@ -1,0 +1,151 @@
+"""Decode once + crop and flip on the device: host cost per example and step cost, side by side.
+
+  python benchmarks/device_augment.py --cifar_root=ROOT [--train_fraction=0.1] [--batch_size=128]
+
+The script pins itself to one CPU core before JAX starts, so every figure is per core.
+
+1. Host microseconds per training example of the CIFAR crop_flip recipe (pad 4, crop 32, flip),
+   steady state (after one epoch), through ``locvit.data.make_train_iterator``:
+     host, streaming       decode + pad-crop + flip on the host every epoch (the old path);
+     host, decoded once    the same ops on the images kept decoded (data.decoded_cache_mb);
+     device, decoded once  the host only gathers the kept images (data.augment_on='device').
+2. The training step of the smallest paper model (GMM-ViT d9 at 32, ``configs/gmm_table1.py``)
+   with and without the crop and flip in it, in interleaved rounds; the median round.
+3. Host cores needed to feed that step: step images/s x host seconds per example.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import time
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from locvit import data as data_lib
+from locvit import optim, sharding, train
+from locvit.configs.gmm_table1 import get_config
+from locvit.run import state as state_lib
+
+HOST_PATHS = {
+  "host, streaming": {"augment_on": "host", "decoded_cache_mb": 0},
+  "host, decoded once": {"augment_on": "host"},
+  "device, decoded once": {"augment_on": "device"},
+}
+
+
+def data_config(root: str, train_fraction: float, **fields):
+  c = data_lib.default_data_config()
+  c.update(
+    dict(source="image_folder", root=root, image_size=32, train_augment="crop_flip", num_threads=1)
+  )
+  c.update(dict(prefetch=2, train_fraction=train_fraction, mean=data_lib.CIFAR10_MEAN))
+  c.update(fields)
+  return c
+
+
+def host_microseconds(cfg, batch_size: int, batches: int) -> float:
+  """Host microseconds per example after one full epoch (the cache, if any, is then full)."""
+  source = data_lib.make_source(cfg, cfg.train_split)
+  it = data_lib.make_train_iterator(cfg, source, seed=0, local_batch_size=batch_size)
+  for _ in range(len(source) // batch_size):
+    next(it)
+  t0 = time.perf_counter()
+  for _ in range(batches):
+    next(it)
+  return (time.perf_counter() - t0) / (batches * batch_size) * 1e6
+
+
+def make_step(augment_on: str, batch_size: int, mesh, rules):
+  """The jitted GMM-ViT d9 training step with the crop and flip on the host or in the step."""
+  config = get_config("vit,cifar10,gmm")
+  config.batch_size = batch_size
+  config.data.auto_augment = None  # runs on the host in both arms: not part of the step
+  config.data.train_augment, config.data.augment_on = "crop_flip", augment_on
+  model = train.build_model(config, 10)
+  boxed, _ = sharding.model_variable_shapes(model, (32, 32, 3))
+  schedule = optim.make_schedule(config, 1000, 100)
+  tx = optim.make_optimizer(config, nn.meta.unbox(boxed), schedule)
+  layout = state_lib.state_layout(model, (32, 32, 3), tx, mesh, rules)
+  batch_sh = sharding.batch_sharding(mesh, rules)
+  step = jax.jit(
+    functools.partial(
+      train.train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=10
+    ),
+    in_shardings=(layout.shardings, batch_sh),
+    out_shardings=(layout.shardings, None),
+    donate_argnums=0,
+  )
+  rng = np.random.default_rng(0)
+  batch = {
+    "image": rng.integers(0, 256, (batch_size, 32, 32, 3), dtype=np.uint8),
+    "label": rng.integers(0, 10, (batch_size,), dtype=np.int32),
+  }
+  init = jax.jit(layout.init, out_shardings=layout.shardings)
+  return step, init, sharding.global_batch(batch, batch_sh), config
+
+
+def step_seconds(batch_size: int, steps: int, rounds: int) -> dict[str, float]:
+  """Median seconds per step of each arm, timed in interleaved rounds."""
+  base = get_config("vit,cifar10,gmm")
+  mesh, rules = sharding.make_mesh(base.mesh), sharding.logical_rules(base.mesh)
+  arms = {name: make_step(name, batch_size, mesh, rules) for name in ("host", "device")}
+  times: dict[str, list[float]] = {name: [] for name in arms}
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    states = {}
+    for name, (step, init, batch, _) in arms.items():
+      state = init(jax.random.key(0))
+      for _ in range(3):  # compile + warm up
+        state, metrics = step(state, batch)
+      jax.block_until_ready(metrics)
+      states[name] = state
+    for _ in range(rounds):
+      for name, (step, _, batch, _) in arms.items():
+        t0 = time.perf_counter()
+        for _ in range(steps):
+          states[name], metrics = step(states[name], batch)
+        jax.block_until_ready(metrics)
+        times[name].append((time.perf_counter() - t0) / steps)
+  return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--cifar_root", required=True, help="CIFAR-10 image folder (ROOT/train/...)")
+  p.add_argument("--train_fraction", type=float, default=0.1)
+  p.add_argument("--batch_size", type=int, default=128)
+  p.add_argument("--batches", type=int, default=20, help="timed host batches per path")
+  p.add_argument("--steps", type=int, default=3, help="timed steps per arm per round")
+  p.add_argument("--rounds", type=int, default=5)
+  args = p.parse_args()
+  os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before JAX starts its thread pools
+  print(f"one core ({os.sched_getaffinity(0)}), {jax.devices()[0].device_kind}")
+  micro = {}
+  for name, fields in HOST_PATHS.items():
+    cfg = data_config(args.cifar_root, args.train_fraction, **fields)
+    micro[name] = host_microseconds(cfg, args.batch_size, args.batches)
+  seconds = step_seconds(args.batch_size, args.steps, args.rounds)
+  print("\n1. host cost per example, CIFAR-10 crop_flip recipe, steady state, one core")
+  print(f"{'path':24s} {'us/example':>11s} {'images/s':>10s} {'vs streaming':>13s}")
+  for name, us in micro.items():
+    ratio = micro["host, streaming"] / us
+    print(f"{name:24s} {us:11.1f} {1e6 / us:10,.0f} {ratio:12.1f}x")
+  print(f"\n2. GMM-ViT d9 at 32, training step, batch {args.batch_size}, median of {args.rounds}")
+  for name in ("host", "device"):
+    print(f"crop + flip on the {name:7s} {1e3 * seconds[name]:9.1f} ms/step")
+  cost = seconds["device"] / seconds["host"]
+  verdict = "meets" if cost <= 1.10 else "misses"
+  print(f"device / host step time = {cost:.3f}x ({verdict} the goal <= 1.10x)")
+  print("\n3. host cores needed: images/s x host seconds per example")
+  print(f"{'path':24s} {'this step':>22s} {'100,000 images/s':>17s}")
+  for name, us in micro.items():
+    rate = args.batch_size / seconds["device" if name.startswith("device") else "host"]
+    print(f"{name:24s} {rate * us * 1e-6:8.3f} at {rate:7,.0f}/s {1e5 * us * 1e-6:17.1f}")
+
+
+if __name__ == "__main__":
+  main()
