@@ -320,3 +320,23 @@ def test_attention_implementations_agree_and_bad_name_is_rejected():
   )
   with pytest.raises(ValueError, match=r"implementation='flash' is not one of"):
     dot_product_attention(q, k, v, implementation="flash")
+
+
+def test_gpsa_geometry_is_built_in_the_graph_not_baked_in_per_layer():
+  """ConViT's GPSA layers share the relative features as a few iota instructions: the lowered
+  gradient step holds no dense constant over 1 KB (it held one (N, N, 3) table per GPSA layer),
+  and the in-graph features equal the NumPy table."""
+  import re
+
+  from locvit.attention.geometry import gpsa_relative_features
+
+  grid = TokenGrid(4, 5)
+  traced = jax.jit(lambda: gpsa_relative_features(grid, in_graph=True))()
+  np.testing.assert_array_equal(traced, gpsa_relative_features(grid))
+  model = create_model("convit_tiny", num_classes=10).clone(attention_implementation="xla")
+  images = jnp.zeros((2, 64, 64, 3))
+  params = jax.eval_shape(model.init, jax.random.key(0), images)["params"]
+  grad = jax.jit(jax.grad(lambda p, x: jnp.mean(model.apply({"params": p}, x))))
+  text = grad.trace(params, images).lower(lowering_platforms=("tpu",)).as_text()
+  sizes = [len(h) // 2 for h in re.findall(r'dense<"0x([0-9A-F]+)"', text)]
+  assert max(sizes, default=0) <= 1024, sorted(sizes)[-3:]

@@ -1,8 +1,10 @@
 """Token-grid geometry shared by every positional term.
 
 All four papers put the convolutional prior into attention through the *relative* geometry of the
-token grid. This module computes that geometry once per grid size, as NumPy constants that XLA
-folds into the compiled program, so no layer ever rebuilds it per example.
+token grid. This module computes that geometry once per grid size, as NumPy constants, so no layer
+ever rebuilds it per example. ``in_graph=True`` builds the same values from ``iota`` inside the
+traced program instead: a layer applied many times (ConViT's ten GPSA layers) then adds a few
+instructions, which XLA shares, rather than a dense (N, N, 3) constant per layer.
 
 Conventions (matching the reference implementations):
 - tokens are numbered row-major: token ``i = row * width + col``;
@@ -15,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -48,18 +51,31 @@ class TokenGrid:
       )
 
 
+def _offsets(grid: TokenGrid, xp):
+  rows, cols = xp.divmod(xp.arange(grid.num_tokens, dtype=xp.int32), grid.width)
+  dy = rows[None, :] - rows[:, None]
+  dx = cols[None, :] - cols[:, None]
+  return xp.stack([dy, dx], axis=-1)
+
+
+def _gpsa_features(grid: TokenGrid, xp):
+  offsets = _offsets(grid, xp).astype(xp.float32)
+  dy, dx = offsets[..., 0], offsets[..., 1]
+  return xp.stack([dx, dy, dx**2 + dy**2], axis=-1)
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+  array.setflags(write=False)
+  return array
+
+
 @functools.lru_cache(maxsize=64)
 def relative_offsets(grid: TokenGrid) -> np.ndarray:
   """Returns ``(N, N, 2)`` int32 offsets ``(dy, dx)`` of key ``j`` relative to query ``i``.
 
   The shift ``delta = k - q`` of Cordonnier et al. (Eq. 8) and ``delta_ij`` of ConViT (Eqs. 4, 8).
   """
-  rows, cols = np.divmod(np.arange(grid.num_tokens), grid.width)
-  dy = rows[None, :] - rows[:, None]
-  dx = cols[None, :] - cols[:, None]
-  out = np.stack([dy, dx], axis=-1).astype(np.int32)
-  out.setflags(write=False)
-  return out
+  return _frozen(_offsets(grid, np))
 
 
 @functools.lru_cache(maxsize=64)
@@ -74,17 +90,18 @@ def squared_distances(grid: TokenGrid) -> np.ndarray:
   return out
 
 
-@functools.lru_cache(maxsize=64)
-def gpsa_relative_features(grid: TokenGrid) -> np.ndarray:
+def gpsa_relative_features(grid: TokenGrid, in_graph: bool = False) -> np.ndarray | jnp.ndarray:
   """Returns ConViT's ``(N, N, 3)`` relative features ``(dx, dy, dx^2 + dy^2)`` (float32).
 
   ``r_delta`` of ConViT Eq. 5 with ``D_pos = 3`` (Sec. 3), in timm's order (squared norm last).
+  ``in_graph=True``: the same values as a ``jax.numpy`` computation (see the module docstring).
   """
-  offsets = relative_offsets(grid).astype(np.float32)
-  dy, dx = offsets[..., 0], offsets[..., 1]
-  out = np.stack([dx, dy, dx**2 + dy**2], axis=-1)
-  out.setflags(write=False)
-  return out
+  return _gpsa_features(grid, jnp) if in_graph else _cached_gpsa_features(grid)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_gpsa_features(grid: TokenGrid) -> np.ndarray:
+  return _frozen(_gpsa_features(grid, np))
 
 
 def grid_from_tokens(num_tokens: int) -> TokenGrid:

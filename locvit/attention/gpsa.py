@@ -166,7 +166,7 @@ class GPSA(AttentionLayer):
       bias_init=partitioned(zeros, ("heads",)),
       name="pos_proj",
     )
-    return jnp.transpose(pos_proj(gpsa_relative_features(grid)), (2, 0, 1))
+    return jnp.transpose(pos_proj(gpsa_relative_features(grid, in_graph=True)), (2, 0, 1))
 
   def _prefix_token_error(self, num_prefix_tokens: int) -> str:
     return (
