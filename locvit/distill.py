@@ -36,7 +36,7 @@ import ml_collections
 import optax
 from absl import logging
 
-from locvit import checkpoint as ckpt_lib
+from locvit import restore as restore_lib
 from locvit import sharding
 from locvit.models import create_model
 from locvit.models.factory import distillation_enabled
@@ -103,17 +103,17 @@ def load_teacher(
   dist = config.distillation
   workdir = dist.teacher_workdir
   step = None if dist.teacher_step < 0 else dist.teacher_step
-  saved = ckpt_lib.saved_model_config(workdir, step)
+  saved = restore_lib.saved_model_config(workdir, step)
   name = dist.teacher_model or saved["name"]
   overrides = dict(saved.get("overrides") or {}) if not dist.teacher_model else {}
   overrides.update(dict(dist.get("teacher_overrides") or {}))
   if config.get("mixed_precision"):
     overrides["dtype"] = jnp.bfloat16
   model = create_model(name, num_classes=num_classes, **overrides)
-  boxed = ckpt_lib.model_variable_shapes(model, image_shape)
+  boxed = sharding.model_variable_shapes(model, image_shape)
   shardings = tuple(sharding.tree_shardings(b, mesh, rules) for b in boxed)
   try:
-    params, model_state, step = ckpt_lib.restore_model_variables(
+    params, model_state, step = restore_lib.restore_model_variables(
       workdir, model, image_shape, step=step, shardings=shardings
     )
   except ValueError as e:  # orbax: the saved tree does not fit the rebuilt model

@@ -17,8 +17,6 @@ docs/reliability.md).
 from __future__ import annotations
 
 import functools
-import signal
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,12 +29,14 @@ from absl import logging
 from locvit import checkpoint as ckpt_lib
 from locvit import evaluate as eval_lib
 from locvit import metrics as metrics_lib
+from locvit import restore as restore_lib
 from locvit import run_config, sharding
 from locvit import workdir as workdir_lib
 from locvit.data import device_augment
 from locvit.models.factory import build_model  # noqa: F401  (also importable as train.build_model)
 from locvit.run import bundle
 from locvit.run.bundle import training_length, validate, validate_recipe  # noqa: F401
+from locvit.run.preemption import EvaluationInterruptedError, PreemptionWatcher
 from locvit.run.state import TrainState, apply_initializer, ema_enabled, state_shardings  # noqa: F401
 from locvit.run.step import (  # noqa: F401  (the step's names, as train.* for callers)
   NonFiniteError,
@@ -49,67 +49,6 @@ from locvit.run.step import (  # noqa: F401  (the step's names, as train.* for c
   loss_and_metrics,
   train_step,
 )
-
-# ------------------------------------------------------------------------------------------------
-# Preemption
-
-
-class PreemptionWatcher:
-  """Turns SIGTERM and a first Ctrl-C into a request to save and exit, read between steps and
-  between evaluation batches; a second Ctrl-C stops at once (``KeyboardInterrupt``). Installed
-  from the main thread only.
-
-  Single-process only. With several processes, JAX's preemption sync manager (started by
-  ``jax.distributed.initialize``) owns SIGTERM: a notice to any one process reaches all of them,
-  and ``reached_preemption(step)`` becomes True at the same step everywhere. A Python handler
-  here would replace JAX's and leave the processes saving different steps (a hang); Ctrl-C keeps
-  Python's default there.
-  """
-
-  NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
-
-  def __init__(self, multiprocess: bool = False, checkpointer=None):
-    self.requested = False
-    self._previous = {}
-    self._multiprocess = multiprocess
-    self._checkpointer = checkpointer
-
-  def __enter__(self):
-    if not self._multiprocess and threading.current_thread() is threading.main_thread():
-      self._previous = {s: signal.signal(s, self._handle) for s in self.NAMES}
-    return self
-
-  def should_stop(self, step: int) -> bool:
-    """Whether to save ``step`` and exit; the same answer on every process."""
-    if self._multiprocess:
-      if self._checkpointer.reached_preemption(step):
-        logging.warning("Preemption notice: all processes save step %d and exit.", step)
-        return True
-      return False
-    return self.requested
-
-  def interrupts_evaluation(self) -> bool:
-    """Whether a running evaluation should stop at its next batch (single process)."""
-    return self.requested and not self._multiprocess
-
-  def _handle(self, signum, frame):
-    if signum == signal.SIGINT and self.requested:
-      raise KeyboardInterrupt
-    logging.warning(
-      "%s received: saving a checkpoint at the end of this step%s.",
-      self.NAMES[signum],
-      " (Ctrl-C again stops at once, without saving)" if signum == signal.SIGINT else "",
-    )
-    self.requested = True
-
-  def __exit__(self, *exc):
-    for signum, previous in self._previous.items():
-      signal.signal(signum, previous)
-
-
-class EvaluationInterruptedError(Exception):
-  """A stop request (SIGTERM, Ctrl-C) reached a running evaluation between two batches."""
-
 
 # ------------------------------------------------------------------------------------------------
 # Loop helpers, in the order the loop calls them
@@ -395,12 +334,12 @@ def evaluate_checkpoint(
   """
   run = bundle.build_evaluation(config)
   mesh, rules = run.mesh, run.rules
-  boxed_params, boxed_model_state = ckpt_lib.model_variable_shapes(run.model, run.image_shape)
+  boxed_params, boxed_model_state = sharding.model_variable_shapes(run.model, run.image_shape)
   variable_shardings = (
     sharding.tree_shardings(boxed_params, mesh, rules),
     sharding.tree_shardings(boxed_model_state, mesh, rules),
   )
-  params, model_state, step = ckpt_lib.restore_model_variables(
+  params, model_state, step = restore_lib.restore_model_variables(
     workdir,
     run.model,
     run.image_shape,
@@ -410,7 +349,7 @@ def evaluate_checkpoint(
   )
   ema = None
   if ema_enabled(config):
-    ema = ckpt_lib.restore_ema_params(workdir, step, variable_shardings[0], boxed_params)
+    ema = restore_lib.restore_ema_params(workdir, step, variable_shardings[0], boxed_params)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     normalize = functools.partial(device_augment.normalize, data_config=config.data)
     eval_fn = eval_lib.make_eval_step(run.model, mesh, rules, variable_shardings, normalize)

@@ -17,6 +17,8 @@ Bash commands, line by line (``\\`` continuations joined, ``for`` loops expanded
 - ``python -m locvit.convert`` and the timm Python block: run on ``convit_tiny.pth``, a state dict
   of the PyTorch reference ConViT-Ti (tests/torch_reference.py, timm's key names) saved with
   ``torch.save``, standing in for timm's pretrained download.
+- ``python -m locvit.data.throughput`` (optionally under ``taskset``): its flags parse (it reads a
+  dataset for minutes).
 - ``python benchmarks/X.py`` / ``experiments/X.py``: the script exists (they run for minutes; their
   importability is tested on its own).
 - Installs (pip, venv, tfds), the whole test suite, ``LD_PRELOAD``/``GLIBC_TUNABLES`` examples
@@ -42,7 +44,8 @@ from ml_collections import config_flags
 from locvit import main as main_lib
 from locvit.configs.reproduce_plans import PLANS
 from locvit.convert import __main__ as convert_cli
-from locvit.data import prepare
+from locvit.data import list_recipes, prepare, throughput
+from locvit.data.config import SOURCES
 from tests import torch_reference
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -125,6 +128,8 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
     argv = shlex.split(command)
     if argv[0].startswith("PYTHONPATH="):
       argv = argv[1:]  # the script's import path
+    if argv[0] == "taskset":
+      argv = argv[3:]  # pinned to a core (taskset -c N)
     where = f"{name}: {command}"
     if argv[0] == "export":
       key, _, value = argv[1].partition("=")
@@ -141,6 +146,10 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
       args = prepare.parser().parse_args(argv[3:])
       assert args.dataset in prepare.ARCHIVES, where
       checked["prepare"] += 1
+    elif argv[:3] == ["python", "-m", "locvit.data.throughput"]:  # needs a dataset: its flags
+      args = throughput.parser().parse_args(argv[3:])
+      assert args.augment in list_recipes() and args.source in SOURCES, where
+      checked["script"] += 1
     elif argv[:3] == ["python", "-m", "locvit.reproduce"]:  # a plan runs for minutes: its name
       assert argv[3] in PLANS, where  # (the smoke plan runs end to end in test_reproduce.py)
       checked["reproduce"] += 1

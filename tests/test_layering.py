@@ -25,6 +25,7 @@ LAYERS = (
   # main loads by path.
   ("ops", "sharding", "metrics", "cpu_malloc", "checksums", "workdir", "run_config"),
   ("checkpoint",),  # orbax and integrity
+  ("restore",),  # a model's variables from a workdir's checkpoints
   ("configs",),
   ("attention",),  # positional terms, the attention core
   ("models",),  # backbones, registry, build_model, parameter surgery

@@ -12,8 +12,8 @@ import pytest
 
 from configs import recipes
 from configs.common import base_config
-from locvit import checkpoint as ckpt_lib
-from locvit import distill, train
+from locvit import distill, sharding, train
+from locvit import restore as restore_lib
 from locvit.analysis.hooks import training_hooks
 from locvit.data import validate_data_config
 from locvit.metrics import read_metrics
@@ -115,11 +115,11 @@ def test_recipe_run_evaluates_model_and_ema(recipe_run):
   assert np.all(np.isfinite(losses(workdir)))
   # ema_t = d ema_{t-1} + (1 - d) params_t, with the EMA starting at the initial parameters.
   model = train.build_model(config, 10)
-  boxed = ckpt_lib.model_variable_shapes(model, IMAGE_SHAPE)[0]
+  boxed = sharding.model_variable_shapes(model, IMAGE_SHAPE)[0]
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   shardings = jax.tree.map(lambda _: device, nn.meta.unbox(boxed))
-  ema = {s: ckpt_lib.restore_ema_params(workdir, s, shardings, boxed) for s in (2, 3)}
-  params3, _, _ = ckpt_lib.restore_model_variables(workdir, model, IMAGE_SHAPE, step=3)
+  ema = {s: restore_lib.restore_ema_params(workdir, s, shardings, boxed) for s in (2, 3)}
+  params3, _, _ = restore_lib.restore_model_variables(workdir, model, IMAGE_SHAPE, step=3)
   jax.tree.map(
     lambda e3, e2, p3: np.testing.assert_allclose(e3, 0.5 * e2 + 0.5 * p3, rtol=1e-5, atol=1e-7),
     ema[3],
@@ -220,7 +220,7 @@ def test_hard_distillation_from_a_checkpointed_teacher(tmp_path):
   assert 0 <= final["eval/top1"] <= 1 and np.all(np.isfinite(losses(str(tmp_path / "student"))))
   model = train.build_model(student, 10)
   assert model.distilled
-  params, _, _ = ckpt_lib.restore_model_variables(str(tmp_path / "student"), model, IMAGE_SHAPE)
+  params, _, _ = restore_lib.restore_model_variables(str(tmp_path / "student"), model, IMAGE_SHAPE)
   assert {"dist_token", "head_dist"} <= set(params)
   # The teacher is restored exactly as trained (its variables are inputs, never updated).
   loaded = distill.load_teacher(
@@ -259,7 +259,7 @@ def test_start_from_a_checkpoint_and_from_pruned_heads(tmp_path, monkeypatch):
   source_dir = str(tmp_path / "source")
   train.train_and_evaluate(generalized(total_steps=2), source_dir)
   source_model = train.build_model(generalized(), 10)
-  source, _, _ = ckpt_lib.restore_model_variables(source_dir, source_model, IMAGE_SHAPE)
+  source, _, _ = restore_lib.restore_model_variables(source_dir, source_model, IMAGE_SHAPE)
 
   def frozen_start(**init_from):  # lr 0: the run's parameters are its starting point
     c = generalized(total_steps=1)
@@ -270,7 +270,7 @@ def test_start_from_a_checkpoint_and_from_pruned_heads(tmp_path, monkeypatch):
 
   plain = frozen_start()
   train.train_and_evaluate(plain, str(tmp_path / "plain"))
-  started, _, _ = ckpt_lib.restore_model_variables(
+  started, _, _ = restore_lib.restore_model_variables(
     str(tmp_path / "plain"), train.build_model(plain, 10), IMAGE_SHAPE
   )
   jax.tree.map(np.testing.assert_array_equal, started, source)
@@ -282,7 +282,7 @@ def test_start_from_a_checkpoint_and_from_pruned_heads(tmp_path, monkeypatch):
   pruned_config = frozen_start(prune_degenerate_heads=True)
   train.train_and_evaluate(pruned_config, str(tmp_path / "pruned"))
   pruned_model = train.build_model(pruned_config, 10).clone(layer_heads=(2, 4))
-  started, _, _ = ckpt_lib.restore_model_variables(
+  started, _, _ = restore_lib.restore_model_variables(
     str(tmp_path / "pruned"), pruned_model, IMAGE_SHAPE
   )
   expected, _ = surgery.prune_heads(jax.device_get(source), {"layers_0/attn": [1, 3]})

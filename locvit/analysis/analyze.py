@@ -31,10 +31,10 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from locvit import checkpoint as ckpt_lib
 from locvit import data as data_lib
 from locvit import metrics as metrics_lib
 from locvit import paths, run_config
+from locvit import restore as restore_lib
 from locvit.analysis import locality, plots
 from locvit.models.factory import build_model
 
@@ -99,7 +99,7 @@ def restore_params(
 ) -> tuple[Any, int]:
   """``(params, step)`` of a checkpoint in ``workdir/checkpoints`` (latest by default), restored
   onto one device without the optimizer state."""
-  params, _, step = ckpt_lib.restore_model_variables(
+  params, _, step = restore_lib.restore_model_variables(
     workdir,
     model,
     image_shape,

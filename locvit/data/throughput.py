@@ -12,8 +12,8 @@ import time
 from locvit.data import default_data_config, make_source, make_train_iterator
 
 
-def main() -> None:
-  """Parses the flags above, runs ``--warmup`` then ``--steps`` batches and prints images/s."""
+def parser() -> argparse.ArgumentParser:
+  """The command line above."""
   p = argparse.ArgumentParser(description=__doc__)
   p.add_argument("--source", default="digits")
   p.add_argument("--root", default=None)
@@ -25,7 +25,12 @@ def main() -> None:
   p.add_argument("--warmup", type=int, default=10)
   p.add_argument("--threads", type=int, default=4)
   p.add_argument("--prefetch", type=int, default=4)
-  args = p.parse_args()
+  return p
+
+
+def main() -> None:
+  """Parses the flags above, runs ``--warmup`` then ``--steps`` batches and prints images/s."""
+  args = parser().parse_args()
 
   cfg = default_data_config()
   cfg.source, cfg.root, cfg.name = args.source, args.root, args.name

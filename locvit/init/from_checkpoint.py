@@ -26,7 +26,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from locvit import checkpoint as ckpt_lib
+from locvit import restore as restore_lib
 from locvit.attention.geometry import TokenGrid
 from locvit.models import create_model, surgery
 
@@ -65,9 +65,9 @@ def load(
   """Restores (and prunes) the source run's variables; see the module docstring."""
   init_from = config.init_from
   step = None if init_from.step < 0 else init_from.step
-  saved = ckpt_lib.saved_model_config(init_from.workdir, step)
+  saved = restore_lib.saved_model_config(init_from.workdir, step)
   model = create_model(saved["name"], num_classes=num_classes, **(saved.get("overrides") or {}))
-  params, model_state, step = ckpt_lib.restore_model_variables(
+  params, model_state, step = restore_lib.restore_model_variables(
     init_from.workdir, model, image_shape, step=step
   )
   params, model_state = jax.device_get((params, model_state))

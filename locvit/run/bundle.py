@@ -228,7 +228,7 @@ def build_training(
   workdir_lib.claim(workdir)
   run.workdir = workdir
   run.eval_batches = _eval_batches(config, run.eval_source)
-  boxed_params, _ = ckpt_lib.model_variable_shapes(run.model, run.image_shape)
+  boxed_params, _ = sharding.model_variable_shapes(run.model, run.image_shape)
   run.schedule = optim.make_schedule(config, run.total_steps, run.steps_per_epoch)
   run.tx = optim.make_optimizer(config, nn.meta.unbox(boxed_params), run.schedule)
   run.layout = state_lib.state_layout(
