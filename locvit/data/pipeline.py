@@ -75,7 +75,7 @@ class _LazyGenerator:
   gathering a decoded CIFAR image, and a host transform with no random op (the device runs the
   crop and flip) never uses it."""
 
-  __slots__ = ("_seed", "_generator")
+  __slots__ = ("_generator", "_seed")
 
   def __init__(self, seed: list[int]) -> None:
     self._seed, self._generator = seed, None
