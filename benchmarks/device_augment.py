@@ -121,6 +121,7 @@ def main() -> None:
   p.add_argument("--batches", type=int, default=20, help="timed host batches per path")
   p.add_argument("--steps", type=int, default=3, help="timed steps per arm per round")
   p.add_argument("--rounds", type=int, default=5)
+  p.add_argument("--host_only", action="store_true", help="part 1 only")
   args = p.parse_args()
   os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before JAX starts its thread pools
   print(f"one core ({os.sched_getaffinity(0)}), {jax.devices()[0].device_kind}")
@@ -128,12 +129,14 @@ def main() -> None:
   for name, fields in HOST_PATHS.items():
     cfg = data_config(args.cifar_root, args.train_fraction, **fields)
     micro[name] = host_microseconds(cfg, args.batch_size, args.batches)
-  seconds = step_seconds(args.batch_size, args.steps, args.rounds)
   print("\n1. host cost per example, CIFAR-10 crop_flip recipe, steady state, one core")
   print(f"{'path':24s} {'us/example':>11s} {'images/s':>10s} {'vs streaming':>13s}")
   for name, us in micro.items():
     ratio = micro["host, streaming"] / us
     print(f"{name:24s} {us:11.1f} {1e6 / us:10,.0f} {ratio:12.1f}x")
+  if args.host_only:
+    return
+  seconds = step_seconds(args.batch_size, args.steps, args.rounds)
   print(f"\n2. GMM-ViT d9 at 32, training step, batch {args.batch_size}, median of {args.rounds}")
   for name in ("host", "device"):
     print(f"crop + flip on the {name:7s} {1e3 * seconds[name]:9.1f} ms/step")
