@@ -2,6 +2,7 @@
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -141,6 +142,12 @@ def test_cli_sigterm_then_resume_matches(tmp_path):
   assert final(workdir) == final(tmp_path / "full") or [
     (r["step"], r["eval/top1"], r["eval/loss"]) for r in final(workdir)
   ] == [(r["step"], r["eval/top1"], r["eval/loss"]) for r in final(tmp_path / "full")]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
 
 
 def test_eval_of_a_missing_workdir_is_one_clear_error_and_creates_nothing(tmp_path):
