@@ -1,6 +1,5 @@
 """End-to-end runs through ``python -m locvit.main``: quickstart, SIGTERM, multi-process."""
 
-import json
 import os
 import signal
 import socket
@@ -8,12 +7,10 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
-from locvit import main, train
+from locvit import main
 from locvit.metrics import read_metrics
-from tests.train_utils import tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -118,8 +115,8 @@ def test_cli_sigterm_then_resume_matches(tmp_path):
   """A real SIGTERM to the CLI mid-run, then a restart: same losses as one uninterrupted run."""
   args = [
     "--config=tests/configs/tiny.py",
-    "--config.total_steps=40",
-    "--config.eval_every_steps=20",
+    "--config.total_steps=16",
+    "--config.eval_every_steps=8",
   ]
   full = _main(*args, f"--workdir={tmp_path / 'full'}")
   assert full.wait(timeout=300) == 0, full.stdout.read()
@@ -135,7 +132,7 @@ def test_cli_sigterm_then_resume_matches(tmp_path):
   out, _ = proc.communicate(timeout=120)
   assert proc.returncode == 0, out
   stopped_at = read_metrics(workdir)[-1]["step"]
-  assert 5 <= stopped_at < 40, out
+  assert 5 <= stopped_at < 16, out
   assert "Preempted: checkpoint saved" in out or "SIGTERM" in out
   again = _main(*args, f"--workdir={workdir}")
   out2, _ = again.communicate(timeout=300)
@@ -151,35 +148,6 @@ def _free_port() -> int:
   with socket.socket() as s:
     s.bind(("localhost", 0))
     return s.getsockname()[1]
-
-
-@pytest.mark.slow
-def test_two_process_distributed_run_matches_single_process(tmp_path):
-  """Two jax.distributed CPU processes (4 devices each) = one process with 8 devices."""
-  single_dir = tmp_path / "single"
-  ref = train.train_and_evaluate(tiny_config(), str(single_dir))
-
-  port = _free_port()
-  workdir = tmp_path / "multi"
-  procs = [
-    _main(
-      "--config=tests/configs/tiny.py",
-      f"--workdir={workdir}",
-      f"--coordinator_address=localhost:{port}",
-      "--num_processes=2",
-      f"--process_id={i}",
-      devices=4,
-    )
-    for i in range(2)
-  ]
-  outs = [p.communicate(timeout=300)[0] for p in procs]
-  for p, out in zip(procs, outs):
-    assert p.returncode == 0, out
-  np.testing.assert_allclose(_losses(workdir), _losses(single_dir), rtol=1e-5)
-  final = [r for r in read_metrics(workdir) if "eval/top1" in r][-1]
-  assert final["eval/num_examples"] == ref["eval/num_examples"]
-  assert final["eval/top1"] == pytest.approx(ref["eval/top1"], abs=1.5 / ref["eval/num_examples"])
-  assert json.loads(json.dumps(final))  # plain JSON
 
 
 def test_eval_of_a_missing_workdir_is_one_clear_error_and_creates_nothing(tmp_path):
