@@ -1,6 +1,9 @@
 """Metric sinks: ``metrics.jsonl``, TensorBoard event files and the progress lines on stdout.
 
 Only process 0 writes. TensorBoard files come from tensorboardX, which does not need TensorFlow.
+Its record writer is used directly, in the calling thread (not through the threaded
+``SummaryWriter`` and its exit hook), so a failed write, such as a full disk, raises here, where
+the run reports it in one line, and nothing is left to fail again at interpreter exit.
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,10 +50,8 @@ class MetricWriter:
     self._rows: list[str] | None = None  # object store: every row of the file, in order
     self._tb = None
     if self.enabled:
-      from tensorboardX import SummaryWriter
-
       self.path.parent.mkdir(parents=True, exist_ok=True)
-      self._tb = SummaryWriter(os.fspath(self.path.parent / "tensorboard"))
+      self._tb = _event_file(self.path.parent / "tensorboard")
       if paths.is_object_store(self.path):
         self._rows = _complete_lines(self.path) if self.path.exists() else []
 
@@ -84,7 +86,7 @@ class MetricWriter:
         os.close(fd)
     for key, value in record.items():
       if key != "step" and isinstance(value, int | float) and math.isfinite(value):
-        self._tb.add_scalar(key, value, int(step))
+        self._tb.write(_scalar_event(key, value, int(step)).SerializeToString())
 
   def flush(self) -> None:
     """Makes every row written so far durable (object stores; local rows already are)."""
@@ -94,10 +96,34 @@ class MetricWriter:
       self._tb.flush()
 
   def close(self) -> None:
-    """Flushes the rows and closes the TensorBoard writer."""
-    self.flush()
-    if self._tb is not None:
-      self._tb.close()
+    """Flushes the rows and closes the TensorBoard file (closed even when its last write fails)."""
+    try:
+      if self.enabled and self._rows is not None:
+        self.path.write_text("".join(self._rows))
+    finally:
+      if self._tb is not None:
+        self._tb, event_file = None, self._tb
+        event_file.close()
+
+
+def _event_file(directory):
+  """A new event file in ``directory``, named as TensorBoard looks for, with its header."""
+  from tensorboardX import RecordWriter
+  from tensorboardX.proto.event_pb2 import Event
+
+  directory = paths.path(directory)
+  directory.mkdir(parents=True, exist_ok=True)
+  name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
+  event_file = RecordWriter(os.fspath(directory / name))
+  event_file.write(Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+  return event_file
+
+
+def _scalar_event(tag: str, value: float, step: int):
+  from tensorboardX.proto.event_pb2 import Event
+  from tensorboardX.summary import scalar
+
+  return Event(wall_time=time.time(), step=step, summary=scalar(tag, value))
 
 
 def _complete_lines(path) -> list[str]:

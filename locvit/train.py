@@ -275,18 +275,8 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
       # at a checkpoint and logs every later step again, so each step is logged exactly once.
       if (eval_every and step % eval_every == 0) or last:
         eval_start = time.perf_counter()
-        ema = state.ema_params if run.use_ema else None
-        variables = (state.params, state.model_state)
         try:
-          final = evaluate_with_ema(
-            eval_fn,
-            variables,
-            ema,
-            run.eval_batches,
-            run.batch_sharding,
-            progress.print_line,
-            preemption.interrupts_evaluation,
-          )
+          final = _evaluate(run, state, eval_fn, progress, preemption)
           record.update(final)
           record.update(analysis(step, state.params))
           record.update(progress.evaluation(step, final, time.perf_counter() - eval_start))
@@ -319,6 +309,17 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
         final = {"preempted": True, "step": step}
         break
   return final
+
+
+def _evaluate(run, state, eval_fn, progress, preemption) -> dict[str, float]:
+  """The model's (and the EMA's) evaluation metrics; EvaluationInterruptedError when a stop
+  request cuts the evaluation short."""
+  ema = state.ema_params if run.use_ema else None
+  variables = (state.params, state.model_state)
+  interrupt = preemption.interrupts_evaluation
+  return evaluate_with_ema(
+    eval_fn, variables, ema, run.eval_batches, run.batch_sharding, progress.print_line, interrupt
+  )
 
 
 def evaluate_checkpoint(

@@ -2,6 +2,7 @@
 
 import os
 import signal
+import struct
 
 import flax.linen as nn
 import jax
@@ -172,7 +173,26 @@ def test_metrics_jsonl_and_tensorboard(tmp_path):
     assert key in records[0]
   last = records[-1]
   assert 0.0 <= last["eval/top5"] <= 1.0 and 0.0 <= last["eval/top1"] <= last["eval/top5"]
-  assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path / "tensorboard"))
+  (event_file,) = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
+  events = _tfrecords(event_file.read_bytes())
+  assert events[0].file_version == "brain.Event:2"
+  logged = {(e.step, v.tag): v.simple_value for e in events[1:] for v in e.summary.value}
+  for record in records:
+    for key, value in record.items():
+      if key != "step":
+        assert logged[record["step"], key] == pytest.approx(value, rel=1e-6), key
+
+
+def _tfrecords(data: bytes) -> list:
+  """The Event protos of a TensorBoard file: TFRecords of length (u64), crc, payload, crc."""
+  from tensorboardX.proto.event_pb2 import Event
+
+  events, offset = [], 0
+  while offset < len(data):
+    (length,) = struct.unpack_from("<Q", data, offset)
+    events.append(Event.FromString(data[offset + 12 : offset + 12 + length]))
+    offset += 12 + length + 4
+  return events
 
 
 # ------------------------------------------------------------------------------------------------

@@ -93,6 +93,30 @@ class ConvAsAttention:
     return out
 
 
+def _checked(kernel, bias, num_heads, layout, alpha) -> tuple[Array, Array, int]:
+  """The kernel and bias as float32 arrays and the head count, or a ValueError naming the
+  argument that cannot give Theorem 1's layer."""
+  kernel = jnp.asarray(kernel, jnp.float32)
+  if kernel.ndim != 4:
+    raise ValueError(f"kernel must be (K1, K2, Din, Dout) (HWIO), got shape {kernel.shape}.")
+  k1, k2, _, dout = kernel.shape
+  taps = k1 * k2
+  heads = taps if num_heads is None else num_heads
+  if heads < taps:
+    raise ValueError(
+      f"A {k1}x{k2} convolution needs at least {taps} attention heads (one per kernel shift, "
+      f"Theorem 1), got num_heads={heads}."
+    )
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout={layout!r} is not one of {LAYOUTS}.")
+  if alpha <= 0:
+    raise ValueError(f"alpha={alpha} must be positive.")
+  bias = jnp.zeros((dout,), jnp.float32) if bias is None else jnp.asarray(bias, jnp.float32)
+  if bias.shape != (dout,):
+    raise ValueError(f"bias must have shape ({dout},), got {bias.shape}.")
+  return kernel, bias, heads
+
+
 def conv_to_quadratic_attention(
   kernel: Array,
   bias: Array | None = None,
@@ -124,25 +148,9 @@ def conv_to_quadratic_attention(
   Returns:
     ``ConvAsAttention`` with the module and its variables.
   """
-  kernel = jnp.asarray(kernel, jnp.float32)
-  if kernel.ndim != 4:
-    raise ValueError(f"kernel must be (K1, K2, Din, Dout) (HWIO), got shape {kernel.shape}.")
+  kernel, bias, heads = _checked(kernel, bias, num_heads, layout, alpha)
   k1, k2, din, dout = kernel.shape
   taps = k1 * k2
-  heads = taps if num_heads is None else num_heads
-  if heads < taps:
-    raise ValueError(
-      f"A {k1}x{k2} convolution needs at least {taps} attention heads (one per kernel shift, "
-      f"Theorem 1), got num_heads={heads}."
-    )
-  if layout not in LAYOUTS:
-    raise ValueError(f"layout={layout!r} is not one of {LAYOUTS}.")
-  if alpha <= 0:
-    raise ValueError(f"alpha={alpha} must be positive.")
-  bias = jnp.zeros((dout,), jnp.float32) if bias is None else jnp.asarray(bias, jnp.float32)
-  if bias.shape != (dout,):
-    raise ValueError(f"bias must have shape ({dout},), got {bias.shape}.")
-
   centers = np.zeros((heads, 2), np.float32)
   centers[:taps] = np.asarray(kernel_shifts((k1, k2)), np.float32)
   spread = math.sqrt(2.0 * alpha)

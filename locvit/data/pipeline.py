@@ -164,33 +164,17 @@ def make_train_dataset(
   return ds.to_iter_dataset(_read_options(data_config))
 
 
-def make_train_iterator(
-  data_config: Any,
-  source: Any,
-  *,
-  seed: int,
-  local_batch_size: int,
-  process_index: int = 0,
-  process_count: int = 1,
-  start_step: int = 0,
-) -> grain.DatasetIterator:
+def make_train_iterator(data_config: Any, source: Any, **kwargs: Any) -> grain.DatasetIterator:
   """Infinite iterator of {'image': uint8 (B,H,W,C), 'label': int32 (B,)}; the train step
   normalises the images (`device_augment.normalize`).
 
-  Deterministic given `seed`, reshuffled every epoch; process `process_index` reads only its
-  disjoint 1/process_count share of each epoch. It starts with the batches of global step
-  `start_step + 1` (a resumed run), which depend on the global batch size only.
+  Takes `make_train_dataset`'s keyword arguments (`seed`, `local_batch_size`, `process_index`,
+  `process_count`, `start_step`). Deterministic given `seed`, reshuffled every epoch; process
+  `process_index` reads only its disjoint 1/process_count share of each epoch. It starts with
+  the batches of global step `start_step + 1` (a resumed run), which depend on the global batch
+  size only.
   """
-  ds = make_train_dataset(
-    data_config,
-    source,
-    seed=seed,
-    local_batch_size=local_batch_size,
-    process_index=process_index,
-    process_count=process_count,
-    start_step=start_step,
-  )
-  return iter(ds)
+  return iter(make_train_dataset(data_config, source, **kwargs))
 
 
 def process_eval_range(n: int, process_index: int, process_count: int) -> tuple[int, int]:

@@ -147,12 +147,19 @@ class Training(Evaluation):
   def __enter__(self) -> Training:
     return self
 
-  def __exit__(self, *exc) -> None:
+  def __exit__(self, exc_type, *_) -> None:
     try:  # pending saves of earlier steps are committed even when a step or evaluation fails
       self.checkpointer.close()
     finally:
-      self.writer.close()
-      workdir_lib.release_lock(self.workdir)
+      try:
+        self.writer.close()
+      except OSError:
+        if exc_type is None:
+          raise
+        # The run already stops with its own error, often of the same cause (a full disk): that
+        # one is reported; metrics.jsonl holds every row the TensorBoard file may have lost.
+      finally:
+        workdir_lib.release_lock(self.workdir)
 
 
 def _eval_batches(config, eval_source):
