@@ -9,13 +9,12 @@
 Head pruning and other parameter surgery: ``locvit.models.surgery``.
 """
 
-from locvit.models import cait, deit, pit, small_vit, swin, t2t  # noqa: F401  (registers models)
-from locvit.models.convit import convit_overrides  # noqa: F401  (registers ConViT models)
-from locvit.models.cordonnier import CordonnierNet as CordonnierNet  # + resnet18_cifar
+from locvit.models.convit import convit_overrides as convit_overrides
+from locvit.models.convmixer import ConvMixer as ConvMixer
+from locvit.models.cordonnier import CordonnierNet as CordonnierNet
 from locvit.models.factory import build_model
 from locvit.models.intermediates import apply_with_intermediates
 from locvit.models.registry import create_model, default_image_size, list_models, register_model
-from locvit.models.structured_vit import ConvMixer as ConvMixer  # + structvit_*, convmixer_*
 from locvit.models.vit import VisionTransformer
 
 __all__ = [

@@ -38,7 +38,7 @@ from locvit.models.layers import (
   learned_position_embedding,
   pre_norm_residual,
 )
-from locvit.models.smalldata import SmallDataBackbone, check_attention, register_smalldata
+from locvit.models.smalldata import SmallDataBackbone, check_attention, smalldata_models
 from locvit.ops import contract, cpu_kernels
 
 Array = jax.Array
@@ -190,6 +190,6 @@ class CaiT(SmallDataBackbone):
 
 
 # Li & Zhang's CaiT (GMM paper, Tables 1 and 4): patch 4 on 32x32, 8 on 64x64.
-register_smalldata(
+MODELS = smalldata_models(
   "cait", CaiT, {"patch4_32": (32, {"patch_size": 4}), "patch8_64": (64, {"patch_size": 8})}
 )

@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from locvit.models.registry import register_model
 from locvit.models.vit import VisionTransformer
 
 # name -> (heads, channels per head). Ti/S/B and the "+" sizes of ConViT Table 1.
@@ -91,10 +90,20 @@ def convit(
   )
 
 
-for _size, (_heads, _head_dim) in CONVIT_SIZES.items():
-  _fn = functools.partial(convit, heads=_heads, head_dim=_head_dim, patch_size=16)
-  register_model(f"convit_{_size}", image_size=224)(_fn)
-  register_model(f"convit_{_size}_patch16_224", image_size=224)(_fn)  # timm's name, as DeiT's
-  for _patch, _res in RESOLUTIONS:
-    _fn = functools.partial(convit, heads=_heads, head_dim=_head_dim, patch_size=_patch)
-    register_model(f"convit_{_size}_patch{_patch}_{_res}", image_size=_res)(_fn)
+# name -> (build(num_classes), image size): convit_{size} (timm's), its alias
+# convit_{size}_patch16_224 (DeiT's pattern), and convit_{size}_patch{p}_{res}.
+MODELS = {
+  f"convit_{size}{suffix}": (
+    functools.partial(convit, heads=heads, head_dim=head_dim, patch_size=16),
+    224,
+  )
+  for size, (heads, head_dim) in CONVIT_SIZES.items()
+  for suffix in ("", "_patch16_224")
+} | {
+  f"convit_{size}_patch{patch}_{res}": (
+    functools.partial(convit, heads=heads, head_dim=head_dim, patch_size=patch),
+    res,
+  )
+  for size, (heads, head_dim) in CONVIT_SIZES.items()
+  for patch, res in RESOLUTIONS
+}

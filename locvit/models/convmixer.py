@@ -35,7 +35,6 @@ import numpy as np
 
 from locvit.attention.projections import partitioned
 from locvit.models.layers import classify, gelu
-from locvit.models.registry import register_model
 
 Array = jax.Array
 FILTER_INITS = ("random", "impulse", "box")
@@ -186,8 +185,9 @@ def convmixer(num_classes: int, *, dim: int, kernel_size: int) -> ConvMixer:
   return ConvMixer(num_classes, dim=dim, depth=8, kernel_size=kernel_size, patch_size=2)
 
 
-for _dim in (256, 512):
-  for _k in (3, 5, 8):
-    register_model(f"convmixer_{_dim}_8_k{_k}_patch2_32", image_size=32)(
-      functools.partial(convmixer, dim=_dim, kernel_size=_k)
-    )
+# name -> (build(num_classes), image size): the Table 5 ConvMixers, width 256/512, kernel 3/5/8.
+MODELS = {
+  f"convmixer_{dim}_8_k{k}_patch2_32": (functools.partial(convmixer, dim=dim, kernel_size=k), 32)
+  for dim in (256, 512)
+  for k in (3, 5, 8)
+}

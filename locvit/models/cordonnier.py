@@ -50,8 +50,6 @@ from locvit.attention.projections import (
 )
 from locvit.attention.relative import LAYOUTS
 from locvit.models.layers import dense, gelu
-from locvit.models.registry import register_model
-from locvit.models.resnet import ResNetCifar as ResNetCifar  # registers the Table 1 baseline
 
 Array = jax.Array
 
@@ -282,7 +280,8 @@ def cordonnier(num_classes: int, *, attention: str, content: bool, heads: int) -
   )
 
 
-for _name, (_kind, _content, _heads) in CORDONNIER_MODELS.items():
-  register_model(_name, image_size=32)(
-    functools.partial(cordonnier, attention=_kind, content=_content, heads=_heads)
-  )
+# name -> (build(num_classes), image size); the Table 1 ResNet baseline is in ``resnet``.
+MODELS = {
+  name: (functools.partial(cordonnier, attention=kind, content=content, heads=heads), 32)
+  for name, (kind, content, heads) in CORDONNIER_MODELS.items()
+}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 
-from locvit.models.registry import register_model
 from locvit.models.vit import VisionTransformer
 
 # name -> heads (64 per head). DeiT-Ti/S/B, and the "+" sizes of ConViT Table 1.
@@ -36,10 +35,12 @@ def deit(num_classes: int, *, heads: int, patch_size: int) -> VisionTransformer:
   )
 
 
-for _size, _heads in DEIT_HEADS.items():
-  for _patch, _res in RESOLUTIONS:
-    _fn = functools.partial(deit, heads=_heads, patch_size=_patch)
-    register_model(f"deit_{_size}_patch{_patch}_{_res}", image_size=_res)(_fn)
-  register_model(f"deit_{_size}", image_size=224)(
-    functools.partial(deit, heads=_heads, patch_size=16)
-  )
+# name -> (build(num_classes), image size): deit_{size}_patch{p}_{res} and timm's deit_{size}.
+MODELS = {
+  f"deit_{size}_patch{patch}_{res}": (functools.partial(deit, heads=heads, patch_size=patch), res)
+  for size, heads in DEIT_HEADS.items()
+  for patch, res in RESOLUTIONS
+} | {
+  f"deit_{size}": (functools.partial(deit, heads=heads, patch_size=16), 224)
+  for size, heads in DEIT_HEADS.items()
+}

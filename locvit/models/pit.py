@@ -30,7 +30,7 @@ from locvit.models.smalldata import (
   SmallDataBackbone,
   check_attention,
   check_stages,
-  register_smalldata,
+  smalldata_models,
 )
 
 Array = jax.Array
@@ -122,6 +122,6 @@ class PiT(SmallDataBackbone):
 
 
 # Li & Zhang's PiT (GMM paper, Table 1): patch 2 on 32x32, 4 on 64x64.
-register_smalldata(
+MODELS = smalldata_models(
   "pit", PiT, {"patch2_32": (32, {"patch_size": 2}), "patch4_64": (64, {"patch_size": 4})}
 )

@@ -1,4 +1,11 @@
-"""Model registry: ``create_model(name, num_classes=..., **overrides)`` and ``list_models()``."""
+"""Model registry: ``create_model(name, num_classes=..., **overrides)`` and ``list_models()``.
+
+Every family's names come from the ``MODELS`` table of its module, all listed in ``FAMILIES``
+below: ``name -> (build(num_classes), image size)``. Names are generated from each paper's sizes
+and resolutions, so ``list_models('PATTERN')`` (or ``python -m locvit.main --list_models``) is how
+to find them; each module's ``MODELS`` shows how they are formed. ``register_model`` adds a user's
+own model.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +17,41 @@ from typing import Any
 
 import flax.linen as nn
 
+from locvit.models import (
+  cait,
+  convit,
+  convmixer,
+  cordonnier,
+  deit,
+  pit,
+  resnet,
+  small_vit,
+  structured_vit,
+  swin,
+  t2t,
+)
 from locvit.ops import resolve_implementation
+
+FAMILIES = {
+  "deit": deit.MODELS,  # DeiT (Touvron et al.), at 224 and small-image resolutions
+  "convit": convit.MODELS,  # ConViT (d'Ascoli et al.)
+  "cordonnier": cordonnier.MODELS,  # Cordonnier et al.'s attention-only CIFAR networks
+  "resnet": resnet.MODELS,  # CNN baselines and teachers
+  "small_vit": small_vit.MODELS,  # the GMM paper's small-data ViTs, plain and masked
+  "cait": cait.MODELS,  # the GMM paper's small-data CaiT, PiT, Swin and T2T, plain and masked
+  "pit": pit.MODELS,
+  "swin": swin.MODELS,
+  "t2t": t2t.MODELS,
+  "structured_vit": structured_vit.MODELS,  # structured initialization's ViTs
+  "convmixer": convmixer.MODELS,  # structured initialization's ConvMixers
+}
 
 _MODELS: dict[str, Callable[..., nn.Module]] = {}
 _DEFAULT_IMAGE_SIZE: dict[str, int] = {}
 
 
 def register_model(name: str, *, image_size: int) -> Callable:
-  """Registers ``fn(num_classes, **overrides) -> nn.Module`` under ``name``."""
+  """Decorator adding ``fn(num_classes) -> nn.Module`` under ``name`` (a user's own model)."""
 
   def wrap(fn):
     if name in _MODELS:
@@ -27,6 +61,11 @@ def register_model(name: str, *, image_size: int) -> Callable:
     return fn
 
   return wrap
+
+
+for _table in FAMILIES.values():
+  for _name, (_build, _image_size) in _table.items():
+    register_model(_name, image_size=_image_size)(_build)
 
 
 def list_models(pattern: str | None = None) -> list[str]:

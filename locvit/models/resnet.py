@@ -40,7 +40,6 @@ from locvit.attention.projections import (
   torch_linear_kernel_init,
 )
 from locvit.models.layers import classify
-from locvit.models.registry import register_model
 
 Array = jax.Array
 
@@ -180,24 +179,29 @@ class ResNetCifar(nn.Module):
     return classify(self, x, **inits)
 
 
-@register_model("resnet18_cifar", image_size=32)
 def resnet18_cifar(num_classes: int) -> ResNetCifar:
   """CIFAR ResNet18 (3x3 stem, no max-pool, stages (2, 2, 2, 2) of 64-512 channels): the
   Cordonnier et al. Table 1 baseline, 11.2M parameters for 10 classes."""
   return ResNetCifar(num_classes=num_classes, stage_sizes=(2, 2, 2, 2))
 
 
-@register_model("resnet18", image_size=224)
 def resnet18(num_classes: int) -> ResNetCifar:
   """ImageNet ResNet-18 (He et al. 2016): 7x7 stem + max-pool, BasicBlocks (2, 2, 2, 2);
   11.7M parameters for 1000 classes."""
   return ResNetCifar(num_classes=num_classes, stage_sizes=(2, 2, 2, 2), imagenet_stem=True)
 
 
-@register_model("resnet50", image_size=224)
 def resnet50(num_classes: int) -> ResNetCifar:
   """ImageNet ResNet-50 v1.5 (He et al. 2016): 7x7 stem + max-pool, Bottleneck blocks
   (3, 4, 6, 3); 25.6M parameters for 1000 classes; a CNN teacher for DeiT-style distillation."""
   return ResNetCifar(
     num_classes=num_classes, stage_sizes=(3, 4, 6, 3), imagenet_stem=True, bottleneck=True
   )
+
+
+# name -> (build(num_classes), image size)
+MODELS = {
+  "resnet18_cifar": (resnet18_cifar, 32),
+  "resnet18": (resnet18, 224),
+  "resnet50": (resnet50, 224),
+}

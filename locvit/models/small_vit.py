@@ -29,10 +29,12 @@ Departures from the official code (kept to the library's conventions): weights u
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
+import flax.linen as nn
+
 from locvit.attention.masks import MASK_KINDS, mask_attention_kwargs
-from locvit.models.registry import register_model
 from locvit.models.vit import VisionTransformer
 
 # name -> (depth, embed_dim, num_heads); heads of embed_dim // num_heads.
@@ -100,12 +102,18 @@ def model_name(size: str, resolution: str, mask: str | None = None) -> str:
   return f"{mask + '_' if mask else ''}vit_smalldata_{size}_{resolution}"
 
 
-for _size, _resolutions in REGISTERED.items():
-  _depth, _dim, _heads = SIZES[_size]
-  for _res in _resolutions:
-    _patch, _image = RESOLUTIONS[_res]
-    for _mask in (None, *MASK_KINDS):
-      _fn = functools.partial(
-        small_vit, depth=_depth, embed_dim=_dim, num_heads=_heads, patch_size=_patch, mask=_mask
-      )
-      register_model(model_name(_size, _res, _mask), image_size=_image)(_fn)
+def _build(size: str, resolution: str, mask: str | None) -> Callable[[int], nn.Module]:
+  depth, dim, heads = SIZES[size]
+  patch = RESOLUTIONS[resolution][0]
+  return functools.partial(
+    small_vit, depth=depth, embed_dim=dim, num_heads=heads, patch_size=patch, mask=mask
+  )
+
+
+# name -> (build(num_classes), image size): every size at its resolutions, plain and per mask.
+MODELS = {
+  model_name(size, res, mask): (_build(size, res, mask), RESOLUTIONS[res][1])
+  for size, resolutions in REGISTERED.items()
+  for res in resolutions
+  for mask in (None, *MASK_KINDS)
+}

@@ -10,7 +10,7 @@ validates the attention kind and its mask options with ``check_attention``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -18,7 +18,6 @@ import jax.numpy as jnp
 
 from locvit.attention import list_attention
 from locvit.attention.masks import MASK_KINDS, mask_attention_kwargs, split_mask_options
-from locvit.models.registry import register_model
 
 MASKS = (None, "gmm")  # registered variants: plain attention and the GMM paper's masked model
 
@@ -78,16 +77,20 @@ def smalldata_model(
   )
 
 
-def register_smalldata(
+def smalldata_models(
   family: str, backbone: type[nn.Module], variants: Mapping[str, tuple[int, Mapping[str, Any]]]
-) -> None:
-  """Registers ``{mask_}{family}_smalldata_{variant}`` for every mask in ``MASKS``; ``variants``
-  maps a name suffix to ``(image size, backbone fields)``."""
-  for variant, (image_size, fields) in variants.items():
-    for mask in MASKS:
-      name = f"{mask + '_' if mask else ''}{family}_smalldata_{variant}"
-      build = functools.partial(smalldata_model, backbone, mask=mask, **fields)
-      register_model(name, image_size=image_size)(build)
+) -> dict[str, tuple[Callable[[int], nn.Module], int]]:
+  """The family's model table: ``{mask_}{family}_smalldata_{variant}`` for every mask in
+  ``MASKS`` -> (build(num_classes), image size); ``variants`` maps a name suffix to
+  ``(image size, backbone fields)``."""
+  return {
+    f"{mask + '_' if mask else ''}{family}_smalldata_{variant}": (
+      functools.partial(smalldata_model, backbone, mask=mask, **fields),
+      image_size,
+    )
+    for variant, (image_size, fields) in variants.items()
+    for mask in MASKS
+  }
 
 
 def check_stages(depths: Sequence[int], num_heads: Sequence[int]) -> None:

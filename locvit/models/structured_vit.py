@@ -18,12 +18,13 @@ Initialise the ViTs with ``locvit.init.apply_init`` (impulse, mimetic, trunc-nor
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
-from locvit.models.convmixer import ConvMixer  # registers the Table 5 ConvMixers
-from locvit.models.registry import register_model
+import flax.linen as nn
+
 from locvit.models.vit import VisionTransformer
 
-__all__ = ["ConvMixer", "structvit"]
+__all__ = ["structvit"]
 
 # name -> (embed_dim, depth, heads)
 SIZES = {
@@ -57,16 +58,26 @@ def structvit(
   )
 
 
-def _register(name: str, image_size: int, **kwargs) -> None:
-  register_model(name, image_size=image_size)(functools.partial(structvit, **kwargs))
+def _entry(image_size: int, **fields: int) -> tuple[Callable[[int], nn.Module], int]:
+  return functools.partial(structvit, **fields), image_size
 
 
-for _size, (_dim, _depth, _heads) in SIZES.items():
-  _register(f"structvit_{_size}_patch2_32", 32, embed_dim=_dim, depth=_depth, heads=_heads,
-            patch_size=2)  # fmt: skip
-_register("structvit_tiny_patch16_224", 224, embed_dim=192, depth=12, heads=3, patch_size=16)
-_register("structvit_small_patch16_224", 224, embed_dim=384, depth=12, heads=6, patch_size=16)
-for _dim in DEPTH8_DIMS:
-  for _heads in DEPTH8_HEADS:
-    _register(f"structvit_d8_dim{_dim}_h{_heads}_patch2_32", 32, embed_dim=_dim, depth=8,
-              heads=_heads, patch_size=2)  # fmt: skip
+# name -> (build(num_classes), image size): the sizes at 32 (patch 2), two at 224 (patch 16) and
+# the depth-8 width/heads grid.
+MODELS = (
+  {
+    f"structvit_{size}_patch2_32": _entry(32, embed_dim=dim, depth=depth, heads=heads, patch_size=2)
+    for size, (dim, depth, heads) in SIZES.items()
+  }
+  | {
+    "structvit_tiny_patch16_224": _entry(224, embed_dim=192, depth=12, heads=3, patch_size=16),
+    "structvit_small_patch16_224": _entry(224, embed_dim=384, depth=12, heads=6, patch_size=16),
+  }
+  | {
+    f"structvit_d8_dim{dim}_h{heads}_patch2_32": _entry(
+      32, embed_dim=dim, depth=8, heads=heads, patch_size=2
+    )
+    for dim in DEPTH8_DIMS
+    for heads in DEPTH8_HEADS
+  }
+)

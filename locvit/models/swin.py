@@ -52,7 +52,7 @@ from locvit.models.smalldata import (
   SmallDataBackbone,
   check_attention,
   check_stages,
-  register_smalldata,
+  smalldata_models,
 )
 
 Array = jax.Array
@@ -290,7 +290,7 @@ class SwinTransformer(SmallDataBackbone):
 
 
 # Li & Zhang's Swin (GMM paper, Tables 1 and 2): patch 2 on 32x32, 4 on 64x64.
-register_smalldata(
+MODELS = smalldata_models(
   "swin",
   SwinTransformer,
   {"patch2_32": (32, {"patch_size": 2}), "patch4_64": (64, {"patch_size": 4})},

@@ -41,7 +41,7 @@ from locvit.models.layers import (
   mlp_residual,
   pre_norm_residual,
 )
-from locvit.models.smalldata import SmallDataBackbone, check_attention, register_smalldata
+from locvit.models.smalldata import SmallDataBackbone, check_attention, smalldata_models
 
 Array = jax.Array
 
@@ -173,4 +173,4 @@ class T2TViT(SmallDataBackbone):
 
 
 # Li & Zhang's T2T-ViT (GMM paper, Table 1): one token transformer at 32x32, two at 64x64.
-register_smalldata("t2t", T2TViT, {"32": (32, {"num_t2t": 1}), "64": (64, {"num_t2t": 2})})
+MODELS = smalldata_models("t2t", T2TViT, {"32": (32, {"num_t2t": 1}), "64": (64, {"num_t2t": 2})})
