@@ -51,7 +51,10 @@ def test_smoke_run_prints_both_tables(tmp_path):
   gflops, step_ms, images_per_s, torch_images_per_s, ratio = map(float, convit.groups())
   assert gflops > 0 and step_ms > 0 and torch_images_per_s > 0
   np.testing.assert_allclose(images_per_s, 2e3 / step_ms, rtol=0.01)
-  np.testing.assert_allclose(ratio, images_per_s / torch_images_per_s, rtol=0.02)
+  # The table prints torch's img/s to 0.1, which on a loaded machine (about 1 img/s) is the
+  # ratio's largest rounding error.
+  slowest, fastest = torch_images_per_s + 0.05, max(torch_images_per_s - 0.05, 1e-3)
+  assert images_per_s / slowest * 0.99 <= ratio <= images_per_s / fastest * 1.01
   assert re.search(r"^GMM-ViT \(GMM masks\) +32 +4 .* no timm model$", out, re.M), out
   # Table 2: three steps from the image folder.
   row = re.search(r"^GMM-ViT \(GMM masks\) +crop_flip +4 +([\d.]+) +(\d+)% +(\d+)%$", out, re.M)

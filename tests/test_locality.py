@@ -457,3 +457,26 @@ def test_gpsa_heads_are_gaussians_at_the_local_init_offsets(tmp_path):
   path = centers.plot_attention_centers(params, tmp_path / "gpsa.png")
   with open(path, "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_one_collector_gives_every_layers_attention_in_layer_order():
+  """``collect_attention_maps`` orders ``blocks_10`` after ``blocks_9`` (not after ``blocks_1``),
+  and ``block_attention_maps`` keys them by block index; both hold the sown probabilities."""
+  from locvit.models import (
+    apply_with_intermediates,
+    block_attention_maps,
+    collect_attention_maps,
+    create_model,
+  )
+
+  model = create_model("deit_tiny_patch4_32", num_classes=3, embed_dim=8, num_heads=2, depth=11)
+  images = jax.random.normal(jax.random.key(0), (2, 8, 8, 3))
+  variables = model.init(jax.random.key(1), images)
+  _, inter = apply_with_intermediates(model, variables, images)
+  maps = collect_attention_maps(inter)
+  assert list(maps) == [f"blocks_{i}/attn" for i in range(11)]
+  blocks = block_attention_maps(inter)
+  assert list(blocks) == list(range(11))
+  for i, probs in blocks.items():
+    assert probs.shape == (2, 2, 5, 5)  # 4 patches + the class token
+    assert probs is inter[f"blocks_{i}/attn/attention"]

@@ -34,7 +34,7 @@ from matplotlib.patches import Rectangle
 
 from locvit.analysis.locality import attention_centres
 from locvit.attention.relative import inverse_covariance
-from locvit.models.intermediates import apply_with_intermediates
+from locvit.models.intermediates import apply_with_intermediates, collect_attention_maps
 from locvit.models.surgery import attention_layers
 
 DEFAULT_MASSES = (0.5, 0.9)
@@ -249,10 +249,8 @@ def attention_maps(
   Returns ``(maps, grid_shape, query)`` with ``maps`` of shape ``(L, H, rows, cols)`` (layers
   with fewer heads are padded with NaN) and ``query`` the ``(row, col)`` used (default: centre).
   """
-  _, inter = apply_with_intermediates(model, variables, images)
-  found = sorted(
-    ((k, v) for k, v in inter.items() if k.endswith("/attention")),
-    key=lambda kv: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", kv[0])],
+  found = list(
+    collect_attention_maps(apply_with_intermediates(model, variables, images)[1]).items()
   )
   if not found:
     raise ValueError("The model recorded no attention maps ('.../attention' intermediates).")

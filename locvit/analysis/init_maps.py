@@ -30,9 +30,7 @@ from matplotlib.figure import Figure
 from locvit.analysis.plots import save
 from locvit.data import augment
 from locvit.init.apply import apply_init, init_config
-from locvit.models import apply_with_intermediates, create_model
-
-ATTENTION_KEY = "blocks_{}/attn/attention"
+from locvit.models import apply_with_intermediates, block_attention_maps, create_model
 
 
 def intermediates_fn(model: nn.Module):
@@ -51,11 +49,8 @@ def attention_maps(
   sums: dict[int, np.ndarray] = {}
   for start in range(0, len(images), batch_size):
     inter = apply(params, images[start : start + batch_size])
-    for key, value in inter.items():
-      if key.endswith("/attn/attention"):
-        layer = int(key.split("/")[0].split("_")[1])
-        total = np.asarray(value, np.float64).sum(0)
-        sums[layer] = sums.get(layer, 0.0) + total
+    for layer, value in block_attention_maps(inter).items():
+      sums[layer] = sums.get(layer, 0.0) + np.asarray(value, np.float64).sum(0)
   if not sums:
     raise ValueError(f"{type(model).__name__} records no attention maps ('.../attn/attention').")
   return {layer: (s / len(images)).astype(np.float32) for layer, s in sorted(sums.items())}

@@ -47,7 +47,7 @@ import ml_collections
 import numpy as np
 
 from locvit.attention import TokenGrid, get_attention, squared_distances
-from locvit.models import VisionTransformer, apply_with_intermediates
+from locvit.models import VisionTransformer, apply_with_intermediates, block_attention_maps
 from locvit.models.layers import PatchEmbed
 
 Array = jax.Array
@@ -172,13 +172,7 @@ def token_grid(model: VisionTransformer, images: Array) -> TokenGrid:
 
 def per_layer_attention(model: VisionTransformer, params: Any, images: Array) -> dict[int, Array]:
   """``{layer: (B, H, T, T)}``: each layer's real attention (class token included if present)."""
-  _, inter = apply_with_intermediates(model, {"params": params}, images)
-  maps = {}
-  for i in range(model.depth):
-    key = f"blocks_{i}/attn/attention"
-    if key in inter:
-      maps[i] = inter[key]
-  return maps
+  return block_attention_maps(apply_with_intermediates(model, {"params": params}, images)[1])
 
 
 def faithful_attention(model: VisionTransformer, params: Any, images: Array) -> dict[int, Array]:

@@ -97,12 +97,27 @@ def random_resized_crop(
   interpolation: str = "bicubic",
   attempts: int = 10,
 ) -> np.ndarray:
-  """Inception-style random resized crop (same sampling rule as torchvision/timm).
+  """Inception-style random resized crop (same sampling rule as torchvision/timm): the box of
+  `random_resized_crop_box`, resized to `size` x `size`."""
+  box = random_resized_crop_box(image.shape[0], image.shape[1], rng, scale, ratio, attempts)
+  return resize(image, (size, size), interpolation, box=box)
+
+
+def random_resized_crop_box(
+  height: int,
+  width: int,
+  rng: np.random.Generator,
+  scale: Sequence[float] = (0.08, 1.0),
+  ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0),
+  attempts: int = 10,
+) -> tuple[int, int, int, int]:
+  """The crop box (x0, y0, x1, y1) of a random resized crop of a `height` x `width` image.
 
   Samples an area fraction in `scale` and a log-uniform aspect ratio in `ratio`; after
-  `attempts` failures falls back to a centre crop clamped to `ratio`.
+  `attempts` failures falls back to a centre crop clamped to `ratio`. It needs only the image's
+  size, so it can be drawn before decoding (from a JPEG's header).
   """
-  h, w = image.shape[:2]
+  h, w = height, width
   area = h * w
   log_ratio = (np.log(ratio[0]), np.log(ratio[1]))
   for _ in range(attempts):
@@ -123,8 +138,7 @@ def random_resized_crop(
     else:
       cw, ch = w, h
     top, left = (h - ch) // 2, (w - cw) // 2
-  box = (left, top, left + cw, top + ch)
-  return resize(image, (size, size), interpolation, box=box)
+  return left, top, left + cw, top + ch
 
 
 def resize_center_crop(

@@ -13,14 +13,20 @@ from locvit.models.convit import convit_overrides as convit_overrides
 from locvit.models.convmixer import ConvMixer as ConvMixer
 from locvit.models.cordonnier import CordonnierNet as CordonnierNet
 from locvit.models.factory import build_model
-from locvit.models.intermediates import apply_with_intermediates
+from locvit.models.intermediates import (
+  apply_with_intermediates,
+  block_attention_maps,
+  collect_attention_maps,
+)
 from locvit.models.registry import create_model, default_image_size, list_models, register_model
 from locvit.models.vit import VisionTransformer
 
 __all__ = [
   "VisionTransformer",
   "apply_with_intermediates",
+  "block_attention_maps",
   "build_model",
+  "collect_attention_maps",
   "create_model",
   "default_image_size",
   "list_models",
