@@ -100,7 +100,7 @@ def core_runs(b, n, h, d, use_torch):
       lambda q, k, v: dot_product_attention(q, k, v, implementation="xla"), jargs
     ),
     "locvit einsum kernel": jax_runner(
-      lambda q, k, v: dot_product_attention(q, k, v, implementation="einsum"), jargs
+      lambda q, k, v: dot_product_attention(q, k, v, implementation="cpu_kernels"), jargs
     ),
   }
   del jax
@@ -173,7 +173,9 @@ def mlp_runs(b, n, h, d, use_torch):
 
   runs = {
     "lax.dot_general on (B, N, C)": jax_runner(mlp(lax.dot_general), [x, w1, w2]),
-    "locvit.ops.dense_dot_general": jax_runner(mlp(ops.dense_dot_general("einsum")), [x, w1, w2]),
+    "locvit.ops.dense_dot_general": jax_runner(
+      mlp(ops.dense_dot_general("cpu_kernels")), [x, w1, w2]
+    ),
   }
   if use_torch:
     import torch
@@ -198,7 +200,7 @@ def gpsa_runs(b, n, h, d, use_torch):
 
   def decomposed(q, k, v, pos_logits, gating):
     pos, g = jax.nn.softmax(pos_logits, -1), jax.nn.sigmoid(gating)[:, None]
-    content = dot_product_attention(q, k, v, implementation="einsum")
+    content = dot_product_attention(q, k, v, implementation="cpu_kernels")
     return (1 - g) * content + g * jnp.einsum("hnm,bmhd->bnhd", pos, v)
 
   def fused(q, k, v, pos_logits, gating):

@@ -3,9 +3,10 @@
 One setting picks every kernel of a model: ``attention_implementation``, resolved once when the
 model is built (``resolve_implementation``) and passed down to every layer as ``implementation``:
 
-- 'einsum' (what None becomes on CPU): locvit's CPU code paths. Attention runs in the explicit
-  kernels with hand-written backward passes (``locvit.attention.softmax_attention``), projections
-  run as 2-D matmuls (below) and the patch embedding as patchify + matmul.
+- 'cpu_kernels' (what None becomes on CPU; 'einsum', its earlier name, is accepted and resolved
+  to it): locvit's CPU code paths. Attention runs in the explicit kernels with hand-written
+  backward passes (``locvit.attention.softmax_attention``), projections run as 2-D matmuls
+  (below) and the patch embedding as patchify + matmul.
 - 'xla', 'cudnn' or None (JAX's choice; what None stays on GPU and TPU): attention in
   ``jax.nn.dot_product_attention``, projections as ``dot_general`` on the full-rank kernels (which
   keeps the logical sharding of heads split over a ``model`` mesh axis) and the patch embedding
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 from jax import lax
 
 Array = jax.Array
-IMPLEMENTATIONS = (None, "xla", "cudnn", "einsum")
+IMPLEMENTATIONS = (None, "xla", "cudnn", "cpu_kernels", "einsum")  # einsum: cpu_kernels' alias
 
 
 def check_implementation(implementation: str | None) -> None:
@@ -38,17 +39,18 @@ def check_implementation(implementation: str | None) -> None:
 
 
 def resolve_implementation(implementation: str | None) -> str | None:
-  """The kernel setting a model is built with: None becomes 'einsum' (the CPU code paths) when
-  the default backend is XLA:CPU and stays None (JAX's choice) elsewhere."""
+  """The kernel setting a model is built with: None becomes 'cpu_kernels' (the CPU code paths)
+  when the default backend is XLA:CPU and stays None (JAX's choice) elsewhere; the alias 'einsum'
+  becomes 'cpu_kernels'. The one place that looks at the backend."""
   check_implementation(implementation)
-  if implementation is None and jax.default_backend() == "cpu":
-    return "einsum"
+  if implementation == "einsum" or (implementation is None and jax.default_backend() == "cpu"):
+    return "cpu_kernels"
   return implementation
 
 
 def cpu_kernels(implementation: str | None) -> bool:
   """Whether a (resolved) setting selects the CPU code paths."""
-  return implementation == "einsum"
+  return implementation in ("cpu_kernels", "einsum")
 
 
 def contract(x: Array, kernel: Array, num_contracting: int = 1, *, flatten: bool = False) -> Array:

@@ -117,7 +117,7 @@ def test_every_fusable_attention_layer_uses_dot_product_attention(name, combine,
 
 def test_create_model_resolves_the_kernel_setting_once():
   assert jax.default_backend() == "cpu"
-  assert create_model("pit_smalldata_patch2_32").attention_implementation == "einsum"
+  assert create_model("pit_smalldata_patch2_32").attention_implementation == "cpu_kernels"
   model = create_model("swin_smalldata_patch2_32", attention_implementation="cudnn")
   assert model.attention_implementation == "cudnn"
   with pytest.raises(ValueError, match=r"implementation='flash' is not one of"):
@@ -129,7 +129,7 @@ def test_the_config_chooses_the_kernels_from_the_command_line():
   block, so that it is not part of a checkpoint's fingerprint."""
   config = base_config()
   config.model.name = "convit_tiny"
-  assert build_model(config, 10).attention_implementation == "einsum"  # None, resolved on CPU
+  assert build_model(config, 10).attention_implementation == "cpu_kernels"  # None, resolved on CPU
   config.attention_implementation = "cudnn"
   assert build_model(config, 10).attention_implementation == "cudnn"
   assert "attention_implementation" not in run_config.fingerprint(config, 10)["model"]
@@ -157,7 +157,7 @@ def test_logits_hook_and_terms_compose_in_order():
   np.testing.assert_allclose(got, np.einsum("bhnm,bmhd->bnhd", probs, v), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("implementation", ["einsum", "xla"])
+@pytest.mark.parametrize("implementation", ["cpu_kernels", "xla"])
 def test_a_custom_scale_reaches_the_gated_kernel_on_every_path(implementation):
   """The gate rule with ``scale=0.3``: the fused CPU kernel, JAX's kernel and the explicit form
   against NumPy (ConViT Eq. 6). The CPU kernel once dropped the scale."""
@@ -220,7 +220,7 @@ def test_attention_out_dim_changes_the_output_width():
 def test_a_train_step_lowers_for_accelerators(platform):
   """The 'xla' setting lowers for TPU and GPU from a CPU host (no compilation)."""
   model = create_model("gmm_swin_smalldata_patch2_32", num_classes=10, depths=(2, 2, 2))
-  assert model.attention_implementation == "einsum"  # resolved for this CPU host
+  assert model.attention_implementation == "cpu_kernels"  # resolved for this CPU host
   model = model.clone(attention_implementation="xla")
   images = jnp.zeros((2, 32, 32, 3))
   variables = jax.eval_shape(model.init, jax.random.key(0), images)

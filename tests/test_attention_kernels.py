@@ -31,7 +31,7 @@ def test_einsum_kernel_matches_jax_in_values_and_all_gradients(bias_batch):
 
     return jax.value_and_grad(fn, argnums=tuple(range(len(args))))
 
-  value, grads = jax.jit(loss("einsum"))(*args)
+  value, grads = jax.jit(loss("cpu_kernels"))(*args)
   want_value, want_grads = loss("xla")(*args)
   np.testing.assert_allclose(value, want_value, rtol=1e-6)
   for got, want in zip(grads, want_grads, strict=True):
@@ -41,10 +41,10 @@ def test_einsum_kernel_matches_jax_in_values_and_all_gradients(bias_batch):
 
 def test_einsum_kernel_keeps_low_precision_dtypes():
   q, k, v = _qkv(dtype=jnp.bfloat16)
-  out = dot_product_attention(q, k, v, implementation="einsum")
+  out = dot_product_attention(q, k, v, implementation="cpu_kernels")
   assert out.dtype == jnp.bfloat16
   grads = jax.grad(
-    lambda *a: jnp.sum(dot_product_attention(*a, implementation="einsum").astype(jnp.float32)),
+    lambda *a: jnp.sum(dot_product_attention(*a, implementation="cpu_kernels").astype(jnp.float32)),
     argnums=(0, 1, 2),
   )(q, k, v)
   assert all(g.dtype == jnp.bfloat16 for g in grads)
@@ -54,15 +54,16 @@ def test_einsum_kernel_keeps_low_precision_dtypes():
   np.testing.assert_allclose(out.astype(jnp.float32), reference, atol=3e-2)
 
 
-def test_default_implementation_is_the_einsum_kernel_on_cpu_and_bad_input_is_named():
+def test_default_implementation_is_the_cpu_kernels_on_cpu_and_bad_input_is_named():
   assert jax.default_backend() == "cpu"
-  assert softmax_attention.resolve_implementation(None) == "einsum"
+  assert softmax_attention.resolve_implementation(None) == "cpu_kernels"
+  assert softmax_attention.resolve_implementation("einsum") == "cpu_kernels"  # the earlier name
   assert softmax_attention.resolve_implementation("xla") == "xla"
   with pytest.raises(ValueError, match=r"implementation='flash' is not one of"):
     softmax_attention.resolve_implementation("flash")
   q, k, v = _qkv()
   with pytest.raises(ValueError, match=r"bias must be \(B, H, N, N\) or \(1, H, N, N\)"):
-    dot_product_attention(q, k, v, bias=jnp.zeros((3, 7, 7)), implementation="einsum")
+    dot_product_attention(q, k, v, bias=jnp.zeros((3, 7, 7)), implementation="cpu_kernels")
 
 
 @pytest.mark.parametrize("scale", [None, 0.3])
@@ -115,7 +116,7 @@ def test_contract_equals_tensordot_with_and_without_flattening(flatten, num_cont
 
 def test_dense_dot_general_is_a_drop_in_for_flax_dense():
   x = jax.random.normal(jax.random.key(0), (2, 9, 8))
-  plain, flat = nn.Dense(5), nn.Dense(5, dot_general=ops.dense_dot_general("einsum"))
+  plain, flat = nn.Dense(5), nn.Dense(5, dot_general=ops.dense_dot_general("cpu_kernels"))
   assert ops.dense_dot_general("xla") is jax.lax.dot_general
   params = plain.init(jax.random.key(1), x)
   assert jax.tree.map(jnp.shape, flat.init(jax.random.key(1), x)) == jax.tree.map(jnp.shape, params)
@@ -130,5 +131,5 @@ def test_dense_dot_general_is_a_drop_in_for_flax_dense():
     np.testing.assert_allclose(g, w, rtol=1e-5)
   # Other contraction patterns are passed through to lax.dot_general untouched.
   a, b = jnp.ones((2, 3, 4)), jnp.ones((2, 4, 5))
-  batched = ops.dense_dot_general("einsum")(a, b, (((2,), (1,)), ((0,), (0,))))
+  batched = ops.dense_dot_general("cpu_kernels")(a, b, (((2,), (1,)), ((0,), (0,))))
   np.testing.assert_array_equal(batched, jnp.full((2, 3, 5), 4.0))

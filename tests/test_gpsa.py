@@ -79,13 +79,13 @@ def test_matches_numpy_reference(variant, num_heads):
   module = GPSA(num_heads=num_heads, variant=variant)
   variables = perturb(init(module, x))
   expected = numpy_reference(variables["params"], x, num_heads, variant)
-  for fast, implementation in ((True, None), (True, "xla"), (True, "einsum"), (False, None)):
+  for fast, implementation in ((True, None), (True, "xla"), (True, "cpu_kernels"), (False, None)):
     out = module.clone(fast_path=fast, implementation=implementation).apply(variables, x, grid=GRID)
     np.testing.assert_allclose(out, expected, atol=2e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("variant", ["gpsa", "psa"])
-@pytest.mark.parametrize("implementation", ["einsum", "xla"])  # fused kernel / SDPA + P v
+@pytest.mark.parametrize("implementation", ["cpu_kernels", "xla"])  # fused kernel / SDPA + P v
 def test_fast_path_equals_explicit_form_with_gradients(variant, implementation):
   x = tokens()
   module = GPSA(num_heads=9, variant=variant, implementation=implementation)
@@ -314,7 +314,7 @@ def test_attention_implementations_agree_and_bad_name_is_rejected():
   q, k, v = (jax.random.normal(jax.random.key(i), (2, 7, 3, 4)) for i in range(3))
   bias = jax.random.normal(jax.random.key(4), (1, 3, 7, 7))
   np.testing.assert_allclose(
-    dot_product_attention(q, k, v, bias, "einsum"),
+    dot_product_attention(q, k, v, bias, "cpu_kernels"),
     dot_product_attention(q, k, v, bias, "xla"),
     atol=1e-6,
   )

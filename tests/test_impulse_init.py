@@ -506,6 +506,6 @@ def test_the_solver_batching_follows_the_models_resolved_kernel_setting():
   from locvit.init import apply
   from locvit.models import create_model
 
-  assert apply._solver_batching(create_model("deit_tiny_patch4_32")) == "map"  # CPU: 'einsum'
+  assert apply._solver_batching(create_model("deit_tiny_patch4_32")) == "map"  # CPU: 'cpu_kernels'
   xla = create_model("deit_tiny_patch4_32", attention_implementation="xla")
   assert apply._solver_batching(xla) == "vmap"

@@ -50,7 +50,7 @@ def test_gelu_keeps_dtype():
   )
 
 
-@pytest.mark.parametrize("implementation", ["einsum", "xla"])
+@pytest.mark.parametrize("implementation", ["cpu_kernels", "xla"])
 def test_patch_embed_is_the_strided_convolution_with_its_parameters(implementation):
   """The patchify + matmul form (CPU) and the convolution give nn.Conv's init and numbers."""
   from locvit.models import layers

@@ -23,9 +23,9 @@ already covers every token (Swin's shifted-window mask).
 Fused or explicit: with attention maps requested (``mutable=['intermediates']``), attention
 dropout active, a 'multiply' term or a ``LogitsHook`` (CaiT's talking heads), the probabilities
 are materialised; otherwise the layer's ``implementation`` runs: ``jax.nn.dot_product_attention``
-('xla', 'cudnn', None) or the explicit kernels with hand-written backward passes ('einsum', the
+('xla', 'cudnn', None) or the explicit kernels with hand-written backward passes ('cpu_kernels', the
 CPU code path); see ``softmax_attention.py``. 'gate' splits into ``(1 - g) SDPA + g (P v)`` under
-JAX's kernel and runs ``gated_positional_attention`` under 'einsum'.
+JAX's kernel and runs ``gated_positional_attention`` under 'cpu_kernels'.
 
 Tables shared by the batch enter the explicit logits through ``batch_broadcast``, whose gradient
 sums the batch as a matmul (XLA:CPU's column reduction is ~20x slower).
@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from locvit.attention.softmax_attention import dot_product_attention, gated_positional_attention
-from locvit.ops import check_implementation
+from locvit.ops import check_implementation, cpu_kernels
 
 Array = jax.Array
 COMBINE_RULES = ("add", "multiply", "gate", "replace")
@@ -208,7 +208,7 @@ def attend(
   if not explicit:
     if rules == ["gate"]:
       pos, gate = terms[0].table, terms[0].gate
-      if implementation == "einsum":
+      if cpu_kernels(implementation):
         return gated_positional_attention(q, k, v, pos, gate, scale)
       content = dot_product_attention(q, k, v, implementation=implementation, scale=scale)
       g = gate[:, None].astype(dtype)  # broadcasts over (B, N, H, Dh)

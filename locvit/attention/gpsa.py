@@ -19,7 +19,7 @@ fast path drops the renormalisation, an exact no-op. Then, by kernel setting:
 - 'xla' / 'cudnn' / None (GPU, TPU): the exact identity ``GPSA = (1 - g) SDPA(q, k, v) + g (P v)``;
   the content part runs in ``jax.nn.dot_product_attention`` (cuDNN's flash kernel where it
   applies) and no ``(B, H, N, N)`` tensor is built.
-- 'einsum' (the CPU code path): ``softmax_attention.gated_positional_attention``, the mixed map
+- 'cpu_kernels' (the CPU code path): ``softmax_attention.gated_positional_attention``, the mixed map
   ``(1 - g) softmax(q k^T) + g P`` times ``v`` in one kernel with a hand-written backward pass
   (fewer matmuls than the decomposition when the map is materialised anyway).
 
@@ -118,7 +118,7 @@ class GPSA(AttentionLayer):
     attn_drop: dropout on the mixed attention (forces the explicit path when training).
     proj_drop: dropout after ``proj``.
     implementation: the model's kernel setting (``locvit.ops``): None (JAX's choice), 'xla',
-      'cudnn' or 'einsum' (see the module docstring).
+      'cudnn' or 'cpu_kernels' (see the module docstring).
     locality_strength: ``alpha`` of Eq. 5 (1.0 in ConViT).
     use_local_init: convolutional init (``v = I``, ``pos_proj`` centres) rather than plain
       trunc-normal. If H is not a perfect square only the first ``int(sqrt(H))^2`` heads get a

@@ -79,7 +79,7 @@ class DenseGeneral(nn.Module):
     features: output shape, e.g. ``(3, H, Dh)`` for a fused qkv projection.
     kernel_axes: logical axis names of the kernel ``(*inputs, *features)``.
     num_inputs: how many trailing input axes are contracted (2 to merge heads).
-    implementation: the model's kernel setting (``locvit.ops``): 'einsum' computes the product
+    implementation: the model's kernel setting (``locvit.ops``): 'cpu_kernels' computes the product
       as one 2-D matmul.
   """
 

@@ -4,7 +4,7 @@ Every attention variant in locvit ends in this product. Two backends:
 
 - ``jax.nn.dot_product_attention`` ('xla', 'cudnn'): JAX's kernel, differentiated by JAX. On GPU
   'cudnn' is the fused (flash) kernel for bf16/fp16.
-- 'einsum': the explicit form, laid out as ``(B, H, N, Dh)`` so every batched matmul has its
+- 'cpu_kernels': the explicit form, laid out as ``(B, H, N, Dh)`` so every batched matmul has its
   batch axes leading, with a hand-written backward pass that reuses the saved probabilities:
   ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - rowsum(dP * P))``, ``dQ = dS K / sqrt(Dh)``,
   ``dK = dS^T Q / sqrt(Dh)``. On XLA:CPU this is 1.3-2.9x faster than JAX's kernel for the
@@ -12,9 +12,10 @@ Every attention variant in locvit ends in this product. Two backends:
   XLA's autodiff of the ``(B, N, H, Dh)`` form inserts layout copies and a slow batch reduction.
 
 ``implementation=None`` lets JAX choose (cuDNN on GPU where it applies, XLA otherwise); a model
-resolves None to 'einsum' on CPU once, when it is built (``locvit.ops.resolve_implementation``).
-The 'einsum' backend supports reverse-mode differentiation only (``jax.grad``, ``jax.vjp``); use
-'xla' for forward-mode (``jax.jvp``, ``jax.hessian``).
+resolves None to 'cpu_kernels' on CPU once, when it is built
+(``locvit.ops.resolve_implementation``). The 'cpu_kernels' backend supports reverse-mode
+differentiation only (``jax.grad``, ``jax.vjp``); use 'xla' for forward-mode (``jax.jvp``,
+``jax.hessian``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from locvit.ops import IMPLEMENTATIONS, check_implementation, resolve_implementation
+from locvit.ops import IMPLEMENTATIONS, check_implementation, cpu_kernels, resolve_implementation
 
 Array = jax.Array
 __all__ = [
@@ -49,14 +50,14 @@ def dot_product_attention(
     q, k, v: ``(B, N, H, Dh)`` queries, keys and values.
     bias: optional logits added before the softmax, ``(B, H, N, N)`` or ``(1, H, N, N)``.
     implementation: None (JAX's choice), 'xla' or 'cudnn' (``jax.nn.dot_product_attention``) or
-      'einsum' (explicit float32 softmax, hand-written backward pass).
+      'cpu_kernels' (explicit float32 softmax, hand-written backward pass).
     scale: logit scale; None means ``1 / sqrt(Dh)``.
 
   Returns:
     ``(B, N, H, Dv)`` in ``v``'s dtype.
   """
   check_implementation(implementation)
-  if implementation != "einsum":
+  if not cpu_kernels(implementation):
     return jax.nn.dot_product_attention(
       q, k, v, bias=bias, scale=scale, implementation=implementation
     )

@@ -157,7 +157,7 @@ class CordonnierNet(nn.Module):
     drop_rate, attn_drop_rate: hidden and attention-probability dropout (0.1 and 0.1).
     norm_eps: LayerNorm epsilon (1e-12, BERT's).
     attention_implementation: the kernel setting of every layer (``locvit.ops``; None is
-      resolved by ``create_model``: 'einsum' on CPU, JAX's choice elsewhere).
+      resolved by ``create_model``: 'cpu_kernels' on CPU, JAX's choice elsewhere).
     dtype: computation dtype; parameters are ``param_dtype``. Positional logits and softmaxes are
       float32.
   """

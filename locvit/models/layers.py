@@ -53,7 +53,7 @@ class PatchProjection(PatchFields):
   """A ``patch_size`` x ``patch_size``, stride ``patch_size`` convolution with ``nn.Conv``'s
   parameters (``kernel`` ``(p, p, C, embed_dim)`` HWIO, lecun-normal; ``bias`` zeros).
 
-  On the CPU code paths (``implementation='einsum'``, ``locvit.ops``) it runs as
+  On the CPU code paths (``implementation='cpu_kernels'``, ``locvit.ops``) it runs as
   ``patchify(images) @ kernel.reshape(p * p * C, D)``: the same numbers as the convolution, faster
   on XLA:CPU (``benchmarks/attention_kernels.py --sections=patch``); otherwise
   ``lax.conv_general_dilated``.

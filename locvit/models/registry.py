@@ -99,7 +99,7 @@ def create_model(name: str, num_classes: int = 1000, **overrides: Any) -> nn.Mod
   """Builds a registered model; ``overrides`` replace fields of the module (e.g. ``depth=6``).
 
   The kernel setting ``attention_implementation`` is resolved here, once (``locvit.ops``): None
-  becomes 'einsum' (the CPU code paths) on CPU and stays None (JAX's choice) elsewhere.
+  becomes 'cpu_kernels' (the CPU code paths) on CPU and stays None (JAX's choice) elsewhere.
   """
   if name not in _MODELS:
     raise _unknown(name)

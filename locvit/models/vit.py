@@ -49,7 +49,8 @@ class VisionTransformer(nn.Module):
     layer_attention: per-layer attention kinds, length ``depth``; None means 'mhsa' everywhere.
     attention_kwargs: per kind, extra constructor arguments, e.g. ``{'gpsa': {...}}``.
     attention_implementation: the kernel setting of every layer (``locvit.ops``): None (resolved
-      by ``create_model``: 'einsum' on CPU, JAX's choice elsewhere), 'xla', 'cudnn' or 'einsum'.
+      by ``create_model``: 'cpu_kernels' on CPU, JAX's choice elsewhere), 'xla', 'cudnn' or
+      'cpu_kernels'.
     drop_rate, attn_drop_rate, drop_path_rate: dropout, attention dropout and stochastic depth
       (linearly spaced from 0 to ``drop_path_rate`` over depth).
     dtype: computation dtype (``jnp.bfloat16`` for mixed precision); parameters are float32.
