@@ -33,10 +33,10 @@ IMAGES.append(np.random.default_rng(3).integers(0, 256, (32, 32, 3), dtype=np.ui
 _apply = jax.jit(dev.apply_primitive, static_argnames=("name", "fill", "interpolation"))
 
 
-def differences(name, args, interpolation="bicubic"):
-  """|device - host| over IMAGES x args, as one flat int array."""
+def differences(name, args, interpolation="bicubic", images=IMAGES):
+  """|device - host| over images x args, as one flat int array."""
   out = []
-  for image in IMAGES:
+  for image in images:
     for arg in args:
       host = autoaugment.apply_op(image, name, arg, fill=FILL, interpolation=interpolation)
       device_arg = np.float32(0.0 if arg is None else arg)  # one dtype: one compilation
@@ -100,8 +100,9 @@ GEOMETRIC_ARGS = {
 )
 def test_geometric_ops_match_pillow_within_one_level(interpolation, names, mean_bound):
   for name in names:
-    args = GEOMETRIC_ARGS[name]
-    diff = differences(name, args, interpolation)
+    # RGB only: each channel count compiles the sampler again; the 1-channel path is the same code.
+    rgb = [image for image in IMAGES if image.shape[-1] == 3]
+    diff = differences(name, GEOMETRIC_ARGS[name], interpolation, rgb)
     assert diff.max() <= 1, name
     assert diff.mean() <= mean_bound, (name, diff.mean())
 

@@ -158,10 +158,10 @@ def _smooth(image: Array) -> Array:
   height, width, _ = image.shape
   if height < 3 or width < 3:
     return image
-  padded_sum = sum(
+  window_sum = sum(
     image[dy : height - 2 + dy, dx : width - 2 + dx] for dy in range(3) for dx in range(3)
   )
-  interior = jnp.round((padded_sum + 4.0 * image[1:-1, 1:-1]) / 13.0)
+  interior = jnp.round((window_sum + 4.0 * image[1:-1, 1:-1]) / 13.0)
   return image.at[1:-1, 1:-1].set(interior)
 
 
@@ -173,9 +173,8 @@ def sharpness(image: Array, factor: Array) -> Array:
 # ----------------------------------------------------------------------------- geometric ops
 
 
-def _bicubic_taps(values: Array, t: Array) -> Array:
-  """Pillow's BICUBIC macro (cubic convolution, a = -1) over the last axis of 4 taps."""
-  v1, v2, v3, v4 = (values[..., k] for k in range(4))
+def _cubic(v1: Array, v2: Array, v3: Array, v4: Array, t: Array) -> Array:
+  """Pillow's BICUBIC macro: cubic convolution (a = -1) of 4 taps at fraction t past v2."""
   p2 = v3 - v1
   p3 = 2.0 * (v1 - v2) + v3 - v4
   p4 = v2 - v1 + v4 - v3
@@ -184,16 +183,15 @@ def _bicubic_taps(values: Array, t: Array) -> Array:
 
 def _sample_bicubic(image: Array, u: Array, v: Array) -> Array:
   """Pillow's bicubic_filter: 4x4 taps around (u, v) (pixel-centre coordinates), each clamped to
-  the image, rows interpolated first; (H, W, C)."""
+  the image, rows interpolated first; (H, W, C). One (H, W, C) gather per tap, so no
+  (H, W, 4, 4, C) intermediate."""
   height, width, _ = image.shape
   x0, y0 = jnp.floor(u), jnp.floor(v)
   dx, dy = (u - x0)[..., None], (v - y0)[..., None]
-  offsets = jnp.arange(-1, 3)
-  xs = jnp.clip(x0.astype(jnp.int32)[..., None] + offsets, 0, width - 1)  # (H, W, 4)
-  ys = jnp.clip(y0.astype(jnp.int32)[..., None] + offsets, 0, height - 1)
-  taps = image[ys[..., :, None], xs[..., None, :]]  # (H, W, 4 rows, 4 cols, C)
-  rows = _bicubic_taps(jnp.moveaxis(taps, 3, -1), dx[..., None])  # (H, W, 4, C)
-  return _bicubic_taps(jnp.moveaxis(rows, 2, -1), dy)
+  xs = [jnp.clip(x0.astype(jnp.int32) + k, 0, width - 1) for k in range(-1, 3)]
+  ys = [jnp.clip(y0.astype(jnp.int32) + k, 0, height - 1) for k in range(-1, 3)]
+  rows = [_cubic(*(image[y, x] for x in xs), dx) for y in ys]
+  return _cubic(*rows, dy)
 
 
 def _sample_bilinear(image: Array, u: Array, v: Array) -> Array:
@@ -281,6 +279,12 @@ def primitive_branches(
   return (*branches, lambda image, arg: image)
 
 
+def _fill_levels(channels: int, fill: Sequence[int]) -> tuple[int, ...]:
+  """The host's fill per channel (a 1-channel image gets the rounded mean of `fill`)."""
+  value = autoaugment._context(channels, fill, "bilinear").fill
+  return value if isinstance(value, tuple) else (value,)
+
+
 def apply_primitive(
   image: Array,
   name: str,
@@ -290,9 +294,8 @@ def apply_primitive(
   interpolation: str = "bilinear",
 ) -> Array:
   """One primitive on one uint8 (H, W, C) image, in the host ``autoaugment.apply_op``'s units."""
-  fill_levels = autoaugment._context(image.shape[-1], fill, interpolation).fill
-  fill_levels = fill_levels if isinstance(fill_levels, tuple) else (fill_levels,)
-  branch = primitive_branches(fill_levels, interpolation)[PRIMITIVE_NAMES.index(name)]
+  branches = primitive_branches(_fill_levels(image.shape[-1], fill), interpolation)
+  branch = branches[PRIMITIVE_NAMES.index(name)]
   return branch(image.astype(jnp.float32), jnp.asarray(arg, jnp.float32)).astype(jnp.uint8)
 
 
@@ -457,11 +460,7 @@ def auto_augment(key: Array, images: Array, data_config: Any) -> Array:
     return images
   b, height, width, channels = images.shape
   plan = build_plan(spec, width, height)
-  fill = autoaugment._context(
-    channels, autoaugment.fill_from_data_config(data_config), data_config.interpolation
-  ).fill
-  branches = primitive_branches(
-    fill if isinstance(fill, tuple) else (fill,), data_config.interpolation
-  )
+  fill = _fill_levels(channels, autoaugment.fill_from_data_config(data_config))
+  branches = primitive_branches(fill, data_config.interpolation)
   augment_one = lambda k, image: apply_ops(image, sample_ops(k, plan), branches)
   return jax.vmap(augment_one)(jax.random.split(key, b), images)
