@@ -14,10 +14,10 @@ geometric ops sample as Pillow's affine transform (pixel centres at +0.5, clamp-
 the fill where the sample point leaves the image, the bicubic kernel with a = -1, truncation to
 uint8) in float32 where Pillow uses float64, so a few pixels land one grey level apart.
 
-dm-pix provides solarize and the bilinear sampler (``pix.affine_transform``). Its brightness
-(additive), contrast (per-channel mean), saturation (HSV) and grayscale (float luma weights) use
-other formulas than Pillow's enhancers, and its affine transform has no bicubic mode, so those are
-written here with Pillow's arithmetic.
+dm-pix provides solarize and the bilinear sampler (``pix.flat_nd_linear_interpolate``, what
+``pix.affine_transform`` runs). Its brightness (additive), contrast (per-channel mean),
+saturation (HSV) and grayscale (float luma weights) use other formulas than Pillow's enhancers,
+and its affine transform has no bicubic mode, so those are written here with Pillow's arithmetic.
 
 Randomness: per example, RandAugment draws n ops uniformly with replacement, applies each with
 probability p, with Gaussian magnitude noise (uniform in [0, m] when mstd > 100) clipped to
