@@ -281,7 +281,7 @@ def test_device_crop_offsets_and_flips_are_uniform_per_example_and_follow_the_ke
   assert not np.array_equal(out, other)
 
 
-def test_augment_on_device_moves_the_trailing_crop_and_flip_and_refuses_when_nothing_moves():
+def test_augment_on_device_moves_the_trailing_device_ops_and_refuses_when_nothing_moves():
   from locvit.data import augment, validate_data_config
 
   def split(**fields):
@@ -296,14 +296,21 @@ def test_augment_on_device_moves_the_trailing_crop_and_flip_and_refuses_when_not
     ("random_resized_crop",),
     ("hflip",),
   )
+  # data.auto_augment runs last, so the whole tail moves, in order.
+  assert split(train_augment="crop_flip", auto_augment="autoaug-cifar10", augment_on="device") == (
+    ("resize",),
+    ("pad_crop", "hflip", "auto_augment"),
+  )
+  assert split(train_augment="none", auto_augment="rand-m9", augment_on="device") == (
+    ("resize_center_crop",),
+    ("auto_augment",),
+  )
   with pytest.raises(ValueError) as e:
-    validate_data_config(
-      data_cfg(train_augment="crop_flip", auto_augment="autoaug-cifar10", augment_on="device")
-    )
+    validate_data_config(data_cfg(train_augment="none", augment_on="device"))
   assert str(e.value) == (
-    "data.augment_on='device' moves a recipe's trailing pad_crop and hflip into the train step, "
-    "but data.train_augment='crop_flip' + data.auto_augment='autoaug-cifar10' ends with "
-    "'auto_augment', which runs on the host only; set data.augment_on='host'"
+    "data.augment_on='device' moves a trailing run of pad_crop, hflip, auto_augment into the "
+    "train step, but data.train_augment='none' ends with 'resize_center_crop', which runs on the "
+    "host only; set data.augment_on='host'"
   )
   with pytest.raises(ValueError, match=r"data.augment_on='gpu' is not one of \['device', 'host'\]"):
     validate_data_config(data_cfg(augment_on="gpu"))

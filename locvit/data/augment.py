@@ -249,16 +249,17 @@ def train_op_names(cfg: Any) -> tuple[str, ...]:
   return names
 
 
-# Ops that data.augment_on='device' moves into the jitted train step (`device_augment` implements
-# them). Only a trailing run of them moves, so the ops keep their order.
-DEVICE_OPS = ("pad_crop", "hflip")
+# Ops that data.augment_on='device' moves into the jitted train step (`device_augment` and
+# `device_autoaugment` implement them). Only a trailing run of them moves, so the ops keep their
+# order: crop_flip + auto_augment moves pad_crop, hflip and auto_augment.
+DEVICE_OPS = ("pad_crop", "hflip", "auto_augment")
 
 
 def split_train_ops(cfg: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
   """(host op names, device op names) of the train transform under ``data.augment_on``.
 
-  Raises ValueError when 'device' would move nothing (the recipe does not end with a pad-crop or
-  flip, e.g. because data.auto_augment runs after them on the host).
+  Raises ValueError when 'device' would move nothing (the transform does not end with a pad-crop,
+  a flip or data.auto_augment).
   """
   names = train_op_names(cfg)
   if cfg.get("augment_on", "host") == "host":
@@ -267,11 +268,10 @@ def split_train_ops(cfg: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
   while k and names[k - 1] in DEVICE_OPS:
     k -= 1
   if k == len(names):
-    auto = f" + data.auto_augment={cfg.auto_augment!r}" if cfg.get("auto_augment") else ""
     raise ValueError(
-      f"data.augment_on='device' moves a recipe's trailing {' and '.join(DEVICE_OPS)} into the "
-      f"train step, but data.train_augment={cfg.train_augment!r}{auto} ends with "
-      f"{names[-1]!r}, which runs on the host only; set data.augment_on='host'"
+      f"data.augment_on='device' moves a trailing run of {', '.join(DEVICE_OPS)} into the train "
+      f"step, but data.train_augment={cfg.train_augment!r} ends with {names[-1]!r}, which runs "
+      "on the host only; set data.augment_on='host'"
     )
   return names[:k], names[k:]
 

@@ -62,10 +62,13 @@ def default_data_config() -> ml_collections.ConfigDict:
     eval_crop_pct: eval resizes the shorter side to image_size / eval_crop_pct, then centre-crops.
     mean, std: per-channel normalisation in [0, 1] units. A 3-tuple applied to 1-channel images
       is averaged to one value.
-    augment_on: 'host' | 'device'. 'device' moves the recipe's trailing pad-crop and flip into
-      the jitted train step (``locvit.data.device_augment``, per-example draws from the step's
-      key); the host keeps the ops before them (decode, resize, random-resized crop,
-      auto_augment). 'host' runs every op on the host, timm's exact code path.
+    augment_on: 'host' | 'device'. 'device' moves the trailing run of pad-crop, flip and
+      auto_augment (RandAugment / AutoAugment, ``locvit.data.device_autoaugment``) into the
+      jitted train step (``locvit.data.device_augment``, per-example draws from the step's key);
+      the host keeps the ops before them (decode, resize, random-resized crop). The device
+      auto_augment ops agree with Pillow's within one grey level per pixel; its random stream
+      differs from the host's, its distributions do not. 'host' runs every op on the host,
+      timm's exact code path.
     decoded_cache_mb: memory budget (MB per process) for keeping a split's decoded images
       (``locvit.data.decoded``); a larger split keeps streaming. 0: always stream.
     num_threads: threads decoding/augmenting batches (grain ReadOptions.num_threads).

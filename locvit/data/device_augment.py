@@ -1,8 +1,9 @@
 """Batch augmentations that run on device inside the jitted train step, and the normalisation
 of the uint8 batches the host pipeline sends (train and eval steps).
 
-With ``data.augment_on='device'`` the recipe's pad-and-crop and flip run here too, per example,
-on the uint8 batch before normalisation (``recipe_ops``), instead of on the host.
+With ``data.augment_on='device'`` the recipe's pad-and-crop and flip, and data.auto_augment
+(``locvit.data.device_autoaugment``), run here too, per example, on the uint8 batch before
+normalisation (``recipe_ops``), instead of on the host.
 
 Random erasing (Zhong et al. 2020), Mixup (Zhang et al. 2018) and CutMix (Yun et al. 2019) with
 timm's semantics, as used by the DeiT recipe (ConViT Table 1) and the GMM paper's small-ViT recipe.
@@ -37,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from locvit.data import augment
+from locvit.data import augment, device_autoaugment
 
 Array = jax.Array
 MIXUP_MODES = ("batch", "elem")
@@ -98,6 +99,7 @@ def random_flip(key: Array, images: Array) -> Array:
 _RECIPE_OPS = {
   "pad_crop": lambda key, images, cfg: pad_crop(key, images, int(cfg.crop_padding)),
   "hflip": lambda key, images, cfg: random_flip(key, images),
+  "auto_augment": device_autoaugment.auto_augment,
 }
 
 
