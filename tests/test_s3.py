@@ -84,3 +84,34 @@ def test_quickstart_trains_on_s3_a_live_lease_refuses_a_second_run_and_a_rerun_r
   assert f"{RUN}/lock" not in names(RUN)
 
   assert list(cwd.iterdir()) == [], "nothing may be written under the working directory"
+
+
+def test_the_s3_lease_is_refreshed_under_its_etag_and_never_deletes_another_runs_lock(server):
+  """The lease's conditional requests, in process: a refresh after another writer replaced or
+  deleted the lock is refused (the run would stop), and release leaves another run's lock."""
+  from locvit import workdir
+
+  directory = f"s3://{BUCKET}/lease"
+  workdir.acquire_lock(directory)
+  lease = workdir._HELD[workdir._lock_key(directory)]
+  try:
+    lease.version = lease._put(lease._body(), lease.version)  # a refresh, as the thread does
+    other = {"pid": 7, "host": "other-host", "started": "now", "expires": time.time() + 600}
+    client().put_object(Bucket=BUCKET, Key="lease/lock", Body=json.dumps(other))
+    with pytest.raises(workdir._ConflictError):
+      lease._put(lease._body(), lease.version)
+  finally:
+    workdir.release_lock(directory)
+  assert json.loads(objects("lease/lock")["lease/lock"])["pid"] == 7, "another run's lock is kept"
+
+  client().delete_object(Bucket=BUCKET, Key="lease/lock")
+  workdir.acquire_lock(directory)
+  lease = workdir._HELD[workdir._lock_key(directory)]
+  try:
+    client().delete_object(Bucket=BUCKET, Key="lease/lock")
+    with pytest.raises(workdir._ConflictError):
+      lease._put(lease._body(), lease.version)
+    assert lease._get() is None
+  finally:
+    workdir.release_lock(directory)
+  assert names("lease/") == []
