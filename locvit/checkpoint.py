@@ -60,6 +60,13 @@ def _manager(
   # clean-up of temporary directories (which could outlive a process that exits at once).
   # barrier_prefix: orbax names its multi-process barriers after the step alone, so two managers
   # saving the same step (last-N and best) would meet in one barrier and hang.
+  temporary_path_class = None
+  if paths.scheme(directory) == "s3":
+    _let_orbax_write_arrays_to_s3()
+    # No rename on S3 (s3fs's directory "rename" copies object by object, and fails on the
+    # directory markers): a step is written in place and committed by its commit_success.txt,
+    # as orbax does by default on GCS. Readers must use the same class to find committed steps.
+    temporary_path_class = ocp.path.atomicity.CommitFileTemporaryPath
   options = ocp.CheckpointManagerOptions(
     # A reader keeps nothing and saves nothing; orbax warns about any other value.
     max_to_keep=None if read_only else keep,
@@ -71,9 +78,51 @@ def _manager(
     multiprocessing_options=ocp.options.MultiprocessingOptions(
       barrier_sync_key_prefix=barrier_prefix or None
     ),
+    temporary_path_class=temporary_path_class,
   )
   with _without_orbax_notice("Given directory is read only"):  # said for every reader, by design
     return ocp.CheckpointManager(directory, item_names=("state", "meta"), options=options)
+
+
+def _let_orbax_write_arrays_to_s3() -> None:
+  """Makes orbax (0.12) give TensorStore an ``s3`` kvstore spec for ``s3://`` checkpoint paths.
+
+  orbax builds the spec of the array store from the path and knows only ``gs://`` (its own GCS
+  spec) and local paths: for ``s3://B/K`` it collapses the ``//`` and raises "Checkpoint path
+  should be absolute" (orbax/checkpoint/_src/serialization/tensorstore_utils.py,
+  ``_normalize_path`` and ``_build_ocdbt_kvstore_tspec``), and it has no option to pass a spec or
+  an endpoint. So ``build_kvstore_tspec``, which every orbax reader and writer calls through the
+  module, is wrapped once: an ``s3://`` path is built as the same ``gs://`` path (OCDBT layout
+  included), then its GCS driver spec is swapped for ``paths.tensorstore_s3_spec`` (which carries
+  the endpoint of a local or S3-compatible server). Other paths are passed through unchanged."""
+  from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
+
+  build = getattr(ts_utils, "build_kvstore_tspec", None)
+  if build is None:
+    raise paths.PathError(
+      f"s3:// checkpoints need orbax's tensorstore_utils.build_kvstore_tspec, absent in orbax "
+      f"{getattr(ocp, '__version__', '?')}"
+    )
+  if getattr(build, "locvit_s3", False):
+    return
+
+  def to_s3(spec):
+    if isinstance(spec, dict):
+      if spec.get("driver") in ("gcs", "gcs_grpc"):
+        return paths.tensorstore_s3_spec(spec["bucket"], spec["path"])
+      return {key: to_s3(value) for key, value in spec.items()}
+    if isinstance(spec, list):
+      return [to_s3(value) for value in spec]
+    return spec
+
+  def build_kvstore_tspec(directory, *args, **kwargs):
+    text = os.fspath(directory)
+    if not text.startswith("s3://"):
+      return build(directory, *args, **kwargs)
+    return to_s3(build("gs://" + text.removeprefix("s3://"), *args, **kwargs))
+
+  build_kvstore_tspec.locvit_s3 = True
+  ts_utils.build_kvstore_tspec = build_kvstore_tspec
 
 
 @contextlib.contextmanager

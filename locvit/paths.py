@@ -98,3 +98,28 @@ def move_tree(source: epath.Path, target: epath.Path) -> None:
     destination.parent.mkdir(parents=True, exist_ok=True)
     file.copy(destination)
   source.rmtree()
+
+
+def s3_endpoint() -> str | None:
+  """The S3 endpoint to use instead of AWS (a local or S3-compatible server), from the standard
+  AWS SDK variables ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``; None for AWS itself."""
+  return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+def tensorstore_s3_spec(bucket: str, key_prefix: str) -> dict:
+  """TensorStore's kvstore spec for ``s3://bucket/key_prefix``, at ``s3_endpoint()``.
+
+  s3fs/botocore read ``AWS_ENDPOINT_URL`` themselves; TensorStore's s3 driver (0.1.86) does not:
+  its endpoint is only the spec's ``"endpoint"`` field, and without it the driver resolves the
+  bucket's region with a HEAD request to https://BUCKET.s3.amazonaws.com (see its
+  kvstore/s3/s3_endpoint.cc). With an endpoint it addresses the bucket path-style
+  (ENDPOINT/BUCKET/KEY), which is what local servers need. Credentials come from the usual
+  ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (or ~/.aws) in both clients."""
+  spec = {"driver": "s3", "bucket": bucket, "path": key_prefix}
+  endpoint = s3_endpoint()
+  if endpoint:
+    spec["endpoint"] = endpoint
+  region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+  if region:
+    spec["aws_region"] = region
+  return spec

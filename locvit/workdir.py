@@ -6,8 +6,9 @@ killed run is simply taken over; the file's content (pid, host, start time) name
 second run is refused. A finished run removes the file.
 
 An object store has no file locks. There ``DIR/lock`` is a lease: an object created only if absent
-(GCS ``ifGenerationMatch=0``), rewritten every ``LEASE_SECONDS / 4`` while the run lives (again
-under a generation precondition), and taken over once it is ``LEASE_SECONDS`` old. Cost: one small
+(GCS ``ifGenerationMatch=0``, S3 ``If-None-Match: *``), rewritten every ``LEASE_SECONDS / 4`` while
+the run lives (again under a precondition on its generation or ETag), and taken over once it is
+``LEASE_SECONDS`` old. Cost: one small
 object write every 15 s; a killed run blocks its workdir for at most a minute.
 
 Either way, a run notices when its lock was removed or taken by someone else (``check_lock``), and
@@ -113,34 +114,48 @@ class _LocalLock:
     os.close(self.fd)  # closing the descriptor releases the lockf lock
 
 
+class _ConflictError(Exception):
+  """A write or delete refused by its precondition (the lease object changed or went)."""
+
+
 class _Lease:
-  """A lease object on GCS, created and refreshed under generation preconditions."""
+  """A lease object in a bucket, created and refreshed under preconditions on its version: the
+  object's generation on GCS, its ETag on S3. Subclasses provide the four object operations."""
 
   def __init__(self, workdir, lock_path: epath.Path):
-    from google.api_core import exceptions
-    from google.cloud import storage
-
-    bucket_name, _, name = os.fspath(lock_path).removeprefix("gs://").partition("/")
-    self._precondition_failed = (exceptions.PreconditionFailed, exceptions.NotFound)
-    self.blob = storage.Client().bucket(bucket_name).blob(name)
+    self.bucket, _, self.name = os.fspath(lock_path).split("://", 1)[1].partition("/")
+    self.version = None  # of the object this run wrote last
     self.lost: str | None = None
     self._stop = threading.Event()
     self._create(workdir)
     self._thread = threading.Thread(target=self._refresh, name="locvit-lease", daemon=True)
     self._thread.start()
 
+  def _put(self, body: str, match) -> object:
+    """Writes the object only if absent (``match`` None) or at version ``match``; returns the new
+    version, or raises ``_ConflictError``."""
+    raise NotImplementedError
+
+  def _get(self) -> tuple[str, object] | None:
+    """The object's text and version, or None when there is none."""
+    raise NotImplementedError
+
+  def _delete(self, match) -> None:
+    """Deletes the object if still at version ``match``; raises ``_ConflictError`` otherwise."""
+    raise NotImplementedError
+
   def _body(self) -> str:
     return json.dumps(_info(expires=time.time() + LEASE_SECONDS))
 
   def _create(self, workdir) -> None:
     try:
-      self.blob.upload_from_string(self._body(), if_generation_match=0)
+      self.version = self._put(self._body(), None)
       return
-    except self._precondition_failed:
+    except _ConflictError:
       pass
-    current = self.blob.bucket.get_blob(self.blob.name)
+    current = self._get()
     if current is not None:
-      raw = current.download_as_text()
+      raw, version = current
       try:
         expired = json.loads(raw)["expires"] < time.time()
       except (ValueError, KeyError, TypeError):
@@ -148,23 +163,19 @@ class _Lease:
       if not expired:
         raise _in_use(workdir, _describe(raw))
       try:  # an expired lease of a killed run: take it over, unless another run just did
-        self.blob.upload_from_string(self._body(), if_generation_match=current.generation)
+        self.version = self._put(self._body(), version)
         return
-      except self._precondition_failed:
+      except _ConflictError:
         pass
     raise _in_use(workdir, "another run that took the lock at the same moment")
 
   def _refresh(self) -> None:
     while not self._stop.wait(LEASE_SECONDS / 4):
       try:
-        self.blob.upload_from_string(self._body(), if_generation_match=self.blob.generation)
-      except self._precondition_failed:
-        current = self.blob.bucket.get_blob(self.blob.name)
-        self.lost = (
-          "was deleted"
-          if current is None
-          else f"was taken by {_describe(current.download_as_text())}"
-        )
+        self.version = self._put(self._body(), self.version)
+      except _ConflictError:
+        current = self._get()
+        self.lost = "was deleted" if current is None else f"was taken by {_describe(current[0])}"
         return
       except Exception:  # a transient network error: the lease lasts 4 refresh periods
         continue
@@ -176,8 +187,80 @@ class _Lease:
     self._stop.set()
     self._thread.join()
     if self.lost is None:
-      with contextlib.suppress(self._precondition_failed):
-        self.blob.delete(if_generation_match=self.blob.generation)
+      with contextlib.suppress(_ConflictError):
+        self._delete(self.version)
+
+
+class _GcsLease(_Lease):
+  """Preconditions: ``ifGenerationMatch`` (0: only if absent), google-cloud-storage."""
+
+  def __init__(self, workdir, lock_path: epath.Path):
+    from google.api_core import exceptions
+    from google.cloud import storage
+
+    self._refused = (exceptions.PreconditionFailed, exceptions.NotFound)
+    bucket, _, name = os.fspath(lock_path).removeprefix("gs://").partition("/")
+    self.blob = storage.Client().bucket(bucket).blob(name)
+    super().__init__(workdir, lock_path)
+
+  def _put(self, body, match):
+    try:
+      self.blob.upload_from_string(body, if_generation_match=0 if match is None else match)
+    except self._refused as e:
+      raise _ConflictError from e
+    return self.blob.generation
+
+  def _get(self):
+    current = self.blob.bucket.get_blob(self.blob.name)
+    return None if current is None else (current.download_as_text(), current.generation)
+
+  def _delete(self, match):
+    try:
+      self.blob.delete(if_generation_match=match)
+    except self._refused as e:
+      raise _ConflictError from e
+
+
+class _S3Lease(_Lease):
+  """Preconditions: S3 conditional requests, ``If-None-Match: *`` (only if absent) and
+  ``If-Match: ETAG`` on PutObject and DeleteObject, with botocore (s3fs's own client library),
+  which reads ``AWS_ENDPOINT_URL`` and the credentials the standard ways."""
+
+  # 412: the precondition failed; 409: a concurrent conditional write won; 404: object deleted
+  _REFUSED = {"PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "404", "409", "412"}
+
+  def __init__(self, workdir, lock_path: epath.Path):
+    import botocore.session
+    from botocore.exceptions import ClientError
+
+    self._client_error = ClientError
+    self.client = botocore.session.get_session().create_client("s3")
+    super().__init__(workdir, lock_path)
+
+  def _call(self, operation, **kwargs):
+    try:
+      return getattr(self.client, operation)(Bucket=self.bucket, Key=self.name, **kwargs)
+    except self._client_error as e:
+      if e.response.get("Error", {}).get("Code") in self._REFUSED:
+        raise _ConflictError from e
+      raise
+
+  def _put(self, body, match):
+    condition = {"IfNoneMatch": "*"} if match is None else {"IfMatch": match}
+    return self._call("put_object", Body=body.encode(), **condition)["ETag"]
+
+  def _get(self):
+    try:
+      response = self._call("get_object")
+    except _ConflictError:  # NoSuchKey
+      return None
+    return response["Body"].read().decode(), response["ETag"]
+
+  def _delete(self, match):
+    self._call("delete_object", IfMatch=match)
+
+
+_LEASES = {"gs": _GcsLease, "s3": _S3Lease}
 
 
 def _lock_key(workdir) -> str:
@@ -193,8 +276,8 @@ def acquire_lock(workdir) -> None:
   key = _lock_key(workdir)
   if key in _HELD:
     return
-  if paths.scheme(key) == "gs":
-    _HELD[key] = _Lease(workdir, epath.Path(key))
+  if paths.scheme(key) in _LEASES:
+    _HELD[key] = _LEASES[paths.scheme(key)](workdir, epath.Path(key))
   elif paths.is_object_store(key):
     raise WorkdirError(f"{workdir}: a workdir lock on {paths.scheme(key)}:// is not supported")
   else:

@@ -1,0 +1,95 @@
+"""A real S3-API server on loopback for tests: moto's server mode (PyPI ``moto[server]``), reached
+the standard ways: ``AWS_ENDPOINT_URL`` and the ``AWS_*`` credentials for s3fs/botocore; TensorStore
+(orbax's array writer) gets the same endpoint in its kvstore spec (``locvit.paths``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+BUCKET = "locvit-test"
+
+
+def client_env(url: str) -> dict[str, str]:
+  """The environment variables that point every S3 client at the server at ``url``."""
+  return {
+    "AWS_ENDPOINT_URL": url,
+    "AWS_ACCESS_KEY_ID": "test",
+    "AWS_SECRET_ACCESS_KEY": "test",
+    "AWS_DEFAULT_REGION": "us-east-1",
+  }
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def s3_server(log_path: str = os.devnull):
+  """Starts moto's S3 server (in memory) with an empty bucket ``BUCKET``; yields the client
+  environment; stops the server by pid. Its request log goes to ``log_path``."""
+  port = _free_port()
+  url = f"http://127.0.0.1:{port}"
+  command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+  with open(log_path, "w") as log:
+    server = subprocess.Popen(command, stdout=log, stderr=log)
+  env = client_env(url)
+  saved = {k: os.environ.get(k) for k in env}
+  os.environ.update(env)
+  try:
+    _wait_until_serving(url, server)
+    client().create_bucket(Bucket=BUCKET)
+    yield env
+  finally:
+    for key, value in saved.items():
+      if value is None:
+        os.environ.pop(key, None)
+      else:
+        os.environ[key] = value
+    with contextlib.suppress(ProcessLookupError):
+      os.kill(server.pid, signal.SIGTERM)
+    server.wait(timeout=10)
+
+
+def _wait_until_serving(url: str, server: subprocess.Popen, timeout: float = 30.0) -> None:
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if server.poll() is not None:
+      raise RuntimeError(f"moto server exited with {server.returncode}")
+    with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2):
+      return
+    time.sleep(0.1)
+  raise RuntimeError(f"moto server at {url} did not answer within {timeout} s")
+
+
+def client():
+  """A botocore S3 client of the server (from the environment ``s3_server`` set)."""
+  import botocore.session
+
+  return botocore.session.get_session().create_client("s3")
+
+
+def objects(prefix: str) -> dict[str, bytes]:
+  """Every object under ``s3://BUCKET/prefix``: name -> content."""
+  s3 = client()
+  found = {}
+  for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
+    for item in page.get("Contents", []):
+      body = s3.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read()
+      found[item["Key"]] = body
+  return found
+
+
+def names(prefix: str) -> list[str]:
+  """The names of the objects under ``s3://BUCKET/prefix``, sorted."""
+  s3 = client()
+  pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+  return sorted(item["Key"] for page in pages for item in page.get("Contents", []))

@@ -1,0 +1,117 @@
+"""Workdirs on ``s3://``: the quickstart trains, is refused by a live lease, and resumes, against a
+real S3-API server on loopback (moto, tests/s3_server.py), from a working directory that must stay
+empty. Files go through s3fs; orbax's arrays through TensorStore's s3 driver."""
+
+import json
+import time
+
+import pytest
+
+from tests.s3_server import BUCKET, client, names, objects, s3_server
+from tests.test_bucket import _main
+
+RUN = "run"
+WORKDIR = f"s3://{BUCKET}/{RUN}"
+SHORT = [
+  "--config=quickstart",
+  "--config.checkpoint_every_steps=4",
+  "--config.eval_every_steps=4",
+  "--config.log_every_steps=2",
+  f"--workdir={WORKDIR}",
+]
+
+
+@pytest.fixture(scope="module")
+def server():
+  with s3_server() as env:
+    yield env
+
+
+def _steps():
+  found = names(f"{RUN}/checkpoints/")
+  return sorted({int(n.split("/")[2]) for n in found if n.split("/")[2].isdigit()})
+
+
+@pytest.mark.slow
+def test_quickstart_trains_on_s3_a_live_lease_refuses_a_second_run_and_a_rerun_resumes(
+  server, tmp_path
+):
+  cwd = tmp_path / "cwd"
+  cwd.mkdir()
+
+  proc = _main(cwd, server, *SHORT, "--config.total_steps=4")
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, out + err[-3000:]
+  assert "Final evaluation at step 4/4" in out, out
+  assert _steps() == [4]
+  saved = set(names(RUN))
+  assert {f"{RUN}/config.json", f"{RUN}/metrics.jsonl"} <= saved
+  step = f"{RUN}/checkpoints/4"
+  # Committed by orbax's commit file (no renames on S3), with locvit's checksums; arrays written
+  # by TensorStore (OCDBT manifest and data files).
+  assert {f"{step}/commit_success.txt", f"{step}/checksums.json"} <= saved
+  assert f"{step}/state/manifest.ocdbt" in saved
+  assert any(n.startswith(f"{step}/state/d/") for n in saved), sorted(saved)
+  assert not any("orbax-checkpoint-tmp" in n for n in saved), sorted(saved)
+  assert f"{RUN}/lock" not in saved, "a finished run leaves no lock behind"
+
+  # A live lease of another run (created only-if-absent, as runs do): a second run is refused.
+  lock = {"pid": 4242, "host": "other-host", "started": "now", "expires": time.time() + 600}
+  client().put_object(Bucket=BUCKET, Key=f"{RUN}/lock", Body=json.dumps(lock), IfNoneMatch="*")
+  refused = _main(cwd, server, *SHORT, "--config.total_steps=8")
+  out, err = refused.communicate(timeout=180)
+  assert refused.returncode == 2, out + err[-3000:]
+  assert f"workdir {WORKDIR} is in use by pid 4242 on host other-host" in err, err[-3000:]
+  assert _steps() == [4]
+
+  # The lease expired (a killed run's): it is taken over, and the run resumes after step 4.
+  lock["expires"] = time.time() - 1
+  client().put_object(Bucket=BUCKET, Key=f"{RUN}/lock", Body=json.dumps(lock))
+  proc = _main(cwd, server, *SHORT, "--config.total_steps=8")
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, out + err[-3000:]
+  first = next(line for line in out.splitlines() if line.startswith("step "))
+  assert first.startswith("step 5/8 "), out
+  assert "Final evaluation at step 8/8" in out, out
+  assert _steps() == [4, 8]
+  rows = [
+    json.loads(line)
+    for line in objects(f"{RUN}/metrics.jsonl")[f"{RUN}/metrics.jsonl"].decode().splitlines()
+  ]
+  train = [r["step"] for r in rows if "train/loss" in r]
+  # each logged step once across the two runs; both runs' first steps (1 and 5) are logged
+  assert train == sorted(set(train)) and {1, 4, 5, 8} <= set(train), rows
+  assert f"{RUN}/lock" not in names(RUN)
+
+  assert list(cwd.iterdir()) == [], "nothing may be written under the working directory"
+
+
+def test_the_s3_lease_is_refreshed_under_its_etag_and_never_deletes_another_runs_lock(server):
+  """The lease's conditional requests, in process: a refresh after another writer replaced or
+  deleted the lock is refused (the run would stop), and release leaves another run's lock."""
+  from locvit import workdir
+
+  directory = f"s3://{BUCKET}/lease"
+  workdir.acquire_lock(directory)
+  lease = workdir._HELD[workdir._lock_key(directory)]
+  try:
+    lease.version = lease._put(lease._body(), lease.version)  # a refresh, as the thread does
+    other = {"pid": 7, "host": "other-host", "started": "now", "expires": time.time() + 600}
+    client().put_object(Bucket=BUCKET, Key="lease/lock", Body=json.dumps(other))
+    with pytest.raises(workdir._ConflictError):
+      lease._put(lease._body(), lease.version)
+  finally:
+    workdir.release_lock(directory)
+  assert json.loads(objects("lease/lock")["lease/lock"])["pid"] == 7, "another run's lock is kept"
+
+  client().delete_object(Bucket=BUCKET, Key="lease/lock")
+  workdir.acquire_lock(directory)
+  lease = workdir._HELD[workdir._lock_key(directory)]
+  try:
+    client().delete_object(Bucket=BUCKET, Key="lease/lock")
+    with pytest.raises(workdir._ConflictError):
+      lease._put(lease._body(), lease.version)
+    assert lease._get() is None
+  finally:
+    workdir.release_lock(directory)
+  assert names("lease/") == []
