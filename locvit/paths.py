@@ -114,11 +114,15 @@ def tensorstore_s3_spec(bucket: str, key_prefix: str) -> dict:
   bucket's region with a HEAD request to https://BUCKET.s3.amazonaws.com (see its
   kvstore/s3/s3_endpoint.cc). With an endpoint it addresses the bucket path-style
   (ENDPOINT/BUCKET/KEY), which is what local servers need. Credentials come from the usual
-  ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (or ~/.aws) in both clients."""
+  ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (or ~/.aws) in both clients; when the variables
+  are set, TensorStore is told to read only them, since its default chain logs every file and
+  service it tries and fails (~/.aws/config, ~/.aws/credentials, ...) as errors on stderr."""
   spec = {"driver": "s3", "bucket": bucket, "path": key_prefix}
   endpoint = s3_endpoint()
   if endpoint:
     spec["endpoint"] = endpoint
+  if os.environ.get("AWS_ACCESS_KEY_ID"):
+    spec["aws_credentials"] = {"type": "environment"}
   region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
   if region:
     spec["aws_region"] = region

@@ -43,6 +43,8 @@ def test_quickstart_trains_on_s3_a_live_lease_refuses_a_second_run_and_a_rerun_r
   out, err = proc.communicate(timeout=300)
   assert proc.returncode == 0, out + err[-3000:]
   assert "Final evaluation at step 4/4" in out, out
+  # TensorStore reads the credentials from the environment only: no failed ~/.aws lookups logged
+  assert "common-io" not in err and "AuthCredentialsProvider" not in err, err[-3000:]
   assert _steps() == [4]
   saved = set(names(RUN))
   assert {f"{RUN}/config.json", f"{RUN}/metrics.jsonl"} <= saved
