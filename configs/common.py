@@ -1,8 +1,11 @@
 """The base config every experiment starts from, and small helpers shared by configs.
 
+The sub-config blocks (``data``, ``init``, ``mixup``, ...) are the defaults of
+``configs/defaults.py``, where their fields are documented.
+
 Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
   seed, batch_size (global), eval_batch_size, num_epochs, total_steps (> 0 overrides epochs),
-  model.name / model.overrides, data.* (see ``locvit.data.default_data_config``),
+  model.name / model.overrides, data.* (see ``defaults.data_config``),
   optimizer.*, schedule.*, grad_clip_norm, grad_accum_steps, label_smoothing, freeze (regexes),
   mixed_precision (bf16 compute, fp32 params), mesh.shape / mesh.layout / mesh.rules,
   mixup.* and random_erasing.* (on-device batch augmentation, ``locvit.data.device_augment``),
