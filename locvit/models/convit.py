@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import functools
 
+# ConViT's layer plan is plain data that configs use too (they must not import JAX).
 from locvit.configs.defaults import CONVIT_DEPTH as DEPTH
 from locvit.configs.defaults import CONVIT_LOCAL_UP_TO_LAYER as LOCAL_UP_TO_LAYER
-
-# Plain data for configs too (which must not import JAX); re-exported under the library's names.
-from locvit.configs.defaults import convit_layers, convit_overrides  # noqa: F401
+from locvit.configs.defaults import convit_layers, convit_overrides  # noqa: F401  (re-exported)
 from locvit.models.registry import register_model
 from locvit.models.vit import VisionTransformer
 
