@@ -11,7 +11,7 @@ Recipe: AdamW 1e-3, wd 0.05, 5 warmup epochs then cosine, 100 epochs, batch 128,
 """
 
 from locvit.configs.common import base_config
-from locvit.data import CIFAR10_MEAN, CIFAR10_STD
+from locvit.configs.defaults import CIFAR10_MEAN, CIFAR10_STD
 
 
 def get_config():

@@ -1,8 +1,11 @@
 """The base config every experiment starts from, and small helpers shared by configs.
 
+The sub-config blocks (``data``, ``init``, ``mixup``, ...) are the defaults of
+``configs/defaults.py``, where their fields are documented.
+
 Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
   seed, batch_size (global), eval_batch_size, num_epochs, total_steps (> 0 overrides epochs),
-  model.name / model.overrides, data.* (see ``locvit.data.default_data_config``),
+  model.name / model.overrides, data.* (see ``defaults.data_config``),
   optimizer.*, schedule.*, grad_clip_norm, grad_accum_steps, label_smoothing, freeze (regexes),
   mixed_precision (bf16 compute, fp32 params), mesh.shape / mesh.layout / mesh.rules,
   mixup.* and random_erasing.* (on-device batch augmentation, ``locvit.data.device_augment``),
@@ -21,12 +24,7 @@ import os
 
 import ml_collections
 
-from locvit.analysis.locality import default_analysis_config
-from locvit.data import default_data_config
-from locvit.data.device_augment import default_erasing_config, default_mixup_config
-from locvit.distill import default_distillation_config
-from locvit.init import init_config
-from locvit.init.from_checkpoint import default_init_from_config
+from locvit.configs import defaults
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -44,10 +42,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.overrides = ml_collections.ConfigDict()
   # The attention kernels, a hardware choice kept out of the model's identity (resuming with
   # another value is allowed): None (CPU code paths on CPU, JAX's choice elsewhere), 'xla',
-  # 'cudnn' or 'einsum' (locvit.ops).
+  # 'cudnn' or 'cpu_kernels' (locvit.ops; 'einsum' is accepted as its alias).
   c.attention_implementation = ml_collections.config_dict.placeholder(str)
 
-  c.data = default_data_config()
+  c.data = defaults.data_config()
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = "adamw"
@@ -72,9 +70,9 @@ def base_config() -> ml_collections.ConfigDict:
 
   # Attention initialisation applied after model.init (locvit.init): 'none', 'trunc_normal',
   # 'kaiming_uniform', 'mimetic' or 'impulse' (structured initialization).
-  c.init = init_config("none")
+  c.init = defaults.init_config("none")
   # Or start from another run's parameters (fine-tuning; pruned heads, Cordonnier appendix E).
-  c.init_from = default_init_from_config()
+  c.init_from = defaults.init_from_config()
 
   c.grad_clip_norm = 0.0  # 0: off
   c.grad_accum_steps = 1
@@ -83,12 +81,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.mixed_precision = False
 
   # On-device batch augmentation (off by default): random erasing, then Mixup/CutMix.
-  c.mixup = default_mixup_config()
-  c.random_erasing = default_erasing_config()
+  c.mixup = defaults.mixup_config()
+  c.random_erasing = defaults.erasing_config()
   # Weight EMA: decay > 0 keeps and evaluates an exponential moving average of the parameters.
   c.ema = ml_collections.ConfigDict({"decay": 0.0, "warmup": False})
   # DeiT-style distillation from a teacher run's checkpoint (ConViT appendix B, Table 4).
-  c.distillation = default_distillation_config()
+  c.distillation = defaults.distillation_config()
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (-1, 1)  # (data, model); -1 fills with the device count
@@ -97,7 +95,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh.num_devices = 0  # 0: all devices; N: the first N (single-process debugging)
 
   # Analysis logged during training (locvit.analysis.locality): nonlocality, gates, centres.
-  c.analysis = default_analysis_config()
+  c.analysis = defaults.analysis_config()
 
   c.log_every_steps = 50
   c.eval_every_steps = 0  # 0: only at the end

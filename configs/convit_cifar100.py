@@ -17,7 +17,8 @@ Data: TFDS ``cifar100`` in ArrayRecord format (``tfds build cifar100 --data_dir=
 Argument: ``convit_{tiny,small,base}_plus`` or ``deit_{tiny,small,base}_plus``.
 """
 
-from locvit.configs.convit_common import choose, every_epoch, paper_config
+from locvit.configs.args import choose
+from locvit.configs.convit_common import every_epoch, paper_config
 
 CIFAR100_TRAIN_IMAGES = 50_000
 MODELS = {
@@ -30,7 +31,7 @@ EPOCHS = 3000
 
 
 def get_config(arg: str | None = None):
-  _, model = choose(arg, MODELS, "convit_tiny_plus", "appendix C model")
+  model = MODELS[choose(__file__, "appendix C model", arg or "convit_tiny_plus", MODELS)]
   c = paper_config(model)
   c.data.source = "tfds"
   c.data.name = "cifar100"

@@ -30,11 +30,10 @@ and on ``--cpu_malloc``). Locality metrics (real per-layer inputs) are logged at
 
 import ml_collections
 
-from locvit.analysis.locality import default_analysis_config
+from locvit.configs.args import choose
 from locvit.configs.common import base_config, cifar10_image_folder
-from locvit.configs.convit_common import choose, set_overrides
-from locvit.data import CIFAR10_MEAN, CIFAR10_STD
-from locvit.models import convit_overrides
+from locvit.configs.convit_common import set_overrides
+from locvit.configs.defaults import CIFAR10_MEAN, CIFAR10_STD, analysis_config, convit_overrides
 
 HEADS, HEAD_DIM, DEPTH, GPSA_LAYERS = 4, 48, 6, 4
 BATCH_SIZE = 128
@@ -49,7 +48,7 @@ MODELS = {
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  _, (model, overrides) = choose(arg, MODELS, "convit", "model")
+  model, overrides = MODELS[choose(__file__, "model", arg or "convit", MODELS)]
   c = base_config()
   c.model.name = model
   set_overrides(c, drop_path_rate=0.1, **overrides)
@@ -76,7 +75,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.log_every_steps = 20
   c.eval_every_steps = TOTAL_STEPS // 2
   c.checkpoint_every_steps = TOTAL_STEPS // 2
-  c.analysis = default_analysis_config()
+  c.analysis = analysis_config()
   c.analysis.locality = True
   c.analysis.locality_mode = "per_layer"
   c.analysis.map_layers = (1, GPSA_LAYERS)

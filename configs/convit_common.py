@@ -12,15 +12,14 @@ Locality logging (``config.analysis``, see ``locvit.analysis.locality``) is on, 
 
 from __future__ import annotations
 
-import difflib
 import os
 from typing import Any
 
 import ml_collections
 
-from locvit.analysis.locality import default_analysis_config
 from locvit.configs import recipes
 from locvit.configs.common import base_config
+from locvit.configs.defaults import analysis_config
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
 # The first 100 classes hold about 1,280 training images each (the ImageNet average); only used
@@ -40,7 +39,7 @@ def paper_config(
   if model_name.endswith("_plus"):
     c.optimizer.lr, c.batch_size = PLUS_LR, PLUS_BATCH
   c.optimizer.decay_mask = decay_mask
-  c.analysis = default_analysis_config()
+  c.analysis = analysis_config()
   c.analysis.locality = True
   c.analysis.locality_mode = "faithful"
   c.log_every_steps = 100
@@ -87,13 +86,3 @@ def set_overrides(c: ml_collections.ConfigDict, **overrides: Any) -> ml_collecti
   """Adds module-field overrides (e.g. ``convit_overrides(...)``, ``attention_kwargs``)."""
   c.model.overrides.update(overrides)
   return c
-
-
-def choose(arg: str | None, choices: dict[str, Any], default: str, what: str) -> Any:
-  """``choices[arg or default]`` with a clear error naming the valid choices."""
-  key = default if arg is None or arg == "" else arg
-  if key not in choices:
-    close = difflib.get_close_matches(key, list(choices), n=3)
-    hint = f"did you mean {' or '.join(close)}?" if close else f"choices: {', '.join(choices)}"
-    raise ValueError(f"unknown {what} {key!r}; {hint}")
-  return key, choices[key]

@@ -16,33 +16,26 @@ Data: the first 100 classes of ``$IMAGENET_ROOT`` (``data.class_limit=100``, see
 ``configs.convit_common.imagenet100``).
 """
 
+from locvit.configs.args import parse
 from locvit.configs.convit_common import imagenet100, paper_config, set_overrides
-from locvit.models import convit_overrides
+from locvit.configs.defaults import convit_overrides
 
 DEFAULTS = {"gpsa": 10, "alpha": 1.0}
 DEPTH = 12
 
 
-def parse(arg: str | None) -> dict[str, float]:
+def parse_values(arg: str | None) -> dict[str, float]:
   """``'gpsa=6,alpha=2'`` -> ``{'gpsa': 6, 'alpha': 2.0}`` (missing keys take the defaults)."""
-  values = dict(DEFAULTS)
-  for item in filter(None, (arg or "").split(",")):
-    key, sep, value = item.partition("=")
-    if not sep or key not in DEFAULTS:
-      raise ValueError(f"Bad Fig. 8 argument {item!r}: use gpsa=N and/or alpha=A, e.g. 'gpsa=6'.")
-    try:
-      values[key] = int(value) if key == "gpsa" else float(value)
-    except ValueError:
-      raise ValueError(f"Bad Fig. 8 value {item!r}: gpsa takes an int, alpha a float.") from None
+  values = parse(__file__, arg, DEFAULTS)
   if not 0 <= values["gpsa"] <= DEPTH:
-    raise ValueError(f"gpsa={values['gpsa']} must be in [0, {DEPTH}].")
+    raise ValueError(f"gpsa={values['gpsa']} for convit_fig8.py must be in [0, {DEPTH}].")
   if values["alpha"] < 0:
-    raise ValueError(f"alpha={values['alpha']} must be >= 0.")
+    raise ValueError(f"alpha={values['alpha']} for convit_fig8.py must be >= 0.")
   return values
 
 
 def get_config(arg: str | None = None):
-  values = parse(arg)
+  values = parse_values(arg)
   c = imagenet100(paper_config("convit_small_plus"))
   gpsa = {"locality_strength": values["alpha"]}
   set_overrides(c, attention_kwargs={"gpsa": gpsa}, **convit_overrides(values["gpsa"], DEPTH))

@@ -19,7 +19,8 @@ All other rows were trained with the ConViT code: ``decay_mask='official_convit'
 use lr 4e-4 and batch 512. ImageNet through TFDS ``imagenet2012`` (see ``convit_s.py``).
 """
 
-from locvit.configs.convit_common import choose, imagenet, paper_config
+from locvit.configs.args import choose
+from locvit.configs.convit_common import imagenet, paper_config
 
 # name -> (paper top-1, paper parameters in millions)
 ROWS = {
@@ -40,6 +41,6 @@ DEIT_PAPER_ROWS = ("deit_tiny", "deit_small", "deit_base")
 
 
 def get_config(arg: str | None = None):
-  name, _ = choose(arg, ROWS, "convit_small", "Table 1 row")
+  name = choose(__file__, "Table 1 row", arg or "convit_small", ROWS)
   mask = "intended" if name in DEIT_PAPER_ROWS else "official_convit"
   return imagenet(paper_config(name, decay_mask=mask))

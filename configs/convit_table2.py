@@ -23,7 +23,8 @@ Paper (top-1 / top-5):
 Argument ``<model>_<percent>``: ``convit_5`` ... ``convit_100``, ``deit_5`` ... ``deit_100``.
 """
 
-from locvit.configs.convit_common import choose, imagenet, paper_config
+from locvit.configs.args import choose
+from locvit.configs.convit_common import imagenet, paper_config
 
 PERCENTS = (5, 10, 30, 50, 100)
 MODELS = {"convit": "convit_small", "deit": "deit_small"}
@@ -44,7 +45,7 @@ RUNS = {f"{family}_{percent}": (family, percent) for family, percent in PAPER}
 
 
 def get_config(arg: str | None = None):
-  _, (family, percent) = choose(arg, RUNS, "convit_10", "Table 2 run")
+  family, percent = RUNS[choose(__file__, "Table 2 run", arg or "convit_10", RUNS)]
   c = imagenet(paper_config(MODELS[family]))
   # Evaluations stay every ~1.28M images (imagenet()), i.e. every 1/f epochs of the subset.
   c.data.train_fraction = percent / 100

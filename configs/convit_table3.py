@@ -28,7 +28,8 @@ Data: the first 100 class directories in sorted order of the ImageNet image fold
 Weight decay: ``decay_mask='official_convit'`` (the ConViT code).
 """
 
-from locvit.configs.convit_common import choose, imagenet100, paper_config, set_overrides
+from locvit.configs.args import choose
+from locvit.configs.convit_common import imagenet100, paper_config, set_overrides
 
 # row -> (model, frozen gates at 0, conv init, frozen GPSA attention, paper top-1)
 ROWS = {
@@ -44,7 +45,8 @@ GPSA_ATTENTION = "^blocks_[0-9]/attn/"  # blocks 0-9: the GPSA layers of ConViT
 
 
 def get_config(arg: str | None = None):
-  _, (model, frozen_gate, conv_init, frozen_attention, _) = choose(arg, ROWS, "a", "Table 3 row")
+  row = choose(__file__, "Table 3 row", arg or "a", ROWS)
+  model, frozen_gate, conv_init, frozen_attention, _ = ROWS[row]
   c = imagenet100(paper_config(model))
   if model.startswith("convit"):
     gpsa = {"locality_strength": 1.0, "use_local_init": conv_init}

@@ -26,7 +26,8 @@ ImageNet through TFDS ``imagenet2012`` (see ``convit_s.py``).
 
 import ml_collections
 
-from locvit.configs.convit_common import choose, imagenet, paper_config
+from locvit.configs.args import choose
+from locvit.configs.convit_common import imagenet, paper_config
 
 # row -> (paper top-1 without / with hard distillation)
 ROWS = {
@@ -38,7 +39,8 @@ DEIT_ROWS = ("deit_small", "deit_base")  # trained with DeiT's code: the intende
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  row, (no_distill, hard) = choose(arg, ROWS, "convit_small_plus", "row")
+  row = choose(__file__, "row", arg or "convit_small_plus", ROWS)
+  no_distill, hard = ROWS[row]
   mask = "intended" if row in DEIT_ROWS else "official_convit"
   c = imagenet(paper_config(row, decay_mask=mask))
   c.distillation.type = "hard"

@@ -50,8 +50,9 @@ from __future__ import annotations
 import ml_collections
 
 from locvit.configs import recipes
+from locvit.configs.args import choose
 from locvit.configs.common import base_config
-from locvit.data.config import CIFAR10_MEAN, CIFAR10_STD
+from locvit.configs.defaults import CIFAR10_MEAN, CIFAR10_STD
 
 # row -> (model name, paper table row, top-1, params, FLOPs)
 ROWS = {
@@ -92,9 +93,7 @@ PAPER_PRUNED_LAYER_HEADS = (7, 5, 8, 7, 3, 9)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  row = arg or "quadratic"
-  if row not in ROWS:
-    raise ValueError(f"Unknown row {row!r} for cordonnier_cifar10.py. Valid rows: {sorted(ROWS)}.")
+  row = choose(__file__, "row", arg or "quadratic", ROWS)
   model, table_row, top1, params, flops = ROWS[row]
 
   c = base_config()

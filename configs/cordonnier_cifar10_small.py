@@ -43,9 +43,9 @@ from __future__ import annotations
 
 import ml_collections
 
+from locvit.configs.args import choose
 from locvit.configs.common import base_config, cifar10_image_folder
-from locvit.configs.convit_common import choose
-from locvit.data import CIFAR10_MEAN, CIFAR10_STD
+from locvit.configs.defaults import CIFAR10_MEAN, CIFAR10_STD
 
 BATCH_SIZE = 100
 TOTAL_STEPS = 400
@@ -65,7 +65,8 @@ PAPER = {
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variant, (model, overrides) = choose(arg, VARIANTS, "quadratic", "variant")
+  variant = choose(__file__, "variant", arg or "quadratic", VARIANTS)
+  model, overrides = VARIANTS[variant]
   c = base_config()
   c.seed = 0
   c.model.name = model

@@ -42,10 +42,10 @@ from __future__ import annotations
 
 import ml_collections
 
+from locvit.configs.args import choose
 from locvit.configs.common import cifar10_image_folder
-from locvit.configs.gmm_common import choose, gmm_config, smallvit_name
+from locvit.configs.gmm_common import gmm_config, smallvit_name
 
-MODULE = "gmm_cifar10_small.py"
 DEPTH = 6
 BATCH_SIZE = 128
 TOTAL_STEPS = 300
@@ -58,7 +58,7 @@ VARIANTS = {
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variant = choose(arg or "gmm", VARIANTS, "variant", MODULE)
+  variant = choose(__file__, "variant", arg or "gmm", VARIANTS)
   mask, row, top1, params = VARIANTS[variant]
   c = gmm_config(
     smallvit_name("d15", "cifar10", mask),

@@ -70,24 +70,6 @@ AUTOAUGMENT_POLICY = {
 }
 
 
-def choose(value: str, valid: Any, what: str, module: str) -> str:
-  """Returns ``value`` or raises a ValueError naming the valid choices."""
-  if value not in valid:
-    raise ValueError(f"Unknown {what} {value!r} for {module}. Valid: {sorted(valid)}.")
-  return value
-
-
-def split_arg(arg: str | None, defaults: tuple[str, ...], module: str) -> tuple[str, ...]:
-  """Parses ``'a,b,c'`` (missing trailing fields take ``defaults``)."""
-  parts = tuple(p.strip() for p in (arg or "").split(",") if p.strip())
-  if len(parts) > len(defaults):
-    raise ValueError(
-      f"{module} takes at most {len(defaults)} comma-separated fields, got {arg!r} "
-      f"(e.g. {','.join(defaults)!r})."
-    )
-  return parts + defaults[len(parts) :]
-
-
 def gmm_config(
   model: str, dataset: str, *, table: str, row: str, top1: float | None, params: str | None = None
 ) -> ml_collections.ConfigDict:

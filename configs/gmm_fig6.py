@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import ml_collections
 
-from locvit.configs.gmm_common import choose, gmm_config, smallvit_name, split_arg
+from locvit.configs.args import choose, parse
+from locvit.configs.gmm_common import gmm_config, smallvit_name
 
-MODULE = "gmm_fig6.py"
 MAX_KERNELS = 10
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  dataset, kernels = split_arg(arg, ("cifar100", "5"), MODULE)
-  choose(dataset, ("cifar100", "tinyimagenet"), "dataset", MODULE)
-  choose(kernels, [str(k) for k in range(MAX_KERNELS + 1)], "number of kernels", MODULE)
-  k = int(kernels)
+  dataset, k = parse(__file__, arg, {"dataset": "cifar100", "kernels": 5}).values()
+  choose(__file__, "dataset", dataset, ("cifar100", "tinyimagenet"))
+  choose(__file__, "number of kernels", k, range(MAX_KERNELS + 1))
   c = gmm_config(
     smallvit_name("d9", dataset, "gmm" if k else None),
     dataset,

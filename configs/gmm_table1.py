@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import ml_collections
 
-from locvit.configs.gmm_common import DATASETS, choose, gmm_config, smallvit_name, split_arg
+from locvit.configs.args import choose, parse
+from locvit.configs.gmm_common import DATASETS, gmm_config, smallvit_name
 
-MODULE = "gmm_table1.py"
 DATASET_ORDER = ("cifar10", "cifar100", "svhn", "tinyimagenet")
 # arch -> (baseline top-1 per dataset, GMM top-1 per dataset), percent.
 PAPER = {
@@ -67,10 +67,11 @@ def model_name(arch: str, dataset: str, variant: str) -> str:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arch, dataset, variant = split_arg(arg, ("vit", "cifar10", "gmm"), MODULE)
-  choose(arch, PAPER, "architecture", MODULE)
-  choose(dataset, DATASET_ORDER, "dataset", MODULE)
-  choose(variant, VARIANTS, "variant", MODULE)
+  fields = {"arch": "vit", "dataset": "cifar10", "variant": "gmm"}
+  arch, dataset, variant = parse(__file__, arg, fields).values()
+  choose(__file__, "architecture", arch, PAPER)
+  choose(__file__, "dataset", dataset, DATASET_ORDER)
+  choose(__file__, "variant", variant, VARIANTS)
   top1 = PAPER[arch][VARIANTS.index(variant)][DATASET_ORDER.index(dataset)]
   row = f"{'GMM-' if variant == 'gmm' else ''}{arch}"
   return gmm_config(

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import ml_collections
 
-from locvit.configs.gmm_common import choose, gmm_config, smallvit_name, split_arg
+from locvit.configs.args import choose, parse
+from locvit.configs.gmm_common import gmm_config, smallvit_name
 
-MODULE = "gmm_table2.py"
 PAPER = {
   ("vit", "base"): (93.65, "2.5M"),
   ("swin", "base"): (95.11, "7.1M"),
@@ -35,9 +35,9 @@ PAPER = {
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arch, variant = split_arg(arg, ("vit", "gmm"), MODULE)
-  choose(arch, ("vit", "swin"), "architecture", MODULE)
-  choose(variant, ("base", "gmm"), "variant", MODULE)
+  arch, variant = parse(__file__, arg, {"arch": "vit", "variant": "gmm"}).values()
+  choose(__file__, "architecture", arch, ("vit", "swin"))
+  choose(__file__, "variant", variant, ("base", "gmm"))
   mask = "gmm" if variant == "gmm" else None
   if arch == "vit":
     model = smallvit_name("d15", "cifar10", mask)

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import ml_collections
 
-from locvit.configs.gmm_common import choose, gmm_config, smallvit_name, split_arg
+from locvit.configs.args import choose, parse
+from locvit.configs.gmm_common import gmm_config, smallvit_name
 
-MODULE = "gmm_table3.py"
 # size -> (base top-1, gmm top-1, base params, gmm params)
 PAPER = {
   "d6": (94.32, 94.68, "3,091,798", "3,091,858"),
@@ -39,9 +39,9 @@ PAPER = {
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  size, variant = split_arg(arg, ("d15", "gmm"), MODULE)
-  choose(size, PAPER, "size", MODULE)
-  choose(variant, ("base", "gmm"), "variant", MODULE)
+  size, variant = parse(__file__, arg, {"size": "d15", "variant": "gmm"}).values()
+  choose(__file__, "size", size, PAPER)
+  choose(__file__, "variant", variant, ("base", "gmm"))
   gmm = variant == "gmm"
   base_top1, gmm_top1, base_params, gmm_params = PAPER[size]
   return gmm_config(

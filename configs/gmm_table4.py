@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import ml_collections
 
-from locvit.configs.gmm_common import choose, gmm_config, smallvit_name
+from locvit.configs.args import choose
+from locvit.configs.gmm_common import gmm_config, smallvit_name
 
-MODULE = "gmm_table4.py"
 ROWS = {
   "cait": ("cait_smalldata_patch4_32", "CaiT", 95.38, "9,020,618"),
   "gmm_vit": (smallvit_name("d30w192", "cifar10", "gmm"), "GMM-ViT d30", 95.45, "8,917,750"),
@@ -28,6 +28,6 @@ ROWS = {
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  row = choose((arg or "gmm_vit").strip(), ROWS, "row", MODULE)
+  row = choose(__file__, "row", (arg or "gmm_vit").strip(), ROWS)
   model, name, top1, params = ROWS[row]
   return gmm_config(model, "cifar10", table="4", row=name, top1=round(top1 / 100, 4), params=params)

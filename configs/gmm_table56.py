@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import ml_collections
 
-from locvit.configs.gmm_common import choose, gmm_config, smallvit_name, split_arg
+from locvit.configs.args import choose, parse
+from locvit.configs.gmm_common import gmm_config, smallvit_name
 
-MODULE = "gmm_table56.py"
 VARIANTS = ("vit", "elm", "gmm")
 # (dataset, size) -> (table, top-1 per variant, params per variant)
 PAPER = {
@@ -48,9 +48,10 @@ PAPER = {
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  dataset, size, variant = split_arg(arg, ("tinyimagenet", "d8", "gmm"), MODULE)
-  choose(variant, VARIANTS, "variant", MODULE)
-  choose(f"{dataset},{size}", [f"{d},{s}" for d, s in PAPER], "dataset,size", MODULE)
+  fields = {"dataset": "tinyimagenet", "size": "d8", "variant": "gmm"}
+  dataset, size, variant = parse(__file__, arg, fields).values()
+  choose(__file__, "variant", variant, VARIANTS)
+  choose(__file__, "dataset,size", f"{dataset},{size}", [f"{d},{s}" for d, s in PAPER])
   table, top1, params = PAPER[(dataset, size)]
   i = VARIANTS.index(variant)
   mask = None if variant == "vit" else variant

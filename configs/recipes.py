@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import ml_collections
 
-from locvit.data import IMAGENET_MEAN, IMAGENET_STD
+from locvit.configs.defaults import IMAGENET_MEAN, IMAGENET_STD
 
 RANDAUGMENT = "rand-m9-mstd0.5-inc1"  # timm's string: magnitude 9, noise std 0.5, increasing ops
 

@@ -47,8 +47,9 @@ from __future__ import annotations
 
 import ml_collections
 
+from locvit.configs.args import choose
 from locvit.configs.common import cifar10_image_folder
-from locvit.configs.structinit_common import check_choice, small_data_config
+from locvit.configs.structinit_common import small_data_config
 
 MODEL = "structvit_d8_dim64_h4_patch2_32"
 PATCH_SIZE = 4
@@ -60,7 +61,7 @@ PAPER_TOP1 = {"trunc_normal": 0.8863, "mimetic": 0.9116, "impulse3": 0.9162}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  init = check_choice("init", arg or "impulse3", INITS)
+  init = choose(__file__, "init", arg or "impulse3", INITS)
   c = small_data_config("cifar10", MODEL, init)
   c.seed = 0
   c.init.seed = c.get_ref("seed")

@@ -29,9 +29,9 @@ from typing import Any
 import ml_collections
 
 from locvit.configs import recipes
+from locvit.configs.args import choose
 from locvit.configs.common import base_config
-from locvit.data import IMAGENET_MEAN, IMAGENET_STD
-from locvit.init import init_config
+from locvit.configs.defaults import IMAGENET_MEAN, IMAGENET_STD, init_config
 
 # dataset -> TFDS name, classes, image size, normalisation (the usual statistics).
 DATASETS: dict[str, dict[str, Any]] = {
@@ -67,23 +67,9 @@ DATASETS: dict[str, dict[str, Any]] = {
 INITS = ("trunc_normal", "kaiming_uniform", "mimetic", "impulse3", "impulse5")
 
 
-def check_choice(what: str, value: str, choices) -> str:
-  if value not in choices:
-    raise ValueError(f"Unknown {what} {value!r}. Valid choices: {list(choices)}.")
-  return value
-
-
-def parse_args(arg: str | None, names: tuple[str, ...], defaults: tuple[str, ...]) -> list[str]:
-  """Splits ``'a,b,c'`` into the named fields; missing trailing fields take their defaults."""
-  parts = [p.strip() for p in arg.split(",")] if arg else []
-  if len(parts) > len(names):
-    raise ValueError(f"Config argument {arg!r} has more than the fields {names}.")
-  return parts + list(defaults[len(parts) :])
-
-
 def init_block(name: str, **overrides: Any) -> ml_collections.ConfigDict:
   """``config.init`` for one of ``INITS`` (impulseF means the impulse init with filter F)."""
-  check_choice("init", name, INITS)
+  choose(__file__, "init", name, INITS)
   if name.startswith("impulse"):
     return init_config("impulse", filter_size=int(name[len("impulse") :]), **overrides)
   return init_config(name, **overrides)
@@ -91,7 +77,7 @@ def init_block(name: str, **overrides: Any) -> ml_collections.ConfigDict:
 
 def small_data_config(dataset: str, model: str, init: str) -> ml_collections.ConfigDict:
   """Base config + the small-dataset recipe on ``dataset`` for ``model`` with ``init``."""
-  check_choice("dataset", dataset, ("cifar10", "cifar100", "svhn"))
+  choose(__file__, "dataset", dataset, ("cifar10", "cifar100", "svhn"))
   c = base_config()
   c.model.name = model
   data = DATASETS[dataset]

@@ -13,18 +13,19 @@ Sec. 5.6). ConvMixer uses BatchNorm: its statistics live in the
 ``batch_stats`` collection, which the train step must carry (see ``locvit.models.convmixer``).
 """
 
-from locvit.configs.structinit_common import check_choice, parse_args, small_data_config
-from locvit.init import init_config
-from locvit.models.convmixer import FROZEN_FILTERS
+from locvit.configs.args import choose, parse
+from locvit.configs.defaults import FROZEN_FILTERS, init_config
+from locvit.configs.structinit_common import small_data_config
 
 FILTERS = ("trained", "random", "impulse", "box")
 
 
 def get_config(arg: str | None = None):
-  dim, kernel, filters = parse_args(arg, ("dim", "kernel", "filters"), ("256", "3", "impulse"))
-  check_choice("dim", dim, ("256", "512"))
-  check_choice("kernel", kernel, ("3", "5", "8"))
-  check_choice("filters", filters, FILTERS)
+  fields = {"dim": "256", "kernel": "3", "filters": "impulse"}
+  dim, kernel, filters = parse(__file__, arg, fields).values()
+  choose(__file__, "dim", dim, ("256", "512"))
+  choose(__file__, "kernel", kernel, ("3", "5", "8"))
+  choose(__file__, "filters", filters, FILTERS)
   c = small_data_config("cifar10", f"convmixer_{dim}_8_k{kernel}_patch2_32", "trunc_normal")
   c.init = init_config("none")  # ConvMixer initialises itself as the reference does
   c.model.overrides.filter_init = "random" if filters == "trained" else filters

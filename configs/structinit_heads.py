@@ -10,13 +10,15 @@ global average pooling (``structvit_d8_dim{DIM}_h{HEADS}_patch2_32``). Paper, di
 Recipe: ``structinit_common`` small-dataset recipe (the ``cifar_small`` preset).
 """
 
-from locvit.configs.structinit_common import INITS, check_choice, parse_args, small_data_config
+from locvit.configs.args import choose, parse
+from locvit.configs.structinit_common import INITS, small_data_config
 
 
 def get_config(arg: str | None = None):
-  dim, heads, init = parse_args(arg, ("dim", "heads", "init"), ("256", "8", "impulse3"))
-  check_choice("dim", dim, ("64", "128", "256", "512"))
-  check_choice("heads", heads.removeprefix("h"), ("4", "8", "16", "32"))
-  check_choice("init", init, INITS)
+  fields = {"dim": "256", "heads": "8", "init": "impulse3"}
+  dim, heads, init = parse(__file__, arg, fields).values()
+  choose(__file__, "dim", dim, ("64", "128", "256", "512"))
+  choose(__file__, "heads", heads.removeprefix("h"), ("4", "8", "16", "32"))
+  choose(__file__, "init", init, INITS)
   model = f"structvit_d8_dim{dim}_h{heads.removeprefix('h')}_patch2_32"
   return small_data_config("cifar10", model, init)

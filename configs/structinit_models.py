@@ -9,7 +9,8 @@ Paper, Imp.-3: 68.81 / 70.79 / 75.97 / 75.40.
 Recipe: ``structinit_common`` small-dataset recipe (the ``cifar_small`` preset).
 """
 
-from locvit.configs.structinit_common import INITS, check_choice, parse_args, small_data_config
+from locvit.configs.args import choose, parse
+from locvit.configs.structinit_common import INITS, small_data_config
 
 MODELS = {
   "tiny_h3": "structvit_tiny_patch2_32",
@@ -20,7 +21,7 @@ MODELS = {
 
 
 def get_config(arg: str | None = None):
-  model, init = parse_args(arg, ("model", "init"), ("tiny_h8", "impulse3"))
-  check_choice("model", model, MODELS)
-  check_choice("init", init, INITS)
+  model, init = parse(__file__, arg, {"model": "tiny_h8", "init": "impulse3"}).values()
+  choose(__file__, "model", model, MODELS)
+  choose(__file__, "init", init, INITS)
   return small_data_config("cifar100", MODELS[model], init)

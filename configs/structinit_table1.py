@@ -9,13 +9,14 @@ sincos/token 83.17, sincos/gap 85.30. Default: sincos,gap (the setting used ever
 Recipe: ``structinit_common`` small-dataset recipe (the ``cifar_small`` preset).
 """
 
-from locvit.configs.structinit_common import check_choice, parse_args, small_data_config
+from locvit.configs.args import choose, parse
+from locvit.configs.structinit_common import small_data_config
 
 
 def get_config(arg: str | None = None):
-  pos, pool = parse_args(arg, ("pos", "pool"), ("sincos", "gap"))
-  check_choice("position embedding", pos, ("learn", "sincos"))
-  check_choice("pooling", pool, ("token", "gap"))
+  pos, pool = parse(__file__, arg, {"pos": "sincos", "pool": "gap"}).values()
+  choose(__file__, "position embedding", pos, ("learn", "sincos"))
+  choose(__file__, "pooling", pool, ("token", "gap"))
   c = small_data_config("cifar10", "structvit_tiny_patch2_32", "trunc_normal")
   c.model.overrides.pos_embed = "sincos2d" if pos == "sincos" else "learn"
   c.model.overrides.pool = pool

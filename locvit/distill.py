@@ -38,24 +38,14 @@ from absl import logging
 
 from locvit import restore as restore_lib
 from locvit import sharding
+
+# Plain data beside the shipped configs (which must not import JAX); the library names stay.
+from locvit.configs.defaults import distillation_config as default_distillation_config  # noqa: F401
 from locvit.models import create_model
 from locvit.models.factory import distillation_enabled
 
 Array = jax.Array
 TYPES = ("none", "hard", "soft")
-
-
-def default_distillation_config() -> ml_collections.ConfigDict:
-  """Distillation off. ConViT Table 4 / DeiT: type 'hard', alpha 0.5."""
-  c = ml_collections.ConfigDict()
-  c.type = "none"
-  c.teacher_workdir = ml_collections.config_dict.placeholder(str)
-  c.teacher_step = -1
-  c.teacher_model = ""
-  c.teacher_overrides = ml_collections.ConfigDict()
-  c.alpha = 0.5
-  c.tau = 1.0
-  return c
 
 
 # Whether distillation is on; defined beside ``build_model``, which adds the distillation token.

@@ -143,7 +143,8 @@ def test_table1_rows_models_sizes_and_recipes():
     )
     assert c.optimizer.decay_mask == expected_mask
   assert convit_table1.get_config().model.name == "convit_small"
-  with pytest.raises(ValueError, match=r"unknown Table 1 row 'convit_huge'; did you mean .*base"):
+  unknown_row = r"unknown Table 1 row 'convit_huge' for convit_table1.py; did you mean .*base"
+  with pytest.raises(ValueError, match=unknown_row):
     convit_table1.get_config("convit_huge")
 
 
@@ -217,6 +218,9 @@ def test_table3_rows(imagenet100_root):
 
 def test_fig8_arguments(imagenet100_root):
   c = convit_fig8.get_config("gpsa=6,alpha=2.5")
+  # Fields by position as well as by name; an empty one keeps its default.
+  assert convit_fig8.get_config("6,2.5") == c
+  assert convit_fig8.get_config(",2.5") == convit_fig8.get_config("gpsa=10,alpha=2.5")
   model, _ = param_paths(c, 100)
   assert tuple(model.layer_attention) == ("gpsa",) * 6 + ("mhsa",) * 6
   assert model.class_token_layer == 6 and model.embed_dim == 576
@@ -227,10 +231,12 @@ def test_fig8_arguments(imagenet100_root):
   )
   assert train.build_model(convit_fig8.get_config("gpsa=0"), 100).layer_attention == ("mhsa",) * 12
   for bad, message in [
-    ("layers=3", "use gpsa=N and/or alpha=A"),
-    ("gpsa=x", "gpsa takes an int"),
-    ("gpsa=13", r"gpsa=13 must be in \[0, 12\]"),
-    ("alpha=-1", "alpha=-1.0 must be >= 0"),
+    ("layers=3", "unknown field 'layers' in 'layers=3' for convit_fig8.py; fields: gpsa, alpha"),
+    ("gpsa=x", "gpsa='x' for convit_fig8.py is not an int"),
+    ("gpsa=6,gpsa=7", "field 'gpsa' given twice"),
+    ("6,2.0,3", r"convit_fig8.py takes at most 2 comma-separated fields \(gpsa,alpha\)"),
+    ("gpsa=13", r"gpsa=13 for convit_fig8.py must be in \[0, 12\]"),
+    ("alpha=-1", "alpha=-1.0 for convit_fig8.py must be >= 0"),
   ]:
     with pytest.raises(ValueError, match=message):
       convit_fig8.get_config(bad)
@@ -286,7 +292,10 @@ def test_cifar10_small_needs_a_root(monkeypatch):
   )
   with pytest.raises(ValueError) as error:
     convit_cifar10_small.get_config("convitt")
-  assert str(error.value) == "unknown model 'convitt'; did you mean convit?"
+  assert str(error.value) == (
+    "unknown model 'convitt' for convit_cifar10_small.py; did you mean convit? "
+    "choices: convit, deit"
+  )
 
 
 def test_configs_are_lockable_and_overridable():

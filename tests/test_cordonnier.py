@@ -618,7 +618,8 @@ def test_configs_every_table_row():
   assert resnet.schedule.name == "step"
   assert tuple(resnet.schedule.boundaries_epochs) == (80, 150, 250)
   assert cordonnier_cifar10.get_config().model.name == "cordonnier_sa"
-  with pytest.raises(ValueError, match="Valid rows"):
+  unknown_row = r"unknown row 'bogus' for cordonnier_cifar10.py; choices: resnet18, quadratic,"
+  with pytest.raises(ValueError, match=unknown_row):
     cordonnier_cifar10.get_config("bogus")
 
 

@@ -99,8 +99,8 @@ FIELDS = (
     ),
     (
       ["--config=gmm_table1:nonsense"],  # a shipped config by name, whose get_config refuses ARG
-      "--config=gmm_table1:nonsense: Unknown architecture 'nonsense' for gmm_table1.py. Valid: "
-      "['cait', 'pit', 'swin', 't2t', 'vit'].",
+      "--config=gmm_table1:nonsense: unknown architecture 'nonsense' for gmm_table1.py; choices: "
+      "vit, swin, cait, pit, t2t",
     ),
     (
       [],

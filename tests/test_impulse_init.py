@@ -475,7 +475,7 @@ def test_configs_build(module, arg):
     assert model.num_heads == 32 and model.embed_dim == 512 and model.depth == 8
   if module == "structinit_convmixer":
     assert model.filter_init == "box" and config.freeze and config.optimizer.lr == 0.01
-  with pytest.raises(ValueError, match="Valid choices"):
+  with pytest.raises(ValueError, match=rf" 'nonsense' for {module}.py; choices: "):
     importlib.import_module(f"configs.{module}").get_config("nonsense")
 
 

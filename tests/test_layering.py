@@ -3,6 +3,9 @@
 Every ``import`` statement counts, including those inside functions (lazy imports), so a lazy
 import cannot hide a cycle. Importing ``a.b.c`` also runs the ``__init__`` of the packages ``a.b``
 (unless the importer is inside it), so the graph has an edge to each of them too.
+
+The shipped configs (``configs/``, the package ``locvit.configs``) are plain data: they import only
+the standard library, ``ml_collections`` and each other, so loading one does not import JAX.
 """
 
 from __future__ import annotations
@@ -11,21 +14,27 @@ import ast
 import dataclasses
 import graphlib
 import itertools
+import os
 import pathlib
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "locvit"
+CONFIGS = ROOT.parent / "configs"
 
 # Lowest first. A module may import its own group (top-level module or subpackage of locvit) and
 # the groups of lower layers, never a group of its own layer or a higher one.
 LAYERS = (
   ("paths", "choices"),  # the path layer for local disks and object stores; choice errors
-  # No model knowledge. ``configs``: the package only locates the shipped config files, which
-  # main loads by path.
+  # No model knowledge.
   ("ops", "sharding", "metrics", "cpu_malloc", "checksums", "workdir", "run_config"),
   ("checkpoint",),  # orbax and integrity
   ("restore",),  # a model's variables from a workdir's checkpoints
+  # The shipped configs and the default blocks they build on (``configs/defaults.py``), plain
+  # data that the library modules consuming them import.
   ("configs",),
   ("attention",),  # positional terms, the attention core
   ("models",),  # backbones, registry, build_model, parameter surgery
@@ -165,3 +174,82 @@ def test_the_checks_see_lazy_imports_and_name_the_cycle(tmp_path, monkeypatch):
   assert "import cycle:" in message
   assert "locvit.sub.low -> locvit.high  [locvit/sub/low.py:2 (lazy)]" in message
   assert "locvit.high -> locvit.sub.low  [locvit/high.py:1]" in message
+
+
+# ------------------------------------------------------------------------------------------------
+# The shipped configs
+
+CONFIG_IMPORTS = ("ml_collections", "locvit.configs")  # and the standard library
+
+
+def config_imports_outside_their_layer(path: pathlib.Path) -> list[str]:
+  """The imports of config file ``path`` (inside functions too) other than the standard library,
+  ``ml_collections`` and ``locvit.configs`` modules, as ``'FILE:LINE imports NAME'``."""
+  wrong = []
+  for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    if isinstance(node, ast.Import):
+      names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and not node.level:  # relative: another config
+      # `from locvit import configs` imports locvit.configs; `from locvit import data` does not.
+      names = [f"{node.module}.{alias.name}" for alias in node.names]
+    else:
+      continue
+    for name in names:
+      allowed = name.split(".")[0] in sys.stdlib_module_names or any(
+        name == prefix or name.startswith(prefix + ".") for prefix in CONFIG_IMPORTS
+      )
+      if not allowed:
+        wrong.append(f"{path.name}:{node.lineno} imports {name}")
+  return wrong
+
+
+def test_shipped_configs_import_only_the_standard_library_ml_collections_and_configs():
+  paths = sorted(CONFIGS.glob("*.py"))
+  assert len(paths) > 20 and CONFIGS / "defaults.py" in paths
+  wrong = [line for path in paths for line in config_imports_outside_their_layer(path)]
+  assert not wrong, (
+    "configs import only the standard library, ml_collections and locvit.configs (move plain "
+    "data to configs/defaults.py):\n  " + "\n  ".join(wrong)
+  )
+
+
+def test_the_config_check_sees_library_imports_inside_functions(tmp_path):
+  path = tmp_path / "bad.py"
+  path.write_text(
+    "import os\nimport ml_collections\nfrom locvit.configs import defaults\n"
+    "from locvit.configs.common import base_config\nfrom locvit import configs\n"
+    "from locvit import data\n\n"
+    "def get_config():\n  from locvit.data import CIFAR10_MEAN\n  import jax\n"
+  )
+  assert config_imports_outside_their_layer(path) == [
+    "bad.py:6 imports locvit.data",
+    "bad.py:9 imports locvit.data.CIFAR10_MEAN",
+    "bad.py:10 imports jax",
+  ]
+
+
+def test_loading_every_shipped_config_imports_no_jax():
+  """As ``main`` loads a config (by path) and as a user imports one (``locvit.configs.NAME``)."""
+  script = textwrap.dedent(
+    f"""
+    import importlib, importlib.util, pathlib, sys
+    import locvit.configs.convit_s
+    for path in sorted(pathlib.Path({str(CONFIGS)!r}).glob("*.py")):
+      spec = importlib.util.spec_from_file_location("config_" + path.stem, path)
+      module = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(module)
+      if hasattr(module, "get_config"):
+        module.get_config()
+    print(sorted(m for m in ("jax", "flax", "optax") if m in sys.modules))
+    """
+  )
+  result = subprocess.run(
+    [sys.executable, "-c", script],
+    cwd=ROOT.parent,
+    env={**os.environ, "PYTHONPATH": str(ROOT.parent)},
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.strip() == "[]", result.stdout

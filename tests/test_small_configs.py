@@ -158,7 +158,11 @@ def test_structinit_init_seed_follows_seed():
   assert c.init.seed == c.seed == 0
   c.seed = 3
   assert c.init.seed == 3
-  with pytest.raises(ValueError, match=r"Unknown init 'impulse5'.*trunc_normal"):
+  unknown_init = (
+    r"unknown init 'impulse5' for structinit_cifar10_small.py; did you mean impulse3\? "
+    "choices: trunc_normal, mimetic, impulse3"
+  )
+  with pytest.raises(ValueError, match=unknown_init):
     structinit_cifar10_small.get_config("impulse5")
 
 
@@ -197,7 +201,8 @@ def test_gmm_variants_differ_only_in_the_mask():
   )
   assert (c.batch_size, c.seed, c.schedule.warmup_steps) == (128, 0, c.total_steps // 10)
   assert c.model.overrides.layer_attention == ("gmm",) * gmm_cifar10_small.DEPTH
-  with pytest.raises(ValueError, match=r"Unknown variant 'deit'.*elm"):
+  unknown_variant = "unknown variant 'deit' for gmm_cifar10_small.py; choices: vit, elm, gmm"
+  with pytest.raises(ValueError, match=unknown_variant):
     gmm_cifar10_small.get_config("deit")
 
 

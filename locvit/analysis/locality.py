@@ -47,6 +47,9 @@ import ml_collections
 import numpy as np
 
 from locvit.attention import TokenGrid, get_attention, squared_distances
+
+# Plain data beside the shipped configs (which must not import JAX); the library names stay.
+from locvit.configs.defaults import analysis_config as default_analysis_config  # noqa: F401
 from locvit.models import VisionTransformer, apply_with_intermediates, block_attention_maps
 from locvit.models.layers import PatchEmbed
 
@@ -55,32 +58,6 @@ MODES = ("per_layer", "faithful")
 PREFIX = "locality"
 # Per-layer statistics: name -> (H,) array (or (H, 2) for 'center').
 LayerStats = dict[str, Array]
-
-
-def default_analysis_config() -> ml_collections.ConfigDict:
-  """``config.analysis`` fields (attach to a top-level config as ``c.analysis``).
-
-  Fields:
-    locality: log locality metrics (nonlocality, gates, centres) at each evaluation.
-    locality_mode: 'per_layer' or 'faithful' (see the module docstring).
-    locality_num_images: the first N eval images (fixed for the whole run) averaged over.
-    map_layers: layers whose attention maps ``analyze`` draws (Fig. 7); () = the paper's
-      layers 2 and 10 (indices 1 and 9) clipped to the depth.
-    query: (row, col) of the query patch of the maps; () = the centre patch.
-    map_image_index: which of the fixed eval images the maps use.
-    center_plots: at each evaluation, write the attention-centre plot of the Gaussian
-      (Cordonnier quadratic, GPSA / PSA) layers to ``WORKDIR/plots/centers_step_<step>.png``
-      (Cordonnier Figs. 3-4 over training); an error at start-up for a model without such layers.
-  """
-  c = ml_collections.ConfigDict()
-  c.locality = False
-  c.locality_mode = "per_layer"
-  c.locality_num_images = 64
-  c.map_layers = ()
-  c.query = ()
-  c.map_image_index = 0
-  c.center_plots = False
-  return c
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Data configuration: defaults and validation.
 
-`default_data_config()` is meant to be attached to a top-level config as `config.data`. Every
+`default_data_config()` (plain data, ``locvit.configs.defaults.data_config``) is meant to be
+attached to a top-level config as `config.data`. Every
 consumer calls `validate_data_config` first, so a typo in a field value fails at start-up with a
 message naming the field, the bad value and the valid choices instead of deep inside a worker.
 """
@@ -11,98 +12,22 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
-import ml_collections
-
 from locvit.choices import check_choice
-from locvit.data import augment, autoaugment
 
-# ImageNet statistics in [0, 1] units, the usual default for ViT/DeiT/ConViT recipes.
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR10_STD = (0.2023, 0.1994, 0.2010)
+# Plain data beside the shipped configs (which must not import JAX); the library names stay.
+from locvit.configs.defaults import (  # noqa: F401
+  CIFAR10_MEAN,
+  CIFAR10_STD,
+  IMAGENET_MEAN,
+  IMAGENET_STD,
+)
+from locvit.configs.defaults import data_config as default_data_config  # noqa: F401
+from locvit.data import augment, autoaugment
 
 SOURCES = ("digits", "image_folder", "tfds")
 ON_CORRUPT = ("error", "skip")
 INTERPOLATIONS = ("bicubic", "bilinear")
 AUGMENT_ON = ("device", "host")
-
-
-def default_data_config() -> ml_collections.ConfigDict:
-  """Returns the default data config (the offline 8x8 digits quickstart, no augmentation).
-
-  CIFAR/ImageNet configs set `source`, `name`/`root`, `image_size`, `train_augment` ('crop_flip'
-  or 'rrc_flip') and usually `mean`/`std`.
-
-  Fields:
-    source: 'digits' | 'tfds' | 'image_folder'.
-    name: TFDS dataset name, used when source == 'tfds'.
-    data_dir: TFDS data_dir (None -> TFDS default, ~/tensorflow_datasets or $TFDS_DATA_DIR).
-    root: image-folder root laid out as ROOT/{train,test}/<class>/*.{jpg,jpeg,png}.
-    train_split, eval_split: split names (TFDS split strings are passed through).
-    image_size: final square side fed to the model.
-    num_classes: None -> taken from the source.
-    train_fraction: keep the first int(n_c * f) train examples of each class (>= 1).
-    class_limit: None, or k >= 1: keep only examples with label < k in every split (e.g. the
-      first 100 ImageNet classes of ConViT Table 3); the source then has k classes.
-    on_corrupt: 'error' | 'skip' for unreadable image files.
-    train_augment: a recipe name registered in `locvit.data.augment` ('none', 'crop_flip',
-      'rrc_flip', ...).
-    auto_augment: None, or a RandAugment / AutoAugment string applied to training images after
-      the recipe's ops: 'rand-m9-mstd0.5-inc1' (timm RandAugment), 'autoaug-cifar10',
-      'autoaug-svhn', 'autoaug-imagenet' (paper policies, torchvision bins), 'original', 'v0'
-      (timm's ImageNet policies); see `locvit.data.autoaugment`.
-    auto_augment_fill: None (fill geometric auto_augment ops with round(255 * mean), as timm) or
-      an int 0..255 used on every channel (128: timm's op default and the GMM code's).
-    repeated_augmentations: k >= 1. Each epoch takes the first ceil(n / k) examples of its
-      permutation, each k times with different augmentations; the epoch keeps n examples (DeiT's
-      RASampler). 1: off.
-    crop_padding, rrc_scale, rrc_ratio, interpolation: augmentation parameters (interpolation is
-      also the resampling of auto_augment's geometric ops).
-    eval_crop_pct: eval resizes the shorter side to image_size / eval_crop_pct, then centre-crops.
-    mean, std: per-channel normalisation in [0, 1] units. A 3-tuple applied to 1-channel images
-      is averaged to one value.
-    augment_on: 'host' | 'device'. 'device' moves the trailing run of pad-crop, flip and
-      auto_augment (RandAugment / AutoAugment, ``locvit.data.device_autoaugment``) into the
-      jitted train step (``locvit.data.device_augment``, per-example draws from the step's key);
-      the host keeps the ops before them (decode, resize, random-resized crop). The device
-      auto_augment ops agree with Pillow's within one grey level per pixel; its random stream
-      differs from the host's, its distributions do not. 'host' runs every op on the host,
-      timm's exact code path.
-    decoded_cache_mb: memory budget (MB per process) for keeping a split's decoded images
-      (``locvit.data.decoded``); a larger split keeps streaming. 0: always stream.
-    num_threads: threads decoding/augmenting batches (grain ReadOptions.num_threads).
-    prefetch: number of batches buffered ahead (grain ReadOptions.prefetch_buffer_size).
-  """
-  c = ml_collections.ConfigDict()
-  c.source = "digits"
-  c.name = "cifar10"
-  # Typed placeholders (None by default) so `--config.data.root=DIR` works on the command line.
-  c.data_dir = ml_collections.config_dict.placeholder(str)
-  c.root = ml_collections.config_dict.placeholder(str)
-  c.train_split = "train"
-  c.eval_split = "test"
-  c.image_size = 8
-  c.num_classes = ml_collections.config_dict.placeholder(int)
-  c.train_fraction = 1.0
-  c.class_limit = ml_collections.config_dict.placeholder(int)
-  c.on_corrupt = "error"
-  c.train_augment = "none"
-  c.auto_augment = ml_collections.config_dict.placeholder(str)
-  c.auto_augment_fill = ml_collections.config_dict.placeholder(int)
-  c.repeated_augmentations = 1
-  c.crop_padding = 4
-  c.rrc_scale = (0.08, 1.0)
-  c.rrc_ratio = (3.0 / 4.0, 4.0 / 3.0)
-  c.interpolation = "bicubic"
-  c.eval_crop_pct = 1.0
-  c.mean = IMAGENET_MEAN
-  c.std = IMAGENET_STD
-  c.augment_on = "host"
-  c.decoded_cache_mb = 4096
-  c.num_threads = 4
-  c.prefetch = 4
-  return c
 
 
 def _choice(cfg: Any, field: str, choices: Sequence[str]) -> None:

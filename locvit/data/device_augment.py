@@ -36,8 +36,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
+# Plain data beside the shipped configs (which must not import JAX); the library names stay.
+from locvit.configs.defaults import erasing_config as default_erasing_config  # noqa: F401
+from locvit.configs.defaults import mixup_config as default_mixup_config  # noqa: F401
 from locvit.data import augment, device_autoaugment
 
 Array = jax.Array
@@ -113,29 +115,6 @@ def recipe_ops(key: Array, images: Array, data_config: Any) -> Array:
   for name, op_key in zip(names, jax.random.split(key, len(names)), strict=True):
     images = _RECIPE_OPS[name](op_key, images, data_config)
   return images
-
-
-def default_mixup_config() -> ml_collections.ConfigDict:
-  """Mixup/CutMix off. DeiT: mixup_alpha 0.8, cutmix_alpha 1.0, prob 1.0, switch_prob 0.5."""
-  c = ml_collections.ConfigDict()
-  c.mixup_alpha = 0.0
-  c.cutmix_alpha = 0.0
-  c.prob = 1.0
-  c.switch_prob = 0.5
-  c.mode = "batch"
-  c.correct_lam = True
-  return c
-
-
-def default_erasing_config() -> ml_collections.ConfigDict:
-  """Random erasing off. DeiT: prob 0.25, mode 'pixel' (timm's ``--reprob 0.25 --remode pixel``)."""
-  c = ml_collections.ConfigDict()
-  c.prob = 0.0
-  c.mode = "pixel"
-  c.min_area = 0.02
-  c.max_area = 1.0 / 3.0
-  c.min_aspect = 0.3
-  return c
 
 
 def mixing_enabled(mixup: Any) -> bool:

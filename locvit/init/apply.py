@@ -19,7 +19,6 @@ reproduces that, ``'trunc_normal'`` gives timm's init and ``'keep'`` keeps the m
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,8 +29,10 @@ import numpy as np
 from absl import logging
 
 from locvit.attention import TokenGrid
+from locvit.configs import defaults
+from locvit.configs.defaults import DEFAULT_CACHE_DIR, INIT_NAMES  # noqa: F401  (re-exported)
 from locvit.init.baselines import BASES, apply_baseline
-from locvit.init.impulse import SolverConfig, solve_impulse, solver_config
+from locvit.init.impulse import solve_impulse, solver_config
 from locvit.init.layout import (
   AttentionLayout,
   attention_dims,
@@ -44,61 +45,15 @@ from locvit.init.layout import (
 from locvit.init.mimetic import VPROJ_MODES, apply_mimetic
 from locvit.ops import cpu_kernels, resolve_implementation
 
-INIT_NAMES = ("none", "trunc_normal", "kaiming_uniform", "mimetic", "impulse")
-DEFAULT_CACHE_DIR = "~/.cache/locvit/impulse_init"
-
-_COMMON = dict(seed=None, qk_layout="vit", qk_pattern=None)  # seed None: the run's config.seed
-_FIELDS = {
-  "none": {},
-  "trunc_normal": {},
-  "kaiming_uniform": {},
-  "mimetic": dict(
-    base="kaiming_uniform", alpha=0.7, beta=0.7, v_alpha=0.4, v_beta=-0.4, vproj="reference"
-  ),
-  "impulse": dict(
-    base="kaiming_uniform",
-    solver="paper",
-    **{f.name: f.default for f in dataclasses.fields(SolverConfig)},
-    cache_dir=DEFAULT_CACHE_DIR,
-  ),
-}
-# Unset (None), these take the value of the named solver preset (``impulse.SOLVER_PRESETS``).
-_FIELDS["impulse"].update(steps=None, lr=None, norm_every=None)
-_PLACEHOLDER_TYPES = dict(
-  qk_pattern=str,
-  pseudo_input_first=str,
-  cache_dir=str,
-  seed=int,
-  steps=int,
-  norm_every=int,
-  lr=float,
-)
+MIMETIC_DEFAULTS = defaults.INIT_FIELDS["mimetic"]  # for saved init blocks that lack a field
 
 
 def init_config(name: str = "impulse", **overrides: Any) -> ml_collections.ConfigDict:
-  """The ``config.init`` block for ``name`` with its defaults; ``overrides`` replace fields.
-
-  Every field exists (None where unset) so command-line overrides such as
-  ``--config.init.mode=different`` work with a locked config. For 'impulse', ``solver`` names
-  the Adam settings ('paper': 10,000 steps, 'fast': 500; ``impulse.SOLVER_PRESETS``); ``steps``,
-  ``lr`` or ``norm_every`` set explicitly replace the preset's.
-  """
-  if name not in INIT_NAMES:
-    raise ValueError(f"Unknown init {name!r}. Valid names: {list(INIT_NAMES)}.")
-  fields = {"name": name, **_COMMON, **_FIELDS[name]}
-  unknown = sorted(set(overrides) - set(fields))
-  if unknown:
-    raise ValueError(f"init {name!r} has no fields {unknown}. Valid fields: {sorted(fields)}.")
-  fields.update(overrides)
+  """``locvit.configs.defaults.init_config`` (the block's fields and defaults), with the
+  ``solver`` preset of an 'impulse' block checked here: a bad one fails naming the valid ones."""
+  cfg = defaults.init_config(name, **overrides)
   if name == "impulse":
-    solver_config(fields)  # a bad solver preset fails here, naming the valid ones
-  # Optional fields need a type for ConfigDict overrides: declare them as placeholders.
-  cfg = ml_collections.ConfigDict()
-  for key, value in fields.items():
-    if value is None and key in _PLACEHOLDER_TYPES:
-      cfg[key] = ml_collections.config_dict.placeholder(_PLACEHOLDER_TYPES[key])
-    else:
-      cfg[key] = value
+    solver_config(cfg)
   return cfg
 
 
@@ -238,7 +193,7 @@ def _structured(name: str, init_cfg: Mapping, values: Any, model, image_size, se
       values,
       layout,
       seed=seed,
-      **{k: init_cfg.get(k, _FIELDS["mimetic"][k]) for k in ("alpha", "beta", "v_alpha", "v_beta")},
+      **{k: init_cfg.get(k, MIMETIC_DEFAULTS[k]) for k in ("alpha", "beta", "v_alpha", "v_beta")},
       vproj=vproj,
     )
     return values, None

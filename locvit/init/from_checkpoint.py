@@ -28,19 +28,10 @@ from absl import logging
 
 from locvit import restore as restore_lib
 from locvit.attention.geometry import TokenGrid
+
+# Plain data beside the shipped configs (which must not import JAX); the library names stay.
+from locvit.configs.defaults import init_from_config as default_init_from_config  # noqa: F401
 from locvit.models import create_model, surgery
-
-
-def default_init_from_config() -> ml_collections.ConfigDict:
-  """Off by default; the thresholds are ``PruneThresholds``' defaults (the reference code's)."""
-  c = ml_collections.ConfigDict()
-  c.workdir = ml_collections.config_dict.placeholder(str)
-  c.step = -1
-  c.prune_degenerate_heads = False
-  c.min_sq_spread = 1e-5
-  c.min_eigenvalue = 1e-5
-  c.max_condition = 1e3
-  return c
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,6 +43,7 @@ import numpy as np
 import optax
 
 from locvit.attention import TokenGrid
+from locvit.configs.defaults import IMPULSE_SOLVE
 from locvit.init.pseudo_inputs import canonical_pseudo_input, pseudo_input
 from locvit.init.rng import numpy_rng, single_threaded_blas
 from locvit.init.targets import check_filter_size, draw_taps, impulse_key_indices, tap_to_offset
@@ -77,15 +78,15 @@ class SolverConfig:
     rank_tol: relative singular-value cut-off for the low-rank evaluation (0: dense).
   """
 
-  filter_size: int = 3
-  mode: str = "same"
-  pseudo_input: str = "pe"
-  pseudo_input_first: str | None = None
+  filter_size: int = IMPULSE_SOLVE["filter_size"]
+  mode: str = IMPULSE_SOLVE["mode"]
+  pseudo_input: str = IMPULSE_SOLVE["pseudo_input"]
+  pseudo_input_first: str | None = IMPULSE_SOLVE["pseudo_input_first"]
   steps: int = 10_000
   lr: float = 1e-4
   norm_every: int = 100
-  cover_offsets: bool = False
-  rank_tol: float = 1e-7
+  cover_offsets: bool = IMPULSE_SOLVE["cover_offsets"]
+  rank_tol: float = IMPULSE_SOLVE["rank_tol"]
 
   def validate(self, grid: TokenGrid) -> None:
     """Raises ValueError naming the bad field (filter size for ``grid``, mode, pseudo inputs,

@@ -19,10 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from locvit.attention import TokenGrid
+from locvit.configs.defaults import PSEUDO_INPUTS  # plain data, shared with the configs
 from locvit.init.rng import truncated_normal
 from locvit.models.layers import sincos_2d_position_embedding
 
-PSEUDO_INPUTS = ("pe", "gaussian", "uniform", "pe+gaussian", "pe+uniform")
 # The reference code's one-letter names, accepted as aliases.
 REFERENCE_CODES = {
   "P": "pe",

@@ -22,8 +22,11 @@ through ``create_model`` overrides. Use ``attention_kwargs={'gpsa': {'variant': 
 from __future__ import annotations
 
 import functools
-from typing import Any
 
+# ConViT's layer plan is plain data that configs use too (they must not import JAX).
+from locvit.configs.defaults import CONVIT_DEPTH as DEPTH
+from locvit.configs.defaults import CONVIT_LOCAL_UP_TO_LAYER as LOCAL_UP_TO_LAYER
+from locvit.configs.defaults import convit_layers, convit_overrides  # noqa: F401  (re-exported)
 from locvit.models.vit import VisionTransformer
 
 # name -> (heads, channels per head). Ti/S/B and the "+" sizes of ConViT Table 1.
@@ -37,31 +40,6 @@ CONVIT_SIZES = {
 }
 # (patch size, image size): ImageNet and the small-image variants (CIFAR 32x32, 64x64).
 RESOLUTIONS = ((4, 32), (2, 32), (8, 64))
-LOCAL_UP_TO_LAYER = 10
-DEPTH = 12
-
-
-def convit_layers(
-  local_up_to_layer: int = LOCAL_UP_TO_LAYER, depth: int = DEPTH
-) -> tuple[str, ...]:
-  """Per-layer attention kinds: GPSA for the first ``local_up_to_layer`` blocks, MHSA after."""
-  if not 0 <= local_up_to_layer <= depth:
-    raise ValueError(f"local_up_to_layer={local_up_to_layer} must be in [0, depth={depth}].")
-  return ("gpsa",) * local_up_to_layer + ("mhsa",) * (depth - local_up_to_layer)
-
-
-def convit_overrides(
-  local_up_to_layer: int = LOCAL_UP_TO_LAYER, depth: int = DEPTH
-) -> dict[str, Any]:
-  """``create_model`` overrides for a ConViT with ``local_up_to_layer`` GPSA blocks of ``depth``.
-
-  The class token is concatenated just before the first MHSA block, as in the reference.
-  """
-  return {
-    "depth": depth,
-    "layer_attention": convit_layers(local_up_to_layer, depth),
-    "class_token_layer": local_up_to_layer,
-  }
 
 
 def convit(

@@ -34,11 +34,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from locvit.attention.projections import partitioned
+from locvit.configs.defaults import FROZEN_FILTERS  # noqa: F401  (plain data, shared with the configs)
 from locvit.models.layers import classify, gelu
 
 Array = jax.Array
 FILTER_INITS = ("random", "impulse", "box")
-FROZEN_FILTERS = r"(^|/)blocks_\d+/spatial/(kernel|bias)$"
 
 
 def pytorch_uniform(fan_in: int):
