@@ -26,6 +26,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
@@ -354,6 +355,23 @@ def _stop(signum, frame):
   raise TerminatedError
 
 
+def _redeliver_swallowed_stops() -> None:
+  """A stop raised by a signal handler while Python runs a gc callback (JAX registers one) or a
+  finalizer is printed as "Exception ignored" and dropped, and the run would go on. The signal is
+  sent again from a timer thread, so that it lands once the callback has returned."""
+  previous = sys.unraisablehook
+  resend = {TerminatedError: signal.SIGTERM, KeyboardInterrupt: signal.SIGINT}
+
+  def hook(unraisable):
+    signum = resend.get(unraisable.exc_type)
+    if signum is None:
+      previous(unraisable)
+    else:
+      threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()
+
+  sys.unraisablehook = hook
+
+
 def _exit_stopped(cause: str, status: int) -> None:
   workdir = _WORKDIR.value or "the workdir"
   print(
@@ -369,6 +387,7 @@ def _main_with_clear_errors(argv):
   """Configuration and data errors are printed as one clear message, not a traceback; so is a
   stop by SIGTERM outside the loop (which saves and exits 0 itself) or by a second Ctrl-C."""
   signal.signal(signal.SIGTERM, _stop)  # the loop takes SIGTERM over; JAX's multi-host sync too
+  _redeliver_swallowed_stops()
   try:
     main(argv)
   except TerminatedError:
