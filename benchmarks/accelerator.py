@@ -27,11 +27,13 @@ the torch side uses ``tests/torch_reference.py`` (the official ConViT/DeiT, timm
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import functools
 import importlib.util
 import os
 import statistics
 import time
+import traceback
 from pathlib import Path
 
 import flax.linen as nn
@@ -82,6 +84,7 @@ SMOKE_MODELS_32 = ("GMM-ViT (GMM masks)",)
 # --smoke: two blocks per model (one GPSA, one MHSA for ConViT), so compilation stays short.
 SMOKE_DEPTH = 2
 NUM_CLASSES = 1000
+FAILURES: list[str] = []  # rows that raised; the script exits 1 if any
 
 
 def peak_tflops(device_kind: str) -> float | None:
@@ -257,52 +260,73 @@ def _mfu(flops: float, seconds: float, peak: float | None) -> str:
   return f"{100 * flops / seconds / (peak * 1e12):.1f}%"
 
 
-def synthetic_table(args, peak: float | None) -> None:
-  rows = []
-  models_224 = ("convit_tiny",) if args.smoke else tuple(MODELS_224)
-  for name in models_224:
-    config = _config_224(name, args.batch_size, args.smoke)
-    runners = {"locvit": None}
-    runners["locvit"], flops = jax_runner(config, args.image_size, NUM_CLASSES)
-    sizes = _torch_sizes(name, args.smoke)
-    torch_run, source = torch_runner(
-      MODELS_224[name], name, args.image_size, args.batch_size, **sizes
-    )
+def _failed(label: str, error: Exception) -> None:
+  """One row's failure: named in the table, traceback on stderr; the other rows still run."""
+  print(f"{label:<26} FAILED: {type(error).__name__}: {error}", flush=True)
+  traceback.print_exc()
+  FAILURES.append(label)
+
+
+def _synthetic_row(label: str, config, image_size: int, num_classes: int, make_torch, args, peak):
+  """Times locvit's step (and ``make_torch()``'s timm step, when given), prints the row."""
+  t0 = time.perf_counter()
+  runners = {}
+  runners["locvit"], flops = jax_runner(config, image_size, num_classes)
+  compile_s = time.perf_counter() - t0
+  source = "no timm model"
+  if make_torch:
+    torch_run, source = make_torch()
     if torch_run:
       runners["torch"] = torch_run
-    times = time_interleaved(runners, args.steps, args.rounds, args.warmup)
-    rows.append((name, args.image_size, args.batch_size, flops, times, source))
-  for label in SMOKE_MODELS_32 if args.smoke else tuple(MODELS_32):
-    config = _config_32(label, args)
-    run, flops = jax_runner(config, 32, 10)
-    times = time_interleaved({"locvit": run}, args.steps, args.rounds, args.warmup)
-    rows.append((label, 32, args.small_batch_size, flops, times, "no timm model"))
+  times = time_interleaved(runners, args.steps, args.rounds, args.warmup)
+  seconds, batch = times["locvit"], config.batch_size
+  torch_cols = f"{'-':>10} {'-':>11}"
+  if "torch" in times:
+    torch_cols = f"{batch / times['torch']:10.1f} {times['torch'] / seconds:10.2f}x"
+  print(
+    f"{label:<26} {image_size:>4} {batch:>5} {flops / 1e9:10.2f} {1e3 * seconds:8.2f}"
+    f" {batch / seconds:9.1f} {_mfu(flops, seconds, peak):>6} {torch_cols} {compile_s:8.1f}"
+    f"  {source}",
+    flush=True,
+  )
 
+
+def synthetic_table(args, peak: float | None) -> None:
   precision = "fp32 (smoke)" if args.smoke else "bf16 compute"
   print(f"Table 1: synthetic resident batch, {precision}, median of {args.rounds} rounds")
   print(
     f"{'model':<26} {'size':>4} {'batch':>5} {'GFLOP/step':>10} {'step ms':>8} {'img/s':>9}"
-    f" {'MFU':>6} {'timm img/s':>10} {'locvit/timm':>11}  torch side"
+    f" {'MFU':>6} {'timm img/s':>10} {'locvit/timm':>11} {'compile s':>8}  torch side",
+    flush=True,
   )
-  for name, size, batch, flops, times, source in rows:
-    seconds = times["locvit"]
-    torch_cols = f"{'-':>10} {'-':>11}"
-    if "torch" in times:
-      torch_cols = f"{batch / times['torch']:10.1f} {times['torch'] / seconds:10.2f}x"
-    print(
-      f"{name:<26} {size:>4} {batch:>5} {flops / 1e9:10.2f} {1e3 * seconds:8.2f}"
-      f" {batch / seconds:9.1f} {_mfu(flops, seconds, peak):>6} {torch_cols}  {source}"
+  for name in ("convit_tiny",) if args.smoke else tuple(MODELS_224):
+    config = _config_224(name, args.batch_size, args.smoke)
+    make_torch = functools.partial(
+      torch_runner,
+      MODELS_224[name],
+      name,
+      args.image_size,
+      args.batch_size,
+      **_torch_sizes(name, args.smoke),
     )
-  print()
+    try:
+      _synthetic_row(name, config, args.image_size, NUM_CLASSES, make_torch, args, peak)
+    except Exception as error:  # one model's failure must not lose the others' rows
+      _failed(name, error)
+  for label in SMOKE_MODELS_32 if args.smoke else tuple(MODELS_32):
+    try:
+      _synthetic_row(label, _config_32(label, args), 32, 10, None, args, peak)
+    except Exception as error:
+      _failed(label, error)
+  print("compile s: building, lowering and compiling locvit's step (XLA), before any timing.\n")
 
 
 # ------------------------------------------------------------------------------------------------
 # Training from the real pipeline
 
 
-def train_from_pipeline(config, steps: int) -> tuple[float, float, float]:
+def train_from_pipeline(config, source, steps: int) -> tuple[float, float, float]:
   """``(images/s, share of steps that waited for data, share of time spent fetching)``."""
-  source = data_lib.make_source(config.data, config.data.train_split)
   iterator = data_lib.make_train_iterator(
     config.data, source, seed=0, local_batch_size=config.batch_size
   )
@@ -325,22 +349,48 @@ def train_from_pipeline(config, steps: int) -> tuple[float, float, float]:
   return steps * config.batch_size / seconds, waited / steps, fetching / seconds
 
 
+def _decoded_source(config):
+  """The training split, decoded once (``data.decoded_cache_mb``) before any row is timed, so
+  every row measures the steady state rather than the first epoch's JPEG decoding."""
+  t0 = time.perf_counter()
+  source = data_lib.make_source(config.data, config.data.train_split)
+  if hasattr(source, "num_cached"):  # a DecodedCache: fills on each example's first read
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
+      for _ in pool.map(source.__getitem__, range(len(source)), chunksize=256):
+        pass
+  print(f"{len(source)} training images read and decoded in {time.perf_counter() - t0:.1f} s")
+  return source
+
+
 def pipeline_table(args) -> None:
   root = args.data_root or os.environ.get("CIFAR10_ROOT")
   if not root:
     print("Table 2 skipped: no CIFAR-10 image folder (--data_root or $CIFAR10_ROOT).")
     return
   print(f"Table 2: training from the CIFAR-10 JPEG folders at {root}, {args.pipeline_steps} steps")
-  print(f"{'model':<26} {'augment':<20} {'batch':>5} {'img/s':>9} {'waited':>7} {'fetching':>8}")
-  for label in SMOKE_MODELS_32 if args.smoke else tuple(MODELS_32):
-    config = _config_32(label, args)
-    config.data.root = root
-    config.data.train_fraction = 1.0
-    images_per_s, waited, fetching = train_from_pipeline(config, args.pipeline_steps)
-    print(
-      f"{label:<26} {config.data.train_augment:<20} {config.batch_size:>5} {images_per_s:9.1f}"
-      f" {100 * waited:6.0f}% {100 * fetching:7.0f}%"
-    )
+  labels = SMOKE_MODELS_32 if args.smoke else tuple(MODELS_32)
+  configs = {}
+  for label in labels:
+    configs[label] = _config_32(label, args)
+    configs[label].data.root = root
+    configs[label].data.train_fraction = 1.0  # each row: the whole split, its recipe's image size
+  source = _decoded_source(configs[labels[0]])
+  header = f"{'model':<26} {'augment':<32} {'on':<6} {'batch':>5} {'img/s':>9} {'waited':>7}"
+  print(f"{header} {'fetching':>8}", flush=True)
+  for label, config in configs.items():
+    for augment_on in args.augment_on.split(","):
+      config.data.augment_on = augment_on
+      augment = " + ".join(filter(None, (config.data.train_augment, config.data.auto_augment)))
+      try:
+        images_per_s, waited, fetching = train_from_pipeline(config, source, args.pipeline_steps)
+      except Exception as error:  # one row's failure must not lose the others'
+        _failed(f"{label} ({augment_on})", error)
+        continue
+      print(
+        f"{label:<26} {augment:<32} {augment_on:<6} {config.batch_size:>5} {images_per_s:9.1f}"
+        f" {100 * waited:6.0f}% {100 * fetching:7.0f}%",
+        flush=True,
+      )
   print("waited: steps whose batch arrived after the previous step had finished on the device;")
   print("fetching: share of the run's wall time spent in the iterator and the host-to-device copy.")
 
@@ -356,6 +406,9 @@ def main() -> None:
   parser.add_argument("--warmup", type=int, default=3, help="untimed steps per model first")
   parser.add_argument("--pipeline_steps", type=int, default=200)
   parser.add_argument("--data_root", default="", help="CIFAR-10 image folder ($CIFAR10_ROOT)")
+  parser.add_argument(
+    "--augment_on", default="host,device", help="Table 2's rows: data.augment_on values"
+  )
   parser.add_argument("--peak_tflops", type=float, default=None, help="override the peak table")
   args = parser.parse_args()
   if args.smoke:
@@ -365,6 +418,8 @@ def main() -> None:
   peak = print_peaks(jax.devices()[0], args.peak_tflops)
   synthetic_table(args, peak)
   pipeline_table(args)
+  if FAILURES:
+    raise SystemExit(f"{len(FAILURES)} rows failed: {', '.join(FAILURES)}")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ def test_smoke_run_prints_both_tables(tmp_path):
       sys.executable,
       "benchmarks/accelerator.py",
       "--smoke",
+      "--augment_on=device",
       f"--data_root={_image_folder(tmp_path)}",
     ],
     cwd=ROOT,
@@ -57,7 +58,12 @@ def test_smoke_run_prints_both_tables(tmp_path):
   assert images_per_s / slowest * 0.99 <= ratio <= images_per_s / fastest * 1.01
   assert re.search(r"^GMM-ViT \(GMM masks\) +32 +4 .* no timm model$", out, re.M), out
   # Table 2: three steps from the image folder.
-  row = re.search(r"^GMM-ViT \(GMM masks\) +crop_flip +4 +([\d.]+) +(\d+)% +(\d+)%$", out, re.M)
+  assert "8 training images read and decoded in" in out
+  row = re.search(
+    r"^GMM-ViT \(GMM masks\) +crop_flip \+ autoaug-cifar10 +device +4 +([\d.]+) +(\d+)% +(\d+)%$",
+    out,
+    re.M,
+  )
   assert row, out
   assert float(row[1]) > 0 and 0 <= int(row[2]) <= 100 and 0 <= int(row[3]) <= 100
 
