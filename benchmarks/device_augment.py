@@ -16,6 +16,13 @@ The script pins itself to one CPU core before JAX starts, so every figure is per
 
 ``--auto_augment=POLICY`` (e.g. the GMM recipe's 'autoaug-cifar10') adds the policy after the flip
 in every arm: on the host in the host arms, inside the step in the device arms.
+
+``--deit_images=N`` adds the DeiT recipe at 224 (bicubic random-resized crop + flip +
+``rand-m9-mstd0.5-inc1``): N CIFAR-10 training images upsampled to 341x256 and stored as quality-90
+JPEGs (a resized-ImageNet-like decode), read with no decoded cache, so every read costs what the
+first epoch does. The host path runs every op on the host; the device path leaves the host the
+decode and the crop (flip and RandAugment run in the step). Host cores to feed ``--deit_rate``
+images/s follow.
 """
 
 from __future__ import annotations
@@ -24,11 +31,14 @@ import argparse
 import functools
 import os
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import flax.linen as nn
 import jax
 import numpy as np
+from PIL import Image
 
 from locvit import data as data_lib
 from locvit import optim, sharding, train
@@ -62,6 +72,37 @@ def host_microseconds(cfg, batch_size: int, batches: int) -> float:
   for _ in range(batches):
     next(it)
   return (time.perf_counter() - t0) / (batches * batch_size) * 1e6
+
+
+def deit_jpeg_folder(cifar_root: str, count: int, out: Path) -> Path:
+  """``count`` CIFAR-10 training images (spread over the classes) as 341x256 quality-90 JPEGs."""
+  files = sorted(Path(cifar_root, "train").glob("*/*.*"))
+  for file in files[:: max(1, len(files) // count)][:count]:
+    folder = out / "train" / file.parent.name
+    folder.mkdir(parents=True, exist_ok=True)
+    image = Image.open(file).convert("RGB").resize((341, 256), Image.Resampling.BICUBIC)
+    image.save(folder / f"{file.stem}.jpg", quality=90)
+  return out
+
+
+def deit_microseconds(cifar_root: str, count: int, batch_size: int) -> dict[str, float]:
+  """Host microseconds per example of the DeiT recipe at 224, host path against device path."""
+  with tempfile.TemporaryDirectory() as tmp:
+    root = deit_jpeg_folder(cifar_root, count, Path(tmp))
+    micro = {}
+    for augment_on in ("host", "device"):
+      cfg = data_config(
+        str(root),
+        1.0,
+        image_size=224,
+        train_augment="rrc_flip",
+        auto_augment="rand-m9-mstd0.5-inc1",
+        mean=data_lib.IMAGENET_MEAN,
+        decoded_cache_mb=0,
+        augment_on=augment_on,
+      )
+      micro[augment_on] = host_microseconds(cfg, batch_size, max(1, count // batch_size))
+  return micro
 
 
 def make_step(augment_on: str, batch_size: int, mesh, rules, auto_augment: str | None):
@@ -129,6 +170,10 @@ def main() -> None:
   p.add_argument("--steps", type=int, default=3, help="timed steps per arm per round")
   p.add_argument("--rounds", type=int, default=5)
   p.add_argument("--host_only", action="store_true", help="part 1 only")
+  p.add_argument("--deit_images", type=int, default=0, help="part 4: the DeiT recipe at 224")
+  p.add_argument(
+    "--deit_rate", type=float, default=4530.0, help="images/s to feed (DeiT-S bf16 on an H200)"
+  )
   p.add_argument(
     "--auto_augment", default=None, help="a policy after the flip, e.g. autoaug-cifar10"
   )
@@ -147,6 +192,15 @@ def main() -> None:
   for name, us in micro.items():
     ratio = micro["host, streaming"] / us
     print(f"{name:24s} {us:11.1f} {1e6 / us:10,.0f} {ratio:12.1f}x")
+  if args.deit_images:
+    deit = deit_microseconds(args.cifar_root, args.deit_images, 32)
+    print("\n4. DeiT recipe at 224 from 341x256 JPEGs, first epoch, one core, batch 32")
+    cores = f"cores for {args.deit_rate:,.0f}/s"
+    print(f"{'path':42s} {'us/example':>11s} {'images/s':>10s} {cores:>18s}")
+    for name, us in deit.items():
+      ops = "decode + RRC + flip + RandAugment" if name == "host" else "decode + RRC"
+      label = f"{name}: {ops}"
+      print(f"{label:42s} {us:11.1f} {1e6 / us:10,.0f} {args.deit_rate * us * 1e-6:18.1f}")
   if args.host_only:
     return
   seconds = step_seconds(args.batch_size, args.steps, args.rounds, args.auto_augment)
