@@ -15,7 +15,6 @@ end of the current step and leaves everything resumable. At the end (or with ``-
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import datetime
 import importlib
@@ -34,6 +33,7 @@ import ml_collections
 
 from locvit import cpu_malloc
 from locvit import metrics as metrics_lib
+from locvit.configs.common import complete_config
 from locvit.configs.reproduce_plans import PLANS
 from locvit.reproduce.report import locvit_commit
 
@@ -80,25 +80,27 @@ def row_config(row: dict[str, Any]) -> ml_collections.ConfigDict:
 
 def warmup_fraction(config: ml_collections.ConfigDict) -> float:
   """The share of training the row's own schedule spends warming up."""
+  config = complete_config(config)
   schedule = config.schedule
-  if config.get("total_steps", -1) > 0 and schedule.get("warmup_steps", 0) > 0:
+  if config.total_steps > 0 and schedule.warmup_steps > 0:
     return schedule.warmup_steps / config.total_steps
-  return min(schedule.get("warmup_epochs", 0.0) / max(config.num_epochs, 1e-9), 1.0)
+  return min(schedule.warmup_epochs / max(config.num_epochs, 1e-9), 1.0)
 
 
 def budgeted_config(
   config: ml_collections.ConfigDict, steps: int, seed: int
 ) -> ml_collections.ConfigDict:
   """``config`` trained for exactly ``steps`` steps from ``seed``: warmup keeps its share of the
-  run and the cosine decays over the ``steps``; one final evaluation."""
-  config = copy.deepcopy(config)
+  run and the cosine decays over the ``steps``; one final evaluation. Fields ``config`` lacks take
+  their defaults (``configs/common.py:complete_config``)."""
+  config = complete_config(config)
   fraction = warmup_fraction(config)
   config.seed = seed
   config.total_steps = steps
   config.schedule.warmup_steps = max(1, round(fraction * steps)) if fraction > 0 else 0
   config.eval_every_steps = 0
   config.checkpoint_every_steps = max(1, steps // 5)
-  config.log_every_steps = max(1, min(config.get("log_every_steps", 50), steps // 10))
+  config.log_every_steps = max(1, min(config.log_every_steps, steps // 10))
   return config
 
 
