@@ -88,7 +88,7 @@ def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
   """``optimizer.lr``, scaled by ``batch_size / lr_base_batch_size`` when the latter is set
   (DeiT's linear rule, lr = 5e-4 * batch / 512)."""
   opt = config.optimizer
-  if opt.get("lr_base_batch_size"):
+  if opt.lr_base_batch_size:
     return opt.lr * config.batch_size / opt.lr_base_batch_size
   return opt.lr
 

@@ -110,9 +110,9 @@ def budgeted_config(
 
 def check_data(config: ml_collections.ConfigDict, row_name: str) -> None:
   """Fails in seconds, before any run, when a row's dataset is not where its config reads it."""
-  data = config.data
+  data = complete_config(config).data
   if data.source == "image_folder":
-    root = data.get("root")
+    root = data.root
     if not root:
       raise ReproduceError(
         f"row {row_name!r} reads CIFAR-10 from an image folder but $CIFAR10_ROOT is not set. "
@@ -130,7 +130,7 @@ def check_data(config: ml_collections.ConfigDict, row_name: str) -> None:
 
     for split in (data.train_split, data.eval_split):
       try:
-        TfdsSource(data.name, split, data.get("data_dir"))
+        TfdsSource(data.name, split, data.data_dir)
       except DatasetNotPreparedError as e:
         raise ReproduceError(f"row {row_name!r}: {e}") from e
 

@@ -56,7 +56,7 @@ def ema_update(config, step: jax.Array, params, ema_params):
   """``ema <- decay * ema + (1 - decay) * params``; with ``ema.warmup`` the decay ramps as
   ``min(decay, (1 + t) / (10 + t))`` (TensorFlow's ExponentialMovingAverage num_updates rule)."""
   decay = jnp.asarray(config.ema.decay, jnp.float32)
-  if config.ema.get("warmup"):
+  if config.ema.warmup:
     t = step.astype(jnp.float32)
     decay = jnp.minimum(decay, (1.0 + t) / (10.0 + t))
   return optax.incremental_update(params, ema_params, step_size=1.0 - decay)
