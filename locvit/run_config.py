@@ -153,8 +153,10 @@ def _with_defaults(saved: Any, default: Any) -> Any:
   return saved
 
 
-def _saved_with_defaults(saved: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
-  return {k: _with_defaults(v, defaults.get(k)) for k, v in saved.items()}
+def _recorded_with_defaults(recorded: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+  """Both sides of a comparison go through this, so that a block a config sets to None (off)
+  compares equal to the same None recorded earlier."""
+  return {k: _with_defaults(v, defaults.get(k)) for k, v in recorded.items()}
 
 
 def _jsonable(fields, config, num_classes) -> dict[str, Any]:
@@ -181,8 +183,9 @@ def check_compatible(
   num_classes: int | None = None,
 ) -> None:
   """Raises if the workdir's checkpoint came from an incompatible config (model, dataset, ...)."""
-  current = fingerprint(config, num_classes)
-  saved = _saved_with_defaults(saved, fingerprint(base_config()))
+  defaults = fingerprint(base_config())
+  current = _recorded_with_defaults(fingerprint(config, num_classes), defaults)
+  saved = _recorded_with_defaults(saved, defaults)
   # Fields absent from an older checkpoint's metadata are not compared, nor a class count the
   # caller does not know.
   diffs = [
@@ -227,10 +230,9 @@ def report_changed_hyperparameters(
 ) -> list[str]:
   """Lists training settings changed since ``step`` was saved in ONE warning, and appends them to
   ``workdir/resume_log.json``; returns the changed field names (none for older checkpoints)."""
-  saved = _saved_with_defaults(
-    saved_meta.get("hyperparameters") or {}, hyperparameters(base_config())
-  )
-  current = hyperparameters(config)
+  defaults = hyperparameters(base_config())
+  saved = _recorded_with_defaults(saved_meta.get("hyperparameters") or {}, defaults)
+  current = _recorded_with_defaults(hyperparameters(config), defaults)
   changed = [k for k in HYPERPARAMETER_FIELDS if k in saved and saved[k] != current[k]]
   if not changed:
     return []

@@ -49,3 +49,9 @@ def test_a_checkpoint_recorded_from_a_partial_config_is_not_refused_or_reported_
     {"hyperparameters": saved_hyper}, config, "WORKDIR", 1
   )
   assert changed == []
+
+
+def test_a_block_set_to_none_resumes_against_its_own_record():
+  config = complete_config(_partial())
+  config.distillation = None  # off, as the code has always accepted
+  run_config.check_compatible(run_config.fingerprint(config, 10), config, "WORKDIR", 10)
