@@ -108,6 +108,18 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def complete_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of ``config`` with every field of ``base_config()`` it lacks set to its default.
+
+  Sub-configs present in both are completed field by field (``init`` from
+  ``defaults.init_config(config.init.name)``); a block the config sets to None stays None, and no
+  value the config sets changes. Library entry points call this once, so library code reads
+  fields directly; configs written by older versions (a ``config.json`` without newer fields)
+  get the defaults, which keep every optional block (mixup, EMA, distillation, ...) off.
+  """
+  return defaults.with_defaults(config, base_config())
+
+
 CIFAR10_ROOT_ENV = "CIFAR10_ROOT"
 
 

@@ -8,6 +8,7 @@ these blocks re-export them under their public names (``locvit.data.default_data
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import ml_collections
@@ -294,3 +295,40 @@ def analysis_config() -> ml_collections.ConfigDict:
   c.map_image_index = 0
   c.center_plots = False
   return c
+
+
+# ------------------------------------------------------------------------------------------------
+# Completing a config with these defaults
+
+
+def with_defaults(
+  config: ml_collections.ConfigDict, default: ml_collections.ConfigDict
+) -> ml_collections.ConfigDict:
+  """A copy of ``config`` with every field of ``default`` it lacks set to the default's value.
+
+  Sub-configs present in both are completed field by field (an ``init`` block from
+  ``init_config(name)``, without a ``cache_dir``: a block without one solves without a cache); a
+  field the config sets, None included, keeps its value. The copy is locked if ``config`` is.
+  """
+  out = copy.deepcopy(config)
+  locked = out.is_locked
+  out.unlock()
+  _complete(out, default)
+  if locked:
+    out.lock()
+  return out
+
+
+def _complete(config: ml_collections.ConfigDict, default: ml_collections.ConfigDict) -> None:
+  for key in default:
+    if key not in config:
+      config[key] = default._fields[key]  # a placeholder keeps its type
+    elif isinstance(config[key], ml_collections.ConfigDict) and isinstance(
+      default[key], ml_collections.ConfigDict
+    ):
+      block = default[key]
+      if key == "init" and config[key].get("name", "none") in INIT_NAMES:
+        block = init_config(config[key].get("name", "none"))
+        if "cache_dir" in block:
+          block.cache_dir = None
+      _complete(config[key], block)

@@ -54,7 +54,7 @@ enabled = distillation_enabled
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """Checks the distillation block before anything is built; errors name the field."""
-  dist = config.get("distillation")
+  dist = config.distillation
   if dist is None:
     return
   if dist.type not in TYPES:
@@ -96,8 +96,8 @@ def load_teacher(
   saved = restore_lib.saved_model_config(workdir, step)
   name = dist.teacher_model or saved["name"]
   overrides = dict(saved.get("overrides") or {}) if not dist.teacher_model else {}
-  overrides.update(dict(dist.get("teacher_overrides") or {}))
-  if config.get("mixed_precision"):
+  overrides.update(dict(dist.teacher_overrides or {}))
+  if config.mixed_precision:
     overrides["dtype"] = jnp.bfloat16
   model = create_model(name, num_classes=num_classes, **overrides)
   boxed = sharding.model_variable_shapes(model, image_shape)

@@ -38,6 +38,7 @@ from ml_collections import config_flags
 import locvit.configs
 from locvit import cpu_malloc, paths, run_config
 from locvit import workdir as workdir_lib
+from locvit.configs.common import complete_config
 from locvit.metrics import evaluation_line
 
 MODES = ("train", "eval", "analyze")
@@ -252,17 +253,22 @@ _POSITIVE_MODEL = ("depth", "num_heads", "embed_dim", "patch_size", "mlp_ratio",
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
-  """Raises ``ConfigError`` for values no run can start with, naming the field and the bad value."""
-  checks = [(name, config.get(name), "a positive integer", 1) for name in _POSITIVE]
-  checks += [(name, config.get(name), "an integer >= 0", 0) for name in _NON_NEGATIVE]
-  overrides = config.get("model", {}).get("overrides") or {}
+  """Raises ``ConfigError`` for values no run can start with, naming the field and the bad value.
+
+  Fields the config lacks take their defaults (``configs/common.py:complete_config``)."""
+  config = complete_config(config)
+  checks = [(name, config[name], "a positive integer", 1) for name in _POSITIVE]
+  checks += [(name, config[name], "an integer >= 0", 0) for name in _NON_NEGATIVE]
+  overrides = config.model.overrides or {}
   checks += [
-    (f"model.overrides.{name}", overrides.get(name), "> 0", 1e-30) for name in _POSITIVE_MODEL
+    (f"model.overrides.{name}", overrides[name], "> 0", 1e-30)
+    for name in _POSITIVE_MODEL
+    if name in overrides
   ]
   for name, value, expected, lowest in checks:
     if isinstance(value, int | float) and value < lowest:
       raise ConfigError(f"--config.{name}={value}: must be {expected}")
-  if config.get("total_steps", -1) <= 0 and config.get("num_epochs", 1) <= 0:
+  if config.total_steps <= 0 and config.num_epochs <= 0:
     raise ConfigError(
       f"--config.num_epochs={config.num_epochs}: must be > 0 (or set --config.total_steps)"
     )

@@ -88,7 +88,7 @@ def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
   """``optimizer.lr``, scaled by ``batch_size / lr_base_batch_size`` when the latter is set
   (DeiT's linear rule, lr = 5e-4 * batch / 512)."""
   opt = config.optimizer
-  if opt.get("lr_base_batch_size"):
+  if opt.lr_base_batch_size:
     return opt.lr * config.batch_size / opt.lr_base_batch_size
   return opt.lr
 
@@ -142,9 +142,9 @@ def make_optimizer(
       optax.add_decayed_weights(opt.weight_decay, mask=mask),
       optax.sgd(schedule, momentum=opt.momentum or None, nesterov=opt.nesterov),
     )
-  parts = [optax.clip_by_global_norm(config.grad_clip_norm)] if config.get("grad_clip_norm") else []
+  parts = [optax.clip_by_global_norm(config.grad_clip_norm)] if config.grad_clip_norm else []
   tx = optax.chain(*parts, core)
-  if config.get("freeze"):
+  if config.freeze:
     labels = freeze_labels(params, tuple(config.freeze))
     tx = optax.multi_transform({"trainable": tx, "frozen": optax.set_to_zero()}, labels)
   return tx

@@ -25,6 +25,7 @@ from absl import logging
 from etils import epath
 
 from locvit import paths
+from locvit.configs.common import base_config, complete_config
 
 FILENAME = "config.json"
 _TYPES = {"bool": bool, "int": int, "float": float, "str": str}
@@ -133,17 +134,33 @@ RESUME_LOG = "resume_log.json"  # in the workdir: one entry per resume with chan
 
 def _get(config: ml_collections.ConfigDict, dotted: str, num_classes: int | None = None) -> Any:
   if dotted == "ema.enabled":
-    ema = config.get("ema")
-    return bool(ema is not None and ema.decay > 0)
+    return bool(config.ema is not None and config.ema.decay > 0)
   if dotted == "num_classes":
-    return num_classes if num_classes is not None else config.data.get("num_classes")
+    return num_classes if num_classes is not None else config.data.num_classes
   value: Any = config
   for part in dotted.split("."):
-    value = value.get(part) if hasattr(value, "get") else None
+    value = value[part] if isinstance(value, ml_collections.ConfigDict) and part in value else None
   return value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
 
 
+def _with_defaults(saved: Any, default: Any) -> Any:
+  """A recorded value with what an older version did not record (an absent field, a None where
+  the field did not exist yet) taken from the default, as ``complete_config`` does to a config."""
+  if saved is None:
+    return default
+  if isinstance(saved, dict) and isinstance(default, dict):
+    return {**default, **{k: _with_defaults(v, default.get(k)) for k, v in saved.items()}}
+  return saved
+
+
+def _recorded_with_defaults(recorded: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+  """Both sides of a comparison go through this, so that a block a config sets to None (off)
+  compares equal to the same None recorded earlier."""
+  return {k: _with_defaults(v, defaults.get(k)) for k, v in recorded.items()}
+
+
 def _jsonable(fields, config, num_classes) -> dict[str, Any]:
+  config = complete_config(config)  # a field the config lacks counts as its default
   return json.loads(json.dumps({f: _get(config, f, num_classes) for f in fields}, default=str))
 
 
@@ -166,7 +183,9 @@ def check_compatible(
   num_classes: int | None = None,
 ) -> None:
   """Raises if the workdir's checkpoint came from an incompatible config (model, dataset, ...)."""
-  current = fingerprint(config, num_classes)
+  defaults = fingerprint(base_config())
+  current = _recorded_with_defaults(fingerprint(config, num_classes), defaults)
+  saved = _recorded_with_defaults(saved, defaults)
   # Fields absent from an older checkpoint's metadata are not compared, nor a class count the
   # caller does not know.
   diffs = [
@@ -211,8 +230,9 @@ def report_changed_hyperparameters(
 ) -> list[str]:
   """Lists training settings changed since ``step`` was saved in ONE warning, and appends them to
   ``workdir/resume_log.json``; returns the changed field names (none for older checkpoints)."""
-  saved = saved_meta.get("hyperparameters") or {}
-  current = hyperparameters(config)
+  defaults = hyperparameters(base_config())
+  saved = _recorded_with_defaults(saved_meta.get("hyperparameters") or {}, defaults)
+  current = _recorded_with_defaults(hyperparameters(config), defaults)
   changed = [k for k in HYPERPARAMETER_FIELDS if k in saved and saved[k] != current[k]]
   if not changed:
     return []

@@ -40,7 +40,7 @@ LAYOUTS: dict[str, Rules] = {
 
 def logical_rules(mesh_config: ml_collections.ConfigDict) -> Rules:
   """The logical-axis rules for a mesh config: an explicit ``rules`` tuple wins over ``layout``."""
-  if mesh_config.get("rules"):
+  if mesh_config.rules:
     return tuple(tuple(r) for r in mesh_config.rules)
   check_choice("mesh.layout", mesh_config.layout, sorted(LAYOUTS))
   return LAYOUTS[mesh_config.layout]
@@ -70,7 +70,7 @@ def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...
 def make_mesh(mesh_config: ml_collections.ConfigDict, devices=None) -> Mesh:
   """Builds the ('data', 'model') mesh; ``mesh.num_devices > 0`` uses only the first N devices."""
   devices = jax.devices() if devices is None else devices
-  if mesh_config.get("num_devices"):
+  if mesh_config.num_devices:
     if mesh_config.num_devices > len(devices):
       raise ValueError(
         f"mesh.num_devices={mesh_config.num_devices} but only {len(devices)} devices exist."

@@ -244,9 +244,9 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
   )
   analysis = AnalysisHooks(run, state, start)
   progress = metrics_lib.Progress(total_steps, config.batch_size, start)
-  log_every = config.get("log_every_steps", 50)
-  eval_every = config.get("eval_every_steps", 0)
-  ckpt_every = config.get("checkpoint_every_steps", 0)
+  log_every = config.log_every_steps
+  eval_every = config.eval_every_steps
+  ckpt_every = config.checkpoint_every_steps
   final = {}
   if start >= total_steps:
     final = metrics_lib.last_evaluation(run.workdir)
@@ -334,7 +334,7 @@ def evaluate_checkpoint(
   With ``config.ema.decay > 0`` the EMA weights are evaluated too (``eval_ema/*``).
   """
   run = bundle.build_evaluation(config)
-  mesh, rules = run.mesh, run.rules
+  config, mesh, rules = run.config, run.mesh, run.rules  # completed with the defaults
   boxed_params, boxed_model_state = sharding.model_variable_shapes(run.model, run.image_shape)
   variable_shardings = (
     sharding.tree_shardings(boxed_params, mesh, rules),

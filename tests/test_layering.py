@@ -30,12 +30,14 @@ CONFIGS = ROOT.parent / "configs"
 LAYERS = (
   ("paths", "choices"),  # the path layer for local disks and object stores; choice errors
   # No model knowledge.
-  ("ops", "sharding", "metrics", "cpu_malloc", "checksums", "workdir", "run_config"),
+  ("ops", "sharding", "metrics", "cpu_malloc", "checksums", "workdir"),
   ("checkpoint",),  # orbax and integrity
   ("restore",),  # a model's variables from a workdir's checkpoints
   # The shipped configs and the default blocks they build on (``configs/defaults.py``), plain
   # data that the library modules consuming them import.
   ("configs",),
+  # The run's saved config and what a checkpoint records of it, completed with the defaults.
+  ("run_config",),
   ("attention",),  # positional terms, the attention core
   ("models",),  # backbones, registry, build_model, parameter surgery
   ("init", "data", "convert", "optim", "evaluate", "distill"),  # use models, never each other

@@ -36,6 +36,7 @@ from locvit import metrics as metrics_lib
 from locvit import paths, run_config
 from locvit import restore as restore_lib
 from locvit.analysis import locality, plots
+from locvit.configs.common import complete_config
 from locvit.models.factory import build_model
 
 # The paper's Fig. 7 shows layers 2 and 10 (1-based), i.e. blocks 1 and 9.
@@ -45,7 +46,7 @@ _HEAD_KEY = re.compile(rf"^{locality.PREFIX}/(\w+)/layer_(\d+)/head_(\d+)$")
 
 def _analysis_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   analysis = locality.default_analysis_config()
-  analysis.update(config.get("analysis") or {})
+  analysis.update(config.analysis or {})
   return analysis
 
 
@@ -232,13 +233,14 @@ def analyze(
     query: ``(row, col)`` query patch; default ``config.analysis.query`` or the centre patch.
     step: checkpoint step for the maps; default the latest.
   """
+  config = complete_config(config)  # fields the config lacks (an older config.json) as defaults
   analysis = _analysis_config(config)
   output_dir = output_dir or paths.path(workdir) / "analysis"
   curves = training_curves(workdir, output_dir, title=config.model.name)  # any model
 
   # Everything that can be wrong with the arguments is checked before any compilation.
   source = data_lib.make_source(config.data, config.data.eval_split)
-  model = build_model(config, config.data.get("num_classes") or source.num_classes)
+  model = build_model(config, config.data.num_classes or source.num_classes)
   if not hasattr(model, "depth"):  # no transformer blocks (e.g. a ResNet): the curves only
     logging.warning(
       "%s has no attention layers: drawing the training curves only.", config.model.name

@@ -220,8 +220,8 @@ def make_center_plotter(config: Any, params: Any, workdir: str) -> Callable[[int
   """The trainer's hook: ``fn(step, params)`` writing ``workdir/plots/centers_step_NNNNNN.png``
   at each evaluation when ``config.analysis.center_plots``; a no-op otherwise or on processes
   > 0. Raises ValueError if the model has no Gaussian attention layers to plot."""
-  analysis = config.get("analysis")
-  if not analysis or not analysis.get("center_plots"):
+  analysis = config.analysis
+  if analysis is None or not analysis.center_plots:
     return lambda step, params: None
   paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)]
   if not any("attention_centers" in p or "pos_proj" in p for p in paths):

@@ -282,12 +282,12 @@ def make_locality_logger(
   placed replicated on it (identical on every process) and so are the outputs, so ``params`` may
   be sharded any way.
   """
-  analysis = config.get("analysis")
-  if not analysis or not analysis.get("locality"):
+  analysis = config.analysis
+  if analysis is None or not analysis.locality:
     return None
-  mode = analysis.get("locality_mode", "per_layer")
+  mode = analysis.locality_mode
   _check(model, mode)
-  images = fixed_eval_images(config, analysis.get("locality_num_images", 64), eval_source)
+  images = fixed_eval_images(config, analysis.locality_num_images, eval_source)
   if mesh is None:
     fn = make_locality_fn(model, mode)
     return lambda params: fn(params, images)

@@ -13,6 +13,7 @@ from typing import Any
 
 from locvit import restore as restore_lib
 from locvit.attention import TokenGrid
+from locvit.configs.common import complete_config
 from locvit.models.factory import build_model
 from locvit.models.surgery import PruneReport, PruneThresholds, prune_degenerate_heads
 
@@ -30,7 +31,8 @@ def load_params(
   ``config`` is the run's config (the model is rebuilt from it); ``num_classes`` defaults to
   ``config.data.num_classes`` or 10; images are ``data.image_size`` squared with ``channels``.
   """
-  classes = num_classes or config.data.get("num_classes") or 10
+  config = complete_config(config)
+  classes = num_classes or config.data.num_classes or 10
   model = build_model(config, classes)
   size = config.data.image_size
   params, _, step = restore_lib.restore_model_variables(
@@ -53,7 +55,9 @@ def prune_checkpoint(
   The grid for the FLOPs count is the model's token grid (``image_size / downsample``).
   Start the pruned run from the returned params with ``layer_heads=report.layer_heads()``.
   """
+  config = complete_config(config)
   params, _ = load_params(config, workdir, step=step, num_classes=num_classes, channels=channels)
-  downsample = dict(config.model.get("overrides") or {}).get("downsample", 2)
+  # A model field, set only for the models that have one: not a config default.
+  downsample = config.model.overrides.get("downsample", 2)
   side = config.data.image_size // downsample
   return prune_degenerate_heads(params, grid=TokenGrid(side, side), thresholds=thresholds)

@@ -244,7 +244,7 @@ def train_op_names(cfg: Any) -> tuple[str, ...]:
   if cfg.train_augment not in _RECIPES:
     raise ValueError(f"data.train_augment={cfg.train_augment!r} is not one of {list_recipes()}")
   names = _RECIPES[cfg.train_augment]
-  if cfg.get("auto_augment") and "auto_augment" not in names:
+  if cfg.auto_augment and "auto_augment" not in names:
     names += ("auto_augment",)
   return names
 
@@ -262,7 +262,7 @@ def split_train_ops(cfg: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
   a flip or data.auto_augment).
   """
   names = train_op_names(cfg)
-  if cfg.get("augment_on", "host") == "host":
+  if cfg.augment_on == "host":
     return names, ()
   k = len(names)
   while k and names[k - 1] in DEVICE_OPS:

@@ -680,7 +680,7 @@ def build(
 
 def fill_from_data_config(cfg: Any) -> tuple[int, ...]:
   """data.auto_augment_fill on every channel, else round(255 * data.mean) (timm's rule)."""
-  fill = cfg.get("auto_augment_fill")
+  fill = cfg.auto_augment_fill
   if fill is not None:
     return (int(fill),) * 3
   return tuple(min(255, round(255 * float(m))) for m in cfg.mean)
@@ -690,7 +690,7 @@ def fill_from_data_config(cfg: Any) -> tuple[int, ...]:
 def from_data_config(cfg: Any) -> Callable[[np.ndarray, np.random.Generator], np.ndarray]:
   """The data.auto_augment transform of a data config (the identity when it is None); the op
   "auto_augment" of ``locvit.data.augment``'s registry."""
-  spec = cfg.get("auto_augment")
+  spec = cfg.auto_augment
   if spec is None:
     return lambda image, rng: image
   return build(spec, fill=fill_from_data_config(cfg), interpolation=cfg.interpolation)

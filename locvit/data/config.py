@@ -20,8 +20,9 @@ from locvit.configs.defaults import (  # noqa: F401
   CIFAR10_STD,
   IMAGENET_MEAN,
   IMAGENET_STD,
+  with_defaults,
 )
-from locvit.configs.defaults import data_config as default_data_config  # noqa: F401
+from locvit.configs.defaults import data_config as default_data_config
 from locvit.data import augment, autoaugment
 
 SOURCES = ("digits", "image_folder", "tfds")
@@ -57,15 +58,24 @@ def _pair(cfg: Any, field: str, *, lo: float, hi: float) -> None:
     raise ValueError(f"data.{field}={value!r} must be a pair (a, b) with {lo} < a <= b <= {hi}")
 
 
+def checked_data_config(cfg: Any) -> Any:
+  """``cfg`` completed with ``default_data_config()``'s fields it lacks (an older run's
+  config.json), then validated; the data entry points read fields of the result directly."""
+  cfg = with_defaults(cfg, default_data_config())
+  validate_data_config(cfg)
+  return cfg
+
+
 def validate_data_config(cfg: Any) -> None:
-  """Raises ValueError naming the field, the bad value and the valid choices/range."""
+  """Raises ValueError naming the field, the bad value and the valid choices/range; a field
+  ``cfg`` lacks takes its default (``checked_data_config``)."""
+  cfg = with_defaults(cfg, default_data_config())
   _choice(cfg, "source", SOURCES)
   _choice(cfg, "on_corrupt", ON_CORRUPT)
   _choice(cfg, "interpolation", INTERPOLATIONS)
   _choice(cfg, "train_augment", augment.list_recipes())
-  if "augment_on" in cfg:  # Older run configs (DIR/config.json) lack the field: 'host'.
-    _choice(cfg, "augment_on", AUGMENT_ON)
-    augment.split_train_ops(cfg)  # Raises when 'device' moves nothing.
+  _choice(cfg, "augment_on", AUGMENT_ON)
+  augment.split_train_ops(cfg)  # Raises when 'device' moves nothing.
   if cfg.source == "tfds" and (not isinstance(cfg.name, str) or not cfg.name):
     raise ValueError(f"data.name={cfg.name!r} must be a TFDS dataset name when source='tfds'")
   if cfg.source == "image_folder" and not cfg.root:
@@ -81,19 +91,17 @@ def validate_data_config(cfg: Any) -> None:
   if cfg.num_classes is not None:
     _number(cfg, "num_classes", lo=1, hi=1 << 31, lo_open=False, integer=True)
   _number(cfg, "train_fraction", lo=0.0, hi=1.0, lo_open=True, integer=False)
-  if cfg.get("class_limit") is not None:
+  if cfg.class_limit is not None:
     _number(cfg, "class_limit", lo=1, hi=1 << 31, lo_open=False, integer=True)
-  autoaugment.validate(cfg.get("auto_augment"))
-  if cfg.get("auto_augment_fill") is not None:
+  autoaugment.validate(cfg.auto_augment)
+  if cfg.auto_augment_fill is not None:
     _number(cfg, "auto_augment_fill", lo=0, hi=255, lo_open=False, integer=True)
-  if "repeated_augmentations" in cfg:
-    _number(cfg, "repeated_augmentations", lo=1, hi=1 << 16, lo_open=False, integer=True)
+  _number(cfg, "repeated_augmentations", lo=1, hi=1 << 16, lo_open=False, integer=True)
   _number(cfg, "crop_padding", lo=0, hi=1 << 16, lo_open=False, integer=True)
   _number(cfg, "eval_crop_pct", lo=0.0, hi=1.0, lo_open=True, integer=False)
   _pair(cfg, "rrc_scale", lo=0.0, hi=1.0)
   _pair(cfg, "rrc_ratio", lo=0.0, hi=float("inf"))
-  if "decoded_cache_mb" in cfg:
-    _number(cfg, "decoded_cache_mb", lo=0, hi=1 << 40, lo_open=False, integer=False)
+  _number(cfg, "decoded_cache_mb", lo=0, hi=1 << 40, lo_open=False, integer=False)
   _number(cfg, "num_threads", lo=0, hi=1024, lo_open=False, integer=True)
   _number(cfg, "prefetch", lo=0, hi=1 << 20, lo_open=False, integer=True)
   mean, std = tuple(cfg.mean), tuple(cfg.std)

@@ -455,7 +455,7 @@ def apply_ops(image: Array, draws: OpDraws, branches: Sequence[Callable]) -> Arr
 def auto_augment(key: Array, images: Array, data_config: Any) -> Array:
   """data.auto_augment on a uint8 (B, H, W, C) batch, each example with its own key from `key`;
   the batch unchanged when data.auto_augment is None."""
-  spec = data_config.get("auto_augment")
+  spec = data_config.auto_augment
   if spec is None:
     return images
   b, height, width, channels = images.shape

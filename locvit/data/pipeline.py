@@ -39,7 +39,7 @@ import grain
 import numpy as np
 
 from locvit.data import augment
-from locvit.data.config import validate_data_config
+from locvit.data.config import checked_data_config
 
 Batch = dict[str, np.ndarray]
 
@@ -134,7 +134,7 @@ def make_train_dataset(
   start_step: int = 0,
 ) -> grain.IterDataset:
   """The infinite training `grain.IterDataset` behind `make_train_iterator`."""
-  validate_data_config(data_config)
+  data_config = checked_data_config(data_config)
   _check_process(process_index, process_count)
   seed = int(seed)
   if seed < 0:
@@ -146,7 +146,7 @@ def make_train_dataset(
       f"(a global batch of {local_batch_size} x {process_count} processes must fit in the "
       f"{n} examples of one epoch)"
     )
-  repeats = int(data_config.get("repeated_augmentations", 1))
+  repeats = int(data_config.repeated_augmentations)
   order = _EpochOrder(n, seed, process_index, process_count, local_batch_size, repeats)
   transform = augment.build_train_transform(data_config)
 
@@ -208,7 +208,7 @@ class EvalIterable:
     process_index: int = 0,
     process_count: int = 1,
   ) -> None:
-    validate_data_config(data_config)
+    data_config = checked_data_config(data_config)
     n = len(source)
     if n == 0:
       raise ValueError(f"eval source {source!r} is empty")

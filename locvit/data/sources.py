@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from locvit.data import decoded
-from locvit.data.config import validate_data_config
+from locvit.data.config import checked_data_config
 
 logger = logging.getLogger(__name__)
 
@@ -419,15 +419,14 @@ def make_source(data_config: Any, split: str) -> Any:
   A split whose decoded images fit data.decoded_cache_mb is decoded once and kept
   (`decoded.cache_decoded`).
   """
-  validate_data_config(data_config)
-  cfg = data_config
+  cfg = checked_data_config(data_config)
   if cfg.source == "digits":
     source: Any = DigitsSource(split)
   elif cfg.source == "image_folder":
     source = ImageFolderSource(cfg.root, split, on_corrupt=cfg.on_corrupt)
   else:
     source = TfdsSource(cfg.name, split, cfg.data_dir)
-  if cfg.get("class_limit") is not None:
+  if cfg.class_limit is not None:
     source = limit_classes(source, cfg.class_limit)
   if cfg.num_classes is not None and cfg.num_classes < source.num_classes:
     raise ValueError(
@@ -436,7 +435,7 @@ def make_source(data_config: Any, split: str) -> Any:
     )
   if split == cfg.train_split and cfg.train_fraction < 1.0:
     source = SubsetSource(source, subsample_per_class(source.labels, cfg.train_fraction))
-  return decoded.cache_decoded(source, cfg.get("decoded_cache_mb", 0), split)
+  return decoded.cache_decoded(source, cfg.decoded_cache_mb, split)
 
 
 def check_same_classes(train_source: Any, eval_source: Any) -> None:

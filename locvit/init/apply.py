@@ -45,8 +45,6 @@ from locvit.init.layout import (
 from locvit.init.mimetic import VPROJ_MODES, apply_mimetic
 from locvit.ops import cpu_kernels, resolve_implementation
 
-MIMETIC_DEFAULTS = defaults.INIT_FIELDS["mimetic"]  # for saved init blocks that lack a field
-
 
 def init_config(name: str = "impulse", **overrides: Any) -> ml_collections.ConfigDict:
   """``locvit.configs.defaults.init_config`` (the block's fields and defaults), with the
@@ -108,7 +106,7 @@ def _impulse(cfg: Mapping, params: Any, model, image_size, layout, seed: int) ->
     head_dim,
     depth=len(paths),
     seed=seed,
-    cache_dir=cfg.get("cache_dir"),
+    cache_dir=cfg["cache_dir"],
     batching=_solver_batching(model),
   )
   source = "cache" if solution.from_cache else f"{solution.solve_seconds:.1f}s"
@@ -158,11 +156,10 @@ def apply_init(
   Returns host (NumPy) arrays with the input's structure and dtypes, or ``(params, solution)``
   with ``return_solution=True``.
   """
-  name = init_cfg.get("name", "none")
-  if name not in INIT_NAMES:
-    raise ValueError(f"Unknown init {name!r}. Valid names: {list(INIT_NAMES)}.")
+  init_cfg = _with_defaults(init_cfg)
+  name = init_cfg["name"]
   if seed is None:
-    seed = init_cfg.get("seed")
+    seed = init_cfg["seed"]
   seed = 0 if seed is None else int(seed)
   values, boxes = _unbox(params)
   solution = None
@@ -176,24 +173,37 @@ def apply_init(
   return (out, solution) if return_solution else out
 
 
+def _with_defaults(init_cfg: Mapping[str, Any]) -> dict[str, Any]:
+  """``init_cfg`` as a dict with the fields it lacks from ``init_config(name)`` (name 'none' when
+  absent); a block without ``cache_dir`` solves without a cache."""
+  given = dict(init_cfg)
+  name = given.setdefault("name", "none")
+  if name not in INIT_NAMES:
+    raise ValueError(f"Unknown init {name!r}. Valid names: {list(INIT_NAMES)}.")
+  full = defaults.init_config(name).to_dict()
+  if "cache_dir" in full:
+    full["cache_dir"] = None
+  return {**full, **given}
+
+
 def _structured(name: str, init_cfg: Mapping, values: Any, model, image_size, seed: int):
   """Mimetic or impulse on unboxed ``values``: ``(new values, impulse solution or None)``."""
 
-  base = init_cfg.get("base", "kaiming_uniform")
+  base = init_cfg["base"]
   if base not in BASES:
     raise ValueError(f"init.base={base!r} is not one of {list(BASES)}.")
-  layout = get_layout(init_cfg.get("qk_layout", "vit"), init_cfg.get("qk_pattern"))
+  layout = get_layout(init_cfg["qk_layout"], init_cfg["qk_pattern"])
   find_qk_kernels(flatten(values), layout)  # fail before any work on an unknown backbone
   values = apply_baseline(base, values, seed)
   if name == "mimetic":
-    vproj = init_cfg.get("vproj", "reference")
+    vproj = init_cfg["vproj"]
     if vproj not in VPROJ_MODES:
       raise ValueError(f"init.vproj={vproj!r} is not one of {VPROJ_MODES}.")
     values = apply_mimetic(
       values,
       layout,
       seed=seed,
-      **{k: init_cfg.get(k, MIMETIC_DEFAULTS[k]) for k in ("alpha", "beta", "v_alpha", "v_beta")},
+      **{k: init_cfg[k] for k in ("alpha", "beta", "v_alpha", "v_beta")},
       vproj=vproj,
     )
     return values, None

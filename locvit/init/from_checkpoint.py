@@ -46,8 +46,7 @@ class Warmstart:
 
 def enabled(config: ml_collections.ConfigDict) -> bool:
   """Whether ``config.init_from.workdir`` names a run to initialise from."""
-  init_from = config.get("init_from")
-  return init_from is not None and bool(init_from.get("workdir"))
+  return config.init_from is not None and bool(config.init_from.workdir)
 
 
 def load(

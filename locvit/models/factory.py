@@ -16,8 +16,7 @@ from locvit.models.registry import create_model
 
 def distillation_enabled(config: ml_collections.ConfigDict) -> bool:
   """Whether ``config.distillation`` is present and its ``type`` is not 'none'."""
-  dist = config.get("distillation")
-  return dist is not None and dist.type != "none"
+  return config.distillation is not None and config.distillation.type != "none"
 
 
 def check_student(model: nn.Module) -> None:
@@ -33,10 +32,10 @@ def build_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Modul
   """The registered ``config.model.name`` with ``model.overrides`` (bf16 compute under
   ``mixed_precision``, the kernels of ``attention_implementation``), cloned with
   ``distilled=True`` when distillation is on."""
-  overrides = dict(config.model.get("overrides") or {})
-  if config.get("attention_implementation") is not None:
+  overrides = dict(config.model.overrides or {})
+  if config.attention_implementation is not None:
     overrides.setdefault("attention_implementation", config.attention_implementation)
-  if config.get("mixed_precision"):
+  if config.mixed_precision:
     overrides["dtype"] = jnp.bfloat16
   model = create_model(config.model.name, num_classes=num_classes, **overrides)
   if distillation_enabled(config):

@@ -15,7 +15,6 @@ end of the current step and leaves everything resumable. At the end (or with ``-
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import datetime
 import importlib
@@ -34,6 +33,7 @@ import ml_collections
 
 from locvit import cpu_malloc
 from locvit import metrics as metrics_lib
+from locvit.configs.common import complete_config
 from locvit.configs.reproduce_plans import PLANS
 from locvit.reproduce.report import locvit_commit
 
@@ -80,25 +80,27 @@ def row_config(row: dict[str, Any]) -> ml_collections.ConfigDict:
 
 def warmup_fraction(config: ml_collections.ConfigDict) -> float:
   """The share of training the row's own schedule spends warming up."""
+  config = complete_config(config)
   schedule = config.schedule
-  if config.get("total_steps", -1) > 0 and schedule.get("warmup_steps", 0) > 0:
+  if config.total_steps > 0 and schedule.warmup_steps > 0:
     return schedule.warmup_steps / config.total_steps
-  return min(schedule.get("warmup_epochs", 0.0) / max(config.num_epochs, 1e-9), 1.0)
+  return min(schedule.warmup_epochs / max(config.num_epochs, 1e-9), 1.0)
 
 
 def budgeted_config(
   config: ml_collections.ConfigDict, steps: int, seed: int
 ) -> ml_collections.ConfigDict:
   """``config`` trained for exactly ``steps`` steps from ``seed``: warmup keeps its share of the
-  run and the cosine decays over the ``steps``; one final evaluation."""
-  config = copy.deepcopy(config)
+  run and the cosine decays over the ``steps``; one final evaluation. Fields ``config`` lacks take
+  their defaults (``configs/common.py:complete_config``)."""
+  config = complete_config(config)
   fraction = warmup_fraction(config)
   config.seed = seed
   config.total_steps = steps
   config.schedule.warmup_steps = max(1, round(fraction * steps)) if fraction > 0 else 0
   config.eval_every_steps = 0
   config.checkpoint_every_steps = max(1, steps // 5)
-  config.log_every_steps = max(1, min(config.get("log_every_steps", 50), steps // 10))
+  config.log_every_steps = max(1, min(config.log_every_steps, steps // 10))
   return config
 
 
@@ -108,9 +110,9 @@ def budgeted_config(
 
 def check_data(config: ml_collections.ConfigDict, row_name: str) -> None:
   """Fails in seconds, before any run, when a row's dataset is not where its config reads it."""
-  data = config.data
+  data = complete_config(config).data
   if data.source == "image_folder":
-    root = data.get("root")
+    root = data.root
     if not root:
       raise ReproduceError(
         f"row {row_name!r} reads CIFAR-10 from an image folder but $CIFAR10_ROOT is not set. "
@@ -128,7 +130,7 @@ def check_data(config: ml_collections.ConfigDict, row_name: str) -> None:
 
     for split in (data.train_split, data.eval_split):
       try:
-        TfdsSource(data.name, split, data.get("data_dir"))
+        TfdsSource(data.name, split, data.data_dir)
       except DatasetNotPreparedError as e:
         raise ReproduceError(f"row {row_name!r}: {e}") from e
 

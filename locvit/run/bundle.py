@@ -23,6 +23,7 @@ from locvit import data as data_lib
 from locvit import distill, optim, paths, sharding
 from locvit import metrics as metrics_lib
 from locvit import workdir as workdir_lib
+from locvit.configs.common import complete_config
 from locvit.data import device_augment
 from locvit.init import from_checkpoint
 from locvit.models.factory import build_model
@@ -33,23 +34,22 @@ from locvit.run.step import NONFINITE_MODES
 
 def validate_recipe(config: ml_collections.ConfigDict, num_classes: Any) -> None:
   """Checks the on-device augmentation, EMA and distillation blocks; runs before compiling."""
-  if config.get("mixup") is not None:
+  if config.mixup is not None:
     device_augment.validate_mixup_config(config.mixup, num_classes)
-  if config.get("random_erasing") is not None:
+  if config.random_erasing is not None:
     device_augment.validate_erasing_config(config.random_erasing)
-  if config.get("nonfinite", "stop") not in NONFINITE_MODES:
+  if config.nonfinite not in NONFINITE_MODES:
     raise ValueError(f"nonfinite={config.nonfinite!r} is not one of {list(NONFINITE_MODES)}")
-  if config.get("ema") is not None and not 0 <= config.ema.decay < 1:
+  if config.ema is not None and not 0 <= config.ema.decay < 1:
     raise ValueError(f"ema.decay={config.ema.decay!r} must be in [0, 1) (0 turns the EMA off)")
   distill.validate(config)
 
 
 def check_analysis_hooks(config: ml_collections.ConfigDict, **hooks: Callable | None) -> None:
   """``config.analysis`` switches on per-evaluation analysis only the caller's hooks can do."""
-  analysis = config.get("analysis") or {}
   fields = {"locality": "make_locality_logger", "center_plots": "make_center_plotter"}
   for field, hook in fields.items():
-    if analysis.get(field) and hooks[hook] is None:
+    if config.analysis is not None and config.analysis[field] and hooks[hook] is None:
       raise ValueError(
         f"config.analysis.{field}=True, but train_and_evaluate got no {hook}: pass "
         f"**locvit.analysis.hooks.training_hooks() (as locvit.main does) or turn it off."
@@ -63,7 +63,7 @@ def validate(config: ml_collections.ConfigDict, mesh, rules, model: nn.Module) -
     check_patchable(image_size, image_size, model.patch_size)
   dp = sharding.data_parallel_size(mesh, rules)
   for name in ("batch_size", "eval_batch_size"):
-    size = config.get(name) or config.batch_size
+    size = config[name] or config.batch_size
     if size % dp:
       valid = [dp * k for k in range(max(size // dp, 1), max(size // dp, 1) + 3)]
       raise ValueError(
@@ -72,7 +72,7 @@ def validate(config: ml_collections.ConfigDict, mesh, rules, model: nn.Module) -
       )
     if size % jax.process_count():
       raise ValueError(f"{name}={size} is not divisible by {jax.process_count()} processes.")
-  accum = config.get("grad_accum_steps", 1)
+  accum = config.grad_accum_steps
   if accum < 1 or config.batch_size % (accum * dp):
     raise ValueError(
       f"grad_accum_steps={accum}: batch_size={config.batch_size} must split into {accum} "
@@ -83,9 +83,9 @@ def validate(config: ml_collections.ConfigDict, mesh, rules, model: nn.Module) -
 def training_length(config, num_train_examples: int) -> tuple[int, int]:
   """(total_steps, steps_per_epoch). Epochs scale by 1/train_fraction (ConViT Table 2)."""
   steps_per_epoch = max(num_train_examples // config.batch_size, 1)
-  if config.get("total_steps", -1) > 0:
+  if config.total_steps > 0:
     return config.total_steps, steps_per_epoch
-  epochs = config.num_epochs / config.data.get("train_fraction", 1.0)
+  epochs = config.num_epochs / config.data.train_fraction
   return max(math.ceil(epochs * steps_per_epoch), 1), steps_per_epoch
 
 
@@ -163,7 +163,7 @@ class Training(Evaluation):
 
 
 def _eval_batches(config, eval_source):
-  eval_batch_size = config.get("eval_batch_size") or config.batch_size
+  eval_batch_size = config.eval_batch_size or config.batch_size
   return data_lib.make_eval_iterator(
     config.data,
     eval_source,
@@ -178,11 +178,13 @@ def _image_shape(config, source) -> tuple[int, int, int]:
 
 
 def build_evaluation(config: ml_collections.ConfigDict) -> Evaluation:
-  """The mesh, the model and the eval data of ``config`` (validated first)."""
+  """The mesh, the model and the eval data of ``config`` (completed with the defaults of
+  ``configs/common.py:base_config``, then validated)."""
+  config = complete_config(config)
   mesh = sharding.make_mesh(config.mesh)
   rules = sharding.logical_rules(config.mesh)
   eval_source = data_lib.make_source(config.data, config.data.eval_split)
-  num_classes = config.data.get("num_classes") or eval_source.num_classes
+  num_classes = config.data.num_classes or eval_source.num_classes
   model = build_model(config, num_classes)
   validate(config, mesh, rules, model)
   image_shape = _image_shape(config, eval_source)
@@ -191,14 +193,16 @@ def build_evaluation(config: ml_collections.ConfigDict) -> Evaluation:
 
 
 def _checked_setup(config, hooks):
-  """Validates ``config`` against its data and model before the workdir is touched."""
+  """Validates ``config`` (completed with the defaults of ``configs/common.py:base_config``)
+  against its data and model before the workdir is touched."""
+  config = complete_config(config)
   check_analysis_hooks(config, **hooks)
   mesh = sharding.make_mesh(config.mesh)
   rules = sharding.logical_rules(config.mesh)
   train_source = data_lib.make_source(config.data, config.data.train_split)
   eval_source = data_lib.make_source(config.data, config.data.eval_split)
   data_lib.check_same_classes(train_source, eval_source)
-  num_classes = config.data.get("num_classes") or train_source.num_classes
+  num_classes = config.data.num_classes or train_source.num_classes
   validate_recipe(config, num_classes)
   optim.validate(config)
   image_shape = _image_shape(config, train_source)
@@ -247,8 +251,8 @@ def build_training(
     )
   run.checkpointer = ckpt_lib.Checkpointer(
     paths.path(workdir) / "checkpoints",
-    keep=config.get("keep_checkpoints", 3),
-    async_save=config.get("async_checkpointing", True),
+    keep=config.keep_checkpoints,
+    async_save=config.async_checkpointing,
   )
   run.writer = metrics_lib.MetricWriter(workdir)
   return run

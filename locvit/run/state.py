@@ -32,7 +32,7 @@ class TrainState:
 
 def ema_enabled(config: ml_collections.ConfigDict) -> bool:
   """Whether ``config.ema`` is present with ``decay > 0`` (the state then carries EMA weights)."""
-  return config.get("ema") is not None and config.ema.decay > 0
+  return config.ema is not None and config.ema.decay > 0
 
 
 def state_shardings(
@@ -89,13 +89,13 @@ def apply_initializer(
 
   Runs only when a run starts from scratch; a resumed run restores the initialised parameters.
   """
-  init_cfg = config.get("init")
+  init_cfg = config.init
   if warmstart is not None:
     from_checkpoint.check_matches(warmstart.params, state.params, "parameters")
     from_checkpoint.check_matches(warmstart.model_state, state.model_state, "model state")
     params, model_state = warmstart.params, warmstart.model_state
   elif init_cfg is not None and init_cfg.name != "none":
-    seed = config.seed if init_cfg.get("seed") is None else init_cfg.seed  # follows the run's seed
+    seed = config.seed if init_cfg.seed is None else init_cfg.seed  # follows the run's seed
     params = init_lib.apply_init(
       init_cfg, jax.device_get(state.params), model, config.data.image_size, seed=seed
     )

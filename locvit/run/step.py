@@ -56,7 +56,7 @@ def ema_update(config, step: jax.Array, params, ema_params):
   """``ema <- decay * ema + (1 - decay) * params``; with ``ema.warmup`` the decay ramps as
   ``min(decay, (1 + t) / (10 + t))`` (TensorFlow's ExponentialMovingAverage num_updates rule)."""
   decay = jnp.asarray(config.ema.decay, jnp.float32)
-  if config.ema.get("warmup"):
+  if config.ema.warmup:
     t = step.astype(jnp.float32)
     decay = jnp.minimum(decay, (1.0 + t) / (10.0 + t))
   return optax.incremental_update(params, ema_params, step_size=1.0 - decay)
@@ -83,8 +83,8 @@ def train_step(
     augment_rng,
     device_augment.normalize(images, config.data),
     batch["label"],
-    mixup=config.get("mixup"),
-    erasing=config.get("random_erasing"),
+    mixup=config.mixup,
+    erasing=config.random_erasing,
     num_classes=num_classes,
     label_smoothing=config.label_smoothing,
   )
@@ -103,10 +103,10 @@ def train_step(
       key,
       model_state=model_state,
       teacher_logits=mb.get("teacher"),
-      distillation=config.get("distillation"),
+      distillation=config.distillation,
     )
 
-  accum = config.get("grad_accum_steps", 1)
+  accum = config.grad_accum_steps
   if accum == 1:
     (loss, (acc, model_state)), grads = loss_grad(inputs, rng, state.model_state)
   else:
@@ -175,7 +175,7 @@ def guarded_step(state: TrainState, batch, teacher_variables, health, *, config,
     "first_nonfinite": jnp.where((first < 0) & ~finite, state.step + 1, first),
     "skipped": health["skipped"] + (~finite).astype(jnp.int32),
   }
-  if config.get("nonfinite", "stop") == "skip":
+  if config.nonfinite == "skip":
     kept = state.replace(step=new_state.step)
     new_state = optax.tree.where(finite, new_state, kept)
     metrics["train/skipped_steps"] = health["skipped"]
@@ -186,9 +186,9 @@ def check_health(config, health, step: int, warned: int = 0) -> int:
   """Raises NonFiniteError under ``nonfinite='stop'``; under 'skip' warns when more updates were
   skipped than ``warned``. Returns the number skipped so far."""
   first, skipped = int(health["first_nonfinite"]), int(health["skipped"])
-  if first < 0 or (skipped <= warned and config.get("nonfinite", "stop") == "skip"):
+  if first < 0 or (skipped <= warned and config.nonfinite == "skip"):
     return skipped
-  if config.get("nonfinite", "stop") == "stop":
+  if config.nonfinite == "stop":
     raise NonFiniteError(
       f"non-finite loss or gradient norm at step {first}; stopped at step {step} without saving "
       f"it. Lower optimizer.lr, set grad_clip_norm, or set nonfinite='skip' to drop such updates."
