@@ -40,6 +40,7 @@ from locvit import cpu_malloc, paths, run_config
 from locvit import workdir as workdir_lib
 from locvit.configs.common import complete_config
 from locvit.metrics import evaluation_line
+from locvit.run.preemption import defer_stops_in, raise_stop
 
 MODES = ("train", "eval", "analyze")
 
@@ -353,21 +354,29 @@ def main(argv):
     sys.exit(0)
 
 
-class TerminatedError(Exception):
-  """SIGTERM outside the training loop (start-up, evaluation, shutdown)."""
+class TerminatedError(BaseException):
+  """SIGTERM outside the training loop (start-up, evaluation, shutdown). Like KeyboardInterrupt,
+  not an ``Exception``: no ``except Exception`` on its way out (an image decoder's, a checkpoint
+  restore's) turns it into an error of its own."""
 
 
 def _stop(signum, frame):
-  raise TerminatedError
+  raise_stop(TerminatedError, signum, frame)
+
+
+def _interrupt(signum, frame):
+  raise_stop(KeyboardInterrupt, signum, frame)
 
 
 def _redeliver_swallowed_stops() -> None:
   """A stop raised by a signal handler while Python runs a gc callback (JAX registers one) or a
   finalizer is printed as "Exception ignored" and dropped, and the run would go on. The signal is
-  sent again from a timer thread, so that it lands once the callback has returned."""
+  sent again from a timer thread, so that it lands once the callback has returned; one that lands
+  in this hook (dropped too) is sent again by ``raise_stop``."""
   previous = sys.unraisablehook
   resend = {TerminatedError: signal.SIGTERM, KeyboardInterrupt: signal.SIGINT}
 
+  @defer_stops_in
   def hook(unraisable):
     signum = resend.get(unraisable.exc_type)
     if signum is None:
@@ -393,6 +402,7 @@ def _main_with_clear_errors(argv):
   """Configuration and data errors are printed as one clear message, not a traceback; so is a
   stop by SIGTERM outside the loop (which saves and exits 0 itself) or by a second Ctrl-C."""
   signal.signal(signal.SIGTERM, _stop)  # the loop takes SIGTERM over; JAX's multi-host sync too
+  signal.signal(signal.SIGINT, _interrupt)  # Python's KeyboardInterrupt, not during a compilation
   _redeliver_swallowed_stops()
   try:
     main(argv)

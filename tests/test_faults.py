@@ -25,7 +25,7 @@ from locvit import checkpoint as ckpt_lib
 from locvit import run_config, sharding, train
 from locvit.data import CorruptImageError
 from locvit.metrics import read_metrics
-from tests.test_cli import ROOT, _free_port, _main
+from tests.test_cli import ROOT, _env, _free_port, _main
 from tests.train_utils import sigterm_after_step, tiny_config
 
 
@@ -188,11 +188,22 @@ def test_sigterm_interrupts_an_evaluation_at_a_batch_boundary_and_saves_the_step
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_signal_that_lands_in_a_gc_callback_still_stops_the_run(signum):
   # Python drops an exception raised inside a gc callback ("Exception ignored in:
-  # _xla_gc_callback"); the run must stop all the same, with the one line and no traceback.
+  # _xla_gc_callback"); the run must stop all the same, with the one line and no traceback. So
+  # does sys.unraisablehook: the signal sent again from it lands there too (a slow hook, as on a
+  # loaded machine), and must be sent again once more.
   script = f"""
-import gc, os, time
+import gc, os, threading, time, types
 from absl import app
 from locvit import main
+
+class SlowStart(threading.Timer):
+  def start(self):
+    super().start()
+    end = time.monotonic() + 0.1
+    while time.monotonic() < end:
+      pass
+
+main.threading = types.SimpleNamespace(Timer=SlowStart)  # the hook's timer
 
 def run(argv):
   sent = []
@@ -225,6 +236,33 @@ app.run(main._main_with_clear_errors)
   )
 
 
+# The CLI, with SIGTERM sent once the main thread has waited 0.3 s for an XLA compilation (its
+# frame in jax._src.compiler). An exception raised there used to abandon the compilation, which
+# then used the backend client that the exit had freed: a segmentation fault after the one line.
+SIGTERM_IN_COMPILATION = """
+import os, signal, sys, threading, time
+from locvit import main
+
+def send_during_a_compilation():
+  current, since = None, 0.0
+  while True:
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    if frame is None or frame.f_globals.get("__name__") != "jax._src.compiler":
+      current = None
+    elif frame is not current:
+      current, since = frame, time.monotonic()
+    elif time.monotonic() - since > 0.3:
+      os.kill(os.getpid(), signal.SIGTERM)
+      return
+    del frame
+    time.sleep(0.01)
+
+threading.Thread(target=send_during_a_compilation, daemon=True).start()
+sys.argv = ["locvit.main", *sys.argv[1:]]
+main.run()
+"""
+
+
 @pytest.mark.slow
 def test_sigterm_in_start_up_and_a_second_ctrl_c_stop_with_one_line(tmp_path):
   workdir = tmp_path / "run"
@@ -239,6 +277,18 @@ def test_sigterm_in_start_up_and_a_second_ctrl_c_stop_with_one_line(tmp_path):
     f"the checkpoints committed in {workdir} are kept (the same command resumes from the newest)"
   )
   assert (proc.returncode, err.splitlines()) == (143, [f"locvit: stopped by SIGTERM; {stopped}"])
+  assert not (workdir / "lock").exists()  # released, also when stopped while the run was built
+
+  # During a compilation (one device, as on a CPU by default; no cached executables; glibc's malloc
+  # filling freed memory, so that the use after free crashes every time): the stop waits for the
+  # compilation to return, then exits cleanly.
+  env = {**_env(1), "JAX_ENABLE_COMPILATION_CACHE": "false", "MALLOC_PERTURB_": "165"}
+  command = [sys.executable, "-c", SIGTERM_IN_COMPILATION, *common, "--cpu_malloc=default"]
+  proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+  assert (proc.returncode, proc.stderr.splitlines()) == (
+    143,
+    [f"locvit: stopped by SIGTERM; {stopped}"],
+  )
 
   proc = _main(*common, "--config.total_steps=100000", stderr=subprocess.PIPE)
   for line in proc.stdout:

@@ -149,10 +149,12 @@ class Training(Evaluation):
 
   def __exit__(self, exc_type, *_) -> None:
     try:  # pending saves of earlier steps are committed even when a step or evaluation fails
-      self.checkpointer.close()
+      if self.checkpointer is not None:  # None: stopped while being built
+        self.checkpointer.close()
     finally:
       try:
-        self.writer.close()
+        if self.writer is not None:
+          self.writer.close()
       except OSError:
         if exc_type is None:
           raise
@@ -238,21 +240,25 @@ def build_training(
   # (config.json) once the workdir's checkpoint has accepted it (train.restore_or_initialise).
   workdir_lib.claim(workdir)
   run.workdir = workdir
-  run.eval_batches = _eval_batches(config, run.eval_source)
-  boxed_params, _ = sharding.model_variable_shapes(run.model, run.image_shape)
-  run.schedule = optim.make_schedule(config, run.total_steps, run.steps_per_epoch)
-  run.tx = optim.make_optimizer(config, nn.meta.unbox(boxed_params), run.schedule)
-  run.layout = state_lib.state_layout(
-    run.model, run.image_shape, run.tx, run.mesh, run.rules, ema=run.use_ema
-  )
-  if distill.enabled(config):
-    run.teacher = distill.load_teacher(
-      config, run.num_classes, run.image_shape, run.mesh, run.rules
+  try:  # an error or a stop (SIGTERM, Ctrl-C) from here on releases the workdir, as the run would
+    run.eval_batches = _eval_batches(config, run.eval_source)
+    boxed_params, _ = sharding.model_variable_shapes(run.model, run.image_shape)
+    run.schedule = optim.make_schedule(config, run.total_steps, run.steps_per_epoch)
+    run.tx = optim.make_optimizer(config, nn.meta.unbox(boxed_params), run.schedule)
+    run.layout = state_lib.state_layout(
+      run.model, run.image_shape, run.tx, run.mesh, run.rules, ema=run.use_ema
     )
-  run.checkpointer = ckpt_lib.Checkpointer(
-    paths.path(workdir) / "checkpoints",
-    keep=config.keep_checkpoints,
-    async_save=config.async_checkpointing,
-  )
-  run.writer = metrics_lib.MetricWriter(workdir)
+    if distill.enabled(config):
+      run.teacher = distill.load_teacher(
+        config, run.num_classes, run.image_shape, run.mesh, run.rules
+      )
+    run.checkpointer = ckpt_lib.Checkpointer(
+      paths.path(workdir) / "checkpoints",
+      keep=config.keep_checkpoints,
+      async_save=config.async_checkpointing,
+    )
+    run.writer = metrics_lib.MetricWriter(workdir)
+  except BaseException as e:
+    run.__exit__(type(e), e, e.__traceback__)
+    raise
   return run
