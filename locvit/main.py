@@ -26,7 +26,6 @@ import os
 import re
 import signal
 import sys
-import threading
 import time
 from collections.abc import Sequence
 
@@ -40,7 +39,7 @@ from locvit import cpu_malloc, paths, run_config
 from locvit import workdir as workdir_lib
 from locvit.configs.common import complete_config
 from locvit.metrics import evaluation_line
-from locvit.run.preemption import defer_stops_in, raise_stop
+from locvit.run import preemption
 
 MODES = ("train", "eval", "analyze")
 
@@ -361,30 +360,11 @@ class TerminatedError(BaseException):
 
 
 def _stop(signum, frame):
-  raise_stop(TerminatedError, signum, frame)
+  preemption.raise_stop(TerminatedError, signum, frame)
 
 
 def _interrupt(signum, frame):
-  raise_stop(KeyboardInterrupt, signum, frame)
-
-
-def _redeliver_swallowed_stops() -> None:
-  """A stop raised by a signal handler while Python runs a gc callback (JAX registers one) or a
-  finalizer is printed as "Exception ignored" and dropped, and the run would go on. The signal is
-  sent again from a timer thread, so that it lands once the callback has returned; one that lands
-  in this hook (dropped too) is sent again by ``raise_stop``."""
-  previous = sys.unraisablehook
-  resend = {TerminatedError: signal.SIGTERM, KeyboardInterrupt: signal.SIGINT}
-
-  @defer_stops_in
-  def hook(unraisable):
-    signum = resend.get(unraisable.exc_type)
-    if signum is None:
-      previous(unraisable)
-    else:
-      threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()
-
-  sys.unraisablehook = hook
+  preemption.raise_stop(KeyboardInterrupt, signum, frame)
 
 
 def _exit_stopped(cause: str, status: int) -> None:
@@ -403,7 +383,9 @@ def _main_with_clear_errors(argv):
   stop by SIGTERM outside the loop (which saves and exits 0 itself) or by a second Ctrl-C."""
   signal.signal(signal.SIGTERM, _stop)  # the loop takes SIGTERM over; JAX's multi-host sync too
   signal.signal(signal.SIGINT, _interrupt)  # Python's KeyboardInterrupt, not during a compilation
-  _redeliver_swallowed_stops()
+  preemption.redeliver_swallowed_stops(
+    {TerminatedError: signal.SIGTERM, KeyboardInterrupt: signal.SIGINT}
+  )
   try:
     main(argv)
   except TerminatedError:

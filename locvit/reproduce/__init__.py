@@ -36,6 +36,7 @@ from locvit import metrics as metrics_lib
 from locvit.configs.common import complete_config
 from locvit.configs.reproduce_plans import PLANS
 from locvit.reproduce.report import locvit_commit
+from locvit.run import preemption
 
 PROBE_STEPS = 8
 DATA_HELP = "docs/data_preparation.md"
@@ -228,7 +229,7 @@ class Interrupt:
     return self
 
   def _handle(self, signum, frame):
-    raise KeyboardInterrupt
+    preemption.raise_stop(KeyboardInterrupt, signum, frame)  # never inside an XLA compilation
 
   def __exit__(self, *exc):
     for s, handler in self._previous.items():
@@ -405,6 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
   if argv is None:  # the command line, as locvit.main: TCMalloc where installed (README, "On CPU")
     cpu_malloc.reexec_with("auto")
+    preemption.redeliver_swallowed_stops({KeyboardInterrupt: signal.SIGINT})
   try:
     if args.report:
       from locvit.reproduce import report as reproduce_report

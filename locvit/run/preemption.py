@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -121,6 +122,25 @@ def raise_stop(exception: type[BaseException], signum: int, frame) -> None:
     return
   _deferred["stop"] = False
   raise exception
+
+
+def redeliver_swallowed_stops(resend: dict[type[BaseException], int]) -> None:
+  """Installs a ``sys.unraisablehook`` for stops: a stop raised by a signal handler while Python
+  runs a gc callback (JAX registers one) or a finalizer is printed as "Exception ignored" and
+  dropped, and the run would go on. ``resend`` maps each stop exception to its signal, which is
+  sent again from a timer thread, so that it lands once the callback has returned; one that lands
+  in this hook (dropped too) is sent again by ``raise_stop``."""
+  previous = sys.unraisablehook
+
+  @defer_stops_in
+  def hook(unraisable):
+    signum = resend.get(unraisable.exc_type)
+    if signum is None:
+      previous(unraisable)
+    else:
+      threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()
+
+  sys.unraisablehook = hook
 
 
 def wait_for_deferred_stop(timeout: float = 1.0) -> None:
