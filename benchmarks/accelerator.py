@@ -3,7 +3,7 @@
   python benchmarks/accelerator.py [--data_root=CIFAR10_ROOT] [--steps=20] [--rounds=3]
   python benchmarks/accelerator.py --smoke        # the same code on CPU at toy sizes (CI)
 
-Two tables, one run, one device (``jax.devices()[0]``):
+Three tables, one run, one device (``jax.devices()[0]``):
 
 1. Synthetic batch, resident on the device. For ConViT-Ti/S and DeiT-Ti/S at 224 (bf16 compute,
    fp32 parameters: ``config.mixed_precision``, the DeiT recipe, batch ``--batch_size``) and the
@@ -18,6 +18,12 @@ Two tables, one run, one device (``jax.devices()[0]``):
    augmentation, for ``--pipeline_steps`` steps after compilation. It reports whole-run images/s
    and how often the step waited for data: a step waited when its batch arrived after the
    previous step had already finished on the device (the device sat idle).
+3. DeiT-Ti with the DeiT recipe at 224 (random-resized crop, flip, RandAugment, repeated
+   augmentation) from ``--jpeg_images`` CIFAR-10 images stored as 341x256 JPEGs, each read
+   decoded again (the first epoch's cost), one host thread per core: whole-run images/s and
+   waits, with the augmentation on the host and on the device (``--augment_on``).
+
+``--only=FRAGMENT,...`` keeps the rows whose label contains a fragment (e.g. ``ViT d9``).
 
 ``--smoke``: CPU, image 32 for the 224 models, two blocks per model, batch 2, two steps, one
 round, ConViT-Ti and one CIFAR model; ``--data_root`` may be any tiny image folder. Without timm
@@ -32,6 +38,7 @@ import functools
 import importlib.util
 import os
 import statistics
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -40,6 +47,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from device_augment import deit_jpeg_folder
 
 from locvit import data as data_lib
 from locvit import optim, sharding, train
@@ -308,6 +316,12 @@ def _synthetic_row(label: str, config, image_size: int, num_classes: int, make_t
   )
 
 
+def _only(labels: tuple[str, ...], args) -> tuple[str, ...]:
+  """The labels ``--only`` keeps (all without it)."""
+  fragments = [f for f in args.only.split(",") if f]
+  return tuple(x for x in labels if not fragments or any(f in x for f in fragments))
+
+
 def synthetic_table(args, peak: float | None) -> None:
   precision = "fp32 (smoke)" if args.smoke else "bf16 compute"
   print(f"Table 1: synthetic resident batch, {precision}, median of {args.rounds} rounds")
@@ -316,7 +330,7 @@ def synthetic_table(args, peak: float | None) -> None:
     f" {'MFU':>6} {'timm img/s':>10} {'locvit/timm':>11} {'compile s':>8}  torch side",
     flush=True,
   )
-  for name in ("convit_tiny",) if args.smoke else tuple(MODELS_224):
+  for name in _only(("convit_tiny",) if args.smoke else tuple(MODELS_224), args):
     config = _config_224(name, args.batch_size, args.smoke)
     make_torch = functools.partial(
       torch_runner,
@@ -330,7 +344,7 @@ def synthetic_table(args, peak: float | None) -> None:
       _synthetic_row(name, config, args.image_size, NUM_CLASSES, make_torch, args, peak)
     except Exception as error:  # one model's failure must not lose the others' rows
       _failed(name, error)
-  for label in SMOKE_MODELS_32 if args.smoke else tuple(MODELS_32):
+  for label in _only(SMOKE_MODELS_32 if args.smoke else tuple(MODELS_32), args):
     try:
       _synthetic_row(label, _config_32(label, args), 32, 10, None, args, peak)
     except Exception as error:
@@ -348,7 +362,8 @@ def train_from_pipeline(config, source, steps: int) -> tuple[float, float, float
     config.data, source, seed=0, local_batch_size=config.batch_size
   )
   first = next(iterator)
-  state, step = _state_and_step(config, first["image"].shape[1:], source.num_classes)
+  size = config.data.image_size  # a device random-resized crop's batch holds larger canvases
+  state, step = _state_and_step(config, (size, size, first["image"].shape[-1]), source.num_classes)
   state, metrics = step(state, jax.device_put(first))  # compiles
   jax.block_until_ready(metrics)
 
@@ -385,7 +400,9 @@ def pipeline_table(args) -> None:
     print("Table 2 skipped: no CIFAR-10 image folder (--data_root or $CIFAR10_ROOT).")
     return
   print(f"Table 2: training from the CIFAR-10 JPEG folders at {root}, {args.pipeline_steps} steps")
-  labels = SMOKE_MODELS_32 if args.smoke else tuple(MODELS_32)
+  labels = _only(SMOKE_MODELS_32 if args.smoke else tuple(MODELS_32), args)
+  if not labels:
+    return
   configs = {}
   for label in labels:
     configs[label] = _config_32(label, args)
@@ -412,6 +429,54 @@ def pipeline_table(args) -> None:
   print("fetching: share of the run's wall time spent in the iterator and the host-to-device copy.")
 
 
+def _jpeg_root(args, tmp: str) -> tuple[str, int]:
+  """``--jpeg_images`` CIFAR-10 training images upsampled to 341x256 (at 224; scaled with
+  ``--image_size``) and stored as JPEGs under ``tmp``, like a resized ImageNet copy; with the
+  canvas side that carries every crop box (the longer side, rounded up to 32)."""
+  scale = args.image_size / 224
+  size = (round(341 * scale), round(256 * scale))
+  deit_jpeg_folder(args.data_root or os.environ["CIFAR10_ROOT"], args.jpeg_images, Path(tmp), size)
+  return tmp, -(-size[0] // 32) * 32
+
+
+def deit_pipeline_table(args) -> None:
+  if not _only(("DeiT-Ti from JPEGs",), args):
+    return
+  if not (args.data_root or os.environ.get("CIFAR10_ROOT")):
+    print("Table 3 skipped: no CIFAR-10 image folder (--data_root or $CIFAR10_ROOT).")
+    return
+  threads = os.cpu_count()
+  print(
+    f"Table 3: DeiT-Ti, the DeiT recipe at {args.image_size} from {args.jpeg_images} JPEGs"
+    f" (341x256 at 224), every read decoded (the first epoch's cost), {threads} host threads,"
+    f" {args.pipeline_steps} steps",
+    flush=True,
+  )
+  print(f"{'on':<6} {'batch':>5} {'img/s':>9} {'waited':>7} {'fetching':>8}", flush=True)
+  with tempfile.TemporaryDirectory() as tmp:
+    root, canvas = _jpeg_root(args, tmp)
+    config = _config_224("deit_tiny", args.batch_size, args.smoke)
+    config.data.update(
+      dict(source="image_folder", root=root, image_size=args.image_size, decoded_cache_mb=0)
+    )
+    config.data.update(dict(num_threads=threads, prefetch=8, rrc_canvas=canvas))
+    source = data_lib.make_source(config.data, config.data.train_split)
+    for augment_on in args.augment_on.split(","):
+      config.data.augment_on = augment_on
+      try:
+        images_per_s, waited, fetching = train_from_pipeline(config, source, args.pipeline_steps)
+      except Exception as error:  # one row's failure must not lose the others'
+        _failed(f"DeiT-Ti from JPEGs ({augment_on})", error)
+        continue
+      print(
+        f"{augment_on:<6} {config.batch_size:>5} {images_per_s:9.1f} {100 * waited:6.0f}%"
+        f" {100 * fetching:7.0f}%",
+        flush=True,
+      )
+  print("device: the host decodes and cuts the crop box; resize, flip and RandAugment run in")
+  print("the step (locvit.data.resample: Pillow's resize, bit for bit).\n")
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--smoke", action="store_true", help="CPU, toy sizes, under a minute")
@@ -423,7 +488,11 @@ def main() -> None:
   parser.add_argument("--warmup", type=int, default=3, help="untimed steps per model first")
   parser.add_argument("--pipeline_steps", type=int, default=200)
   parser.add_argument("--data_root", default="", help="CIFAR-10 image folder ($CIFAR10_ROOT)")
-  parser.add_argument("--tables", default="1,2", help="which tables to run: 1, 2 or 1,2")
+  parser.add_argument("--tables", default="1,2,3", help="which tables to run, e.g. 1,3")
+  parser.add_argument(
+    "--only", default="", help="comma-separated fragments: run only the rows whose label has one"
+  )
+  parser.add_argument("--jpeg_images", type=int, default=4096, help="Table 3's JPEG count")
   parser.add_argument(
     "--augment_on", default="host,device", help="Table 2's rows: data.augment_on values"
   )
@@ -433,11 +502,14 @@ def main() -> None:
     jax.config.update("jax_platforms", "cpu")
     args.image_size, args.batch_size, args.small_batch_size = 32, 2, 4
     args.steps, args.rounds, args.warmup, args.pipeline_steps = 2, 1, 1, 3
+    args.jpeg_images = 8
   peak = print_peaks(jax.devices()[0], args.peak_tflops)
   if "1" in args.tables.split(","):
     synthetic_table(args, peak)
   if "2" in args.tables.split(","):
     pipeline_table(args)
+  if "3" in args.tables.split(","):
+    deit_pipeline_table(args)
   if FAILURES:
     raise SystemExit(f"{len(FAILURES)} rows failed: {', '.join(FAILURES)}")
 

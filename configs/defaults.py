@@ -57,13 +57,17 @@ def data_config() -> ml_collections.ConfigDict:
     eval_crop_pct: eval resizes the shorter side to image_size / eval_crop_pct, then centre-crops.
     mean, std: per-channel normalisation in [0, 1] units. A 3-tuple applied to 1-channel images
       is averaged to one value.
-    augment_on: 'host' | 'device'. 'device' moves the trailing run of pad-crop, flip and
-      auto_augment (RandAugment / AutoAugment, ``locvit.data.device_autoaugment``) into the
-      jitted train step (``locvit.data.device_augment``, per-example draws from the step's key);
-      the host keeps the ops before them (decode, resize, random-resized crop). The device
-      auto_augment ops agree with Pillow's within one grey level per pixel; its random stream
-      differs from the host's, its distributions do not. 'host' runs every op on the host,
-      timm's exact code path.
+    augment_on: 'host' | 'device'. 'device' moves the trailing run of random-resized crop,
+      pad-crop, flip and auto_augment (RandAugment / AutoAugment,
+      ``locvit.data.device_autoaugment``) into the jitted train step
+      (``locvit.data.device_augment``, per-example draws from the step's key); the host keeps
+      the ops before them and the decode. A random-resized crop keeps its box draw and cut on
+      the host (the same boxes as 'host') and resizes on the device, equal to Pillow's bit for
+      bit (``locvit.data.resample``). The device auto_augment ops agree with Pillow's within one
+      grey level per pixel; its random stream differs from the host's, its distributions do
+      not. 'host' runs every op on the host, timm's exact code path.
+    rrc_canvas: side in pixels of the square a device random-resized crop's box travels on
+      (None: 2 * image_size). A box larger than it is resized on the host instead.
     decoded_cache_mb: memory budget (MB per process) for keeping a split's decoded images
       (``locvit.data.decoded``); a larger split keeps streaming. 0: always stream.
     num_threads: threads decoding/augmenting batches (grain ReadOptions.num_threads).
@@ -94,6 +98,7 @@ def data_config() -> ml_collections.ConfigDict:
   c.mean = IMAGENET_MEAN
   c.std = IMAGENET_STD
   c.augment_on = "host"
+  c.rrc_canvas = None
   c.decoded_cache_mb = 4096
   c.num_threads = 4
   c.prefetch = 4

@@ -263,7 +263,9 @@ def test_device_crop_offsets_and_flips_are_uniform_per_example_and_follow_the_ke
   image = np.concatenate([image, np.broadcast_to(rows[None, :, None], (8, 8, 1))], axis=-1)
   batch = jnp.broadcast_to(image, (n, 8, 8, 2))
   cfg = data_cfg(train_augment="crop_flip", augment_on="device", crop_padding=padding)
-  out = np.asarray(jax.jit(lambda k, x: da.recipe_ops(k, x, cfg))(jax.random.key(0), batch))
+  out = np.asarray(
+    jax.jit(lambda k, x: da.recipe_ops(k, {"image": x}, cfg))(jax.random.key(0), batch)
+  )
   centre = out[:, 4, 4]  # never padding for padding <= 2 on an 8x8 image
   tops = centre[:, 0].astype(int) - 1 - 4 + padding
   cols = centre[:, 1].astype(int) - 1
@@ -275,9 +277,9 @@ def test_device_crop_offsets_and_flips_are_uniform_per_example_and_follow_the_ke
     assert len(counts) == 5 and np.all(np.abs(counts - expected) < 4.5 * sd), counts
   assert abs(flipped.mean() - 0.5) < 4.5 * np.sqrt(0.25 / n)
   assert abs(np.corrcoef(tops, lefts)[0, 1]) < 0.06 and abs(np.corrcoef(tops, flipped)[0, 1]) < 0.06
-  again = jax.jit(lambda k, x: da.recipe_ops(k, x, cfg))(jax.random.key(0), batch)
+  again = jax.jit(lambda k, x: da.recipe_ops(k, {"image": x}, cfg))(jax.random.key(0), batch)
   np.testing.assert_array_equal(out, again)
-  other = jax.jit(lambda k, x: da.recipe_ops(k, x, cfg))(jax.random.key(1), batch)
+  other = jax.jit(lambda k, x: da.recipe_ops(k, {"image": x}, cfg))(jax.random.key(1), batch)
   assert not np.array_equal(out, other)
 
 
@@ -293,8 +295,8 @@ def test_augment_on_device_moves_the_trailing_device_ops_and_refuses_when_nothin
     ("pad_crop", "hflip"),
   )
   assert split(train_augment="rrc_flip", augment_on="device") == (
-    ("random_resized_crop",),
-    ("hflip",),
+    (),
+    ("random_resized_crop", "hflip"),
   )
   # data.auto_augment runs last, so the whole tail moves, in order.
   assert split(train_augment="crop_flip", auto_augment="autoaug-cifar10", augment_on="device") == (
@@ -308,9 +310,9 @@ def test_augment_on_device_moves_the_trailing_device_ops_and_refuses_when_nothin
   with pytest.raises(ValueError) as e:
     validate_data_config(data_cfg(train_augment="none", augment_on="device"))
   assert str(e.value) == (
-    "data.augment_on='device' moves a trailing run of pad_crop, hflip, auto_augment into the "
-    "train step, but data.train_augment='none' ends with 'resize_center_crop', which runs on the "
-    "host only; set data.augment_on='host'"
+    "data.augment_on='device' moves a trailing run of random_resized_crop, pad_crop, hflip, "
+    "auto_augment into the train step, but data.train_augment='none' ends with "
+    "'resize_center_crop', which runs on the host only; set data.augment_on='host'"
   )
   with pytest.raises(ValueError, match=r"data.augment_on='gpu' is not one of \['device', 'host'\]"):
     validate_data_config(data_cfg(augment_on="gpu"))
@@ -334,7 +336,7 @@ def test_device_augmentation_lowers_for_accelerators_without_host_callbacks(plat
   mixup = mixup_cfg(mixup_alpha=0.8, cutmix_alpha=1.0)
 
   def augment(key, images, labels):
-    images = da.normalize(da.recipe_ops(key, images, cfg), cfg)
+    images = da.normalize(da.recipe_ops(key, {"image": images}, cfg), cfg)
     return da.augment_batch(
       key,
       images,

@@ -24,10 +24,10 @@ IMAGE_SHAPE = (8, 8, 1)
 
 
 def recipe_config(**top_level):
-  """The tiny digits run with the device pad-crop, flip and RandAugment, Mixup/CutMix, random
-  erasing and a weight EMA on one device."""
+  """The tiny digits run with DeiT's augmentation on the device (random-resized crop, flip and
+  RandAugment), Mixup/CutMix, random erasing and a weight EMA on one device."""
   c = tiny_config(**top_level)
-  c.data.train_augment, c.data.augment_on, c.data.crop_padding = "crop_flip", "device", 2
+  c.data.train_augment, c.data.augment_on = "rrc_flip", "device"
   c.data.auto_augment = "rand-m9-mstd0.5-inc1"
   c.mesh.num_devices, c.mesh.shape = 1, (1, 1)
   c.label_smoothing = 0.1
@@ -134,8 +134,8 @@ def test_recipe_run_evaluates_model_and_ema(recipe_run):
 
 
 def test_recipe_run_resumes_bitwise(tmp_path, recipe_run):
-  """The device crop/flip/RandAugment, Mixup/CutMix and erasing keys and the EMA survive SIGTERM +
-  resume exactly."""
+  """The device random-resized crop, flip and RandAugment, Mixup/CutMix and erasing keys and the
+  EMA survive SIGTERM + resume exactly."""
   full_dir, _, full = recipe_run
   config = recipe_config()
   workdir = str(tmp_path)

@@ -97,10 +97,13 @@ def random_resized_crop(
   interpolation: str = "bicubic",
   attempts: int = 10,
 ) -> np.ndarray:
-  """Inception-style random resized crop (same sampling rule as torchvision/timm): the box of
-  `random_resized_crop_box`, resized to `size` x `size`."""
-  box = random_resized_crop_box(image.shape[0], image.shape[1], rng, scale, ratio, attempts)
-  return resize(image, (size, size), interpolation, box=box)
+  """Inception-style random resized crop, as torchvision's ``RandomResizedCrop`` (timm's) does
+  it: the box of `random_resized_crop_box` is cut out, then resized to `size` x `size`, so the
+  filter never reads past the box."""
+  x0, y0, x1, y1 = random_resized_crop_box(
+    image.shape[0], image.shape[1], rng, scale, ratio, attempts
+  )
+  return resize(image[y0:y1, x0:x1], (size, size), interpolation)
 
 
 def random_resized_crop_box(
@@ -250,9 +253,10 @@ def train_op_names(cfg: Any) -> tuple[str, ...]:
 
 
 # Ops that data.augment_on='device' moves into the jitted train step (`device_augment` and
-# `device_autoaugment` implement them). Only a trailing run of them moves, so the ops keep their
+# `device_autoaugment` implement them; the host keeps the box draw and the cut of a random-resized
+# crop, `resample.crop_to_canvas`). Only a trailing run of them moves, so the ops keep their
 # order: crop_flip + auto_augment moves pad_crop, hflip and auto_augment.
-DEVICE_OPS = ("pad_crop", "hflip", "auto_augment")
+DEVICE_OPS = ("random_resized_crop", "pad_crop", "hflip", "auto_augment")
 
 
 def split_train_ops(cfg: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -265,8 +269,8 @@ def split_train_ops(cfg: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
   if cfg.augment_on == "host":
     return names, ()
   k = len(names)
-  while k and names[k - 1] in DEVICE_OPS:
-    k -= 1
+  while k and names[k - 1] in DEVICE_OPS and names[k : k + 1] != ("random_resized_crop",):
+    k -= 1  # A random-resized crop moves only as the first device op: the host cuts its box.
   if k == len(names):
     raise ValueError(
       f"data.augment_on='device' moves a trailing run of {', '.join(DEVICE_OPS)} into the train "

@@ -101,6 +101,8 @@ def validate_data_config(cfg: Any) -> None:
   _number(cfg, "eval_crop_pct", lo=0.0, hi=1.0, lo_open=True, integer=False)
   _pair(cfg, "rrc_scale", lo=0.0, hi=1.0)
   _pair(cfg, "rrc_ratio", lo=0.0, hi=float("inf"))
+  if cfg.rrc_canvas is not None:
+    _number(cfg, "rrc_canvas", lo=cfg.image_size, hi=1 << 16, lo_open=False, integer=True)
   _number(cfg, "decoded_cache_mb", lo=0, hi=1 << 40, lo_open=False, integer=False)
   _number(cfg, "num_threads", lo=0, hi=1024, lo_open=False, integer=True)
   _number(cfg, "prefetch", lo=0, hi=1 << 20, lo_open=False, integer=True)

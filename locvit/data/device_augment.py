@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from locvit.configs.defaults import erasing_config as default_erasing_config  # noqa: F401
 from locvit.configs.defaults import mixup_config as default_mixup_config  # noqa: F401
 from locvit.data import augment, device_autoaugment
+from locvit.data.resample import PRECISION_BITS
 
 Array = jax.Array
 MIXUP_MODES = ("batch", "elem")
@@ -98,22 +99,52 @@ def random_flip(key: Array, images: Array) -> Array:
   return flip_where(images, jax.random.bernoulli(key, 0.5, (images.shape[0],)))
 
 
+def _resample_width(image: Array, taps: Array) -> Array:
+  """One Pillow pass along the width of an int32 ``(H, W, C)`` image: ``taps`` ``(out, 1 + K)``
+  holds each output column's first input column and K fixed-point coefficients
+  (``resample.taps``); rounded and clipped to 8 bits as Pillow does between passes."""
+  first, coefficients = taps[:, 0], taps[:, 1:]
+  total = jnp.full((image.shape[0], taps.shape[0], image.shape[2]), 1 << (PRECISION_BITS - 1))
+  for j in range(coefficients.shape[1]):  # K gathers, each weighted: no (H, out, K, C) temporary.
+    columns = jnp.take(image, jnp.minimum(first + j, image.shape[1] - 1), axis=1)
+    total = total + columns * coefficients[None, :, j, None]
+  return jnp.clip(jnp.right_shift(total, PRECISION_BITS), 0, 255)
+
+
+def resize_from_taps(images: Array, taps: Array, transposed: Array) -> Array:
+  """The device half of a random-resized crop: Pillow's separable resize of each uint8 canvas
+  ``(B, S, S, C)`` with the host's ``taps`` ``(B, 2, size, 1 + K)`` (width pass, then height
+  pass) in int32 arithmetic, equal to ``Image.resize`` bit for bit; examples sent
+  ``transposed`` (B,) are transposed back. Returns uint8 ``(B, size, size, C)``."""
+
+  def one(canvas: Array, taps: Array, transposed: Array) -> Array:
+    x = _resample_width(canvas.astype(jnp.int32), taps[0])
+    x = _resample_width(x.transpose(1, 0, 2), taps[1])  # The height pass, on the transpose.
+    return jnp.where(transposed, x, x.transpose(1, 0, 2)).astype(jnp.uint8)
+
+  return jax.vmap(one)(images, taps, transposed)
+
+
 _RECIPE_OPS = {
-  "pad_crop": lambda key, images, cfg: pad_crop(key, images, int(cfg.crop_padding)),
-  "hflip": lambda key, images, cfg: random_flip(key, images),
-  "auto_augment": device_autoaugment.auto_augment,
+  "random_resized_crop": lambda key, images, cfg, batch: resize_from_taps(
+    images, batch["resize_taps"], batch["resize_transposed"]
+  ),
+  "pad_crop": lambda key, images, cfg, batch: pad_crop(key, images, int(cfg.crop_padding)),
+  "hflip": lambda key, images, cfg, batch: random_flip(key, images),
+  "auto_augment": lambda key, images, cfg, batch: device_autoaugment.auto_augment(key, images, cfg),
 }
 
 
-def recipe_ops(key: Array, images: Array, data_config: Any) -> Array:
+def recipe_ops(key: Array, batch: dict[str, Array], data_config: Any) -> Array:
   """The recipe ops that ``data.augment_on='device'`` moves here (``augment.split_train_ops``),
-  in order, on the uint8 batch; each draws from its own key, per example. A batch with no such
-  ops is returned unchanged."""
-  names = augment.split_train_ops(data_config)[1]
+  in order, on the batch's uint8 images; each draws from its own key, per example (a
+  random-resized crop reads the box the host cut, ``resample.crop_to_canvas``). Returns the
+  images, unchanged when no op moved."""
+  images, names = batch["image"], augment.split_train_ops(data_config)[1]
   if not names:
     return images
   for name, op_key in zip(names, jax.random.split(key, len(names)), strict=True):
-    images = _RECIPE_OPS[name](op_key, images, data_config)
+    images = _RECIPE_OPS[name](op_key, images, data_config, batch)
   return images
 
 

@@ -38,7 +38,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from locvit.data import augment
+from locvit.data import augment, resample
 from locvit.data.config import checked_data_config
 
 Batch = dict[str, np.ndarray]
@@ -63,6 +63,12 @@ def _check_process(process_index: int, process_count: int) -> None:
 
 def _stack(examples: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
   return {k: np.stack([ex[k] for ex in examples]) for k in examples[0]}
+
+
+def _stack_boxes(examples: Sequence[dict[str, Any]], side: int) -> dict[str, np.ndarray]:
+  """``_stack`` for cut crop boxes of different sizes: each at the top-left of a side^2 canvas."""
+  batch = _stack([{k: v for k, v in ex.items() if k != "image"} for ex in examples])
+  return {"image": resample.on_canvas([ex["image"] for ex in examples], side), **batch}
 
 
 def _int32_labels(batch: dict[str, np.ndarray]) -> Batch:
@@ -149,15 +155,20 @@ def make_train_dataset(
   repeats = int(data_config.repeated_augmentations)
   order = _EpochOrder(n, seed, process_index, process_count, local_batch_size, repeats)
   transform = augment.build_train_transform(data_config)
+  batch_fn, cut = _stack, None
+  if augment.split_train_ops(data_config)[1][:1] == ("random_resized_crop",):
+    cut = resample.box_cutter(data_config)  # The boxes and taps the train step's resize reads.
+    batch_fn = functools.partial(_stack_boxes, side=resample.canvas_size(data_config))
 
   def load(position: int, _: Any) -> dict[str, Any]:
     epoch, index, copy = order(position)
-    ex = source[index]
-    return {"image": transform(ex["image"], order.rng(epoch, index, copy)), "label": ex["label"]}
+    ex, rng = source[index], order.rng(epoch, index, copy)
+    image = transform(ex["image"], rng)
+    return {**({"image": image} if cut is None else cut(image, rng)), "label": ex["label"]}
 
   ds = grain.MapDataset.range(order.per_process).repeat()  # repeat() = infinite epochs.
   ds = ds.map_with_index(load)
-  ds = ds.batch(local_batch_size, drop_remainder=True, batch_fn=_stack)
+  ds = ds.batch(local_batch_size, drop_remainder=True, batch_fn=batch_fn)
   if start_step:
     ds = ds[int(start_step) :]  # batch k of this process belongs to global step k + 1
   ds = ds.map(_int32_labels)

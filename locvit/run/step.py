@@ -78,7 +78,7 @@ def train_step(
   rng = jax.random.fold_in(jax.random.key(config.seed), state.step)
   augment_rng = jax.random.fold_in(jax.random.key(config.seed + 2), state.step)
   recipe_rng = jax.random.fold_in(jax.random.key(config.seed + 3), state.step)
-  images = device_augment.recipe_ops(recipe_rng, batch["image"], config.data)
+  images = device_augment.recipe_ops(recipe_rng, batch, config.data)
   images, targets = device_augment.augment_batch(
     augment_rng,
     device_augment.normalize(images, config.data),
