@@ -394,6 +394,22 @@ def _decoded_source(config):
   return source
 
 
+def _pipeline_rows(columns: str, label: str, config, source, args) -> None:
+  """One row per ``--augment_on`` value: ``columns``, then on, batch, img/s, waited, fetching."""
+  for augment_on in args.augment_on.split(","):
+    config.data.augment_on = augment_on
+    try:
+      images_per_s, waited, fetching = train_from_pipeline(config, source, args.pipeline_steps)
+    except Exception as error:  # one row's failure must not lose the others'
+      _failed(f"{label} ({augment_on})", error)
+      continue
+    print(
+      f"{columns}{augment_on:<6} {config.batch_size:>5} {images_per_s:9.1f}"
+      f" {100 * waited:6.0f}% {100 * fetching:7.0f}%",
+      flush=True,
+    )
+
+
 def pipeline_table(args) -> None:
   root = args.data_root or os.environ.get("CIFAR10_ROOT")
   if not root:
@@ -412,19 +428,8 @@ def pipeline_table(args) -> None:
   header = f"{'model':<26} {'augment':<32} {'on':<6} {'batch':>5} {'img/s':>9} {'waited':>7}"
   print(f"{header} {'fetching':>8}", flush=True)
   for label, config in configs.items():
-    for augment_on in args.augment_on.split(","):
-      config.data.augment_on = augment_on
-      augment = " + ".join(filter(None, (config.data.train_augment, config.data.auto_augment)))
-      try:
-        images_per_s, waited, fetching = train_from_pipeline(config, source, args.pipeline_steps)
-      except Exception as error:  # one row's failure must not lose the others'
-        _failed(f"{label} ({augment_on})", error)
-        continue
-      print(
-        f"{label:<26} {augment:<32} {augment_on:<6} {config.batch_size:>5} {images_per_s:9.1f}"
-        f" {100 * waited:6.0f}% {100 * fetching:7.0f}%",
-        flush=True,
-      )
+    augment = " + ".join(filter(None, (config.data.train_augment, config.data.auto_augment)))
+    _pipeline_rows(f"{label:<26} {augment:<32} ", label, config, source, args)
   print("waited: steps whose batch arrived after the previous step had finished on the device;")
   print("fetching: share of the run's wall time spent in the iterator and the host-to-device copy.")
 
@@ -461,18 +466,7 @@ def deit_pipeline_table(args) -> None:
     )
     config.data.update(dict(num_threads=threads, prefetch=8, rrc_canvas=canvas))
     source = data_lib.make_source(config.data, config.data.train_split)
-    for augment_on in args.augment_on.split(","):
-      config.data.augment_on = augment_on
-      try:
-        images_per_s, waited, fetching = train_from_pipeline(config, source, args.pipeline_steps)
-      except Exception as error:  # one row's failure must not lose the others'
-        _failed(f"DeiT-Ti from JPEGs ({augment_on})", error)
-        continue
-      print(
-        f"{augment_on:<6} {config.batch_size:>5} {images_per_s:9.1f} {100 * waited:6.0f}%"
-        f" {100 * fetching:7.0f}%",
-        flush=True,
-      )
+    _pipeline_rows("", "DeiT-Ti from JPEGs", config, source, args)
   print("device: the host decodes and cuts the crop box; resize, flip and RandAugment run in")
   print("the step (locvit.data.resample: Pillow's resize, bit for bit).\n")
 
