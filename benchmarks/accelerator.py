@@ -20,8 +20,9 @@ Three tables, one run, one device (``jax.devices()[0]``):
    previous step had already finished on the device (the device sat idle).
 3. DeiT-Ti with the DeiT recipe at 224 (random-resized crop, flip, RandAugment, repeated
    augmentation) from ``--jpeg_images`` CIFAR-10 images stored as 341x256 JPEGs, each read
-   decoded again (the first epoch's cost), one host thread per core: whole-run images/s and
-   waits, with the augmentation on the host and on the device (``--augment_on``).
+   decoded again (the first epoch's cost), from one process's threads (one per core) and from
+   grain worker processes (``data.num_workers``): whole-run images/s and waits, with the
+   augmentation on the host and on the device (``--augment_on``).
 
 ``--only=FRAGMENT,...`` keeps the rows whose label contains a fragment (e.g. ``ViT d9``).
 
@@ -381,6 +382,7 @@ def train_from_pipeline(config, source, steps: int) -> tuple[float, float, float
     state, metrics = step(state, batch)
   jax.block_until_ready(metrics)
   seconds = time.perf_counter() - t0
+  iterator.close()  # stops data.num_workers' processes
   return steps * config.batch_size / seconds, waited / steps, fetching / seconds
 
 
@@ -453,25 +455,31 @@ def deit_pipeline_table(args) -> None:
   if not (args.data_root or os.environ.get("CIFAR10_ROOT")):
     print("Table 3 skipped: no CIFAR-10 image folder (--data_root or $CIFAR10_ROOT).")
     return
-  threads = os.cpu_count()
+  cores = os.cpu_count()
+  hosts = {  # name -> data fields: one process's threads, or worker processes
+    f"{cores} threads": dict(num_workers=0, num_threads=cores, prefetch=cores),
+    f"{max(1, cores - 1)} procs": dict(num_workers=max(1, cores - 1), num_threads=2, prefetch=2),
+  }
   print(
     f"Table 3: DeiT-Ti, the DeiT recipe at {args.image_size} from {args.jpeg_images} JPEGs"
-    f" (341x256 at 224), every read decoded (the first epoch's cost), {threads} host threads,"
-    f" {args.pipeline_steps} steps",
+    f" (341x256 at 224), every read decoded (the first epoch's cost), {args.pipeline_steps} steps",
     flush=True,
   )
-  print(f"{'on':<6} {'batch':>5} {'img/s':>9} {'waited':>7} {'fetching':>8}", flush=True)
+  header = f"{'host':<11} {'on':<6} {'batch':>5} {'img/s':>9} {'waited':>7} {'fetching':>8}"
+  print(header, flush=True)
   with tempfile.TemporaryDirectory() as tmp:
     root, canvas = _jpeg_root(args, tmp)
     config = _config_224("deit_tiny", args.batch_size, args.smoke)
     config.data.update(
       dict(source="image_folder", root=root, image_size=args.image_size, decoded_cache_mb=0)
     )
-    config.data.update(dict(num_threads=threads, prefetch=threads, rrc_canvas=canvas))
+    config.data.rrc_canvas = canvas
     source = data_lib.make_source(config.data, config.data.train_split)
-    _pipeline_rows("", "DeiT-Ti from JPEGs", config, source, args)
-  print("device: the host decodes and cuts the crop box; resize, flip and RandAugment run in")
-  print("the step (locvit.data.resample: Pillow's resize, bit for bit).\n")
+    for host, fields in hosts.items():
+      config.data.update(fields)
+      _pipeline_rows(f"{host:<11} ", f"DeiT-Ti from JPEGs, {host}", config, source, args)
+  print("procs: data.num_workers grain worker processes with 2 threads each. device: the host")
+  print("decodes and cuts the crop box; resize, flip and RandAugment run in the step.\n")
 
 
 def main() -> None:

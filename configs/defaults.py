@@ -71,6 +71,10 @@ def data_config() -> ml_collections.ConfigDict:
     decoded_cache_mb: memory budget (MB per process) for keeping a split's decoded images
       (``locvit.data.decoded``); a larger split keeps streaming. 0: always stream.
     num_threads: threads decoding/augmenting batches (grain ReadOptions.num_threads).
+    num_workers: processes building training batches (grain ``mp_prefetch``), each with
+      num_threads threads; 0 builds them in this process. Threads share the interpreter lock,
+      so a host feeding a GPU from JPEGs at 224 needs processes. The decoded cache is then
+      per worker.
     prefetch: number of batches buffered ahead (grain ReadOptions.prefetch_buffer_size).
   """
   c = ml_collections.ConfigDict()
@@ -101,6 +105,7 @@ def data_config() -> ml_collections.ConfigDict:
   c.rrc_canvas = None
   c.decoded_cache_mb = 4096
   c.num_threads = 4
+  c.num_workers = 0
   c.prefetch = 4
   return c
 

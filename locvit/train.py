@@ -16,6 +16,7 @@ docs/reliability.md).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -253,9 +254,9 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
     progress.finished(run.workdir, final)
   monitor = HealthMonitor(config)
   meta = run_config.checkpoint_meta(config, run.num_classes)
-  train_batches = run.train_batches(start)
   watcher = PreemptionWatcher(multiprocess=jax.process_count() > 1, checkpointer=run.checkpointer)
-  with watcher as preemption:
+  # closing: stops grain's worker processes (data.num_workers) however the loop ends.
+  with watcher as preemption, contextlib.closing(run.train_batches(start)) as train_batches:
     for step in range(start + 1, total_steps + 1):
       batch = sharding.global_batch(next(train_batches), run.batch_sharding)
       state, train_metrics, health = step_fn(state, batch, teacher_variables, health)

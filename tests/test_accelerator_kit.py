@@ -68,8 +68,9 @@ def test_smoke_run_prints_the_three_tables(tmp_path):
   assert float(row[1]) > 0 and 0 <= int(row[2]) <= 100 and 0 <= int(row[3]) <= 100
   # Table 3: DeiT's recipe from JPEGs, the crop's resize on the device.
   assert "Table 3: DeiT-Ti, the DeiT recipe at 32 from 8 JPEGs" in out
-  row = re.search(r"^device +2 +([\d.]+) +(\d+)% +(\d+)%$", out, re.M)
-  assert row and float(row[1]) > 0, out
+  for host in ("threads", "procs"):
+    row = re.search(rf"^\d+ {host} +device +2 +([\d.]+) +(\d+)% +(\d+)%$", out, re.M)
+    assert row and float(row[1]) > 0, out
 
 
 def _wheel(folder: Path, name: str, requires: list[str]) -> Path:

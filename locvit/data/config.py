@@ -105,6 +105,7 @@ def validate_data_config(cfg: Any) -> None:
     _number(cfg, "rrc_canvas", lo=cfg.image_size, hi=1 << 16, lo_open=False, integer=True)
   _number(cfg, "decoded_cache_mb", lo=0, hi=1 << 40, lo_open=False, integer=False)
   _number(cfg, "num_threads", lo=0, hi=1024, lo_open=False, integer=True)
+  _number(cfg, "num_workers", lo=0, hi=1024, lo_open=False, integer=True)
   _number(cfg, "prefetch", lo=0, hi=1 << 20, lo_open=False, integer=True)
   mean, std = tuple(cfg.mean), tuple(cfg.std)
   if not mean or len(mean) != len(std):

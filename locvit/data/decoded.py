@@ -47,6 +47,21 @@ class DecodedCache:
   def __len__(self) -> int:
     return len(self._state)
 
+  def __getstate__(self) -> dict:
+    """A worker process (data.num_workers) starts with an empty cache of its own: sending the
+    filled one would copy the whole array to every worker."""
+    state = dict(self.__dict__)
+    state["images"] = self.images.shape
+    del state["_label"], state["_state"]
+    return state
+
+  def __setstate__(self, state: dict) -> None:
+    shape = state.pop("images")
+    self.__dict__.update(state)
+    self.images = np.empty(shape, np.uint8)
+    self._label = np.zeros(shape[0], np.int32)
+    self._state = np.zeros(shape[0], np.int8)
+
   def __repr__(self) -> str:
     return f"DecodedCache({self.source!r})"
 

@@ -24,19 +24,24 @@ global order; the checkpoint holds no per-process iterator state.
 
 Performance. Each grain prefetch thread builds whole uint8 batches (decode + augment); they cross
 to the device as uint8 and the jitted train and eval steps normalise them
-(`device_augment.normalize`), so per-example host work is the decode and the ops themselves. The
-returned grain `DatasetIterator` also has grain's `get_state`/`set_state`.
+(`device_augment.normalize`), so per-example host work is the decode and the ops themselves.
+Threads share one interpreter lock: `data.num_workers` > 0 builds training batches in that many
+worker processes instead (grain's `mp_prefetch`), in the same order, batch for batch. The
+returned grain `DatasetIterator` also has grain's `get_state`/`set_state`; `close()` it (or let the
+training loop do so) to stop the workers.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import signal
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grain
 import numpy as np
+from absl import flags
 
 from locvit.data import augment, resample
 from locvit.data.config import checked_data_config
@@ -171,8 +176,21 @@ def make_train_dataset(
   ds = ds.batch(local_batch_size, drop_remainder=True, batch_fn=batch_fn)
   if start_step:
     ds = ds[int(start_step) :]  # batch k of this process belongs to global step k + 1
-  ds = ds.map(_int32_labels)
-  return ds.to_iter_dataset(_read_options(data_config))
+  ds = ds.map(_int32_labels).to_iter_dataset(_read_options(data_config))
+  workers = int(data_config.num_workers)
+  if not workers:
+    return ds
+  if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; a notebook never parses them
+    flags.FLAGS.mark_as_parsed()
+  options = grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=2)
+  return ds.mp_prefetch(options, worker_init_fn=_ignore_interrupts)
+
+
+def _ignore_interrupts(worker_index: int, worker_count: int) -> None:
+  """A worker leaves Ctrl-C to the training process, which stops and closes the pipeline: the
+  terminal's SIGINT reaches the whole process group, and each worker would print a traceback."""
+  del worker_index, worker_count
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def make_train_iterator(data_config: Any, source: Any, **kwargs: Any) -> grain.DatasetIterator:

@@ -167,6 +167,12 @@ class ImageFolderSource:
   def __len__(self) -> int:
     return len(self.paths)
 
+  def __getstate__(self) -> dict:  # A worker process gets its own lock (data.num_workers).
+    return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+  def __setstate__(self, state: dict) -> None:
+    self.__dict__.update(state, _lock=threading.Lock())
+
   def __repr__(self) -> str:
     return (
       f"ImageFolderSource(root={str(self.root)!r}, split={self.split!r}, n={len(self)}, "
