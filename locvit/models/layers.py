@@ -232,6 +232,11 @@ class AttentionSettings(nn.Module):
   param_dtype: Any = jnp.float32
   implementation: str | None = None
 
+  def layer_fields(self) -> dict[str, Any]:
+    """These settings as fields of ``locvit.attention.Attention``."""
+    names = ("attn_drop", "proj_drop", "dtype", "param_dtype", "implementation")
+    return {name: getattr(self, name) for name in names}
+
 
 class BlockSettings(nn.Module):
   """Keyword-only fields shared by the pre-norm blocks (``Block``, Swin's, CaiT's, T2T's).
