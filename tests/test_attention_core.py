@@ -28,6 +28,7 @@ from locvit.attention import (
   attend,
 )
 from locvit.models import create_model, default_image_size, list_models
+from locvit.models.cait import TalkingHeadsAttention
 from locvit.models.factory import build_model
 
 
@@ -253,6 +254,9 @@ def test_the_one_layer_names_what_it_refuses():
     GPSA(num_heads=4).init(jax.random.key(0), x, x, grid=TokenGrid(2, 2))
   with pytest.raises(ValueError, match="fused qkv projection cannot read a context"):
     Attention(num_heads=2).init(jax.random.key(0), x, x)
+  term = Term(jnp.ones((2, 4, 4)), "add")
+  with pytest.raises(ValueError, match="no context="):
+    TalkingHeadsAttention(2, 2).init(jax.random.key(0), x, x, terms=(term,))
 
 
 @pytest.mark.parametrize("platform", ["tpu", "cuda"])

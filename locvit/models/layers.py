@@ -220,8 +220,8 @@ def drop_path(rate: float) -> nn.Dropout:
 
 
 class AttentionSettings(nn.Module):
-  """Keyword-only fields of the backbones' own attention layers (Swin, CaiT): the attention
-  kind's mask options, dropouts, dtypes and the kernel setting (``locvit.ops``)."""
+  """Keyword-only fields of a backbone's wrapper of the shared attention layer (Swin's windows):
+  the attention kind's mask options, dropouts, dtypes and the kernel setting (``locvit.ops``)."""
 
   _: dataclasses.KW_ONLY
   attention: str = "mhsa"
