@@ -14,6 +14,11 @@ dimension) enters the attention; ``Attention(positional=term, combine=...)`` han
 GPSA's ``'gate'`` rule has its own layer (``gpsa.py``). ``P`` covers patch tokens only; prefix
 tokens (the class token) get a neutral entry: 0 for ``add``, 1 for ``multiply``; ``replace``
 attention does not support prefix tokens.
+
+The backbones with attention of their own hand it to this layer too: Swin's window attention
+passes its mask, relative bias and shift mask as ``terms=`` at call time, T2T's token transformer
+sets ``scale`` and ``value_skip``, and CaiT's talking heads subclass it for their separate query
+and key/value kernels and their ``LogitsHook``.
 """
 
 from __future__ import annotations
