@@ -18,8 +18,17 @@ import pytest
 
 from configs.common import base_config
 from locvit import run_config
-from locvit.attention import Attention, LogitsHook, QuadraticPositional, Term, TokenGrid, attend
+from locvit.attention import (
+  GPSA,
+  Attention,
+  LogitsHook,
+  QuadraticPositional,
+  Term,
+  TokenGrid,
+  attend,
+)
 from locvit.models import create_model, default_image_size, list_models
+from locvit.models.cait import TalkingHeadsAttention
 from locvit.models.factory import build_model
 
 
@@ -214,6 +223,40 @@ def test_attention_out_dim_changes_the_output_width():
   variables = layer.init(jax.random.key(0), x)
   assert layer.apply(variables, x).shape == (2, 9, 10)
   assert jnp.shape(flax.linen.meta.unbox(variables)["params"]["proj"]["kernel"]) == (2, 3, 10)
+
+
+def test_call_time_terms_scale_and_value_skip_of_the_one_layer():
+  """``Attention(x, terms=...)`` applies its own term, then the passed ones, in order, with the
+  layer's ``scale``; ``value_skip`` adds the merged values (Swin's and T2T's use of the layer)."""
+  rng = np.random.default_rng(2)
+  x = jnp.asarray(rng.normal(size=(2, 4, 6)), jnp.float32)
+  mask = jnp.asarray(rng.normal(size=(2, 4, 4)), jnp.float32)
+  bias = jnp.asarray(rng.normal(size=(2, 1, 4, 4)), jnp.float32)  # per example, as Swin's shift
+  layer = Attention(num_heads=2, scale=0.4, value_skip=True, out_dim=6)
+  terms = (Term(mask, "multiply"), Term(bias, "add"))
+  variables = layer.init(jax.random.key(0), x, terms=terms)
+  got = layer.apply(variables, x, terms=terms)
+  p = jax.tree.map(np.asarray, flax.linen.meta.unbox(variables)["params"])
+  qkv = np.einsum("bnc,cthd->bnthd", np.asarray(x), p["qkv"]["kernel"]) + p["qkv"]["bias"]
+  q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+  logits = np.einsum("bnhd,bmhd->bhnm", q, k) * 0.4 * np.asarray(mask) + np.asarray(bias)
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  y = np.einsum("bhnm,bmhd->bnhd", probs / probs.sum(-1, keepdims=True), v)
+  want = np.einsum("bnhd,hdc->bnc", y, p["proj"]["kernel"]) + p["proj"]["bias"] + v.reshape(2, 4, 6)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_one_layer_names_what_it_refuses():
+  x = jnp.ones((1, 4, 4))
+  with pytest.raises(ValueError, match="combine='gate' is GPSA's rule"):
+    Attention(num_heads=2, combine="gate")
+  with pytest.raises(ValueError, match="GPSA takes no context= or terms="):
+    GPSA(num_heads=4).init(jax.random.key(0), x, x, grid=TokenGrid(2, 2))
+  with pytest.raises(ValueError, match="fused qkv projection cannot read a context"):
+    Attention(num_heads=2).init(jax.random.key(0), x, x)
+  term = Term(jnp.ones((2, 4, 4)), "add")
+  with pytest.raises(ValueError, match="no context="):
+    TalkingHeadsAttention(2, 2).init(jax.random.key(0), x, x, terms=(term,))
 
 
 @pytest.mark.parametrize("platform", ["tpu", "cuda"])

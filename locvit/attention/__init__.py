@@ -8,13 +8,12 @@ They plug into ``Attention(positional=term, combine=...)``, which hands them to 
 """
 
 from locvit.attention.attention import (
-  COMBINE_RULES,
   Attention,
   get_attention,
   list_attention,
   register_attention,
 )
-from locvit.attention.core import LogitsHook, Term, attend
+from locvit.attention.core import COMBINE_RULES, LogitsHook, Term, attend
 from locvit.attention.geometry import (
   TokenGrid,
   gpsa_relative_features,

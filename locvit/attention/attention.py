@@ -14,27 +14,29 @@ dimension) enters the attention; ``Attention(positional=term, combine=...)`` han
 GPSA's ``'gate'`` rule has its own layer (``gpsa.py``). ``P`` covers patch tokens only; prefix
 tokens (the class token) get a neutral entry: 0 for ``add``, 1 for ``multiply``; ``replace``
 attention does not support prefix tokens.
+
+The backbones with attention of their own hand it to this layer too: Swin's window attention
+passes its mask, relative bias and shift mask as ``terms=`` at call time, T2T's token transformer
+sets ``scale`` and ``value_skip``, and CaiT's talking heads subclass it for their separate query
+and key/value kernels and their ``LogitsHook``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from locvit.attention import core, projections
-from locvit.attention.core import Term, attend
+from locvit.attention import projections
+from locvit.attention.core import COMBINE_RULES, LogitsHook, Term, attend
 from locvit.attention.geometry import TokenGrid
 from locvit.attention.projections import output_projection, qkv_projection, trunc_normal
 from locvit.ops import check_implementation
 
 Array = jax.Array
-Combine = Literal["add", "multiply", "replace"]
-# The core's rules a layer's positional table can use; 'gate' belongs to GPSA's own layer.
-COMBINE_RULES = tuple(rule for rule in core.COMBINE_RULES if rule != "gate")
 
 
 class AttentionLayer(nn.Module):
@@ -42,7 +44,9 @@ class AttentionLayer(nn.Module):
 
   Called as ``layer(x, grid=grid, num_prefix_tokens=0, train=train)`` on ``(B, N, C)`` tokens;
   a subclass implements ``_forward`` (projections, the core, the output projection) and this
-  class validates the kernel setting and applies ``proj_drop``.
+  class validates the kernel setting and applies ``proj_drop``. Layers with ``call_extras``
+  (``Attention``) also take ``context`` (keys and values from other tokens) and extra positional
+  ``terms``; the others build every term themselves and refuse both.
 
   Attributes:
     num_heads: number of heads H.
@@ -66,6 +70,7 @@ class AttentionLayer(nn.Module):
   param_dtype: Any = jnp.float32
   kernel_init: Callable = trunc_normal
   choices: ClassVar[dict[str, tuple[Any, ...]]] = {}  # field -> valid values, checked at build
+  call_extras: ClassVar[bool] = False
 
   def __post_init__(self):
     for field, valid in self.choices.items():
@@ -83,8 +88,9 @@ class AttentionLayer(nn.Module):
     )
 
   def _forward(
-    self, x: Array, grid: TokenGrid | None, num_prefix_tokens: int, train: bool
+    self, x: Array, grid: TokenGrid | None, num_prefix_tokens: int, train: bool, **extras: Any
   ) -> Array:
+    """The layer up to ``proj_drop``; ``extras``: ``context`` and ``terms`` (``call_extras``)."""
     raise NotImplementedError
 
   def _prefix_token_error(self, num_prefix_tokens: int) -> str | None:
@@ -96,23 +102,30 @@ class AttentionLayer(nn.Module):
   def __call__(
     self,
     x: Array,
+    context: Array | None = None,
     *,
     grid: TokenGrid | None = None,
     num_prefix_tokens: int = 0,
+    terms: Sequence[Term] = (),
     train: bool = False,
   ) -> Array:
     check_implementation(self.implementation)
     error = self._prefix_token_error(num_prefix_tokens) if num_prefix_tokens else None
     if error:
       raise ValueError(error)
-    out = self._forward(x, grid, num_prefix_tokens, train)
+    extras = {}
+    if context is not None or terms:
+      if not self.call_extras:
+        raise ValueError(f"{type(self).__name__} takes no context= or terms= at call time.")
+      extras = dict(context=context, terms=tuple(terms))
+    out = self._forward(x, grid, num_prefix_tokens, train, **extras)
     return nn.Dropout(self.proj_drop)(out, deterministic=not train)
 
 
 class Attention(AttentionLayer):
-  """Multi-head self-attention with an optional positional term.
+  """Multi-head attention with optional positional terms: the one attention layer.
 
-  Without one: ``softmax(q k^T / sqrt(Dh)) v`` per head, heads merged by the output projection
+  Without a term: ``softmax(q k^T / sqrt(Dh)) v`` per head, heads merged by the output projection
   (ConViT Eqs. 1-3). With one, ``combine`` selects Cordonnier et al.'s relative logits
   ('add', Eq. 8), Li & Zhang's masks ('multiply', Eq. 9) or positional-only attention ('replace',
   Cordonnier et al. Secs. 4.2-4.3); see the module docstring. Fields of ``AttentionLayer``, and:
@@ -121,13 +134,31 @@ class Attention(AttentionLayer):
     out_dim: width of the output projection; None means the input width.
     positional: optional Linen module called as ``positional(grid)`` returning an ``(H, N, N)``
       table over the patch tokens.
-    combine: how the positional table enters (see module docstring).
+    combine: how the positional table enters: a rule of ``core.COMBINE_RULES`` other than
+      'gate', whose term carries a per-head gate that only GPSA's layer has.
+    scale: the logits' scale ``s``; None means ``1 / sqrt(Dh)``.
+    value_skip: add the values, heads merged, to the output: ``v + proj(A v)`` (T2T's token
+      transformer, whose input and output widths differ).
+
+  Called as ``AttentionLayer`` is, plus ``context`` ``(B, M, C)`` (keys and values from other
+  tokens: CaiT's class attention) and ``terms`` (``Term`` values applied after the layer's own,
+  in order: Swin's mask, relative bias and shift mask). A subclass replaces one step: ``_project``
+  (the q/k/v parameterisation), ``_terms`` (its own positional terms) or ``_hook`` (a
+  ``LogitsHook``: CaiT's talking heads).
   """
 
   out_dim: int | None = None
   positional: nn.Module | None = None
-  combine: Combine = "add"
+  combine: str = "add"
+  scale: float | None = None
+  value_skip: bool = False
   choices: ClassVar[dict[str, tuple[Any, ...]]] = {"combine": COMBINE_RULES}
+  call_extras: ClassVar[bool] = True
+
+  def __post_init__(self):
+    if self.combine == "gate":
+      raise ValueError("combine='gate' is GPSA's rule (a gated term): use attention kind 'gpsa'.")
+    super().__post_init__()
 
   def _positional_table(self, grid: TokenGrid | None) -> Array | None:
     if self.positional is None:
@@ -136,26 +167,50 @@ class Attention(AttentionLayer):
       raise ValueError("A positional attention term needs the token grid; pass grid=TokenGrid.")
     return self.positional(grid)
 
-  def _forward(
-    self, x: Array, grid: TokenGrid | None, num_prefix_tokens: int, train: bool
-  ) -> Array:
-    dim = x.shape[-1]
-    head_dim = projections.head_dim(dim, self.num_heads, self.head_dim)
-    qkv = qkv_projection(self.num_heads, head_dim, self.qkv_bias, **self._dense_kwargs())(x)
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # each (B, N, H, Dh): BTNH layout
+  def _terms(self, grid: TokenGrid | None) -> tuple[Term, ...]:
+    """The layer's own positional terms (a subclass may build several)."""
     table = self._positional_table(grid)
+    return () if table is None else (Term(table, self.combine),)
+
+  def _project(self, x: Array, context: Array | None) -> tuple[Array, Array, Array]:
+    """Queries, keys and values, each ``(B, N, H, Dh)`` (BTNH layout), from the fused ``qkv``."""
+    if context is not None:
+      raise ValueError(f"{type(self).__name__}'s fused qkv projection cannot read a context.")
+    head_dim = projections.head_dim(x.shape[-1], self.num_heads, self.head_dim)
+    qkv = qkv_projection(self.num_heads, head_dim, self.qkv_bias, **self._dense_kwargs())(x)
+    return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+
+  def _hook(self) -> LogitsHook | None:
+    return None
+
+  def _forward(
+    self,
+    x: Array,
+    grid: TokenGrid | None,
+    num_prefix_tokens: int,
+    train: bool,
+    context: Array | None = None,
+    terms: tuple[Term, ...] = (),
+  ) -> Array:
+    q, k, v = self._project(x, context)
+    terms = (*self._terms(grid), *terms)
+    if terms and context is not None:
+      raise ValueError("A positional term is a table over a grid's token pairs: no context=.")
     y = attend(
       self,
       q,
       k,
       v,
-      terms=() if table is None else (Term(table, self.combine),),
+      terms=terms,
       num_prefix_tokens=num_prefix_tokens,
+      scale=self.scale,
+      hook=self._hook(),
       attn_drop=self.attn_drop,
       train=train,
       implementation=self.implementation,
     )
-    return output_projection(self.out_dim or dim, **self._dense_kwargs())(y)
+    out = output_projection(self.out_dim or x.shape[-1], **self._dense_kwargs())(y)
+    return v.reshape(*v.shape[:2], -1) + out if self.value_skip else out
 
 
 # ---------------------------------------------------------------------------------------------

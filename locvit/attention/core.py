@@ -1,8 +1,9 @@
 """The attention core: content logits, positional terms, softmax, value mix. Written once.
 
-Every attention layer of locvit (``Attention``, ``GPSA``, ``RelativeAttention``, the GMM / ELM
-kinds, Swin's window attention, CaiT's talking heads, T2T's token transformer) projects its
-queries, keys and values, then calls ``attend``. A positional term enters through a combine rule:
+Every attention layer of locvit (``Attention``, which also serves the GMM / ELM kinds, Swin's
+window attention, CaiT's talking heads and T2T's token transformer; ``GPSA``;
+``RelativeAttention``) projects its queries, keys and values, then calls ``attend``. A positional
+term enters through a combine rule:
 
 ================  =======================================================  ================
 ``combine``       attention                                                fused kernel

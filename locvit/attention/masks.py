@@ -32,10 +32,10 @@ well defined on any ``h x w`` grid; pass ``allow_non_square=True`` to use it the
 
 Attention kinds ``'gmm'`` and ``'elm'`` are registered: ``Attention`` with the mask as its
 positional term (child ``mask``), configured through a backbone's ``attention_kwargs``, e.g.
-``{'gmm': {'num_kernels': 5, 'kernel': 'faithful', 'combine': 'multiply'}}``. Backbones with their
-own attention (Swin windows, CaiT talking heads, the T2T token transformer) build the mask with
-``mask_terms`` and hand it to the attention core as a ``Term``. The table is computed once per
-call from NumPy constants: no batch dimension.
+``{'gmm': {'num_kernels': 5, 'kernel': 'faithful', 'combine': 'multiply'}}``. Swin's windows,
+CaiT's talking heads and T2T's token transformer build the mask with ``mask_terms`` and hand it
+to the same ``Attention`` as a ``Term``. The table is computed once per call from NumPy
+constants: no batch dimension.
 """
 
 from __future__ import annotations
@@ -252,8 +252,8 @@ def mask_terms(
 ) -> tuple[Term, ...]:
   """The attention-core term of mask ``kind`` ('gmm' | 'elm') on ``grid``; ``()`` for 'mhsa'.
 
-  For backbones with their own attention (Swin windows, CaiT talking heads, T2T tokens); call it
-  inside a compact method: the mask module becomes the caller's child ``mask``.
+  For Swin's windows, CaiT's talking heads and T2T's token transformer; call it inside a compact
+  method: the mask module becomes the caller's child ``mask``.
   """
   if kind not in MASK_KINDS:
     return ()

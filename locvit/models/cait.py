@@ -18,16 +18,20 @@ It has 9,020,618 parameters on CIFAR-10, Table 4's CaiT count.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from locvit.attention.core import LogitsHook, attend
+from locvit.attention import projections
+from locvit.attention.attention import Attention
+from locvit.attention.core import LogitsHook, Term
 from locvit.attention.geometry import TokenGrid
 from locvit.attention.masks import MASK_KINDS, mask_terms
-from locvit.attention.projections import output_projection, partitioned, trunc_normal
+from locvit.attention.projections import partitioned
 from locvit.models.layers import (
-  AttentionSettings,
   BlockSettings,
   Mlp,
   block_settings,
@@ -52,23 +56,46 @@ def layer_scale_init(layer: int) -> float:
   return 1e-5 if layer <= 24 else 1e-6
 
 
-class TalkingHeadsAttention(AttentionSettings):
-  """Talking-heads attention; queries from ``x``, keys/values from ``context`` (default ``x``).
+class TalkingHeadsAttention(Attention):
+  """Talking-heads attention (Shazeer et al. 2020, as CaiT uses it): the shared ``Attention`` with
+  CaiT's own projections and a ``LogitsHook``.
 
-  The attention core with a ``LogitsHook`` that mixes heads before (``mix_pre``) and after
-  (``mix_post``) the softmax. ``attention`` 'gmm' / 'elm' multiplies (or adds) the mask into the
-  scaled logits before the pre-softmax mixing; it needs ``context is None`` and the token ``grid``.
+  Queries come from ``x`` through the kernel ``q`` ``(C, H, Dh)``, keys and values from
+  ``context`` (default ``x``; the class attention's patch tokens) through ``kv``
+  ``(C, 2, H, Dh)``, neither with a bias (the official layout, kept for checkpoints). The hook
+  mixes heads before (``mix_pre``) and after (``mix_post``) the softmax. ``attention`` 'gmm' /
+  'elm' multiplies (or adds) the mask into the scaled logits before the pre-softmax mixing; it
+  needs ``context is None`` and the token ``grid``.
   """
 
-  num_heads: int
-  head_dim: int
+  qkv_bias: bool = False
+  attention: str = "mhsa"
+  attention_kwargs: Mapping[str, Any] | None = None
 
-  def _project(self, x: Array, shape: tuple[int, ...], names: tuple, name: str) -> Array:
-    kernel = self.param(
-      name, partitioned(trunc_normal, ("embed", *names)), (x.shape[-1], *shape), self.param_dtype
-    )
+  def __post_init__(self):
+    if self.qkv_bias:
+      raise ValueError("CaiT's q and kv kernels have no bias: qkv_bias must be False.")
+    super().__post_init__()
+
+  def _kernel(self, x: Array, shape: tuple[int, ...], names: tuple, name: str) -> Array:
+    init = partitioned(self.kernel_init, ("embed", *names))
+    kernel = self.param(name, init, (x.shape[-1], *shape), self.param_dtype)
     flatten = cpu_kernels(self.implementation)
     return contract(x.astype(self.dtype), kernel.astype(self.dtype), flatten=flatten)
+
+  def _project(self, x: Array, context: Array | None) -> tuple[Array, Array, Array]:
+    heads = self.num_heads
+    head_dim = projections.head_dim(x.shape[-1], heads, self.head_dim)
+    q = self._kernel(x, (heads, head_dim), ("heads", "kv"), "q")
+    kv = self._kernel(
+      x if context is None else context, (2, heads, head_dim), (None, "heads", "kv"), "kv"
+    )
+    return q, kv[:, :, 0], kv[:, :, 1]
+
+  def _terms(self, grid: TokenGrid | None) -> tuple[Term, ...]:
+    if self.attention != "mhsa" and grid is None:
+      raise ValueError("A CaiT mask applies to self-attention on a token grid only.")
+    return mask_terms(self.attention, self.num_heads, grid, self.attention_kwargs)
 
   def _mix(self, name: str) -> Array:
     """An ``(H, H)`` head-mixing matrix, ``N(0, 1)`` at init as in the official code."""
@@ -76,36 +103,12 @@ class TalkingHeadsAttention(AttentionSettings):
     mix = self.param(name, init, (self.num_heads, self.num_heads), self.param_dtype)
     return mix.astype(jnp.float32)
 
-  @nn.compact
-  def __call__(
-    self,
-    x: Array,
-    context: Array | None = None,
-    *,
-    grid: TokenGrid | None = None,
-    train: bool = False,
-  ) -> Array:
-    heads, dim = self.num_heads, x.shape[-1]
-    q = self._project(x, (heads, self.head_dim), ("heads", "kv"), "q")
-    kv = self._project(
-      x if context is None else context, (2, heads, self.head_dim), (None, "heads", "kv"), "kv"
-    )
-    k, v = kv[:, :, 0], kv[:, :, 1]
-    terms = ()
-    if self.attention != "mhsa":
-      if context is not None or grid is None:
-        raise ValueError("A CaiT mask applies to self-attention on a token grid only.")
-      terms = mask_terms(self.attention, heads, grid, self.attention_kwargs)
+  def _hook(self) -> LogitsHook:
     mix_pre, mix_post = self._mix("mix_pre"), self._mix("mix_post")
-    hook = LogitsHook(
+    return LogitsHook(
       before_softmax=lambda logits: jnp.einsum("bhnm,hg->bgnm", logits, mix_pre),
       after_softmax=lambda probs: jnp.einsum("bhnm,hg->bgnm", probs, mix_post),
     )
-    y = attend(self, q, k, v, terms=terms, hook=hook, attn_drop=self.attn_drop, train=train)
-    out = output_projection(
-      dim, implementation=self.implementation, dtype=self.dtype, param_dtype=self.param_dtype
-    )(y)
-    return nn.Dropout(self.proj_drop)(out, deterministic=not train)
 
 
 class CaiTLayer(BlockSettings):

@@ -220,8 +220,8 @@ def drop_path(rate: float) -> nn.Dropout:
 
 
 class AttentionSettings(nn.Module):
-  """Keyword-only fields of the backbones' own attention layers (Swin, CaiT): the attention
-  kind's mask options, dropouts, dtypes and the kernel setting (``locvit.ops``)."""
+  """Keyword-only fields of a backbone's wrapper of the shared attention layer (Swin's windows):
+  the attention kind's mask options, dropouts, dtypes and the kernel setting (``locvit.ops``)."""
 
   _: dataclasses.KW_ONLY
   attention: str = "mhsa"
@@ -231,6 +231,11 @@ class AttentionSettings(nn.Module):
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   implementation: str | None = None
+
+  def layer_fields(self) -> dict[str, Any]:
+    """These settings as fields of ``locvit.attention.Attention``."""
+    names = ("attn_drop", "proj_drop", "dtype", "param_dtype", "implementation")
+    return {name: getattr(self, name) for name in names}
 
 
 class BlockSettings(nn.Module):

@@ -27,15 +27,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from locvit.attention.core import Term, attend
+from locvit.attention.attention import Attention
+from locvit.attention.core import Term
 from locvit.attention.geometry import TokenGrid, relative_offsets
 from locvit.attention.masks import MASK_KINDS, mask_terms
-from locvit.attention.projections import (
-  output_projection,
-  partitioned,
-  qkv_projection,
-  trunc_normal,
-)
+from locvit.attention.projections import partitioned, trunc_normal
 from locvit.models.layers import (
   AttentionSettings,
   BlockSettings,
@@ -120,8 +116,9 @@ def unpartition(x: Array, window: int, height: int, width: int) -> Array:
 
 
 class WindowAttention(AttentionSettings):
-  """Window multi-head self-attention with relative position bias and an optional mask: the
-  attention core with the terms mask (multiply or add), relative bias (add), shift mask (add)."""
+  """Window multi-head self-attention: the shared ``Attention`` layer on the window's tokens with
+  the terms mask (multiply or add), relative position bias (add), shift mask (add), in that order.
+  """
 
   num_heads: int
   window: int
@@ -129,19 +126,15 @@ class WindowAttention(AttentionSettings):
 
   @nn.compact
   def __call__(self, x: Array, shift: Array | None, *, train: bool = False) -> Array:
-    dim, heads = x.shape[-1], self.num_heads
-    kwargs = dict(
-      implementation=self.implementation, dtype=self.dtype, param_dtype=self.param_dtype
-    )
-    qkv = qkv_projection(heads, dim // heads, self.qkv_bias, **kwargs)(x)
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    layer = Attention(self.num_heads, qkv_bias=self.qkv_bias, **self.layer_fields())
+    nn.share_scope(self, layer)  # its qkv / proj stay this module's parameters (checkpoints)
     grid = TokenGrid(self.window, self.window)
-    terms = mask_terms(self.attention, heads, grid, self.attention_kwargs)
+    terms = mask_terms(self.attention, self.num_heads, grid, self.attention_kwargs)
     size = 2 * self.window - 1
     table = self.param(
       "relative_position_bias_table",
       partitioned(trunc_normal, (None, "heads")),
-      (size * size, heads),
+      (size * size, self.num_heads),
       self.param_dtype,
     )
     bias = table.astype(jnp.float32)[relative_position_index(self.window)]  # (N, N, H)
@@ -149,18 +142,7 @@ class WindowAttention(AttentionSettings):
     if shift is not None:  # (nW, N, N), per window of every image: (B * nW, 1, N, N)
       per_window = jnp.tile(shift[:, None], (x.shape[0] // shift.shape[0], 1, 1, 1))
       terms += (Term(per_window, "add"),)
-    y = attend(
-      self,
-      q,
-      k,
-      v,
-      terms=terms,
-      attn_drop=self.attn_drop,
-      train=train,
-      implementation=self.implementation,
-    )
-    out = output_projection(dim, **kwargs)(y)
-    return nn.Dropout(self.proj_drop)(out, deterministic=not train)
+    return layer(x, grid=grid, terms=terms, train=train)
 
 
 class SwinBlock(BlockSettings):

@@ -27,10 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from locvit.attention.core import attend
+from locvit.attention.attention import Attention
 from locvit.attention.geometry import TokenGrid
 from locvit.attention.masks import mask_terms
-from locvit.attention.projections import output_projection, qkv_projection
 from locvit.models.layers import (
   BlockSettings,
   Mlp,
@@ -72,26 +71,24 @@ class TokenTransformer(BlockSettings):
 
   @nn.compact
   def __call__(self, x: Array, *, grid: TokenGrid, train: bool = False) -> Array:
-    kwargs = dict(
-      implementation=self.implementation, dtype=self.dtype, param_dtype=self.param_dtype
-    )
-    y = layer_norm(self.norm_eps, self.dtype, "norm1")(x)
-    qkv = qkv_projection(1, self.token_dim, False, **kwargs)(y)
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    y = attend(
-      self,
-      q,
-      k,
-      v,
-      terms=mask_terms(self.attention, 1, grid, self.attention_kwargs),
+    attn = Attention(
+      1,
+      head_dim=self.token_dim,
+      qkv_bias=False,
+      out_dim=self.token_dim,
       scale=x.shape[-1] ** -0.5,  # the reference scales by its input width, not token_dim
-      train=train,
+      value_skip=True,  # the widths differ, so the residual is v
       implementation=self.implementation,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
     )
-    x = v[:, :, 0] + output_projection(self.token_dim, **kwargs)(y)
+    nn.share_scope(self, attn)  # qkv / proj / mask stay t2t_i's parameters (checkpoints)
+    terms = mask_terms(self.attention, 1, grid, self.attention_kwargs)
+    x = attn(layer_norm(self.norm_eps, self.dtype, "norm1")(x), grid=grid, terms=terms, train=train)
     hidden = int(self.token_dim * self.mlp_ratio)
     mlp = Mlp(hidden, 0.0, self.dtype, self.param_dtype, self.implementation, name="mlp")
-    return pre_norm_residual(self, x, "norm2", lambda y: mlp(y, train), rate=0.0, train=train)
+    # Written out: pre_norm_residual's (rate 0) Dropout would clash with attn's in the shared scope.
+    return x + mlp(layer_norm(self.norm_eps, self.dtype, "norm2")(x), train)
 
 
 class T2TBlock(BlockSettings):
