@@ -1,9 +1,10 @@
-"""One form for every "not one of" error: the value, the valid choices and the closest one."""
+"""One form for every "not one of" error (the value, the valid choices and the closest one), and
+`Errors`, which gathers a config's every mistake so that they are reported at once."""
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 
@@ -16,3 +17,26 @@ def check_choice(field: str, value: Any, choices: Iterable[Any]) -> None:
   close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
   hint = f"; did you mean {close[0]}?" if close else ""
   raise ValueError(f"{field}={value!r} is not one of {choices}{hint}")
+
+
+class Errors:
+  """The messages of several checks, each line once, in order. ``check`` runs one and keeps its
+  ``ValueError``; ``raise_all`` raises them as one ``ValueError``, a line each."""
+
+  def __init__(self) -> None:
+    self.messages: list[str] = []
+
+  def add(self, message: str) -> None:
+    for line in str(message).splitlines():
+      if line not in self.messages:
+        self.messages.append(line)
+
+  def check(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    try:
+      fn(*args, **kwargs)
+    except ValueError as error:
+      self.add(str(error))
+
+  def raise_all(self) -> None:
+    if self.messages:
+      raise ValueError("\n".join(self.messages))

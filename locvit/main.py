@@ -37,7 +37,6 @@ from ml_collections import config_flags
 import locvit.configs
 from locvit import cpu_malloc, paths, run_config
 from locvit import workdir as workdir_lib
-from locvit.configs.common import complete_config
 from locvit.metrics import evaluation_line
 from locvit.run import preemption
 
@@ -245,33 +244,18 @@ def _exit_with_error(message: str) -> None:
   sys.exit(2)
 
 
-# Fields that must be positive where the config has them. Model overrides that size the network:
-# zero would otherwise fail deep inside Flax (depth=0: NameInUseError).
-_POSITIVE = ("batch_size", "grad_accum_steps", "log_every_steps")
-_NON_NEGATIVE = ("eval_batch_size", "eval_every_steps", "checkpoint_every_steps")
-_POSITIVE_MODEL = ("depth", "num_heads", "embed_dim", "patch_size", "mlp_ratio", "num_layers")
-
-
 def check_config(config: ml_collections.ConfigDict) -> None:
-  """Raises ``ConfigError`` for values no run can start with, naming the field and the bad value.
+  """Raises ``ConfigError`` listing every value no run can start with, a line each naming the
+  field and the bad value (``locvit.run.bundle.config_errors``), before anything is built.
 
   Fields the config lacks take their defaults (``configs/common.py:complete_config``)."""
-  config = complete_config(config)
-  checks = [(name, config[name], "a positive integer", 1) for name in _POSITIVE]
-  checks += [(name, config[name], "an integer >= 0", 0) for name in _NON_NEGATIVE]
-  overrides = config.model.overrides or {}
-  checks += [
-    (f"model.overrides.{name}", overrides[name], "> 0", 1e-30)
-    for name in _POSITIVE_MODEL
-    if name in overrides
-  ]
-  for name, value, expected, lowest in checks:
-    if isinstance(value, int | float) and value < lowest:
-      raise ConfigError(f"--config.{name}={value}: must be {expected}")
-  if config.total_steps <= 0 and config.num_epochs <= 0:
-    raise ConfigError(
-      f"--config.num_epochs={config.num_epochs}: must be > 0 (or set --config.total_steps)"
-    )
+  from locvit.run.bundle import config_errors  # the training stack: after the flags are read
+
+  errors = config_errors(config)
+  if len(errors) == 1:
+    raise ConfigError(errors[0])
+  if errors:
+    raise ConfigError(f"{len(errors)} errors in the config:\n  " + "\n  ".join(errors))
 
 
 # ------------------------------------------------------------------------------------------------

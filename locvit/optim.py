@@ -24,7 +24,7 @@ import flax
 import ml_collections
 import optax
 
-from locvit.choices import check_choice
+from locvit.choices import Errors, check_choice
 
 # Parameter-name fragments never decayed under the 'intended' mask.
 NO_DECAY_NAMES = (
@@ -95,9 +95,11 @@ def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """The optimizer, decay-mask and schedule names, checked before a run creates anything."""
-  check_choice("optimizer.name", config.optimizer.name, OPTIMIZERS)
-  check_choice("optimizer.decay_mask", config.optimizer.decay_mask, DECAY_MASKS)
-  check_choice("schedule.name", config.schedule.name, SCHEDULES)
+  errors = Errors()
+  errors.check(check_choice, "optimizer.name", config.optimizer.name, OPTIMIZERS)
+  errors.check(check_choice, "optimizer.decay_mask", config.optimizer.decay_mask, DECAY_MASKS)
+  errors.check(check_choice, "schedule.name", config.schedule.name, SCHEDULES)
+  errors.raise_all()
 
 
 def make_schedule(

@@ -22,6 +22,7 @@ import pytest
 
 from locvit import main, run_config
 from locvit.metrics import _eval_numbers, read_metrics
+from locvit.models import list_models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICKSTART = "--config=configs/quickstart.py"
@@ -125,6 +126,36 @@ def test_config_mistake_is_one_line_and_creates_no_workdir(tmp_path, args, line)
   assert rc == 2, (out, err)
   assert err.splitlines() == ["locvit: error: " + line.format(workdir=workdir)]
   assert out == ""
+  assert not workdir.exists()
+
+
+def test_every_config_mistake_is_listed_at_once_before_anything_is_built(tmp_path):
+  """One pass over the config: the run's numbers, the model name, the data, recipe and optimizer
+  blocks, a line each, then exit 2 with no workdir."""
+  workdir = tmp_path / "run"
+  rc, out, err = _run(
+    QUICKSTART,
+    f"--workdir={workdir}",
+    "--config.batch_size=0",
+    "--config.model.name=deit_tiny_patch2_3",
+    "--config.data.augment_on=gpu",
+    "--config.data.train_fraction=0",
+    "--config.mixup.prob=2.0",
+    "--config.optimizer.name=adamv",
+    timeout=120,
+  )
+  assert rc == 2 and out == "", (out, err)
+  assert err.splitlines() == [
+    "locvit: error: 6 errors in the config:",
+    "  --config.batch_size=0: must be a positive integer",
+    "  unknown model 'deit_tiny_patch2_3'; did you mean deit_tiny_patch2_32 or "
+    "deit_tiny_patch4_32 or deit_tiny_patch8_64? `python -m locvit.main --list_models='PATTERN'` "
+    f"lists the {len(list_models())} names",
+    "  data.augment_on='gpu' is not one of ['device', 'host']",
+    "  data.train_fraction=0.0 must be a number in (0.0, 1.0]",
+    "  mixup.prob=2.0 must be a probability in [0, 1]",
+    "  optimizer.name='adamv' is not one of ['adamw', 'sgd']; did you mean adamw?",
+  ]
   assert not workdir.exists()
 
 

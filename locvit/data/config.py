@@ -8,11 +8,12 @@ message naming the field, the bad value and the valid choices instead of deep in
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Sequence
 from typing import Any
 
-from locvit.choices import check_choice
+from locvit.choices import Errors, check_choice
 
 # Plain data beside the shipped configs (which must not import JAX); the library names stay.
 from locvit.configs.defaults import (  # noqa: F401
@@ -67,48 +68,61 @@ def checked_data_config(cfg: Any) -> Any:
 
 
 def validate_data_config(cfg: Any) -> None:
-  """Raises ValueError naming the field, the bad value and the valid choices/range; a field
-  ``cfg`` lacks takes its default (``checked_data_config``)."""
+  """Raises ValueError naming each bad field (a line each), the bad value and the valid
+  choices/range; a field ``cfg`` lacks takes its default (``checked_data_config``)."""
   cfg = with_defaults(cfg, default_data_config())
-  _choice(cfg, "source", SOURCES)
-  _choice(cfg, "on_corrupt", ON_CORRUPT)
-  _choice(cfg, "interpolation", INTERPOLATIONS)
-  _choice(cfg, "train_augment", augment.list_recipes())
-  _choice(cfg, "augment_on", AUGMENT_ON)
-  augment.split_train_ops(cfg)  # Raises when 'device' moves nothing.
+  errors = Errors()
+  for field, choices in [
+    ("source", SOURCES),
+    ("on_corrupt", ON_CORRUPT),
+    ("interpolation", INTERPOLATIONS),
+    ("train_augment", augment.list_recipes()),
+    ("augment_on", AUGMENT_ON),
+  ]:
+    errors.check(_choice, cfg, field, choices)
+  if cfg.train_augment in augment.list_recipes() and cfg.augment_on in AUGMENT_ON:
+    errors.check(augment.split_train_ops, cfg)  # Raises when 'device' moves nothing.
   if cfg.source == "tfds" and (not isinstance(cfg.name, str) or not cfg.name):
-    raise ValueError(f"data.name={cfg.name!r} must be a TFDS dataset name when source='tfds'")
+    errors.add(f"data.name={cfg.name!r} must be a TFDS dataset name when source='tfds'")
   if cfg.source == "image_folder" and not cfg.root:
-    raise ValueError(
+    errors.add(
       f"data.root={cfg.root!r} must be set when source='image_folder': the CIFAR-10 configs read "
       "$CIFAR10_ROOT (or give --config.data.root=DIR); prepare DIR with "
       "`python -m locvit.data.prepare cifar10 --out=DIR`"
     )
   for field in ("train_split", "eval_split"):
     if not isinstance(cfg[field], str) or not cfg[field]:
-      raise ValueError(f"data.{field}={cfg[field]!r} must be a non-empty split name")
-  _number(cfg, "image_size", lo=1, hi=1 << 16, lo_open=False, integer=True)
-  if cfg.num_classes is not None:
-    _number(cfg, "num_classes", lo=1, hi=1 << 31, lo_open=False, integer=True)
-  _number(cfg, "train_fraction", lo=0.0, hi=1.0, lo_open=True, integer=False)
-  if cfg.class_limit is not None:
-    _number(cfg, "class_limit", lo=1, hi=1 << 31, lo_open=False, integer=True)
-  autoaugment.validate(cfg.auto_augment)
-  if cfg.auto_augment_fill is not None:
-    _number(cfg, "auto_augment_fill", lo=0, hi=255, lo_open=False, integer=True)
-  _number(cfg, "repeated_augmentations", lo=1, hi=1 << 16, lo_open=False, integer=True)
-  _number(cfg, "crop_padding", lo=0, hi=1 << 16, lo_open=False, integer=True)
-  _number(cfg, "eval_crop_pct", lo=0.0, hi=1.0, lo_open=True, integer=False)
-  _pair(cfg, "rrc_scale", lo=0.0, hi=1.0)
-  _pair(cfg, "rrc_ratio", lo=0.0, hi=float("inf"))
-  if cfg.rrc_canvas is not None:
-    _number(cfg, "rrc_canvas", lo=cfg.image_size, hi=1 << 16, lo_open=False, integer=True)
-  _number(cfg, "decoded_cache_mb", lo=0, hi=1 << 40, lo_open=False, integer=False)
-  _number(cfg, "num_threads", lo=0, hi=1024, lo_open=False, integer=True)
-  _number(cfg, "num_workers", lo=0, hi=1024, lo_open=False, integer=True)
-  _number(cfg, "prefetch", lo=0, hi=1 << 20, lo_open=False, integer=True)
+      errors.add(f"data.{field}={cfg[field]!r} must be a non-empty split name")
+  integer, fraction = dict(lo_open=False, integer=True), dict(lo_open=True, integer=False)
+  numbers = [
+    ("image_size", dict(lo=1, hi=1 << 16, **integer)),
+    ("num_classes", dict(lo=1, hi=1 << 31, **integer)),
+    ("train_fraction", dict(lo=0.0, hi=1.0, **fraction)),
+    ("class_limit", dict(lo=1, hi=1 << 31, **integer)),
+    ("auto_augment_fill", dict(lo=0, hi=255, **integer)),
+    ("repeated_augmentations", dict(lo=1, hi=1 << 16, **integer)),
+    ("crop_padding", dict(lo=0, hi=1 << 16, **integer)),
+    ("eval_crop_pct", dict(lo=0.0, hi=1.0, **fraction)),
+    ("decoded_cache_mb", dict(lo=0, hi=1 << 40, lo_open=False, integer=False)),
+    ("num_threads", dict(lo=0, hi=1024, **integer)),
+    ("num_workers", dict(lo=0, hi=1024, **integer)),
+    ("prefetch", dict(lo=0, hi=1 << 20, **integer)),
+  ]
+  if isinstance(cfg.image_size, int):
+    numbers.append(("rrc_canvas", dict(lo=cfg.image_size, hi=1 << 16, **integer)))
+  optional = ("num_classes", "class_limit", "auto_augment_fill", "rrc_canvas")  # None: not set
+  for field, bounds in numbers:
+    if cfg[field] is not None or field not in optional:
+      errors.check(_number, cfg, field, **bounds)
+  for field, bounds in (
+    ("rrc_scale", dict(lo=0.0, hi=1.0)),
+    ("rrc_ratio", dict(lo=0.0, hi=math.inf)),
+  ):
+    errors.check(_pair, cfg, field, **bounds)
+  errors.check(autoaugment.validate, cfg.auto_augment)
   mean, std = tuple(cfg.mean), tuple(cfg.std)
   if not mean or len(mean) != len(std):
-    raise ValueError(f"data.mean={mean!r} and data.std={std!r} must be tuples of equal length")
+    errors.add(f"data.mean={mean!r} and data.std={std!r} must be tuples of equal length")
   if any(s <= 0 for s in std):
-    raise ValueError(f"data.std={std!r} must be positive")
+    errors.add(f"data.std={std!r} must be positive")
+  errors.raise_all()

@@ -37,6 +37,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from locvit.choices import Errors
+
 # Plain data beside the shipped configs (which must not import JAX); the library names stay.
 from locvit.configs.defaults import erasing_config as default_erasing_config  # noqa: F401
 from locvit.configs.defaults import mixup_config as default_mixup_config  # noqa: F401
@@ -155,15 +157,20 @@ def mixing_enabled(mixup: Any) -> bool:
 
 
 def validate_mixup_config(mixup: Any, num_classes: int) -> None:
-  """Raises ValueError naming the field and the valid range; runs before anything compiles."""
+  """Raises ValueError naming each bad field (a line each) and its valid range; runs before
+  anything compiles. ``num_classes`` None: not known yet, not checked."""
+  errors = Errors()
   for field in ("mixup_alpha", "cutmix_alpha"):
     if not mixup[field] >= 0:
-      raise ValueError(f"mixup.{field}={mixup[field]!r} must be >= 0 (0 turns it off)")
+      errors.add(f"mixup.{field}={mixup[field]!r} must be >= 0 (0 turns it off)")
   for field in ("prob", "switch_prob"):
     if not 0 <= mixup[field] <= 1:
-      raise ValueError(f"mixup.{field}={mixup[field]!r} must be a probability in [0, 1]")
+      errors.add(f"mixup.{field}={mixup[field]!r} must be a probability in [0, 1]")
   if mixup.mode not in MIXUP_MODES:
-    raise ValueError(f"mixup.mode={mixup.mode!r} is not one of {MIXUP_MODES}")
+    errors.add(f"mixup.mode={mixup.mode!r} is not one of {MIXUP_MODES}")
+  errors.raise_all()
+  if num_classes is None:
+    return
   if mixing_enabled(mixup) and not (isinstance(num_classes, int) and num_classes >= 2):
     raise ValueError(
       f"Mixup/CutMix mix one-hot targets, which needs integer class labels and num_classes >= 2; "
@@ -173,18 +180,21 @@ def validate_mixup_config(mixup: Any, num_classes: int) -> None:
 
 
 def validate_erasing_config(erasing: Any) -> None:
-  """Raises ValueError naming the ``random_erasing`` field and its valid range or choices."""
+  """Raises ValueError naming each bad ``random_erasing`` field (a line each) and its valid
+  range or choices."""
+  errors = Errors()
   if not 0 <= erasing.prob <= 1:
-    raise ValueError(f"random_erasing.prob={erasing.prob!r} must be a probability in [0, 1]")
+    errors.add(f"random_erasing.prob={erasing.prob!r} must be a probability in [0, 1]")
   if erasing.mode not in ERASING_MODES:
-    raise ValueError(f"random_erasing.mode={erasing.mode!r} is not one of {ERASING_MODES}")
+    errors.add(f"random_erasing.mode={erasing.mode!r} is not one of {ERASING_MODES}")
   if not 0 < erasing.min_area <= erasing.max_area <= 1:
-    raise ValueError(
+    errors.add(
       f"random_erasing.min_area={erasing.min_area!r}, max_area={erasing.max_area!r} must satisfy "
       "0 < min_area <= max_area <= 1"
     )
   if not 0 < erasing.min_aspect <= 1:
-    raise ValueError(f"random_erasing.min_aspect={erasing.min_aspect!r} must be in (0, 1]")
+    errors.add(f"random_erasing.min_aspect={erasing.min_aspect!r} must be in (0, 1]")
+  errors.raise_all()
 
 
 # ----------------------------------------------------------------------------- boxes

@@ -23,26 +23,65 @@ from locvit import data as data_lib
 from locvit import distill, optim, paths, sharding
 from locvit import metrics as metrics_lib
 from locvit import workdir as workdir_lib
+from locvit.choices import Errors
 from locvit.configs.common import complete_config
 from locvit.data import device_augment
 from locvit.init import from_checkpoint
 from locvit.models.factory import build_model
 from locvit.models.layers import check_patchable
+from locvit.models.registry import default_image_size
 from locvit.run import state as state_lib
 from locvit.run.step import NONFINITE_MODES
 
+# Fields that must be positive where the config has them. Model overrides that size the network:
+# zero would otherwise fail deep inside Flax (depth=0: NameInUseError).
+_POSITIVE = ("batch_size", "grad_accum_steps", "log_every_steps")
+_NON_NEGATIVE = ("eval_batch_size", "eval_every_steps", "checkpoint_every_steps")
+_POSITIVE_MODEL = ("depth", "num_heads", "embed_dim", "patch_size", "mlp_ratio", "num_layers")
+
+
+def config_errors(config: ml_collections.ConfigDict) -> list[str]:
+  """Every mistake in ``config`` that shows without reading data or building anything, a line
+  each: the run's numbers, the model name, the data, recipe, optimizer and schedule blocks.
+  ``build_training`` and ``locvit.main`` report them all at once."""
+  config = complete_config(config)
+  errors = Errors()
+  checks = [(name, config[name], "a positive integer", 1) for name in _POSITIVE]
+  checks += [(name, config[name], "an integer >= 0", 0) for name in _NON_NEGATIVE]
+  overrides = config.model.overrides or {}
+  checks += [
+    (f"model.overrides.{name}", overrides[name], "> 0", 1e-30)
+    for name in _POSITIVE_MODEL
+    if name in overrides
+  ]
+  for name, value, expected, lowest in checks:
+    if isinstance(value, int | float) and value < lowest:
+      errors.add(f"--config.{name}={value}: must be {expected}")
+  if config.total_steps <= 0 and config.num_epochs <= 0:
+    errors.add(
+      f"--config.num_epochs={config.num_epochs}: must be > 0 (or set --config.total_steps)"
+    )
+  errors.check(default_image_size, config.model.name)  # an unknown name, with close matches
+  errors.check(data_lib.validate_data_config, config.data)
+  errors.check(validate_recipe, config, config.data.num_classes)
+  errors.check(optim.validate, config)
+  return errors.messages
+
 
 def validate_recipe(config: ml_collections.ConfigDict, num_classes: Any) -> None:
-  """Checks the on-device augmentation, EMA and distillation blocks; runs before compiling."""
+  """Checks the on-device augmentation, EMA and distillation blocks (every error, a line each);
+  runs before compiling. ``num_classes`` None: not known yet, the mixing check waits for it."""
+  errors = Errors()
   if config.mixup is not None:
-    device_augment.validate_mixup_config(config.mixup, num_classes)
+    errors.check(device_augment.validate_mixup_config, config.mixup, num_classes)
   if config.random_erasing is not None:
-    device_augment.validate_erasing_config(config.random_erasing)
+    errors.check(device_augment.validate_erasing_config, config.random_erasing)
   if config.nonfinite not in NONFINITE_MODES:
-    raise ValueError(f"nonfinite={config.nonfinite!r} is not one of {list(NONFINITE_MODES)}")
+    errors.add(f"nonfinite={config.nonfinite!r} is not one of {list(NONFINITE_MODES)}")
   if config.ema is not None and not 0 <= config.ema.decay < 1:
-    raise ValueError(f"ema.decay={config.ema.decay!r} must be in [0, 1) (0 turns the EMA off)")
-  distill.validate(config)
+    errors.add(f"ema.decay={config.ema.decay!r} must be in [0, 1) (0 turns the EMA off)")
+  errors.check(distill.validate, config)
+  errors.raise_all()
 
 
 def check_analysis_hooks(config: ml_collections.ConfigDict, **hooks: Callable | None) -> None:
@@ -198,7 +237,10 @@ def _checked_setup(config, hooks):
   """Validates ``config`` (completed with the defaults of ``configs/common.py:base_config``)
   against its data and model before the workdir is touched."""
   config = complete_config(config)
-  check_analysis_hooks(config, **hooks)
+  errors = Errors()
+  errors.add("\n".join(config_errors(config)))
+  errors.check(check_analysis_hooks, config, **hooks)
+  errors.raise_all()
   mesh = sharding.make_mesh(config.mesh)
   rules = sharding.logical_rules(config.mesh)
   train_source = data_lib.make_source(config.data, config.data.train_split)
