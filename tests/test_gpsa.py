@@ -80,20 +80,20 @@ def test_matches_numpy_reference(variant, num_heads):
   variables = perturb(init(module, x))
   expected = numpy_reference(variables["params"], x, num_heads, variant)
   for fast, implementation in ((True, None), (True, "xla"), (True, "cpu_kernels"), (False, None)):
-    out = module.clone(fast_path=fast, implementation=implementation).apply(variables, x, grid=GRID)
+    out = module.clone(fused=fast, implementation=implementation).apply(variables, x, grid=GRID)
     np.testing.assert_allclose(out, expected, atol=2e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("variant", ["gpsa", "psa"])
 @pytest.mark.parametrize("implementation", ["cpu_kernels", "xla"])  # fused kernel / SDPA + P v
-def test_fast_path_equals_explicit_form_with_gradients(variant, implementation):
+def test_fused_form_equals_explicit_form_with_gradients(variant, implementation):
   x = tokens()
   module = GPSA(num_heads=9, variant=variant, implementation=implementation)
   variables = perturb(init(module, x))
   cotangent = jax.random.normal(jax.random.key(3), x.shape)
 
   def loss(fast):
-    f = lambda v, x: jnp.sum(module.clone(fast_path=fast).apply(v, x, grid=GRID) * cotangent)
+    f = lambda v, x: jnp.sum(module.clone(fused=fast).apply(v, x, grid=GRID) * cotangent)
     return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(variables, x)
 
   (fast_value, fast_grads), (slow_value, slow_grads) = loss(True), loss(False)
@@ -223,7 +223,7 @@ def test_bfloat16(variant):
   variables = init(module, x)
   expected = module.apply(variables, x, grid=GRID)
   for fast in (True, False):
-    out = module.clone(dtype=jnp.bfloat16, fast_path=fast).apply(variables, x, grid=GRID)
+    out = module.clone(dtype=jnp.bfloat16, fused=fast).apply(variables, x, grid=GRID)
     assert out.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(out, np.float32), expected, atol=5e-2, rtol=5e-2)
 

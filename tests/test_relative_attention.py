@@ -281,7 +281,7 @@ def test_reference_layout_matches_numpy(kind, content, head_dim):
   table = apply(term_cls(3, **term_kwargs), {"params": params["positional"]}, GRID)
   expected = reference_layout_numpy(params, x, table, content, head_dim or 10)
   for fast in (True, False):
-    out = apply(attn.clone(fast_path=fast), variables, x, grid=GRID)
+    out = apply(attn.clone(fused=fast), variables, x, grid=GRID)
     np.testing.assert_allclose(out, expected, atol=1e-4, rtol=1e-4)
   _, state = apply(attn, variables, x, grid=GRID, mutable=("intermediates",))
   assert state["intermediates"]["attention"][0].shape == (2, 3, 25, 25)
@@ -302,13 +302,13 @@ def test_reference_layout_torch_init_and_shared_dropout():
   assert not np.allclose(out, apply(attn, {"params": params}, x, grid=GRID))
 
 
-def test_reference_layout_fast_path_gradients():
+def test_reference_layout_fused_gradients():
   x = jax.random.normal(jax.random.key(0), (2, GRID.num_tokens, 8))
   attn = RelativeAttention(2, kind="learned_relative", content=True)
   variables = perturb(init(attn, x, grid=GRID), scale=0.1)
 
   def grads(fast):
-    f = lambda v: jnp.sum(attn.clone(fast_path=fast).apply(v, x, grid=GRID) ** 2)
+    f = lambda v: jnp.sum(attn.clone(fused=fast).apply(v, x, grid=GRID) ** 2)
     return jax.jit(jax.grad(f))(variables)
 
   for a, b in zip(jax.tree.leaves(grads(True)), jax.tree.leaves(grads(False))):

@@ -42,7 +42,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from locvit.attention.softmax_attention import dot_product_attention, gated_positional_attention
+from locvit.attention.softmax_attention import (
+  dot_product_attention,
+  gated_positional_attention,
+  sum_batch,
+)
 from locvit.ops import check_implementation, cpu_kernels
 
 Array = jax.Array
@@ -83,9 +87,8 @@ class LogitsHook:
 def batch_broadcast(table: Array, batch: int) -> Array:
   """``broadcast_to(table, (batch, *table.shape))`` whose gradient sums the batch as a matmul.
 
-  The gradient of a table shared by the batch sums a ``(B, H, N, N)`` cotangent over ``B``;
-  XLA:CPU lowers that column reduction ~20x slower than ``ones(1, B) @ g.reshape(B, -1)``
-  (docs/benchmarks.md). The forward broadcast fuses into its consumer.
+  The gradient of a table shared by the batch sums a ``(B, H, N, N)`` cotangent over ``B``, with
+  the kernels' ``sum_batch``. The forward broadcast fuses into its consumer.
   """
   return jnp.broadcast_to(table, (batch, *table.shape))
 
@@ -95,9 +98,8 @@ def _batch_broadcast_fwd(table: Array, batch: int) -> tuple[Array, None]:
 
 
 def _batch_broadcast_bwd(batch: int, _: None, g: Array) -> tuple[Array]:
-  ones = jnp.ones((1, batch), g.dtype)
-  total = jnp.matmul(ones, g.reshape(batch, -1), precision=jax.lax.Precision.HIGHEST)
-  return (total.reshape(g.shape[1:]),)
+  del batch
+  return (sum_batch(g)[0],)
 
 
 batch_broadcast.defvjp(_batch_broadcast_fwd, _batch_broadcast_bwd)

@@ -128,7 +128,7 @@ class GPSA(AttentionLayer):
       ConViT Table 3's "equal attention to content and position").
     variant: 'gpsa' (gate after the softmaxes) or 'psa' (content + positional logits in one
       softmax, no gate; registered as attention kind 'psa').
-    fast_path: use the batch-shared positional table and a fused kernel (module docstring) when
+    fused: use the batch-shared positional table and a fused kernel (module docstring) when
       no attention maps are collected and no attention dropout is active. False always runs the
       reference's explicit form.
     dtype, param_dtype: computation and parameter dtypes. Positional logits and softmaxes are
@@ -144,7 +144,7 @@ class GPSA(AttentionLayer):
   use_local_init: bool = True
   gating_init: float = 1.0
   variant: Variant = "gpsa"
-  fast_path: bool = True
+  fused: bool = True
   choices: ClassVar[dict[str, tuple[Any, ...]]] = {"variant": VARIANTS}
 
   def _dense(self, features, names, name, *, kernel_init=None):
@@ -216,7 +216,7 @@ class GPSA(AttentionLayer):
       attn_drop=self.attn_drop,
       train=train,
       implementation=self.implementation,
-      fused=self.fast_path,
+      fused=self.fused,
     )
     return output_projection(dim, **self._dense_kwargs())(y)
 

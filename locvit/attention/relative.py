@@ -313,7 +313,7 @@ class RelativeAttention(AttentionLayer):
     implementation: the model's kernel setting (``locvit.ops``) for the content path.
     center_init_std, spread_init_std, embed_dim, max_position: see the positional terms;
       ``embed_dim=None`` means D_in.
-    fast_path: with content, use the fused kernel when no maps are collected and no attention
+    fused: with content, use the fused kernel when no maps are collected and no attention
       dropout is active (only when ``head_dim == D_in``, which the kernel needs for raw values).
 
   Intermediates (``mutable=['intermediates']``): ``attention`` ``(B, H, N, N)``.
@@ -327,7 +327,7 @@ class RelativeAttention(AttentionLayer):
   spread_init_std: float = 0.01
   embed_dim: int | None = None
   max_position: int | None = None
-  fast_path: bool = True
+  fused: bool = True
   choices: ClassVar[dict[str, tuple[Any, ...]]] = {"kind": KINDS}
 
   def _dense(self, features, names, num_inputs: int, fan_in: int, use_bias: bool, name: str):
@@ -376,7 +376,7 @@ class RelativeAttention(AttentionLayer):
       attn_drop=self.attn_drop,
       train=train,
       implementation=self.implementation,
-      fused=self.fast_path,
+      fused=self.fused,
     )
     out_dim = (self.out_dim or dim,)
     return self._dense(out_dim, ("heads", None, "embed"), 2, heads * dim, True, "value")(y)

@@ -94,8 +94,9 @@ def _attention_fwd(q, k, v, bias, scale):
   return _to_heads_first(out), (qh, kh, vh, probs, bias_meta)
 
 
-def _sum_batch(x: Array) -> Array:
-  """Sum over the leading axis as a ``ones @ x`` matmul (XLA:CPU's column reduction is slow)."""
+def sum_batch(x: Array) -> Array:
+  """Sum over the leading axis, kept as size 1, as a ``ones @ x`` matmul: XLA:CPU lowers the
+  column reduction ~20x slower (docs/benchmarks.md)."""
   ones = jnp.ones((1, x.shape[0]), x.dtype)
   total = jnp.matmul(ones, x.reshape(x.shape[0], -1), precision=jax.lax.Precision.HIGHEST)
   return total.reshape((1, *x.shape[1:]))
@@ -113,7 +114,7 @@ def _attention_bwd(scale, residuals, d_out):
   d_k = f32("bhnm,bhnd->bhmd", d_scores, qh)
   d_bias = None
   if bias_meta is not None:
-    d_bias = d_logits if bias_meta.shape[0] == d_logits.shape[0] else _sum_batch(d_logits)
+    d_bias = d_logits if bias_meta.shape[0] == d_logits.shape[0] else sum_batch(d_logits)
     d_bias = d_bias.astype(bias_meta.dtype)
   grads = (d_q.astype(qh.dtype), d_k.astype(kh.dtype), d_v.astype(vh.dtype))
   return (*(_to_heads_first(g) for g in grads), d_bias)
@@ -169,8 +170,8 @@ def _gated_bwd(scale, residuals, d_out):
   mixed = (1 - g) * probs + g * pos
   d_v = f32("bhnm,bhnd->bhmd", mixed.astype(d_out.dtype), d_out)
   d_mixed = f32("bhnd,bhmd->bhnm", d_out, vh)
-  d_gate = jnp.sum(_sum_batch(d_mixed * (pos - probs))[0], axis=(1, 2))
-  d_pos = g * _sum_batch(d_mixed)[0]
+  d_gate = jnp.sum(sum_batch(d_mixed * (pos - probs))[0], axis=(1, 2))
+  d_pos = g * sum_batch(d_mixed)[0]
   d_probs = (1 - g) * d_mixed
   d_logits = probs * (d_probs - jnp.sum(d_probs * probs, axis=-1, keepdims=True))
   d_scores = (d_logits * scale).astype(qh.dtype)
