@@ -27,16 +27,19 @@ class Errors:
     self.messages: list[str] = []
 
   def add(self, message: str) -> None:
+    """Keeps each line of ``message`` not already kept."""
     for line in str(message).splitlines():
       if line not in self.messages:
         self.messages.append(line)
 
   def check(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """Calls ``fn(*args, **kwargs)``; keeps its ``ValueError``'s lines."""
     try:
       fn(*args, **kwargs)
     except ValueError as error:
       self.add(str(error))
 
   def raise_all(self) -> None:
+    """Raises the kept lines as one ``ValueError``; nothing when there are none."""
     if self.messages:
       raise ValueError("\n".join(self.messages))

@@ -156,9 +156,9 @@ def mixing_enabled(mixup: Any) -> bool:
   return mixup is not None and mixup.prob > 0 and (mixup.mixup_alpha > 0 or mixup.cutmix_alpha > 0)
 
 
-def validate_mixup_config(mixup: Any, num_classes: int) -> None:
+def validate_mixup_config(mixup: Any, num_classes: Any, *, check_classes: bool = True) -> None:
   """Raises ValueError naming each bad field (a line each) and its valid range; runs before
-  anything compiles. ``num_classes`` None: not known yet, not checked."""
+  anything compiles. ``check_classes=False``: the class count is not known yet."""
   errors = Errors()
   for field in ("mixup_alpha", "cutmix_alpha"):
     if not mixup[field] >= 0:
@@ -169,9 +169,11 @@ def validate_mixup_config(mixup: Any, num_classes: int) -> None:
   if mixup.mode not in MIXUP_MODES:
     errors.add(f"mixup.mode={mixup.mode!r} is not one of {MIXUP_MODES}")
   errors.raise_all()
-  if num_classes is None:
-    return
-  if mixing_enabled(mixup) and not (isinstance(num_classes, int) and num_classes >= 2):
+  if (
+    check_classes
+    and mixing_enabled(mixup)
+    and not (isinstance(num_classes, int) and num_classes >= 2)
+  ):
     raise ValueError(
       f"Mixup/CutMix mix one-hot targets, which needs integer class labels and num_classes >= 2; "
       f"got num_classes={num_classes!r}. Set data.num_classes or turn mixing off "

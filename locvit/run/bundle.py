@@ -63,17 +63,22 @@ def config_errors(config: ml_collections.ConfigDict) -> list[str]:
     )
   errors.check(default_image_size, config.model.name)  # an unknown name, with close matches
   errors.check(data_lib.validate_data_config, config.data)
-  errors.check(validate_recipe, config, config.data.num_classes)
+  known = config.data.num_classes is not None  # else the data source tells, once it is read
+  errors.check(validate_recipe, config, config.data.num_classes, check_classes=known)
   errors.check(optim.validate, config)
   return errors.messages
 
 
-def validate_recipe(config: ml_collections.ConfigDict, num_classes: Any) -> None:
+def validate_recipe(
+  config: ml_collections.ConfigDict, num_classes: Any, *, check_classes: bool = True
+) -> None:
   """Checks the on-device augmentation, EMA and distillation blocks (every error, a line each);
-  runs before compiling. ``num_classes`` None: not known yet, the mixing check waits for it."""
+  runs before compiling. ``check_classes=False``: the class count is not known yet."""
   errors = Errors()
   if config.mixup is not None:
-    errors.check(device_augment.validate_mixup_config, config.mixup, num_classes)
+    errors.check(
+      device_augment.validate_mixup_config, config.mixup, num_classes, check_classes=check_classes
+    )
   if config.random_erasing is not None:
     errors.check(device_augment.validate_erasing_config, config.random_erasing)
   if config.nonfinite not in NONFINITE_MODES:
