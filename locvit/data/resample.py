@@ -1,12 +1,13 @@
 """Pillow's resize written as per-pixel taps, so a random-resized crop can finish on the device.
 
-Pillow (``ImagingResample``) resizes an 8-bit image separably, width first: output pixel ``o`` of
-a pass is ``clip((sum_j k[o, j] * in[start[o] + j] + 2^21) >> 22)``, where the coefficients are
-the filter (bicubic with a = -0.5, or the triangle) centred on the output pixel's footprint,
-stretched by the downscale factor, cut to the input, normalised to sum 1 and rounded to 22-bit
-fixed point; the rounded 8-bit result of the first pass feeds the second. ``taps`` computes those
-start indices and integer coefficients on the host in float64, as Pillow does, so the device
-applies them with int32 arithmetic and reproduces ``Image.resize`` bit for bit
+Pillow (``ImagingResample``) resizes an 8-bit image in two passes, width first (height first in
+the cases of ``vertical_first``): output pixel ``o`` of a pass is
+``clip((sum_j k[o, j] * in[start[o] + j] + 2^21) >> 22)``, where the coefficients are the filter
+(bicubic with a = -0.5, or the triangle) centred on the output pixel's footprint, stretched by the
+downscale factor, cut to the input, normalised to sum 1 and rounded to 22-bit fixed point; the
+rounded 8-bit result of the first pass feeds the second. ``taps`` computes those start indices
+and integer coefficients on the host in float64, as Pillow does, so the device applies them with
+int32 arithmetic and reproduces ``Image.resize`` bit for bit
 (``device_augment.resize_from_taps``).
 
 Under ``data.augment_on='device'`` a random-resized crop splits in two. The host decodes, draws
