@@ -14,7 +14,10 @@ Orbax writes each step into a temporary directory and renames it when complete, 
 save never leaves a half-written checkpoint that would be picked up on resume. Once a step is
 committed, ``checksums.json`` (SHA-256 of each of its files) is added beside its items; a resume
 verifies it (and that the restored state is finite), falls back to the newest intact step and
-moves damaged steps to ``DIR/damaged/`` (never deleting anything). See docs/reliability.md.
+moves damaged steps to ``DIR/damaged/`` (never deleting anything). A committed step found without
+its manifest (a run killed between the two) gets it once orbax has read it back. On a bucket, what
+the checkpointer is writing is named to ``locvit.outage`` for the line a dead bucket ends the run
+with. See docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from locvit import paths
-from locvit.checksums import CHECKSUMS, verify_checksums, write_checksums  # noqa: F401
+from locvit import outage, paths
+from locvit.checksums import CHECKSUMS, verify_checksums, write_checksums
 
 BEST_METRIC = "eval/top1"
 DAMAGED = "damaged"  # DIR/damaged/<step>: quarantined steps that failed verification
@@ -169,6 +172,25 @@ class Checkpointer:
     self.best = _manager(best_dir, 1, async_save, read_only, "best") if keep_best else None
     self._unsummed: list[tuple[Any, int]] = []  # (manager, step) saved, manifest not written yet
     self._best_score: Any = _UNKNOWN
+    self._last_saved: dict[int, int] = {}  # id(manager) -> the step it saved last
+    watch = outage.current()
+    if watch is not None and not read_only:  # a bucket workdir: the line a dead bucket ends with
+      watch.checkpoints = self._outage_report
+
+  def _outage_report(self) -> tuple[str | None, str]:
+    """(the save in flight, if any; the committed steps of ``DIR``), from memory alone: the
+    bucket is not answering when this is asked."""
+    in_flight = []
+    for manager in (self.manager, self.best):
+      step = self._last_saved.get(id(manager))
+      if manager is not None and step is not None and manager.is_saving_in_progress():
+        in_flight.append((manager, step))
+    pending = {s for m, s in in_flight if m is self.manager}
+    committed = [s for s in self.manager.all_steps() if s not in pending]  # orbax's cached list
+    text = f"Steps committed in {self.directory}: {', '.join(map(str, committed)) or 'none'}"
+    if not in_flight:
+      return None, text
+    return f"the checkpoint save of step {in_flight[0][1]}", text
 
   def latest_step(self) -> int | None:
     """The newest saved step in ``DIR``, or None when there is none."""
@@ -215,18 +237,20 @@ class Checkpointer:
 
   def _save(self, manager, step, args, force) -> bool:
     try:
-      manager.wait_until_finished()  # the previous save is committed: its manifest can be written
-      self._write_pending_checksums(manager)
-      saved = manager.save(step, args=args, force=force)
+      with outage.doing(f"the checkpoint save of step {step}"):
+        manager.wait_until_finished()  # the previous save is committed: its manifest can be written
+        self._write_pending_checksums(manager)
+        saved = manager.save(step, args=args, force=force)
     except Exception as e:  # orbax raises TensorStore's and the writer thread's errors, any type
       raise self._save_error(manager, step, e) from e
     if saved:
       self._unsummed.append((manager, step))
+      self._last_saved[id(manager)] = step
     return saved
 
   def _save_error(self, manager, step: int, error: BaseException) -> CheckpointSaveError:
-    saved = epath.Path(manager.directory)
-    committed = sorted(int(p.name) for p in saved.iterdir() if p.name.isdigit())
+    # orbax's list of the steps (in memory: a failing bucket may not answer a listing)
+    committed = [s for s in manager.all_steps() if s != step]
     return CheckpointSaveError(
       f"saving a checkpoint to {manager.directory} failed ({_save_failure(error)}); stopped at "
       f"step {step}. Steps already committed are kept: {committed}"
@@ -280,7 +304,9 @@ class Checkpointer:
         self.best_score()
       except Exception as e:  # orbax/JSON raise many types for a damaged file
         problem = _one_line(e)
-    if problem is not None:
+    if problem is None:
+      self._add_missing_checksums(self.best, step, "its metadata")
+    else:
       self._best_score = None
       target = self._quarantine(self.best, step, tag="best_")
       logging.warning(
@@ -341,7 +367,24 @@ class Checkpointer:
         step,
         self.directory / DAMAGED,
       )
+    self._add_missing_checksums(self.manager, step, "its metadata and state, which is finite")
     return step, state, meta
+
+  def _add_missing_checksums(self, manager, step: int, verified: str) -> None:
+    """Writes the manifest of a committed ``step`` that has none (a run stopped between the commit
+    and the manifest) once ``verified`` passed, so that no committed step stays unverified."""
+    step_dir = epath.Path(manager.directory) / str(step)
+    if jax.process_index() != 0 or (step_dir / CHECKSUMS).exists():
+      return
+    write_checksums(step_dir)
+    logging.warning(
+      "Checkpoint step %d had no %s (its run stopped right after committing it); orbax read "
+      "%s, and its %s is now written.",
+      step,
+      CHECKSUMS,
+      verified,
+      CHECKSUMS,
+    )
 
   def restore(self, step: int, abstract_state: Any) -> Any:
     """Restores ``state`` into the shardings of ``abstract_state`` (any mesh)."""
@@ -368,12 +411,14 @@ class Checkpointer:
     for manager in (self.manager, self.best):
       if manager is None:
         continue
+      pending = max([s for m, s in self._unsummed if m is manager], default=-1)
       try:
-        manager.wait_until_finished()
+        with outage.doing(f"the checkpoint save of step {pending}"):
+          manager.wait_until_finished()
       except Exception as e:  # the writer thread's error, of any type
-        pending = [s for m, s in self._unsummed if m is manager]
-        raise self._save_error(manager, max(pending, default=-1), e) from e
-    self._write_pending_checksums()
+        raise self._save_error(manager, pending, e) from e
+    with outage.doing("the checksums of the saved steps"):
+      self._write_pending_checksums()
 
   def close(self) -> None:
     """Waits for pending saves and releases both managers."""

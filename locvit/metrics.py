@@ -20,7 +20,7 @@ import jax
 from absl import logging
 from etils import epath
 
-from locvit import paths
+from locvit import outage, paths
 
 METRICS = "metrics.jsonl"
 
@@ -88,22 +88,37 @@ class MetricWriter:
       if key != "step" and isinstance(value, int | float) and math.isfinite(value):
         self._tb.write(_scalar_event(key, value, int(step)).SerializeToString())
 
+  def _write_rows(self) -> None:
+    """Object stores: rewrites the whole object; a failure names it (a client's own error, such
+    as "Cannot connect to host", does not)."""
+    try:
+      with outage.doing("the metrics write"):
+        self.path.write_text("".join(self._rows))
+    except Exception as e:  # gcsfs/s3fs raise their HTTP clients' errors, of many types
+      raise MetricsWriteError(f"writing {self.path} failed ({outage.one_line(e)})") from e
+
   def flush(self) -> None:
     """Makes every row written so far durable (object stores; local rows already are)."""
     if self.enabled and self._rows is not None:
-      self.path.write_text("".join(self._rows))
+      self._write_rows()
     if self._tb is not None:
-      self._tb.flush()
+      with outage.doing("the metrics write"):
+        self._tb.flush()
 
   def close(self) -> None:
     """Flushes the rows and closes the TensorBoard file (closed even when its last write fails)."""
     try:
       if self.enabled and self._rows is not None:
-        self.path.write_text("".join(self._rows))
+        self._write_rows()
     finally:
       if self._tb is not None:
         self._tb, event_file = None, self._tb
-        event_file.close()
+        with outage.doing("the metrics write"):
+          event_file.close()
+
+
+class MetricsWriteError(OSError):
+  """``metrics.jsonl`` could not be written to its object store."""
 
 
 def _event_file(directory):
