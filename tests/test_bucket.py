@@ -328,3 +328,16 @@ def test_a_lease_that_cannot_be_released_is_reported_after_the_runs_own_error(se
     r"in \d+ s, at \d\d:\d\d:\d\d UTC, and a later run can then take it over",
     cause.__notes__[0],
   ), cause.__notes__
+
+
+@pytest.mark.parametrize("value", [0.5, 7200])
+def test_a_bucket_timeout_outside_its_range_is_one_config_error(value):
+  from locvit.configs.common import base_config
+  from locvit.run.bundle import config_errors
+
+  config = base_config()
+  config.bucket_timeout_seconds = value
+  assert config_errors(config) == [
+    f"--config.bucket_timeout_seconds={float(value)}: must be a number of seconds in [1, 3600] "
+    "(how long a bucket workdir may not answer before the run ends)"
+  ]
