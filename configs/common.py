@@ -20,11 +20,9 @@ Training recipes (DeiT, the small-dataset recipes of the papers) are presets in
 
 from __future__ import annotations
 
-import os
-
 import ml_collections
 
-from locvit.configs import defaults
+from locvit.configs import datasets, defaults
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -124,13 +122,8 @@ def complete_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
   return defaults.with_defaults(config, base_config())
 
 
-CIFAR10_ROOT_ENV = "CIFAR10_ROOT"
-
-
 def cifar10_image_folder(c: ml_collections.ConfigDict, train_fraction: float = 1.0) -> None:
   """Points ``c.data`` at the CIFAR-10 image-folder copy in ``$CIFAR10_ROOT`` (train / test splits),
   keeping the first ``train_fraction`` of each class (the reduced-scale runs of docs/results.md)."""
-  c.data.source = "image_folder"
-  c.data.root = os.environ.get(CIFAR10_ROOT_ENV)
-  c.data.train_split, c.data.eval_split = "train", "test"
+  datasets.use_dataset(c, "cifar10", source="image_folder")
   c.data.train_fraction = train_fraction
