@@ -336,18 +336,17 @@ def evaluate_checkpoint(
   """
   run = bundle.build_evaluation(config)
   config, mesh, rules = run.config, run.mesh, run.rules  # completed with the defaults
+  # A checkpoint this config cannot read is refused before the model is traced (and warns).
+  step = restore_lib.vetted_step(
+    workdir, step, lambda meta: run_config.check_compatible(meta["config"], config, workdir)
+  )
   boxed_params, boxed_model_state = sharding.model_variable_shapes(run.model, run.image_shape)
   variable_shardings = (
     sharding.tree_shardings(boxed_params, mesh, rules),
     sharding.tree_shardings(boxed_model_state, mesh, rules),
   )
-  params, model_state, step = restore_lib.restore_model_variables(
-    workdir,
-    run.model,
-    run.image_shape,
-    step=step,
-    shardings=variable_shardings,
-    check=lambda meta: run_config.check_compatible(meta["config"], config, workdir),
+  params, model_state = restore_lib.read_model_variables(
+    workdir, run.model, run.image_shape, step, variable_shardings
   )
   ema = None
   if ema_enabled(config):

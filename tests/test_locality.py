@@ -12,6 +12,7 @@ import json
 import math
 import os
 import shutil
+import warnings
 
 import flax.linen as nn
 import jax
@@ -414,6 +415,18 @@ def test_analyze_rejects_bad_layers_and_queries(trained, tmp_path):
     analyze_lib.analyze(config, workdir, str(tmp_path), query=(4, 0))
   with pytest.raises(FileNotFoundError, match="No checkpoint found"):
     analyze_lib.analyze(config, str(tmp_path), str(tmp_path))
+
+
+def test_eval_refuses_another_models_checkpoint_before_the_model_warns(trained):
+  """A 3-head GPSA warns when it is traced (3 is not a square): the refusal comes first, alone."""
+  config, workdir = trained
+  other = config.copy_and_resolve_references()
+  other.model.name, other.model.overrides.num_heads = "deit_tiny_patch2_32", 3
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with pytest.raises(ValueError, match="written by an incompatible config"):
+      train.evaluate_checkpoint(other, workdir)
+  assert [str(w.message) for w in caught] == []
 
 
 def test_the_init_record_has_the_initial_gates(trained):

@@ -224,8 +224,11 @@ def test_image_size_not_divisible_by_patch(tmp_path):
   _fails(config, tmp_path, "not divisible by patch_size=3")
 
 
-def test_batch_not_divisible_by_devices(tmp_path):
-  _fails(tiny_config(batch_size=36), tmp_path, "batch_size=36", "8 data-parallel devices", "40")
+def test_batch_not_divisible_by_devices_names_the_nearest_sizes_on_both_sides(tmp_path):
+  mesh = "mesh {'data': 8, 'model': 1}"
+  line = f"batch_size=100 is not divisible by the 8 data-parallel devices of {mesh}."
+  _fails(tiny_config(batch_size=100), tmp_path, f"{line} Valid values near it: [88, 96, 104, 112].")
+  _fails(tiny_config(batch_size=4), tmp_path, "batch_size=4", "Valid values near it: [8, 16].")
 
 
 def test_a_batch_larger_than_the_dataset_is_refused_before_the_workdir_exists(tmp_path):
