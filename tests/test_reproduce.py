@@ -181,6 +181,7 @@ def test_report_statistics_match_a_hand_computation(tmp_path):
   assert c["verdict"] == f"within noise (p = {expected.pvalue:.2f} >= 0.05)"
   text = pathlib.Path(workdir, "results.md").read_text()
   assert "| depth2 | 3 | 65.67 +- 5.51 |" in text
+  assert "; budget 3 minutes (the plan caps each run at 60 steps); 6 of 6 runs finished" in text
   assert f"| depth2 - depth1 | +5.00, +2.00, +7.00 | +4.67 | {expected.statistic:.2f} (2) |" in text
 
 
