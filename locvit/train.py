@@ -265,10 +265,14 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
 
       run.checkpointer.check_for_errors(step)  # an async save that failed stops the run here
       record = {}
-      if step % log_every == 0 or last or step == start + 1:
+      on_grid = step % log_every == 0 or last or step == 1
+      if on_grid or step == start + 1:  # a resumed run's first step: a progress line only
         monitor.check(health, step)
         workdir_lib.check_lock(run.workdir)
-        record.update(log_train_metrics(run, step, train_metrics, progress))
+        train_row = log_train_metrics(run, step, train_metrics, progress)
+        # The rows of an uninterrupted run: a point one step after the resume would draw the
+        # noise of a single batch as a jump in the loss curve.
+        record.update(train_row if on_grid else {})
       save = (ckpt_every and step % ckpt_every == 0) or last or preempted
       if save:
         monitor.check(health, step)
