@@ -1,4 +1,5 @@
-"""Metric sinks: ``metrics.jsonl``, TensorBoard event files and the progress lines on stdout.
+"""Metric sinks: ``metrics.jsonl``, TensorBoard event files and the progress lines on stdout;
+``eval.jsonl`` for the results of ``--mode=eval``.
 
 Only process 0 writes. TensorBoard files come from tensorboardX, which does not need TensorFlow.
 Its record writer is used directly, in the calling thread (not through the threaded
