@@ -327,10 +327,14 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
 
       run.checkpointer.check_for_errors(step)  # an async save that failed stops the run here
       record = {}
-      if step % log_every == 0 or last or step == start + 1:
+      on_grid = step % log_every == 0 or last or step == 1
+      if on_grid or step == start + 1:  # a resumed run's first step: a progress line only
         monitor.check(health, step)
         workdir_lib.check_lock(run.workdir)
-        record.update(log_train_metrics(run, step, train_metrics, progress))
+        train_row = log_train_metrics(run, step, train_metrics, progress)
+        # The rows of an uninterrupted run: a point one step after the resume would draw the
+        # noise of a single batch as a jump in the loss curve.
+        record.update(train_row if on_grid else {})
       save = (ckpt_every and step % ckpt_every == 0) or last or preempted
       if save:
         monitor.check(health, step)
@@ -398,18 +402,17 @@ def evaluate_checkpoint(
   """
   run = bundle.build_evaluation(config)
   config, mesh, rules = run.config, run.mesh, run.rules  # completed with the defaults
+  # A checkpoint this config cannot read is refused before the model is traced (and warns).
+  step = restore_lib.vetted_step(
+    workdir, step, lambda meta: run_config.check_compatible(meta["config"], config, workdir)
+  )
   boxed_params, boxed_model_state = sharding.model_variable_shapes(run.model, run.image_shape)
   variable_shardings = (
     sharding.tree_shardings(boxed_params, mesh, rules),
     sharding.tree_shardings(boxed_model_state, mesh, rules),
   )
-  params, model_state, step = restore_lib.restore_model_variables(
-    workdir,
-    run.model,
-    run.image_shape,
-    step=step,
-    shardings=variable_shardings,
-    check=lambda meta: run_config.check_compatible(meta["config"], config, workdir),
+  params, model_state = restore_lib.read_model_variables(
+    workdir, run.model, run.image_shape, step, variable_shardings
   )
   ema = None
   if ema_enabled(config):

@@ -108,6 +108,8 @@ def test_quickstart_trains_in_a_bucket_survives_sigterm_damage_and_a_second_run(
   out, err = proc.communicate(timeout=180)
   assert proc.returncode == 0, out + err
   assert out.startswith("Evaluation at step 40: top-1"), out
+  [evaluation] = map(json.loads, blobs(RUN)[f"{RUN}/eval.jsonl"].download_as_text().splitlines())
+  assert evaluation["step"] == 40
   proc = _main(cwd, server, f"--workdir={WORKDIR}", "--mode=analyze")
   out, err = proc.communicate(timeout=180)
   assert proc.returncode == 0, out + err

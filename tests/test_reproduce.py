@@ -127,7 +127,7 @@ def test_ctrl_c_resumes_the_interrupted_run_and_skips_finished_ones(tmp_path, ca
   assert "0 of 2 runs finished" in out
   logged = [r["step"] for r in metrics.read_metrics(first) if "train/loss" in r]
   assert logged == sorted(set(logged)) and logged[-1] == steps  # each step once, to the end
-  assert 8 in logged  # the resumed run logs its first step, after the checkpoint at 7
+  assert 8 in logged  # the resumed run's first step (after the checkpoint at 7), every 2nd logged
   finished = _metrics_files(workdir)
   assert all(rp.is_finished(run, steps) for run in finished)
 
@@ -181,6 +181,7 @@ def test_report_statistics_match_a_hand_computation(tmp_path):
   assert c["verdict"] == f"within noise (p = {expected.pvalue:.2f} >= 0.05)"
   text = pathlib.Path(workdir, "results.md").read_text()
   assert "| depth2 | 3 | 65.67 +- 5.51 |" in text
+  assert "; budget 3 minutes (the plan caps each run at 60 steps); 6 of 6 runs finished" in text
   assert f"| depth2 - depth1 | +5.00, +2.00, +7.00 | +4.67 | {expected.statistic:.2f} (2) |" in text
 
 

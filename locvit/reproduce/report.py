@@ -185,6 +185,12 @@ def _pct(mean: float | None, sd: float | None) -> str:
   return f"{100 * mean:.2f}" + (f" +- {100 * sd:.2f}" if sd is not None else "")
 
 
+def _step_cap(plan: str) -> str:
+  """`` (the plan caps each run at 60 steps)`` for a plan with ``max_steps``, else ''."""
+  cap = PLANS[plan].get("max_steps")
+  return f" (the plan caps each run at {cap} steps)" if cap else ""
+
+
 def markdown(report: dict[str, Any]) -> str:
   """``report`` as the markdown tables of ``results.md``."""
   m = report["machine"]
@@ -222,7 +228,8 @@ def markdown(report: dict[str, Any]) -> str:
     else f"Machine: JAX backend {m['jax_backend']}, device {m['device_kind']}.",
     f"locvit commit {report['locvit_commit'] or 'not recorded'} (report: "
     f"{report['report_commit']}); budget "
-    f"{report['budget_minutes']:g} minutes; {report['runs_finished']} of {report['runs_planned']} "
+    f"{report['budget_minutes']:g} minutes{_step_cap(report['plan'])}; "
+    f"{report['runs_finished']} of {report['runs_planned']} "
     f"runs finished in {report['training_wall_minutes']:.1f} minutes of training wall time"
     + (
       f" (planned: {report['estimated_minutes']:.1f} for all)."

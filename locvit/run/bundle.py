@@ -115,7 +115,8 @@ def validate(config: ml_collections.ConfigDict, mesh, rules, model: nn.Module) -
   for name in ("batch_size", "eval_batch_size"):
     size = config[name] or config.batch_size
     if size % dp:
-      valid = [dp * k for k in range(max(size // dp, 1), max(size // dp, 1) + 3)]
+      below = size // dp  # the two nearest valid sizes under it and the two over it
+      valid = [dp * k for k in range(below - 1, below + 3) if k > 0]
       raise ValueError(
         f"{name}={size} is not divisible by the {dp} data-parallel devices of mesh "
         f"{dict(mesh.shape)}. Valid values near it: {valid}."
