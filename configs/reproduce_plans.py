@@ -83,6 +83,25 @@ PLANS = {
     "comparisons": [("depth1", "depth2")],
     "max_steps": 60,  # seconds per run, whatever the budget
   },
+  "smoke_protocol": {
+    "title": "Smoke test of a paper-protocol plan: the digits quickstart ViT (width 32, depth 1) "
+    "at the quickstart's own 30 epochs (CI)",
+    "protocol": True,
+    "rows": {
+      "depth1": {
+        "config": "quickstart",
+        "overrides": {
+          "model.overrides.depth": 1,
+          "model.overrides.embed_dim": 32,
+          "model.overrides.num_heads": 2,
+        },
+        "paper_top1": None,
+        "paper_epochs": 30,
+        "paper_train_examples": 1437,
+      }
+    },
+    "comparisons": [],
+  },
   "structinit": {
     "title": "Structured initialization (Zheng, Li, Lucey), Table 2's CIFAR-10 column: "
     "trunc-normal vs impulse-3 vs mimetic ViT (reduced: depth 8, dim 64, patch 4, 10% of "

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -218,3 +219,113 @@ def test_missing_cifar_fails_in_seconds_with_instructions(tmp_path, monkeypatch,
     capsys.readouterr().err
   )
   assert time.perf_counter() - start < 30 and not os.path.exists(workdir)
+
+
+# ------------------------------------------------------------------------------------------------
+# Paper-protocol plans
+
+
+def _collapsed(text):
+  return [" ".join(line.split()) for line in text.splitlines()]
+
+
+def test_protocol_dry_runs_print_the_papers_protocol_and_create_nothing(tmp_path, capsys):
+  expected = {  # row, model, seeds, batch, epochs, paper epochs, steps, images per run
+    "gmm_table1_cifar10": [
+      "vit vit_smalldata_d9_patch4_32 1 128 300 300 117000 14,976,000",
+      "gmm gmm_vit_smalldata_d9_patch4_32 1 128 300 300 117000 14,976,000",
+    ],
+    "structinit_table2_cifar10": [
+      f"{init} structvit_tiny_patch2_32 1 512 200 200 19400 9,932,800"
+      for init in ("trunc_normal", "mimetic", "impulse3")
+    ],
+    "cordonnier_table1": [
+      "quadratic cordonnier_sa 1 100 300 300 150000 15,000,000",
+      "learned cordonnier_sa_learned 1 100 300 300 150000 15,000,000",
+      "resnet18 resnet18_cifar 1 100 300 300 150000 15,000,000",
+    ],
+  }
+  workdir = tmp_path / "w"
+  for plan, rows in expected.items():
+    assert rp.main([plan, "--dry_run", f"--workdir={workdir}"]) == 0
+    out = capsys.readouterr().out
+    lines = _collapsed(out)
+    for row in rows:
+      assert any(line.startswith(row + " ") for line in lines), (row, out)
+    assert "at the paper's protocol" in lines[0]
+    assert "from the accelerator kit's NVIDIA H200 figures of 2026-11-26" in out
+    assert "the papers trained on the original CIFAR-10, and the JPEG copy costs" in out
+    assert out.rstrip().endswith("Nothing was created (--dry_run).")
+  assert not workdir.exists() and os.listdir(tmp_path) == []
+  # The combined row runs only when named; a fraction shrinks every row alike.
+  assert rp.main(["gmm_table1_cifar10", "--dry_run", "--rows=gmm_impulse3", "--fraction=0.1"]) == 0
+  lines = _collapsed(capsys.readouterr().out)
+  assert lines[0].endswith("at 0.1 of the paper's protocol")
+  assert any(line.startswith("gmm_impulse3 gmm_vit_smalldata_d9_patch4_32 1 128 30 300 11700 ")
+             for line in lines)  # fmt: skip
+
+
+def test_a_protocol_plan_that_does_not_fit_the_budget_is_refused(capsys):
+  assert rp.main(["gmm_table1_cifar10", "--dry_run", "--minutes=10"]) == 2
+  captured = capsys.readouterr()
+  assert "Estimated wall time 29.5 minutes for 2 runs (seed 0)" in captured.out
+  assert captured.err == (
+    "locvit.reproduce: error: plan 'gmm_table1_cifar10' needs an estimated 29.5 minutes for 2 "
+    "runs but --minutes=10; give more --minutes, fewer --seeds, or --fraction (at most 0.317 of "
+    "this length fits; --fraction=fit picks it)\n"
+  )
+  assert rp.main(["gmm_table1_cifar10", "--dry_run", "--minutes=10", "--fraction=fit"]) == 0
+  assert "at 0.317 of the paper's protocol" in capsys.readouterr().out
+  assert rp.main(["gmm", "--dry_run", "--fraction=0.5"]) == 2
+  assert capsys.readouterr().err == (
+    "locvit.reproduce: error: --fraction is for paper-protocol plans; 'gmm' is a budget plan\n"
+  )
+
+
+def _write_protocol_plan(workdir, fraction=0.05):
+  steps, _ = rp.protocol.protocol_steps(
+    rp.row_config(rp.PLANS["smoke_protocol"]["rows"]["depth1"]), 1437, fraction
+  )
+  os.makedirs(workdir)
+  cost = {"steps_per_sec": 20.0, "overhead_sec": 5.0, "steps_per_epoch": 22, "batch_size": 64}
+  plan = {
+    "plan": "smoke_protocol", "protocol": True, "fraction": fraction, "seeds": 1,
+    "row_names": ["depth1"], "minutes": None, "started": time.time(),
+    "load_at_probe": [1.0, 1.0, 1.0], "locvit_commit": "test", "estimated_minutes": 1.0,
+    "data": "scikit-learn's 8x8 digits", "rows": {"depth1": {**cost, "steps": steps}},
+  }  # fmt: skip
+  with open(os.path.join(workdir, "plan.json"), "w") as f:
+    json.dump(plan, f)
+  return steps
+
+
+def _trained(run):
+  """Per step, the logged training loss and evaluation (timings left out)."""
+  keep = ("train/loss", "eval/top1", "eval/loss")
+  return {(r["step"], k): r[k] for r in metrics.read_metrics(run) for k in keep if k in r}
+
+
+def test_a_run_continues_on_another_machine_from_the_copied_workdir(tmp_path, capsys):
+  whole, first, second = (str(tmp_path / name) for name in ("whole", "first", "second"))
+  steps = _write_protocol_plan(whole)
+  assert steps == 33  # 5% of 30 epochs of 22 steps: 1.5 epochs
+  _write_protocol_plan(first)
+  assert rp.main(["smoke_protocol", f"--workdir={whole}"]) == 0
+  with sigterm_after_step(12, signal.SIGINT):  # the first machine stops mid-run
+    assert rp.main(["smoke_protocol", f"--workdir={first}"]) == 130
+  assert "on another machine, copy it there first" in capsys.readouterr().out
+  shutil.copytree(first, second)  # the workdir travels; the first machine is gone
+  shutil.rmtree(first)
+  assert rp.main(["smoke_protocol", f"--workdir={second}"]) == 0
+  out = capsys.readouterr().out
+  assert "0 of 1 runs finished" in out
+  run_whole, run_second = (os.path.join(d, "depth1", "seed0") for d in (whole, second))
+  resumed = [r["step"] for r in metrics.read_metrics(run_second) if "train/loss" in r]
+  assert 13 in resumed and resumed == sorted(set(resumed))  # continued after its checkpoint
+  assert _trained(run_second) == _trained(run_whole)
+  assert (steps, "eval/top1") in _trained(run_whole)
+  assert "| depth1 | - |" in pathlib.Path(second, "results.md").read_text()
+  assert (
+    "smoke test of a paper-protocol plan" in pathlib.Path(second, "results.md").read_text().lower()
+  )
+  assert "at 0.05 of the paper's protocol" in pathlib.Path(second, "results.md").read_text()

@@ -294,6 +294,7 @@ def make_plan(name, plan, configs, workdir, seeds, minutes, started) -> dict[str
     "load_at_probe": os.getloadavg(),
     "locvit_commit": locvit_commit(),
     "estimated_minutes": seeds * sum(run_seconds(c, steps) for c in costs.values()) / 60,
+    "data": protocol.describe_data(next(iter(configs.values()))),
     "rows": {row: {**dataclasses.asdict(cost), "steps": steps} for row, cost in costs.items()},
   }
 
@@ -357,6 +358,8 @@ def protocol_estimate(
     if costs is not None:
       step_seconds, overhead = 1 / costs[row].steps_per_sec, costs[row].overhead_sec
       info["basis"] = "probe"
+    elif "kit" not in spec:
+      raise ReproduceError(f"row {row!r} has no accelerator-kit figures: estimate it with --probe")
     else:
       flops, params = protocol.forward_flops(full)
       kit = protocol.kit_estimate(spec["kit"], full.batch_size, flops)
@@ -415,8 +418,9 @@ def describe_protocol(title, rows, fraction, seeds, total, source) -> str:
         f"rate set by {r['basis']}"
       )
   lines.append(
-    f"Estimated wall time {total / 60:.1f} minutes for {seeds * len(rows)} runs (seeds "
-    f"{', '.join(map(str, range(seeds)))}), compilation included, from {source}."
+    f"Estimated wall time {total / 60:.1f} minutes for {seeds * len(rows)} runs (seed"
+    f"{'s' if seeds > 1 else ''} {', '.join(map(str, range(seeds)))}), compilation included, "
+    f"from {source}."
   )
   return "\n".join(lines)
 
@@ -457,6 +461,7 @@ def make_protocol_plan(name, plan, configs, workdir, seeds, minutes, fraction, s
     "load_at_probe": os.getloadavg(),
     "locvit_commit": locvit_commit(),
     "estimated_minutes": total / 60,
+    "data": protocol.describe_data(next(iter(configs.values()))),
     "rows": {
       row: {**dataclasses.asdict(costs[row]), "steps": rows[row]["steps"]} for row in configs
     },

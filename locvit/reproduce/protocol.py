@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 import ml_collections
 
@@ -27,7 +26,8 @@ from locvit.configs.reproduce_plans import KIT_H200
 from locvit.run.bundle import training_length
 
 EVALUATIONS_PER_RUN = 10  # the run's own curve, to read an ordering against
-CHECKPOINTS_PER_RUN = 50  # a run moved to another machine loses at most 2% of itself
+CHECKPOINTS_PER_RUN = 50  # a run moved to another machine loses at most 2% of itself...
+MIN_CHECKPOINT_STEPS = 100  # ...or 100 steps (a stop signal saves at once in any case)
 
 
 def scale_length(config: ml_collections.ConfigDict, fraction: float) -> None:
@@ -56,14 +56,15 @@ def protocol_config(
   config: ml_collections.ConfigDict, train_examples: int, fraction: float, seed: int
 ) -> ml_collections.ConfigDict:
   """``config`` from ``seed`` at ``fraction`` of its protocol: its own schedule (shrunk by
-  ``fraction``), ``EVALUATIONS_PER_RUN`` evaluations and ``CHECKPOINTS_PER_RUN`` checkpoints."""
+  ``fraction``), ``EVALUATIONS_PER_RUN`` evaluations and ``CHECKPOINTS_PER_RUN`` checkpoints (fewer for runs
+  under 5,000 steps)."""
   config = complete_config(config)
   scale_length(config, fraction)
   steps, _ = training_length(config, train_examples)
   config.seed = seed
   config.total_steps = steps  # the plan's steps, whatever the data's length rounds to
   config.eval_every_steps = max(1, steps // EVALUATIONS_PER_RUN)
-  config.checkpoint_every_steps = max(1, steps // CHECKPOINTS_PER_RUN)
+  config.checkpoint_every_steps = max(MIN_CHECKPOINT_STEPS, steps // CHECKPOINTS_PER_RUN)
   config.log_every_steps = max(1, min(config.log_every_steps, steps // 20))
   return config
 
@@ -119,11 +120,12 @@ def kit_estimate(kit: str, batch_size: int, flops_per_image: float) -> KitEstima
 
 
 def fit_fraction(per_run_seconds: dict[str, tuple[float, float]], seeds: int, seconds: float):
-  """The largest fraction (at most 1) whose runs fit ``seconds``: ``per_run_seconds`` maps each
-  row to (overhead, training seconds at the full protocol)."""
+  """The largest fraction (at most 1, rounded down to 3 decimals, as stated in titles) whose runs
+  fit ``seconds``: ``per_run_seconds`` maps each row to (overhead, training seconds at the full
+  protocol)."""
   overhead = seeds * sum(o for o, _ in per_run_seconds.values())
   training = seeds * sum(t for _, t in per_run_seconds.values())
-  return min(1.0, max(0.0, (seconds - overhead) / training))
+  return min(1.0, max(0.0, math.floor(1000 * (seconds - overhead) / training) / 1000))
 
 
 def describe_data(config: ml_collections.ConfigDict) -> str:
@@ -137,15 +139,6 @@ def describe_data(config: ml_collections.ConfigDict) -> str:
     )
   if data.source == "tfds":
     return f"TFDS {data.name} (the original images)"
+  if data.source == "digits":
+    return "scikit-learn's 8x8 digits"
   return f"{data.name} ({data.source})"
-
-
-def describe_row(spec: dict[str, Any], config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """The row's model, batch, epochs and images per run at the full protocol, for printing."""
-  config = complete_config(config)
-  return {
-    "model": config.model.name,
-    "batch_size": config.batch_size,
-    "epochs": config.num_epochs,
-    "paper_epochs": spec["paper_epochs"],
-  }
