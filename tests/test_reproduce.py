@@ -51,7 +51,10 @@ def test_smoke_plan_end_to_end(tmp_path):
   (comparison,) = results["comparisons"]
   assert comparison["seeds"] == [0, 1] and comparison["df"] == 1
   assert results["machine"]["jax_backend"] == "cpu"
-  assert "| depth2 - depth1 |" in pathlib.Path(workdir, "results.md").read_text()
+  text = pathlib.Path(workdir, "results.md").read_text()
+  assert "| depth2 - depth1 |" in text
+  assert "Step cap: every run stopped at the plan's cap of 60 steps (its max_steps)" in text
+  assert "Data: scikit-learn's 8x8 digits." in text
 
 
 # ------------------------------------------------------------------------------------------------
@@ -156,15 +159,19 @@ def test_a_saved_plan_is_not_replaced(tmp_path):
 # The report
 
 
-def test_report_statistics_match_a_hand_computation(tmp_path):
-  workdir, steps = str(tmp_path / "r"), 30
-  _write_plan(workdir, steps, seeds=3)
-  top1 = {"depth1": [0.61, 0.58, 0.64], "depth2": [0.66, 0.60, 0.71]}
+def _write_finals(workdir, steps, top1):
   for row, values in top1.items():
     for seed, value in enumerate(values):
       writer = metrics.MetricWriter(os.path.join(workdir, row, f"seed{seed}"))
       writer.write(steps, {"eval/top1": value, "eval/top5": 0.9 + value / 10})
       writer.close()
+
+
+def test_report_statistics_match_a_hand_computation(tmp_path):
+  workdir, steps = str(tmp_path / "r"), 30
+  _write_plan(workdir, steps, seeds=3)
+  top1 = {"depth1": [0.61, 0.58, 0.64], "depth2": [0.66, 0.60, 0.71]}
+  _write_finals(workdir, steps, top1)
   result = report.write_report("smoke", workdir)
 
   row = result["rows"]["depth2"]
@@ -181,8 +188,41 @@ def test_report_statistics_match_a_hand_computation(tmp_path):
   assert c["p"] == pytest.approx(expected.pvalue)
   assert c["verdict"] == f"within noise (p = {expected.pvalue:.2f} >= 0.05)"
   text = pathlib.Path(workdir, "results.md").read_text()
-  assert "| depth2 | 3 | 65.67 +- 5.51 |" in text
+  assert (
+    "| depth2 | - | 65.67 +- 5.51 | - | 3 | 96.57 +- 0.55 | 1.364 | 30 | 4.45% | - | - |" in text
+  )
   assert f"| depth2 - depth1 | +5.00, +2.00, +7.00 | +4.67 | {expected.statistic:.2f} (2) |" in text
+
+
+@pytest.mark.parametrize("paper", [(0.60, 0.70), (0.70, 0.60)])
+def test_report_puts_the_paper_beside_ours(tmp_path, monkeypatch, paper):
+  for row, top1 in zip(("depth1", "depth2"), paper):
+    monkeypatch.setitem(rp.PLANS["smoke"]["rows"][row], "paper_top1", top1)
+  workdir, steps = str(tmp_path / "r"), 30
+  _write_plan(workdir, steps, seeds=3)
+  _write_finals(workdir, steps, {"depth1": [0.61, 0.58, 0.64], "depth2": [0.66, 0.60, 0.71]})
+  text = (
+    pathlib.Path(workdir, "results.md").read_text() if report.write_report("smoke", workdir) else ""
+  )
+  first, second = (f"{100 * p:.2f}" for p in paper)
+  assert f"| depth1 | {first} | 61.00 +- 3.00 | {61 - 100 * paper[0]:+.2f} | 3 |" in text
+  assert f"| depth2 | {second} | 65.67 +- 5.51 | {65.67 - 100 * paper[1]:+.2f} | 3 |" in text
+  if paper[1] > paper[0]:
+    assert (
+      "Ordering the paper claims: depth2 > depth1. Ours: depth2 > depth1. The paper's "
+      "ordering held." in text
+    )
+  else:
+    assert (
+      "Ordering the paper claims: depth1 > depth2. Ours: depth2 > depth1. The paper's "
+      "ordering did not hold (depth1 not above depth2)." in text
+    )
+  assert (
+    "Step cap: the plan caps runs at 60 steps (its max_steps); the budget gave these runs "
+    "fewer (30)." in text
+  )
+  assert "Data: " not in text  # a plan saved before it was recorded names none
+  assert "| img/s | minutes per run |" in text and "locvit commit not recorded" in text
 
 
 def test_a_consistent_difference_is_significant():
@@ -329,3 +369,62 @@ def test_a_run_continues_on_another_machine_from_the_copied_workdir(tmp_path, ca
     "smoke test of a paper-protocol plan" in pathlib.Path(second, "results.md").read_text().lower()
   )
   assert "at 0.05 of the paper's protocol" in pathlib.Path(second, "results.md").read_text()
+
+
+def _tiny_cifar(root, per_class=2):
+  """A 32x32 JPEG image folder with CIFAR-10's ten classes (``per_class`` images per split)."""
+  from PIL import Image
+
+  rng = np.random.default_rng(0)
+  for split in ("train", "test"):
+    for label in range(10):
+      folder = root / split / f"class{label}"
+      folder.mkdir(parents=True)
+      for i in range(per_class):
+        pixels = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / f"{i}.jpg", quality=75)
+  return root
+
+
+def test_the_combined_row_changes_only_q_and_k_and_trains(tmp_path, monkeypatch):
+  """GMM-ViT with impulse-3 q/k (gmm_table1_cifar10's optional row): the GMM row's init but the
+  query/key kernels, and a few training steps on CPU (two blocks, the fast solver)."""
+  import flax
+  import jax
+
+  from locvit import train
+  from locvit.init import apply_init
+  from locvit.models.factory import build_model
+
+  monkeypatch.setenv("CIFAR10_ROOT", str(_tiny_cifar(tmp_path / "cifar")))
+  rows = rp.PLANS["gmm_table1_cifar10"]["rows"]
+  config = rp.row_config(rows["gmm_impulse3"])
+  assert rp.select_rows(rp.PLANS["gmm_table1_cifar10"], None) == ["vit", "gmm"]
+  assert config.model.name == rp.row_config(rows["gmm"]).model.name
+  assert (config.init.name, config.init.filter_size, config.init.base) == ("impulse", 3, "keep")
+  config.model.overrides.depth = 2
+  config.model.overrides.layer_attention = ("gmm",) * 2
+  config.init.solver = "fast"
+  config.mixed_precision = False
+
+  model = build_model(config, 10)
+  params = model.init(jax.random.key(0), np.zeros((1, 32, 32, 3), np.float32), train=False)
+  params = flax.linen.meta.unbox(params["params"])
+  impulse = apply_init(config.init, params, model, 32, seed=0)
+  before, after = (flax.traverse_util.flatten_dict(p, sep="/") for p in (params, impulse))
+  changed = {k for k in before if not np.array_equal(before[k], after[k])}
+  assert changed == {f"blocks_{i}/attn/qkv/kernel" for i in range(2)}
+  kernel, new = (
+    params["blocks_0"]["attn"]["qkv"]["kernel"],
+    impulse["blocks_0"]["attn"]["qkv"]["kernel"],
+  )
+  np.testing.assert_array_equal(kernel[:, 2], new[:, 2])  # v is kept
+
+  config = rp.budgeted_config(config, 3, seed=0)
+  config.batch_size = config.eval_batch_size = 8
+  config.data.augment_on = "host"  # the recipe's device ops are tested elsewhere; compiles less
+  workdir = str(tmp_path / "run")
+  train.train_and_evaluate(config, workdir)
+  losses = [r["train/loss"] for r in metrics.read_metrics(workdir) if "train/loss" in r]
+  assert losses and np.isfinite(losses).all()
+  assert rp.is_finished(workdir, 3)

@@ -205,7 +205,8 @@ def probe(config: ml_collections.ConfigDict, workdir: str, steps: int = PROBE_ST
   config.log_every_steps = 1
   config.checkpoint_every_steps = 0  # the final save only, as in a run
   start = time.perf_counter()
-  train.train_and_evaluate(config, workdir)
+  if train.train_and_evaluate(config, workdir).get("preempted"):
+    raise KeyboardInterrupt  # Ctrl-C or SIGTERM during a probe stops the command
   wall = time.perf_counter() - start
   rows = [r for r in metrics_lib.read_metrics(workdir) if "perf/steps_per_sec" in r]
   step_seconds = [1.0 / r["perf/steps_per_sec"] for r in rows[1:]]  # the first one compiles
@@ -418,11 +419,15 @@ def describe_protocol(title, rows, fraction, seeds, total, source) -> str:
         f"rate set by {r['basis']}"
       )
   lines.append(
-    f"Estimated wall time {total / 60:.1f} minutes for {seeds * len(rows)} runs (seed"
+    f"Estimated wall time {total / 60:.1f} minutes for {_runs(seeds * len(rows))} (seed"
     f"{'s' if seeds > 1 else ''} {', '.join(map(str, range(seeds)))}), compilation included, "
     f"from {source}."
   )
   return "\n".join(lines)
+
+
+def _runs(count: int) -> str:
+  return f"{count} run{'s' if count != 1 else ''}"
 
 
 def check_fits(name: str, total: float, minutes: float | None, spent: float, rows, seeds) -> None:
@@ -433,7 +438,7 @@ def check_fits(name: str, total: float, minutes: float | None, spent: float, row
   per_run = {row: (r["overhead_sec"], r["full_training_sec"]) for row, r in rows.items()}
   fits = protocol.fit_fraction(per_run, seeds, available)
   raise ReproduceError(
-    f"plan {name!r} needs an estimated {total / 60:.1f} minutes for {seeds * len(rows)} runs "
+    f"plan {name!r} needs an estimated {total / 60:.1f} minutes for {_runs(seeds * len(rows))} "
     f"but --minutes={minutes:g}"
     + (f" leaves {available / 60:.1f} after probing" if spent else "")
     + f"; give more --minutes, fewer --seeds, or --fraction (at most {fits:.3f} of this length "
@@ -441,15 +446,28 @@ def check_fits(name: str, total: float, minutes: float | None, spent: float, row
   )
 
 
-def make_protocol_plan(name, plan, configs, workdir, seeds, minutes, fraction, started):
-  """Probes each row here, fits ``fraction`` and refuses a plan that does not fit ``minutes``."""
-  costs = measure(configs, os.path.join(workdir, "_probe"))
+def make_protocol_plan(
+  name, plan, configs, workdir, seeds, minutes, fraction, started, probe_here=True
+):
+  """Probes each row here (or takes the kit's H200 figures), fits ``fraction`` and refuses a plan
+  that does not fit ``minutes``."""
+  costs = measure(configs, os.path.join(workdir, "_probe")) if probe_here else None
   spent = time.time() - started
   rows, fraction, total, source = protocol_estimate(
     plan, configs, seeds, minutes, fraction, costs, spent
   )
   print(describe_protocol(plan["title"], rows, fraction, seeds, total, source), flush=True)
   check_fits(name, total, minutes, spent, rows, seeds)
+  if costs is None:
+    costs = {
+      row: RowCost(
+        steps_per_sec=r["images_per_sec"] / r["batch_size"],
+        overhead_sec=r["overhead_sec"],
+        steps_per_epoch=round(r["full_steps"] / r["full_epochs"]),
+        batch_size=r["batch_size"],
+      )
+      for row, r in rows.items()
+    }
   return {
     "plan": name,
     "protocol": True,
@@ -458,6 +476,7 @@ def make_protocol_plan(name, plan, configs, workdir, seeds, minutes, fraction, s
     "row_names": list(configs),
     "minutes": minutes,
     "started": started,
+    "estimate_source": source,
     "load_at_probe": os.getloadavg(),
     "locvit_commit": locvit_commit(),
     "estimated_minutes": total / 60,
@@ -495,7 +514,7 @@ def saved_rows(saved: dict[str, Any], plan: dict[str, Any]) -> list[str]:
 
 
 def load_or_make_plan(
-  name, plan, configs, workdir, seeds, minutes, started, fraction=1.0
+  name, plan, configs, workdir, seeds, minutes, started, fraction=1.0, probe_here=True
 ) -> dict[str, Any]:
   """The plan saved in ``workdir/plan.json`` (a re-run resumes it, on this machine or another one
   the workdir was copied to).
@@ -631,9 +650,11 @@ def reproduce(
   tfds_data_dir: str | None = None,
   fraction: float | str = 1.0,
   rows: str | None = None,
+  probe_here: bool = True,
 ) -> dict[str, Any]:
   """Plans (or resumes) and trains ``name`` in ``workdir``; returns the report (None when
-  interrupted)."""
+  interrupted). A protocol plan is estimated by a probe here, or (``probe_here=False``) from the
+  kit's H200 figures."""
   from locvit import train
   from locvit.reproduce import report as reproduce_report
 
@@ -649,7 +670,9 @@ def reproduce(
     check_data(config, row)
   with Interrupt():
     try:
-      saved = load_or_make_plan(name, plan, configs, workdir, seeds, minutes, started, fraction)
+      saved = load_or_make_plan(
+        name, plan, configs, workdir, seeds, minutes, started, fraction, probe_here
+      )
       if not saved.get("protocol"):
         print(describe(saved, plan), flush=True)
       runs = plan_runs(plan, saved["seeds"], saved_rows(saved, plan))
@@ -722,9 +745,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     "--dry_run", action="store_true", help="print the plan and its estimate; create nothing"
   )
   parser.add_argument(
-    "--probe",
-    action="store_true",
-    help="with --dry_run: estimate from a short probe here, not the kit's H200 figures",
+    "--estimate",
+    choices=("probe", "kit"),
+    default=None,
+    help="protocol plans' time estimate: a short probe of each row here (default for a run) or "
+    "the accelerator kit's H200 figures (default with --dry_run; skips the probe on a GPU)",
   )
   parser.add_argument(
     "--fraction",
@@ -757,8 +782,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       raise ReproduceError("--fraction=fit needs --minutes")
     if args.dry_run:
       dry_run(
-        args.plan, args.minutes, args.seeds, fraction, args.rows, args.probe, args.data,
-        args.tfds_data_dir,
+        args.plan, args.minutes, args.seeds, fraction, args.rows, args.estimate == "probe",
+        args.data, args.tfds_data_dir,
       )  # fmt: skip
       return 0
     if args.workdir is None:
@@ -766,11 +791,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.report:
       from locvit.reproduce import report as reproduce_report
 
-      reproduce_report.write_report(args.plan, args.workdir)
+      try:
+        reproduce_report.write_report(args.plan, args.workdir)
+      except ValueError as e:  # no plan.json yet
+        raise ReproduceError(str(e)) from e
       return 0
     result = reproduce(
       args.plan, args.workdir, args.minutes, args.seeds, args.data, args.tfds_data_dir,
-      fraction, args.rows,
+      fraction, args.rows, args.estimate != "kit",
     )  # fmt: skip
   except ReproduceError as e:
     print(f"locvit.reproduce: error: {e}", file=sys.stderr)

@@ -56,8 +56,8 @@ def protocol_config(
   config: ml_collections.ConfigDict, train_examples: int, fraction: float, seed: int
 ) -> ml_collections.ConfigDict:
   """``config`` from ``seed`` at ``fraction`` of its protocol: its own schedule (shrunk by
-  ``fraction``), ``EVALUATIONS_PER_RUN`` evaluations and ``CHECKPOINTS_PER_RUN`` checkpoints (fewer for runs
-  under 5,000 steps)."""
+  ``fraction``), ``EVALUATIONS_PER_RUN`` evaluations and ``CHECKPOINTS_PER_RUN`` checkpoints
+  (fewer for runs under 5,000 steps)."""
   config = complete_config(config)
   scale_length(config, fraction)
   steps, _ = training_length(config, train_examples)

@@ -40,7 +40,8 @@ def final_evaluation(workdir: str, steps: int) -> dict[str, float] | None:
 def training_rates(workdir: str) -> list[float]:
   """The run's logged training images/s (compilation and evaluation excluded): each log line's
   rate but the first, which includes the compilation."""
-  rates = [r["perf/images_per_sec"] for r in metrics_lib.read_metrics(workdir)]
+  records = metrics_lib.read_metrics(workdir)
+  rates = [r["perf/images_per_sec"] for r in records if "perf/images_per_sec" in r]
   return rates[1:] or rates
 
 
@@ -285,11 +286,12 @@ def markdown(report: dict[str, Any]) -> str:
         else "."
       )
     )
-  lines += [
-    "",
-    "| comparison | per-seed top-1 differences (points) | mean | paired t (df) | verdict |",
-    "|---|---|---|---|---|",
-  ]
+  if report["comparisons"]:
+    lines += [
+      "",
+      "| comparison | per-seed top-1 differences (points) | mean | paired t (df) | verdict |",
+      "|---|---|---|---|---|",
+    ]
   for c in report["comparisons"]:
     diffs = ", ".join(f"{100 * d:+.2f}" for d in c["top1_differences"]) or "-"
     mean = f"{100 * c['mean']:+.2f}" if c["mean"] is not None else "-"
@@ -302,9 +304,13 @@ def markdown(report: dict[str, Any]) -> str:
   if report.get("data"):
     lines.append(f"Data: {report['data']}.")
   if report.get("max_steps"):
+    cap, steps = report["max_steps"], sorted({r["steps"] for r in report["rows"].values()})
     lines.append(
-      f"Step cap: this plan stops every run at {report['max_steps']} steps whatever the budget "
-      "(its max_steps), so the epochs above may be fewer than the budget allowed."
+      f"Step cap: every run stopped at the plan's cap of {cap} steps (its max_steps), fewer than "
+      "the budget allowed."
+      if steps == [cap]
+      else f"Step cap: the plan caps runs at {cap} steps (its max_steps); the budget gave these "
+      f"runs fewer ({'/'.join(map(str, steps))})."
     )
   lines += [
     f"Machine: JAX backend {m['jax_backend']}, device {m['device_kind']} x {m['device_count']}, "
