@@ -12,7 +12,7 @@ Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
   ema.decay / ema.warmup (weight EMA, evaluated beside the model), distillation.* (DeiT-style
   teacher, ``locvit.distill``), init_from.* (start from another run's parameters, optionally
   pruned, ``locvit.init.from_checkpoint``), log_every_steps, eval_every_steps,
-  checkpoint_every_steps, keep_checkpoints, nonfinite ('stop' | 'skip').
+  checkpoint_every_steps, keep_checkpoints, bucket_timeout_seconds, nonfinite ('stop' | 'skip').
 
 Training recipes (DeiT, the small-dataset recipes of the papers) are presets in
 ``configs/recipes.py`` that set these fields.
@@ -102,6 +102,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint_every_steps = 500
   c.keep_checkpoints = 3
   c.async_checkpointing = True
+  # A workdir in a bucket (gs://, s3://) that does not answer for this long ends the run: exit 2,
+  # one line naming the bucket, what was being written and the steps committed. Shorter outages
+  # are ridden out. The run's lease outlives it, so no other run can take the workdir meanwhile.
+  c.bucket_timeout_seconds = 60.0
   # A non-finite loss or gradient norm: 'stop' (error naming the step; no checkpoint is written
   # after it) or 'skip' (the update is dropped and counted in train/skipped_steps).
   c.nonfinite = "stop"

@@ -239,8 +239,10 @@ def _parse_flags(argv: Sequence[str]) -> list[str]:
     _exit_with_error(message)
 
 
-def _exit_with_error(message: str) -> None:
+def _exit_with_error(message: str, notes: Sequence[str] = ()) -> None:
   print(f"locvit: error: {message}", file=sys.stderr, flush=True)
+  for note in notes:  # what failed after the error, e.g. releasing the workdir's lease
+    print(f"locvit: also: {note}", file=sys.stderr, flush=True)
   sys.exit(2)
 
 
@@ -385,9 +387,10 @@ def _main_with_clear_errors(argv):
   ) as e:
     if _TRACEBACK.value:
       raise
+    notes = getattr(e, "__notes__", ())
     if type(e) is OSError and e.filename and e.strerror:  # e.g. metrics.jsonl on a full disk
-      _exit_with_error(f"{e.filename}: {e.strerror}; the checkpoints committed are kept")
-    _exit_with_error(str(e))  # --traceback shows the stack
+      _exit_with_error(f"{e.filename}: {e.strerror}; the checkpoints committed are kept", notes)
+    _exit_with_error(str(e), notes)  # --traceback shows the stack
 
 
 def _report_failed_saves_once() -> None:

@@ -20,7 +20,7 @@ import jax
 from absl import logging
 from etils import epath
 
-from locvit import paths
+from locvit import outage, paths
 
 METRICS = "metrics.jsonl"
 
@@ -88,22 +88,37 @@ class MetricWriter:
       if key != "step" and isinstance(value, int | float) and math.isfinite(value):
         self._tb.write(_scalar_event(key, value, int(step)).SerializeToString())
 
+  def _write_rows(self) -> None:
+    """Object stores: rewrites the whole object; a failure names it (a client's own error, such
+    as "Cannot connect to host", does not)."""
+    try:
+      with outage.doing("the metrics write"):
+        self.path.write_text("".join(self._rows))
+    except Exception as e:  # gcsfs/s3fs raise their HTTP clients' errors, of many types
+      raise MetricsWriteError(f"writing {self.path} failed ({outage.one_line(e)})") from e
+
   def flush(self) -> None:
     """Makes every row written so far durable (object stores; local rows already are)."""
     if self.enabled and self._rows is not None:
-      self.path.write_text("".join(self._rows))
+      self._write_rows()
     if self._tb is not None:
-      self._tb.flush()
+      with outage.doing("the metrics write"):
+        self._tb.flush()
 
   def close(self) -> None:
     """Flushes the rows and closes the TensorBoard file (closed even when its last write fails)."""
     try:
       if self.enabled and self._rows is not None:
-        self.path.write_text("".join(self._rows))
+        self._write_rows()
     finally:
       if self._tb is not None:
         self._tb, event_file = None, self._tb
-        event_file.close()
+        with outage.doing("the metrics write"):
+          event_file.close()
+
+
+class MetricsWriteError(OSError):
+  """``metrics.jsonl`` could not be written to its object store."""
 
 
 def _event_file(directory):
@@ -168,16 +183,18 @@ class Progress:
   """Whole lines on stdout (process 0): one per log interval (step, loss, steps/s, images/s, ETA)
   and one per evaluation.
 
-  The ETA uses the mean training speed since the first step, so neither compilation (the first
-  step) nor evaluation and checkpoint time (reported on their own) distort it.
+  Rates and the ETA count the time the loop was held by checkpoint saves (on a slow disk or
+  bucket the training takes that long), and leave out compilation (the first step) and
+  evaluations, reported on their own lines.
   """
 
   def __init__(self, total_steps: int, batch_size: int, first_step: int = 0):
     self.total_steps, self.batch_size = total_steps, batch_size
     self.enabled = jax.process_index() == 0
     self._last_step, self._last_time = first_step, time.perf_counter()
-    self._paused = 0.0  # eval and checkpoint seconds since the last line
+    self._paused = 0.0  # evaluation seconds since the last line
     self._checkpoint_seconds = 0.0
+    self._waited_seconds = 0.0  # of which waiting for the previous save to be committed
     self._compiled = False  # the first line's interval includes compiling the step
     self._train_steps, self._train_seconds = 0, 0.0  # since the first line
 
@@ -205,9 +222,11 @@ class Progress:
       eta = (self.total_steps - step) * self._train_seconds / self._train_steps
       line += f"{steps_per_s:.2f} steps/s  {perf['perf/images_per_sec']:.1f} img/s  ETA {_hms(eta)}"
     if self._checkpoint_seconds:
-      line += f"  (checkpoint {self._checkpoint_seconds:.1f} s)"
+      waited = self._waited_seconds
+      line += f"  (checkpoint {self._checkpoint_seconds:.1f} s"
+      line += f", {waited:.1f} s of it waiting for the previous save)" if waited >= 0.05 else ")"
       perf["perf/checkpoint_seconds"] = self._checkpoint_seconds
-      self._checkpoint_seconds = 0.0
+      self._checkpoint_seconds = self._waited_seconds = 0.0
     self.print_line(line)
     return perf
 
@@ -218,14 +237,11 @@ class Progress:
     self.print_line(evaluation_line(step, metrics, seconds, self.total_steps))
     return {"perf/eval_seconds": seconds}
 
-  def checkpoint(self, seconds: float) -> None:
-    """Counts a checkpoint save's blocking time, shown on the next progress line."""
-    self._paused += seconds
+  def checkpoint(self, seconds: float, waited: float = 0.0) -> None:
+    """Counts the ``seconds`` a checkpoint save held the loop (``waited`` of them for the previous
+    save to be committed), shown on the next progress line and counted in the rates."""
     self._checkpoint_seconds += seconds
-
-  def pause(self, seconds: float) -> None:
-    """Leaves ``seconds`` of other work (e.g. saving the best checkpoint) out of the rates."""
-    self._paused += seconds
+    self._waited_seconds += waited
 
   def finished(self, workdir: str, metrics: dict[str, Any]) -> None:
     """Says that ``workdir`` already holds the last step, with its final evaluation."""

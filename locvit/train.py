@@ -16,6 +16,7 @@ docs/reliability.md).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import time
@@ -114,6 +115,27 @@ def make_step_fn(run: bundle.Training) -> Callable:
   )
 
 
+class RunAhead:
+  """Bounds how far the host runs ahead of the device: before a step is dispatched, the step
+  ``limit`` steps earlier has finished. A stop request read after step ``s`` (``should_stop``)
+  then saves at most ``limit`` steps after the one the device was running, instead of after every
+  step dispatched since the last log line. ``limit`` 2 keeps the device fed (one step queued
+  while one runs): benchmarks/run_ahead.py."""
+
+  def __init__(self, limit: int | None = 2):
+    self.limit = limit
+    self._in_flight: collections.deque = collections.deque()  # outputs, oldest first
+
+  def wait(self) -> None:
+    """Blocks until fewer than ``limit`` dispatched steps may still be running."""
+    while self.limit is not None and len(self._in_flight) >= self.limit:
+      jax.block_until_ready(self._in_flight.popleft())
+
+  def dispatched(self, output) -> None:
+    """Records a step's output (arrays that step never donates) to wait on later."""
+    self._in_flight.append(output)
+
+
 class AnalysisHooks:
   """Per-evaluation analysis asked by ``config.analysis``: locality metrics (nonlocality, gates,
   centres) and centre plots; their curves (ConViT Figs. 5-6) start at initialisation."""
@@ -160,11 +182,42 @@ def log_train_metrics(run, step: int, train_metrics, progress) -> dict[str, Any]
 
 
 def save_checkpoint(run, step: int, state: TrainState, meta, progress) -> None:
-  """Saves ``step`` (never a non-finite state), timing the save for the rates."""
+  """Saves ``step`` (never a non-finite state); the progress line shows how long the loop was
+  held, and how much of it waiting for the previous save to be committed."""
   check_finite_state(state, step)
   save_start = time.perf_counter()
   run.checkpointer.save(step, state, meta, force=True)
-  progress.checkpoint(time.perf_counter() - save_start)
+  progress.checkpoint(time.perf_counter() - save_start, waited=run.checkpointer.waited)
+
+
+def is_evaluation_step(config: ml_collections.ConfigDict, step: int, total_steps: int) -> bool:
+  """Whether the loop evaluates at ``step``: every ``eval_every_steps``, and at the last step."""
+  every = config.eval_every_steps
+  return bool(every and step % every == 0) or step == total_steps
+
+
+def evaluate_unevaluated_step(
+  run, step: int, state, evaluate, analysis, progress, meta
+) -> dict[str, Any]:
+  """The evaluation of the resumed ``step`` (an evaluation step) when the run that saved it
+  logged none: it was stopped during the evaluation (or the evaluation failed). Evaluates now
+  and rewrites the step's row with it, and saves ``best/``, as the uninterrupted run would have:
+  each step is logged once, with its evaluation. ``{}`` when the step's row has its evaluation."""
+  rows = [row for row in metrics_lib.read_metrics(run.workdir) if row["step"] == step]
+  if rows and "eval/top1" in rows[-1]:
+    return {}
+  logging.info("Step %d was saved without its evaluation; evaluating it now.", step)
+  eval_start = time.perf_counter()
+  final = evaluate()
+  record = {key: value for key, value in (rows[-1] if rows else {}).items() if key != "step"}
+  record.update(final)
+  record.update(analysis(step, state.params))
+  record.update(progress.evaluation(step, final, time.perf_counter() - eval_start))
+  run.writer.truncate_after(step - 1)
+  run.writer.write(step, record)
+  run.writer.flush()
+  run.checkpointer.save_best(step, state, meta, final)
+  return final
 
 
 def evaluate_with_ema(
@@ -246,20 +299,29 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
   analysis = AnalysisHooks(run, state, start)
   progress = metrics_lib.Progress(total_steps, config.batch_size, start)
   log_every = config.log_every_steps
-  eval_every = config.eval_every_steps
   ckpt_every = config.checkpoint_every_steps
   final = {}
-  if start >= total_steps:
-    final = metrics_lib.last_evaluation(run.workdir)
-    progress.finished(run.workdir, final)
   monitor = HealthMonitor(config)
   meta = run_config.checkpoint_meta(config, run.num_classes)
   watcher = PreemptionWatcher(multiprocess=jax.process_count() > 1, checkpointer=run.checkpointer)
+  run_ahead = RunAhead()
   # closing: stops grain's worker processes (data.num_workers) however the loop ends.
   with watcher as preemption, contextlib.closing(run.train_batches(start)) as train_batches:
+    if start and is_evaluation_step(config, start, total_steps):
+      evaluate = lambda: _evaluate(run, state, eval_fn, progress, preemption)
+      try:
+        final = evaluate_unevaluated_step(run, start, state, evaluate, analysis, progress, meta)
+      except EvaluationInterruptedError as e:
+        logging.warning("Stop requested while evaluating step %d: %s; exiting.", start, e)
+        return {"preempted": True, "step": start}
+    if start >= total_steps:
+      final = final or metrics_lib.last_evaluation(run.workdir)
+      progress.finished(run.workdir, final)
     for step in range(start + 1, total_steps + 1):
       batch = sharding.global_batch(next(train_batches), run.batch_sharding)
+      run_ahead.wait()
       state, train_metrics, health = step_fn(state, batch, teacher_variables, health)
+      run_ahead.dispatched(train_metrics)
       last = step == total_steps
       preempted = preemption.should_stop(step)
 
@@ -274,7 +336,7 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
         monitor.check(health, step)
       # A step's metrics row is durable before the checkpoint that covers it: a resumed run starts
       # at a checkpoint and logs every later step again, so each step is logged exactly once.
-      if (eval_every and step % eval_every == 0) or last:
+      if is_evaluation_step(config, step, total_steps):
         eval_start = time.perf_counter()
         try:
           final = _evaluate(run, state, eval_fn, progress, preemption)
@@ -283,10 +345,10 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
           record.update(progress.evaluation(step, final, time.perf_counter() - eval_start))
         except EvaluationInterruptedError as e:  # within the grace period: save now, without it
           logging.warning(
-            "Stop requested at step %d: %s; saving the step without it%s.",
+            "Stop requested at step %d: %s; saving the step without it (the resumed run "
+            "evaluates it).",
             step,
             e,
-            f" (--mode=eval --workdir={run.workdir} evaluates it)" if last else "",
           )
           final, save, preempted = {}, True, True
         except BaseException:  # a failing evaluation loses no training: keep the step and its row
@@ -303,7 +365,7 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
         if "eval/top1" in record:  # evaluated at this step
           save_start = time.perf_counter()
           run.checkpointer.save_best(step, state, meta, final)
-          progress.pause(time.perf_counter() - save_start)
+          progress.checkpoint(time.perf_counter() - save_start, waited=run.checkpointer.waited)
       if preempted and (not last or not final):
         run.checkpointer.wait()
         logging.warning("Preempted: checkpoint saved at step %d; exiting.", step)

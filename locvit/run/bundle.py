@@ -57,6 +57,12 @@ def config_errors(config: ml_collections.ConfigDict) -> list[str]:
   for name, value, expected, lowest in checks:
     if isinstance(value, int | float) and value < lowest:
       errors.add(f"--config.{name}={value}: must be {expected}")
+  timeout = config.bucket_timeout_seconds
+  if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 1 <= timeout <= 3600:
+    errors.add(
+      f"--config.bucket_timeout_seconds={timeout}: must be a number of seconds in [1, 3600] "
+      "(how long a bucket workdir may not answer before the run ends)"
+    )
   if config.total_steps <= 0 and config.num_epochs <= 0:
     errors.add(
       f"--config.num_epochs={config.num_epochs}: must be > 0 (or set --config.total_steps)"
@@ -191,7 +197,9 @@ class Training(Evaluation):
   def __enter__(self) -> Training:
     return self
 
-  def __exit__(self, exc_type, *_) -> None:
+  def __exit__(self, exc_type, exc, _) -> None:
+    # On a bucket, every close below runs under the one deadline of locvit.outage: a bucket that
+    # does not answer ends the process once, not once per component.
     try:  # pending saves of earlier steps are committed even when a step or evaluation fails
       if self.checkpointer is not None:  # None: stopped while being built
         self.checkpointer.close()
@@ -205,7 +213,12 @@ class Training(Evaluation):
         # The run already stops with its own error, often of the same cause (a full disk): that
         # one is reported; metrics.jsonl holds every row the TensorBoard file may have lost.
       finally:
-        workdir_lib.release_lock(self.workdir)
+        try:
+          workdir_lib.release_lock(self.workdir)
+        except workdir_lib.WorkdirError as e:
+          if exc is None:
+            raise
+          exc.add_note(str(e))  # reported after the run's own error, never instead of it
 
 
 def _eval_batches(config, eval_source):
@@ -285,7 +298,7 @@ def build_training(
   config = run.config
   # The config is valid: only now create the workdir (writable, not in use). The config is kept
   # (config.json) once the workdir's checkpoint has accepted it (train.restore_or_initialise).
-  workdir_lib.claim(workdir)
+  workdir_lib.claim(workdir, config.bucket_timeout_seconds)
   run.workdir = workdir
   try:  # an error or a stop (SIGTERM, Ctrl-C) from here on releases the workdir, as the run would
     run.eval_batches = _eval_batches(config, run.eval_source)
