@@ -7,19 +7,20 @@
 # then the report) when its budget is spent, and the workdirs come back as tarball parts.
 #
 # Needs, in the checkout on that machine: gpu_wheels/ (python benchmarks/gpu_wheels.py on a
-# machine with network; README, "Benchmark kit for a GPU machine without network") and the
-# CIFAR-10 JPEG tarball (ROOT/{train,test}/<class>/*.jpg; $CIFAR10_TARBALL, by default
-# shared/data/cifar10-jpeg.tar.gz). Run from the checkout's root:
+# machine with network; README, "Benchmark kit for a GPU machine without network") and CIFAR-10
+# as JPEG folders (ROOT/{train,test}/<class>/*.jpg, docs/data_preparation.md): $CIFAR10_ROOT if
+# set, else the tarball $CIFAR10_TARBALL (default data/cifar10-jpeg.tar.gz, git-ignored: carry
+# it) unpacked to /tmp/cifar. Run from the checkout's root:
 #
 #   bash benchmarks/paper_tables_gpu.sh                # results under $OUT (default /tmp/out)
 #
 # Budgets (minutes, compilation included): GMM_MINUTES (default 5.5) and STRUCTINIT_MINUTES
-# (default 2.5); with setup and a 20 s grace per plan the script ends within about 9.5 minutes. Continue a run elsewhere: unpack the parts (cat paper_tables.tgz.* | tar xz) and
-# run the printed command again with the same --workdir (docs/results.md, "Paper protocols").
+# (default 2.5); with setup and a 20 s grace per plan the script ends within about 9.5 minutes.
+# Continue a run elsewhere: unpack the parts (cat paper_tables.tgz.* | tar xz) and run the same
+# command with --workdir=paper_tables/PLAN (docs/results.md, "Paper protocols on one GPU").
 set -euo pipefail
 
 OUT=${OUT:-/tmp/out}
-CIFAR10_TARBALL=${CIFAR10_TARBALL:-shared/data/cifar10-jpeg.tar.gz}
 GMM_MINUTES=${GMM_MINUTES:-5.5}
 STRUCTINIT_MINUTES=${STRUCTINIT_MINUTES:-2.5}
 WORK=/tmp/paper_tables
@@ -31,9 +32,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/locvit
   gpu_wheels/*.whl
 export PYTHONPATH=$PWD:/tmp/locvit-site
 
-mkdir -p /tmp/cifar
-tar -xzf "$CIFAR10_TARBALL" -C /tmp/cifar
-export CIFAR10_ROOT=/tmp/cifar
+if [ -z "${CIFAR10_ROOT:-}" ]; then
+  mkdir -p /tmp/cifar
+  tar -xzf "${CIFAR10_TARBALL:-data/cifar10-jpeg.tar.gz}" -C /tmp/cifar
+  export CIFAR10_ROOT=/tmp/cifar
+fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 
 # One plan within its budget; a run still going when the budget (plus 20 s of grace for the last
