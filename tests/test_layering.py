@@ -30,7 +30,7 @@ CONFIGS = ROOT.parent / "configs"
 LAYERS = (
   ("paths", "choices"),  # the path layer for local disks and object stores; choice errors
   # No model knowledge.
-  ("ops", "sharding", "metrics", "cpu_malloc", "checksums", "workdir"),
+  ("ops", "sharding", "metrics", "cpu_malloc", "xla_options", "checksums", "workdir"),
   ("checkpoint",),  # orbax and integrity
   ("restore",),  # a model's variables from a workdir's checkpoints
   # The shipped configs and the default blocks they build on (``configs/defaults.py``), plain
