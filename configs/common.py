@@ -42,6 +42,9 @@ def base_config() -> ml_collections.ConfigDict:
   # another value is allowed): None (CPU code paths on CPU, JAX's choice elsewhere), 'xla',
   # 'cudnn' or 'cpu_kernels' (locvit.ops; 'einsum' is accepted as its alias).
   c.attention_implementation = ml_collections.config_dict.placeholder(str)
+  # XLA options for the training step's compilation, one setting (locvit.xla_options): 'none'
+  # (XLA's defaults), 'gpu_tuned' or 'auto' ('gpu_tuned' on a GPU). Hardware only, like the above.
+  c.xla_options = "none"
 
   c.data = defaults.data_config()
 

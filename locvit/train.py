@@ -32,7 +32,7 @@ from locvit import checkpoint as ckpt_lib
 from locvit import evaluate as eval_lib
 from locvit import metrics as metrics_lib
 from locvit import restore as restore_lib
-from locvit import run_config, sharding
+from locvit import run_config, sharding, xla_options
 from locvit import workdir as workdir_lib
 from locvit.data import device_augment
 from locvit.models.factory import build_model  # noqa: F401  (also importable as train.build_model)
@@ -91,7 +91,8 @@ def restore_or_initialise(run: bundle.Training) -> tuple[int, TrainState]:
 
 
 def make_step_fn(run: bundle.Training) -> Callable:
-  """The jitted, donating ``guarded_step(state, batch, teacher_variables, health)``."""
+  """The jitted, donating ``guarded_step(state, batch, teacher_variables, health)``, compiled with
+  the XLA options of ``config.xla_options``."""
   replicated, shardings = sharding.replicated(run.mesh), run.layout.shardings
   step = functools.partial(
     guarded_step,
@@ -102,6 +103,7 @@ def make_step_fn(run: bundle.Training) -> Callable:
     num_classes=run.num_classes,
     teacher=run.teacher,
   )
+  options = xla_options.compiler_options(run.config.xla_options, jax.default_backend())
   return jax.jit(
     step,
     in_shardings=(
@@ -112,6 +114,7 @@ def make_step_fn(run: bundle.Training) -> Callable:
     ),
     out_shardings=(shardings, replicated, replicated),
     donate_argnums=(0, 3),
+    compiler_options=options or None,
   )
 
 

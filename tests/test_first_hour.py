@@ -63,7 +63,7 @@ FIELDS = (
   "data, distillation, ema, eval_batch_size, eval_every_steps, freeze, grad_accum_steps, "
   "grad_clip_norm, init, init_from, "
   "keep_checkpoints, label_smoothing, log_every_steps, mesh, mixed_precision, mixup, model, "
-  "nonfinite, num_epochs, optimizer, random_erasing, schedule, seed, total_steps"
+  "nonfinite, num_epochs, optimizer, random_erasing, schedule, seed, total_steps, xla_options"
 )
 
 
@@ -85,6 +85,11 @@ FIELDS = (
       "depth?",
     ),
     ([QUICKSTART, "--config.batch_size=0"], "--config.batch_size=0: must be a positive integer"),
+    (
+      [QUICKSTART, "--config.xla_options=gpu_tune"],
+      "--config.xla_options='gpu_tune' is not one of ['auto', 'none', 'gpu_tuned']; did you mean "
+      "gpu_tuned?",
+    ),
     (
       [QUICKSTART, "--config.model.overrides.depth=0"],
       "--config.model.overrides.depth=0: must be > 0",
@@ -113,6 +118,7 @@ FIELDS = (
     "unknown",
     "nested",
     "zero_batch",
+    "xla_options",
     "zero_depth",
     "bad_value",
     "no_file",

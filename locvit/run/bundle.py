@@ -20,10 +20,10 @@ import optax
 
 from locvit import checkpoint as ckpt_lib
 from locvit import data as data_lib
-from locvit import distill, optim, paths, sharding
+from locvit import distill, optim, paths, sharding, xla_options
 from locvit import metrics as metrics_lib
 from locvit import workdir as workdir_lib
-from locvit.choices import Errors
+from locvit.choices import Errors, check_choice
 from locvit.configs.common import complete_config
 from locvit.data import device_augment
 from locvit.init import from_checkpoint
@@ -72,6 +72,7 @@ def config_errors(config: ml_collections.ConfigDict) -> list[str]:
   known = config.data.num_classes is not None  # else the data source tells, once it is read
   errors.check(validate_recipe, config, config.data.num_classes, check_classes=known)
   errors.check(optim.validate, config)
+  errors.check(check_choice, "--config.xla_options", config.xla_options, xla_options.CHOICES)
   return errors.messages
 
 
