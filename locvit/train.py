@@ -46,6 +46,7 @@ from locvit.run.step import (  # noqa: F401  (the step's names, as train.* for c
   check_health,
   ema_update,
   guarded_step,
+  guarded_steps,
   initial_health,
   loss_and_metrics,
   train_step,
@@ -90,10 +91,11 @@ def restore_or_initialise(run: bundle.Training) -> tuple[int, TrainState]:
 
 
 def make_step_fn(run: bundle.Training) -> Callable:
-  """The jitted, donating ``guarded_step(state, batch, teacher_variables, health)``."""
+  """The jitted, donating ``guarded_steps(state, batches, teacher_variables, health)``: one
+  optimizer step per batch of the list ``batches``, in one dispatch."""
   replicated, shardings = sharding.replicated(run.mesh), run.layout.shardings
   step = functools.partial(
-    guarded_step,
+    guarded_steps,
     model=run.model,
     tx=run.tx,
     schedule=run.schedule,
@@ -112,6 +114,24 @@ def make_step_fn(run: bundle.Training) -> Callable:
     out_shardings=(shardings, replicated, replicated),
     donate_argnums=(0, 3),
   )
+
+
+def host_step(config, step: int, start: int, total_steps: int) -> bool:
+  """Whether the loop acts on ``step`` on the host: logs it, saves it or evaluates it (the first
+  step after ``start``, the last, and the ``*_every_steps`` multiples)."""
+  every = (config.log_every_steps, config.checkpoint_every_steps, config.eval_every_steps)
+  return step in (start + 1, total_steps) or any(n and step % n == 0 for n in every)
+
+
+def dispatch_end(config, done: int, start: int, total_steps: int) -> int:
+  """The last step of the dispatch that follows step ``done``: ``config.steps_per_dispatch``
+  steps when none of them but the last is a host step, else one. So every host step ends a
+  dispatch, and a dispatch runs either K steps or one (two compiled programs)."""
+  k = config.steps_per_dispatch
+  steps = range(done + 1, done + k)  # all but the last
+  if done + k > total_steps or any(host_step(config, s, start, total_steps) for s in steps):
+    return done + 1
+  return done + k
 
 
 class AnalysisHooks:
@@ -231,7 +251,8 @@ def train_and_evaluate(
 
 
 def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str, Any]:
-  """Steps ``start + 1 .. total_steps``: train, log, save, evaluate, analyse, stop if preempted."""
+  """Steps ``start + 1 .. total_steps``: train, log, save, evaluate, analyse, stop if preempted.
+  Each pass runs the steps of one dispatch (``dispatch_end``) and acts on its last step."""
   config, total_steps, writer = run.config, run.total_steps, run.writer
   step_fn = make_step_fn(run)
   health = jax.device_put(initial_health(), sharding.replicated(run.mesh))
@@ -257,11 +278,15 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
   watcher = PreemptionWatcher(multiprocess=jax.process_count() > 1, checkpointer=run.checkpointer)
   # closing: stops grain's worker processes (data.num_workers) however the loop ends.
   with watcher as preemption, contextlib.closing(run.train_batches(start)) as train_batches:
-    for step in range(start + 1, total_steps + 1):
-      batch = sharding.global_batch(next(train_batches), run.batch_sharding)
-      state, train_metrics, health = step_fn(state, batch, teacher_variables, health)
+    step = start
+    while step < total_steps:
+      first, step = step + 1, dispatch_end(config, step, start, total_steps)
+      local = [next(train_batches) for _ in range(first, step + 1)]
+      batches = [sharding.global_batch(b, run.batch_sharding) for b in local]
+      state, train_metrics, health = step_fn(state, batches, teacher_variables, health)
       last = step == total_steps
-      preempted = preemption.should_stop(step)
+      # Every step is asked (processes agree on a preemption step); the dispatch's last one stops.
+      preempted = any([preemption.should_stop(s) for s in range(first, step + 1)])
 
       run.checkpointer.check_for_errors(step)  # an async save that failed stops the run here
       record = {}
