@@ -42,7 +42,7 @@ from locvit import cpu_malloc, paths, run_config
 from locvit import workdir as workdir_lib
 from locvit.configs import args as config_args
 from locvit.configs import datasets
-from locvit.metrics import evaluation_line
+from locvit.metrics import append_evaluation, evaluation_line
 from locvit.run import preemption
 
 MODES = ("train", "eval", "analyze")
@@ -360,6 +360,10 @@ def main(argv):
     progress = functools.partial(print, flush=True)
     result = train.evaluate_checkpoint(config, _WORKDIR.value, _STEP.value, progress)
     print(evaluation_line(result["step"], result, time.perf_counter() - start), flush=True)
+    from locvit.configs.common import complete_config
+
+    split = complete_config(config).data.eval_split
+    append_evaluation(_WORKDIR.value, {**result, "eval_split": split})  # drawn by --mode=analyze
     return
   from locvit.analysis.hooks import training_hooks
 

@@ -198,10 +198,13 @@ class _Lease:
     """Deletes the object if still at version ``match``; raises ``_ConflictError`` otherwise."""
     raise NotImplementedError
 
+  def _body(self, expires: float | None = None) -> str:
+    return json.dumps(_info(expires=expires or time.time() + self.lifetime))
+
   def _write(self, match) -> None:
     """Writes the lease (under ``_put``'s precondition) and notes when it expires."""
     expires = time.time() + self.lifetime
-    self.version = self._put(json.dumps(_info(expires=expires)), match)
+    self.version = self._put(self._body(expires), match)
     self.expires = expires
 
   def _create(self, workdir) -> None:

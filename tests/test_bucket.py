@@ -108,6 +108,8 @@ def test_quickstart_trains_in_a_bucket_survives_sigterm_damage_and_a_second_run(
   out, err = proc.communicate(timeout=180)
   assert proc.returncode == 0, out + err
   assert out.startswith("Evaluation at step 40: top-1"), out
+  [evaluation] = map(json.loads, blobs(RUN)[f"{RUN}/eval.jsonl"].download_as_text().splitlines())
+  assert evaluation["step"] == 40
   proc = _main(cwd, server, f"--workdir={WORKDIR}", "--mode=analyze")
   out, err = proc.communicate(timeout=180)
   assert proc.returncode == 0, out + err
@@ -183,6 +185,15 @@ def test_two_processes_save_to_a_bucket_and_one_process_resumes_on_half_the_devi
 
 
 OUTAGE_LIMIT = 10  # config.bucket_timeout_seconds in the outage tests
+# The quickstart, 20 steps, a checkpoint every 10, evaluated at the end.
+OUTAGE_RUN = [
+  "--config=quickstart",
+  "--config.total_steps=20",
+  "--config.checkpoint_every_steps=10",
+  "--config.eval_every_steps=0",
+  "--config.log_every_steps=5",
+  f"--config.bucket_timeout_seconds={OUTAGE_LIMIT}",
+]
 
 
 def _stop_after_step_10_is_committed(proc, server, prefix):
@@ -191,7 +202,7 @@ def _stop_after_step_10_is_committed(proc, server, prefix):
   seen = []
   for line in proc.stdout:
     seen.append(line)
-    if line.startswith("step 15/40"):
+    if line.startswith("step 15/20"):
       break
   marker = f"{prefix}/checkpoints/10/commit_success.txt"
   deadline = time.monotonic() + 60
@@ -210,21 +221,20 @@ def _train_losses(prefix):
 def test_a_short_bucket_outage_is_ridden_out_and_a_long_one_ends_the_run_in_one_line(
   server, tmp_path
 ):
-  limit = f"--config.bucket_timeout_seconds={OUTAGE_LIMIT}"
   # A 4 s outage after step 10: the clients' retries ride it out, the run finishes.
-  proc = _main(tmp_path, server, *SHORT, limit, f"--workdir=gs://{BUCKET}/short")
+  proc = _main(tmp_path, server, *OUTAGE_RUN, f"--workdir=gs://{BUCKET}/short")
   _stop_after_step_10_is_committed(proc, server, "short")
   time.sleep(4)
   server.start()
   out, err = proc.communicate(timeout=240)
   assert proc.returncode == 0, out + err
-  assert "Final evaluation at step 40/40" in out
+  assert "Final evaluation at step 20/20" in out
   reference = _train_losses("short")
-  assert sorted(reference) == [1, *range(5, 41, 5)], reference
+  assert sorted(reference) == [1, 5, 10, 15, 20], reference
 
   # The bucket goes away for good after step 10: exit 2 within the limit (plus a probe), one line
   # naming the bucket, what failed and the committed step; no traceback.
-  proc = _main(tmp_path, server, *SHORT, limit, f"--workdir=gs://{BUCKET}/long")
+  proc = _main(tmp_path, server, *OUTAGE_RUN, f"--workdir=gs://{BUCKET}/long")
   _, stopped = _stop_after_step_10_is_committed(proc, server, "long")
   out, err = proc.communicate(timeout=120)
   waited = time.monotonic() - stopped
@@ -241,23 +251,29 @@ def test_a_short_bucket_outage_is_ridden_out_and_a_long_one_ends_the_run_in_one_
     errors[0],
   ), errors[0]
 
-  # The bucket is back with step 10 whole, but without its checksums.json (the run stopped before
-  # writing it). The same command takes over the lease its dead process left on this host at
-  # once, verifies step 10 and writes its manifest, and ends as the uninterrupted run did.
+  # The bucket is back with step 10 whole. Its checksums.json is deleted, as a step committed
+  # without one (a synchronous save killed before hashing it, or an older locvit). The same command
+  # takes over the lease its dead process left on this host at once, verifies step 10 and writes
+  # its manifest, and ends as the uninterrupted run did.
   server.start()
   assert "long/lock" in blobs("long/lock")
-  assert "long/checkpoints/10/checksums.json" not in blobs("long/checkpoints/10/")
-  proc = _main(tmp_path, server, *SHORT, limit, f"--workdir=gs://{BUCKET}/long")
+  blobs("long/checkpoints/10/checksums.json")["long/checkpoints/10/checksums.json"].delete()
+  proc = _main(tmp_path, server, *OUTAGE_RUN, f"--workdir=gs://{BUCKET}/long")
   out, err = proc.communicate(timeout=240)
   assert proc.returncode == 0, out + err
   assert re.search(r"Took over the lease gs://\S+/long/lock of pid \d+, which no longer runs", err)
   assert "Checkpoint step 10 had no checksums.json" in err, err
   first = next(line for line in out.splitlines() if line.startswith("step "))
-  assert first.startswith("step 11/40 "), out
-  assert _train_losses("long") == reference  # exact: every loss of the uninterrupted run
+  assert first.startswith("step 11/20 "), out
+  losses = _train_losses("long")
+  assert sorted(losses) == [1, 5, 10, 11, 15, 20], losses  # each step once: 11 starts the resume
+  del losses[11]
+  assert losses == reference  # exact: every loss of the uninterrupted run
   names = blobs("long/checkpoints/")
-  steps = {n.rsplit("/", 2)[0] for n in names if n.endswith("commit_success.txt")}
-  assert steps and all(f"{s}/checksums.json" in names for s in steps), sorted(names)
+  step_dirs = r"long/checkpoints/(best/)?\d+"
+  steps = {n.rsplit("/", 1)[0] for n in names if re.fullmatch(f"{step_dirs}/commit_success.txt", n)}
+  assert steps == {"long/checkpoints/10", "long/checkpoints/20", "long/checkpoints/best/20"}, steps
+  assert all(f"{s}/checksums.json" in names for s in steps), sorted(names)  # none unverified
 
 
 def test_a_dead_holder_on_this_host_is_taken_over_and_another_hosts_lease_says_when(server):
@@ -294,3 +310,37 @@ def test_a_dead_holder_on_this_host_is_taken_over_and_another_hosts_lease_says_w
     f"expires in 48 s, at {at}, and the same command will then resume (if that run has "
     "stopped), or use another --workdir"
   )
+
+
+def test_a_lease_that_cannot_be_released_is_reported_after_the_runs_own_error(server):
+  from locvit import workdir as workdir_lib
+  from locvit.run import bundle
+
+  workdir = f"gs://{BUCKET}/release"
+  workdir_lib.acquire_lock(workdir)
+  cause = ValueError("the run's own error")
+  server.stop()
+  try:
+    bundle.Training(*[None] * 8, workdir=workdir).__exit__(ValueError, cause, None)
+  finally:
+    server.start()
+  assert str(cause) == "the run's own error"
+  assert len(cause.__notes__) == 1
+  assert re.fullmatch(
+    rf"could not release the lease gs://{BUCKET}/release/lock \(connection refused\); it expires "
+    r"in \d+ s, at \d\d:\d\d:\d\d UTC, and a later run can then take it over",
+    cause.__notes__[0],
+  ), cause.__notes__
+
+
+@pytest.mark.parametrize("value", [0.5, 7200])
+def test_a_bucket_timeout_outside_its_range_is_one_config_error(value):
+  from locvit.configs.common import base_config
+  from locvit.run.bundle import config_errors
+
+  config = base_config()
+  config.bucket_timeout_seconds = value
+  assert config_errors(config) == [
+    f"--config.bucket_timeout_seconds={float(value)}: must be a number of seconds in [1, 3600] "
+    "(how long a bucket workdir may not answer before the run ends)"
+  ]
