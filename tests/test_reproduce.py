@@ -305,17 +305,27 @@ def test_protocol_dry_runs_print_the_papers_protocol_and_create_nothing(tmp_path
              for line in lines)  # fmt: skip
 
 
-def test_a_protocol_plan_that_does_not_fit_the_budget_is_refused(capsys):
+def test_a_protocol_plan_that_does_not_fit_the_budget_is_refused(tmp_path, monkeypatch, capsys):
   assert rp.main(["gmm_table1_cifar10", "--dry_run", "--minutes=10"]) == 2
   captured = capsys.readouterr()
   assert "Estimated wall time 29.5 minutes for 2 runs (seed 0)" in captured.out
-  assert captured.err == (
+  refusal = (
     "locvit.reproduce: error: plan 'gmm_table1_cifar10' needs an estimated 29.5 minutes for 2 "
     "runs but --minutes=10; give more --minutes, fewer --seeds, or --fraction (at most 0.317 of "
     "this length fits; --fraction=fit picks it)\n"
   )
+  assert captured.err == refusal
   assert rp.main(["gmm_table1_cifar10", "--dry_run", "--minutes=10", "--fraction=fit"]) == 0
   assert "at 0.317 of the paper's protocol" in capsys.readouterr().out
+  # A run is refused the same way, before anything is created (the kit's estimate: no probe).
+  monkeypatch.setenv("CIFAR10_ROOT", str(tmp_path))
+  for split in ("train", "test"):
+    (tmp_path / split).mkdir()
+  workdir = tmp_path / "w"
+  assert (
+    rp.main(["gmm_table1_cifar10", f"--workdir={workdir}", "--minutes=10", "--estimate=kit"]) == 2
+  )
+  assert capsys.readouterr().err == refusal and not workdir.exists()
   assert rp.main(["gmm", "--dry_run", "--fraction=0.5"]) == 2
   assert capsys.readouterr().err == (
     "locvit.reproduce: error: --fraction is for paper-protocol plans; 'gmm' is a budget plan\n"
