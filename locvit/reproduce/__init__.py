@@ -374,8 +374,11 @@ def protocol_estimate(
   if fraction == "fit":
     fraction = protocol.fit_fraction(per_run, seeds, (minutes or 0) * 60 - spent)
     if fraction <= 0:
+      overhead = seeds * sum(o for o, _ in per_run.values())
       raise ReproduceError(
-        f"--minutes={minutes:g} leaves no time to train after {spent / 60:.1f} minutes of probing"
+        f"--minutes={minutes:g} leaves no time to train: the runs' compilation and evaluation "
+        f"alone take an estimated {overhead / 60:.1f} minutes"
+        + (f", after {spent / 60:.1f} minutes of probing" if spent else "")
       )
   total = 0.0
   for row, info in rows.items():
