@@ -13,7 +13,7 @@ Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
   ema.decay / ema.warmup (weight EMA, evaluated beside the model), distillation.* (DeiT-style
   teacher, ``locvit.distill``), init_from.* (start from another run's parameters, optionally
   pruned, ``locvit.init.from_checkpoint``), log_every_steps, eval_every_steps,
-  checkpoint_every_steps, keep_checkpoints, nonfinite ('stop' | 'skip').
+  checkpoint_every_steps, keep_checkpoints, bucket_timeout_seconds, nonfinite ('stop' | 'skip').
 
 Training recipes (DeiT, the small-dataset recipes of the papers) are presets in
 ``configs/recipes.py`` that set these fields.
@@ -21,11 +21,9 @@ Training recipes (DeiT, the small-dataset recipes of the papers) are presets in
 
 from __future__ import annotations
 
-import os
-
 import ml_collections
 
-from locvit.configs import defaults
+from locvit.configs import datasets, defaults
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -45,6 +43,9 @@ def base_config() -> ml_collections.ConfigDict:
   # another value is allowed): None (CPU code paths on CPU, JAX's choice elsewhere), 'xla',
   # 'cudnn' or 'cpu_kernels' (locvit.ops; 'einsum' is accepted as its alias).
   c.attention_implementation = ml_collections.config_dict.placeholder(str)
+  # XLA options for the training step's compilation, one setting (locvit.xla_options): 'none'
+  # (XLA's defaults), 'gpu_tuned' or 'auto' ('gpu_tuned' on a GPU). Hardware only, like the above.
+  c.xla_options = "none"
 
   c.data = defaults.data_config()
 
@@ -106,6 +107,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint_every_steps = 500
   c.keep_checkpoints = 3
   c.async_checkpointing = True
+  # A workdir in a bucket (gs://, s3://) that does not answer for this long ends the run: exit 2,
+  # one line naming the bucket, what was being written and the steps committed. Shorter outages
+  # are ridden out. The run's lease outlives it, so no other run can take the workdir meanwhile.
+  c.bucket_timeout_seconds = 60.0
   # A non-finite loss or gradient norm: 'stop' (error naming the step; no checkpoint is written
   # after it) or 'skip' (the update is dropped and counted in train/skipped_steps).
   c.nonfinite = "stop"
@@ -124,13 +129,8 @@ def complete_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
   return defaults.with_defaults(config, base_config())
 
 
-CIFAR10_ROOT_ENV = "CIFAR10_ROOT"
-
-
 def cifar10_image_folder(c: ml_collections.ConfigDict, train_fraction: float = 1.0) -> None:
   """Points ``c.data`` at the CIFAR-10 image-folder copy in ``$CIFAR10_ROOT`` (train / test splits),
   keeping the first ``train_fraction`` of each class (the reduced-scale runs of docs/results.md)."""
-  c.data.source = "image_folder"
-  c.data.root = os.environ.get(CIFAR10_ROOT_ENV)
-  c.data.train_split, c.data.eval_split = "train", "test"
+  datasets.use_dataset(c, "cifar10", source="image_folder")
   c.data.train_fraction = train_fraction

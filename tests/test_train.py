@@ -120,6 +120,23 @@ def test_sigterm_or_ctrl_c_resume_reproduces_uninterrupted_run(tmp_path, single_
   assert second["eval/loss"] == full["eval/loss"]
 
 
+def test_a_resumed_run_logs_the_rows_of_the_uninterrupted_run(tmp_path, single_device_run, capsys):
+  """Logging every 2 steps, stopped after step 2 and resumed at step 3: the rows are those of the
+  uninterrupted run (one loss curve, no extra point one step after the resume); step 3 still
+  prints its progress line, with its compilation time."""
+  full_dir, _ = single_device_run
+  config = tiny_config(log_every_steps=2)
+  config.mesh.num_devices, config.mesh.shape = 1, (1, 1)
+  workdir = str(tmp_path / "split")
+  with sigterm_after_step(1):
+    assert train.train_and_evaluate(config, workdir) == {"preempted": True, "step": 2}
+  train.train_and_evaluate(config, workdir)
+  full = {r["step"]: r["train/loss"] for r in read_metrics(full_dir)}  # logged every step
+  rows = [(r["step"], r["train/loss"]) for r in read_metrics(workdir) if "train/loss" in r]
+  assert rows == [(step, full[step]) for step in (1, 2, 4, 6)]
+  assert "step 3/6  loss " in capsys.readouterr().out
+
+
 def test_a_dispatch_ends_at_every_log_save_and_eval_step():
   """K = 2 steps per dispatch: one step where a host step (first, log, save, last) falls inside."""
   config = tiny_config(log_every_steps=3, checkpoint_every_steps=4, steps_per_dispatch=2)
@@ -264,8 +281,11 @@ def test_image_size_not_divisible_by_patch(tmp_path):
   _fails(config, tmp_path, "not divisible by patch_size=3")
 
 
-def test_batch_not_divisible_by_devices(tmp_path):
-  _fails(tiny_config(batch_size=36), tmp_path, "batch_size=36", "8 data-parallel devices", "40")
+def test_batch_not_divisible_by_devices_names_the_nearest_sizes_on_both_sides(tmp_path):
+  mesh = "mesh {'data': 8, 'model': 1}"
+  line = f"batch_size=100 is not divisible by the 8 data-parallel devices of {mesh}."
+  _fails(tiny_config(batch_size=100), tmp_path, f"{line} Valid values near it: [88, 96, 104, 112].")
+  _fails(tiny_config(batch_size=4), tmp_path, "batch_size=4", "Valid values near it: [8, 16].")
 
 
 def test_a_batch_larger_than_the_dataset_is_refused_before_the_workdir_exists(tmp_path):
