@@ -11,10 +11,15 @@ the config allows (orbax reshards the arrays to the target shardings). Steps sav
 versions hold a ``data`` item too; it is not read.
 
 Orbax writes each step into a temporary directory and renames it when complete, so an interrupted
-save never leaves a half-written checkpoint that would be picked up on resume. Once a step is
-committed, ``checksums.json`` (SHA-256 of each of its files) is added beside its items; a resume
+save never leaves a half-written checkpoint that would be picked up on resume. Before a step is
+committed, ``checksums.json`` (SHA-256 of each of its files) is added beside its items, in
+orbax's background thread (``_Manifest``), so that a slow bucket never stalls training; a resume
 verifies it (and that the restored state is finite), falls back to the newest intact step and
-moves damaged steps to ``DIR/damaged/`` (never deleting anything). See docs/reliability.md.
+moves damaged steps to ``DIR/damaged/`` (never deleting anything). A committed step found without
+its manifest (written by a synchronous save killed before hashing it, or by an older locvit) gets
+it once orbax has read it back. On a bucket, what
+the checkpointer is writing is named to ``locvit.outage`` for the line a dead bucket ends the run
+with. See docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 from typing import Any
 
 import jax
@@ -30,8 +36,8 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from locvit import paths
-from locvit.checksums import CHECKSUMS, verify_checksums, write_checksums  # noqa: F401
+from locvit import outage, paths
+from locvit.checksums import CHECKSUMS, verify_checksums, write_checksums
 
 BEST_METRIC = "eval/top1"
 DAMAGED = "damaged"  # DIR/damaged/<step>: quarantined steps that failed verification
@@ -54,7 +60,12 @@ def _save_failure(error: BaseException) -> str:
 
 
 def _manager(
-  directory: str, keep: int, async_save: bool, read_only: bool = False, barrier_prefix: str = ""
+  directory: str,
+  keep: int,
+  async_save: bool,
+  read_only: bool = False,
+  barrier_prefix: str = "",
+  on_written=None,
 ) -> ocp.CheckpointManager:
   # Read-only: creates no directory (a mistyped --workdir stays absent) and starts no background
   # clean-up of temporary directories (which could outlive a process that exits at once).
@@ -79,6 +90,9 @@ def _manager(
       barrier_sync_key_prefix=barrier_prefix or None
     ),
     temporary_path_class=temporary_path_class,
+    # Called by orbax's save thread on the primary process once every process has written the
+    # step, just before it commits it.
+    async_options=ocp.AsyncOptions(post_finalization_callback=on_written) if async_save else None,
   )
   with _without_orbax_notice("Given directory is read only"):  # said for every reader, by design
     return ocp.CheckpointManager(directory, item_names=("state", "meta"), options=options)
@@ -149,8 +163,7 @@ class Checkpointer:
   step with the highest ``eval/top1`` so far).
 
   Keeping "best" in its own manager means newer steps can never rotate it out, also across
-  restarts. Each committed step gets a ``checksums.json``, written when the next save starts (by
-  then orbax has committed the previous one) or at ``wait``/``close``.
+  restarts. Each step is committed with its ``checksums.json`` (``_Manifest``).
   """
 
   def __init__(
@@ -164,11 +177,39 @@ class Checkpointer:
   ):
     self.directory = paths.path(directory)
     self.read_only = read_only
-    self.manager = _manager(self.directory, max(keep, 1), async_save, read_only, "last")
-    best_dir = self.directory / "best"
-    self.best = _manager(best_dir, 1, async_save, read_only, "best") if keep_best else None
-    self._unsummed: list[tuple[Any, int]] = []  # (manager, step) saved, manifest not written yet
+    self._manifests = {"last": _Manifest(self.directory)}
+    self.manager = self._make_manager("last", max(keep, 1), async_save)
+    self.best = None
+    if keep_best:
+      self._manifests["best"] = _Manifest(self.directory / "best")
+      self.best = self._make_manager("best", 1, async_save)
     self._best_score: Any = _UNKNOWN
+    self._last_saved: dict[int, int] = {}  # id(manager) -> the step it saved last
+    watch = outage.current()
+    if watch is not None and not read_only:  # a bucket workdir: the line a dead bucket ends with
+      watch.checkpoints = self._outage_report
+    self.waited = 0.0  # seconds the last save waited for the previous one to be committed
+
+  def _outage_report(self) -> tuple[str | None, str]:
+    """(the save in flight, if any; the committed steps of ``DIR``), from memory alone: the
+    bucket is not answering when this is asked."""
+    in_flight = []
+    for manager in (self.manager, self.best):
+      step = self._last_saved.get(id(manager))
+      if manager is not None and step is not None and manager.is_saving_in_progress():
+        in_flight.append((manager, step))
+    pending = {s for m, s in in_flight if m is self.manager}
+    committed = [s for s in self.manager.all_steps() if s not in pending]  # orbax's cached list
+    text = f"Steps committed in {self.directory}: {', '.join(map(str, committed)) or 'none'}"
+    if not in_flight:
+      return None, text
+    return f"the checkpoint save of step {in_flight[0][1]}", text
+
+  def _make_manager(self, name: str, keep: int, async_save: bool) -> ocp.CheckpointManager:
+    manifest = self._manifests[name]
+    manifest.in_background = async_save
+    directory = manifest.directory
+    return _manager(directory, keep, async_save, self.read_only, name, manifest)
 
   def latest_step(self) -> int | None:
     """The newest saved step in ``DIR``, or None when there is none."""
@@ -203,30 +244,26 @@ class Checkpointer:
     meta = {"step": step, **meta, "metrics": metrics}
     return ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
 
-  def _write_pending_checksums(self, manager=None) -> None:
-    """Manifests of the steps of ``manager`` (default: both) saved since; call it only once that
-    manager's asynchronous saves are committed."""
-    pending = [(m, s) for m, s in self._unsummed if manager is None or m is manager]
-    self._unsummed = [(m, s) for m, s in self._unsummed if (m, s) not in pending]
-    for manager, step in pending:
-      step_dir = epath.Path(manager.directory) / str(step)
-      if jax.process_index() == 0 and step_dir.is_dir():  # gone: rotated out already
-        write_checksums(step_dir)
-
   def _save(self, manager, step, args, force) -> bool:
+    manifest = self._manifests["best" if manager is self.best else "last"]
     try:
-      manager.wait_until_finished()  # the previous save is committed: its manifest can be written
-      self._write_pending_checksums(manager)
-      saved = manager.save(step, args=args, force=force)
+      with outage.doing(f"the checkpoint save of step {step}"):
+        start = time.perf_counter()
+        manager.wait_until_finished()  # orbax's rule: one save at a time (no wait when it is done)
+        self.waited = time.perf_counter() - start
+        manifest.step = step
+        saved = manager.save(step, args=args, force=force)
+        if saved and not manifest.in_background:  # a synchronous save has committed the step
+          manifest.write(manager.directory / str(step))
     except Exception as e:  # orbax raises TensorStore's and the writer thread's errors, any type
       raise self._save_error(manager, step, e) from e
     if saved:
-      self._unsummed.append((manager, step))
+      self._last_saved[id(manager)] = step
     return saved
 
   def _save_error(self, manager, step: int, error: BaseException) -> CheckpointSaveError:
-    saved = epath.Path(manager.directory)
-    committed = sorted(int(p.name) for p in saved.iterdir() if p.name.isdigit())
+    # orbax's list of the steps (in memory: a failing bucket may not answer a listing)
+    committed = [s for s in manager.all_steps() if s != step]
     return CheckpointSaveError(
       f"saving a checkpoint to {manager.directory} failed ({_save_failure(error)}); stopped at "
       f"step {step}. Steps already committed are kept: {committed}"
@@ -280,7 +317,9 @@ class Checkpointer:
         self.best_score()
       except Exception as e:  # orbax/JSON raise many types for a damaged file
         problem = _one_line(e)
-    if problem is not None:
+    if problem is None:
+      self._add_missing_checksums(self.best, step, "its metadata")
+    else:
       self._best_score = None
       target = self._quarantine(self.best, step, tag="best_")
       logging.warning(
@@ -341,7 +380,24 @@ class Checkpointer:
         step,
         self.directory / DAMAGED,
       )
+    self._add_missing_checksums(self.manager, step, "its metadata and state, which is finite")
     return step, state, meta
+
+  def _add_missing_checksums(self, manager, step: int, verified: str) -> None:
+    """Writes the manifest of a committed ``step`` that has none (a synchronous save stopped before
+    hashing it, or an older locvit) once ``verified`` passed: no committed step stays unverified."""
+    step_dir = epath.Path(manager.directory) / str(step)
+    if jax.process_index() != 0 or (step_dir / CHECKSUMS).exists():
+      return
+    write_checksums(step_dir)
+    logging.warning(
+      "Checkpoint step %d had no %s (its run stopped before hashing it); orbax read "
+      "%s, and its %s is now written.",
+      step,
+      CHECKSUMS,
+      verified,
+      CHECKSUMS,
+    )
 
   def restore(self, step: int, abstract_state: Any) -> Any:
     """Restores ``state`` into the shardings of ``abstract_state`` (any mesh)."""
@@ -368,12 +424,13 @@ class Checkpointer:
     for manager in (self.manager, self.best):
       if manager is None:
         continue
+      pending = self._manifests["best" if manager is self.best else "last"].step
+      pending = -1 if pending is None else pending
       try:
-        manager.wait_until_finished()
+        with outage.doing(f"the checkpoint save of step {pending}"):
+          manager.wait_until_finished()
       except Exception as e:  # the writer thread's error, of any type
-        pending = [s for m, s in self._unsummed if m is manager]
-        raise self._save_error(manager, max(pending, default=-1), e) from e
-    self._write_pending_checksums()
+        raise self._save_error(manager, pending, e) from e
 
   def close(self) -> None:
     """Waits for pending saves and releases both managers."""
@@ -382,6 +439,29 @@ class Checkpointer:
     self.manager.close()
     if self.best is not None:
       self.best.close()
+
+
+class _Manifest:
+  """Writes ``checksums.json`` into the step being saved (``step``), from orbax's save thread
+  once every process has written the step and before it is committed (``AsyncOptions``'
+  ``post_finalization_callback``): the manifest is committed with the step, and hashing a step in a
+  slow bucket never stalls the training loop. A synchronous manager's saves are hashed by the
+  caller once committed."""
+
+  def __init__(self, directory: epath.Path):
+    self.directory = epath.Path(directory)
+    self.step: int | None = None  # set before each save; orbax saves one step at a time
+    self.in_background = True
+
+  def write(self, step_dir: epath.Path) -> None:
+    if jax.process_index() == 0:
+      write_checksums(step_dir)
+
+  def __call__(self) -> None:
+    # Where orbax stages the step: a temporary directory renamed at commit, or (object stores,
+    # CommitFileTemporaryPath) the step's own directory, committed by commit_success.txt.
+    staged = self.directory / f"{self.step}{ocp.path.atomicity.TMP_DIR_SUFFIX}"
+    self.write(staged if staged.is_dir() else self.directory / str(self.step))
 
 
 class CheckpointSaveError(OSError):

@@ -1,6 +1,6 @@
 """Integrity of a committed checkpoint step: ``checksums.json``, the SHA-256 of each of its files.
 
-Written once orbax has committed the step (``Checkpointer``); verified before a resume restores it.
+Written as orbax commits the step (``Checkpointer``); verified before a resume restores it.
 Works through the path layer, so a step in a bucket is checked like one on a local disk. GCS's own
 per-object CRC32C/MD5 is not used: it is recomputed by the server on every write, so an object
 overwritten with damaged bytes carries a matching server checksum; only a digest recorded at
@@ -18,6 +18,9 @@ from etils import epath
 from locvit import paths
 
 CHECKSUMS = "checksums.json"  # in each committed step directory
+# Not hashed: the manifest itself, and orbax's step metadata, which orbax rewrites as it commits
+# the step (commit_timestamp_nsecs), after the manifest is written (``locvit.checkpoint``).
+UNHASHED = (CHECKSUMS, "_CHECKPOINT_METADATA")
 
 
 def _digest(file: epath.Path) -> str:
@@ -28,7 +31,7 @@ def _file_digests(step_dir: epath.Path) -> dict[str, str]:
   digests = {}
   for file in paths.files_under(step_dir):
     rel = os.path.relpath(os.fspath(file), os.fspath(step_dir))
-    if rel != CHECKSUMS:
+    if rel not in UNHASHED:
       digests[rel] = _digest(file)
   return dict(sorted(digests.items()))
 

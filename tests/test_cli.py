@@ -112,7 +112,9 @@ def test_rerun_on_a_finished_workdir_says_it_is_finished(quickstart):
 
 @pytest.mark.slow
 def test_cli_sigterm_then_resume_matches(tmp_path):
-  """A real SIGTERM to the CLI mid-run, then a restart: same losses as one uninterrupted run."""
+  """A real SIGTERM to the CLI during the step-8 evaluation, then a restart: the resumed run
+  evaluates step 8, and every step is logged once with the uninterrupted run's losses and
+  evaluations."""
   args = [
     "--config=tests/configs/tiny.py",
     "--config.total_steps=16",
@@ -123,25 +125,29 @@ def test_cli_sigterm_then_resume_matches(tmp_path):
 
   workdir = tmp_path / "split"
   proc = _main(*args, f"--workdir={workdir}")
-  metrics = workdir / "metrics.jsonl"
-  deadline = time.time() + 240
-  logged = lambda: len(metrics.read_text().splitlines()) if metrics.exists() else 0
-  while time.time() < deadline and logged() < 5:
-    time.sleep(0.05)
-  proc.send_signal(signal.SIGTERM)
+  seen = []
+  for line in proc.stdout:  # step 8's progress line comes just before its evaluation starts
+    seen.append(line)
+    if line.startswith("step 8/16"):
+      proc.send_signal(signal.SIGTERM)
+      break
   out, _ = proc.communicate(timeout=120)
+  out = "".join(seen) + out
   assert proc.returncode == 0, out
-  stopped_at = read_metrics(workdir)[-1]["step"]
-  assert 5 <= stopped_at < 16, out
-  assert "Preempted: checkpoint saved" in out or "SIGTERM" in out
+  assert "Stop requested at step 8: the evaluation stopped after batch" in out
+  assert "Preempted: checkpoint saved at step 8; exiting." in out
+  assert "eval/top1" not in read_metrics(workdir)[-1]
   again = _main(*args, f"--workdir={workdir}")
   out2, _ = again.communicate(timeout=300)
   assert again.returncode == 0, out2
+  assert "Evaluation at step 8/16" in out2
+  rows = read_metrics(workdir)
+  assert [r["step"] for r in rows] == list(range(1, 17))  # each step once
   assert _losses(workdir) == _losses(tmp_path / "full")
-  final = lambda d: [r for r in read_metrics(d) if "eval/top1" in r]
-  assert final(workdir) == final(tmp_path / "full") or [
-    (r["step"], r["eval/top1"], r["eval/loss"]) for r in final(workdir)
-  ] == [(r["step"], r["eval/top1"], r["eval/loss"]) for r in final(tmp_path / "full")]
+  evals = lambda d: [
+    (r["step"], r["eval/top1"], r["eval/loss"]) for r in read_metrics(d) if "eval/top1" in r
+  ]
+  assert evals(workdir) == evals(tmp_path / "full") and len(evals(workdir)) == 2
 
 
 def _free_port() -> int:

@@ -47,15 +47,19 @@ def test_list_models_alone_lists_every_model():
   assert out.splitlines() == list_models() and len(out.splitlines()) > 100
 
 
-def test_list_configs_names_each_shipped_config_with_its_summary():
+def test_list_configs_names_each_shipped_config_with_its_arguments_and_summary():
   rc, out, err = run_main("--list_configs")
   assert (rc, err) == (0, "")
   lines = out.splitlines()
-  assert [line.split()[0] for line in lines] == main_lib.shipped_config_names()
-  width = max(map(len, main_lib.shipped_config_names()))
+  names, summaries = lines[::2], lines[1::2]
+  assert [name.split(":")[0] for name in names] == main_lib.shipped_config_names()
+  gmm_table1 = "gmm_table1:{vit,swin,cait,pit,t2t},{cifar10,cifar100,svhn,tinyimagenet},{base,gmm}"
+  assert gmm_table1 in names
+  assert "convit_fig8:gpsa=INT,alpha=FLOAT" in names
   summary = "Quickstart: a small DeiT-style ViT on scikit-learn's 8x8 digits, offline, ~1 minute "
   summary += "on 2 cores."
-  assert f"{'quickstart':<{width}}  {summary}" in lines
+  assert summaries[names.index("quickstart")] == f"  {summary}"
+  assert all(s.startswith("  ") and s.endswith(".") for s in summaries), summaries  # sentences
 
 
 def test_print_config_shows_the_resolved_config_and_creates_nothing(tmp_path):
@@ -84,29 +88,33 @@ def test_a_run_without_workdir_is_one_line():
   )
 
 
-def test_rates_leave_out_checkpoint_and_evaluation_time(monkeypatch, capsys):
+def test_rates_count_checkpoint_time_and_leave_out_evaluations(monkeypatch, capsys):
   now = [0.0]
   monkeypatch.setattr(metrics.time, "perf_counter", lambda: now[0])
   progress = metrics.Progress(total_steps=100, batch_size=64)
   now[0] = 10.0  # step 1, with compilation
   progress.update(1, 2.0)
   now[0] += 10 * 0.5  # steps 2-11 at 2 steps/s
-  progress.checkpoint(3.0)
+  progress.checkpoint(3.0, waited=2.0)  # held 3 s, 2 s of it by the previous save
   now[0] += 3.0
   progress.evaluation(11, {"eval/top1": 0.5, "eval/top5": 0.9}, seconds=4.0)
   now[0] += 4.0
-  progress.pause(1.5)  # saving the best checkpoint
-  now[0] += 1.5
+  progress.checkpoint(2.0)  # saving the best checkpoint
+  now[0] += 2.0
   perf = progress.update(11, 1.5)
-  assert perf["perf/steps_per_sec"] == pytest.approx(2.0)
-  assert perf["perf/images_per_sec"] == pytest.approx(128.0)
-  assert perf["perf/checkpoint_seconds"] == 3.0
+  assert perf["perf/steps_per_sec"] == pytest.approx(1.0)  # 10 steps in 5 + 3 + 2 s
+  assert perf["perf/images_per_sec"] == pytest.approx(64.0)
+  assert perf["perf/checkpoint_seconds"] == 5.0
   lines = capsys.readouterr().out.splitlines()
-  assert (
-    lines[-1]
-    == "step 11/100  loss 1.5000  2.00 steps/s  128.0 img/s  ETA 0:00:44  (checkpoint 3.0 s)"
+  assert lines[-1] == (
+    "step 11/100  loss 1.5000  1.00 steps/s  64.0 img/s  ETA 0:01:29  "
+    "(checkpoint 5.0 s, 2.0 s of it waiting for the previous save)"
   )
   assert lines[-2] == "Evaluation at step 11/100: top-1 0.5000  top-5 0.9000  (4.0 s)"
+  now[0] += 10.0  # steps 12-21; a save that found the previous one committed waits for nothing
+  progress.checkpoint(0.5)
+  assert progress.update(21, 1.4)["perf/checkpoint_seconds"] == 0.5
+  assert capsys.readouterr().out.endswith("  (checkpoint 0.5 s)\n")
 
 
 def test_long_evaluations_show_progress(monkeypatch):

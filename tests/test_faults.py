@@ -5,6 +5,7 @@ Each test injects the fault as a user would meet it and asserts what the user se
 kept (docs/reliability.md).
 """
 
+import functools
 import json
 import logging
 import os
@@ -16,6 +17,8 @@ import sys
 import time
 
 import chex
+import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -176,13 +179,47 @@ def test_sigterm_interrupts_an_evaluation_at_a_batch_boundary_and_saves_the_step
   assert train.train_and_evaluate(config, workdir) == {"preempted": True, "step": 4}
   assert (
     "Stop requested at step 4: the evaluation stopped after batch 1/45; saving the step "
-    "without it." in caplog.text
+    "without it (the resumed run evaluates it)." in caplog.text
   )
   assert _steps(tmp_path / "run") == [4]
   assert "eval/top1" not in read_metrics(workdir)[-1]
   final = train.train_and_evaluate(config, workdir)
   assert final["eval/num_examples"] == 360
-  assert [r["step"] for r in read_metrics(workdir) if "train/loss" in r] == list(range(1, 9))
+  rows = read_metrics(workdir)
+  assert [r["step"] for r in rows] == list(range(1, 9))  # each step once
+  assert [r["step"] for r in rows if "eval/top1" in r] == [4, 8]  # step 4 evaluated on resume
+  assert "train/loss" in rows[3]  # its row keeps the training metrics logged before the stop
+
+
+def test_a_stop_on_a_slow_step_saves_within_two_steps_of_the_signal(tmp_path, monkeypatch):
+  # Each step waits on the device for a 0.3 s host callback that needs the previous step's state,
+  # as a step that is slow on the accelerator would, and no log line (log_every_steps) makes the
+  # host wait for the device before the signal.
+  config = tiny_config(total_steps=100, log_every_steps=1000)
+  make_step_fn, losses, done_at_signal = train.make_step_fn, [], []
+
+  def make_slow_counted_step_fn(run):
+    step_fn = make_step_fn(run)
+
+    @functools.partial(jax.jit, out_shardings=sharding.replicated(run.mesh))
+    def after_a_pause(health, step):
+      pause = lambda s: (time.sleep(0.3), s)[1]
+      step = jax.pure_callback(pause, jax.ShapeDtypeStruct((), step.dtype), step)
+      return jax.tree.map(lambda x: jnp.where(step < 0, x + 1, x), health)  # health, unchanged
+
+    def step(state, batch, teacher_variables, health):
+      out = step_fn(state, batch, teacher_variables, after_a_pause(health, state.step))
+      losses.append(out[1]["train/loss"])
+      if len(losses) == 8:  # the steps the device has finished when SIGTERM arrives
+        done_at_signal.append(sum(loss.is_ready() for loss in losses[:-1]))
+        os.kill(os.getpid(), signal.SIGTERM)
+      return out
+
+    return step
+
+  monkeypatch.setattr(train, "make_step_fn", make_slow_counted_step_fn)
+  assert train.train_and_evaluate(config, str(tmp_path)) == {"preempted": True, "step": 8}
+  assert 8 - done_at_signal[0] <= 2, done_at_signal
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -574,8 +611,13 @@ def test_a_changed_dataset_is_refused_and_changed_hyperparameters_are_reported(t
   del meta["hyperparameters"]
   (step_dir / "meta" / "metadata").write_text(json.dumps(meta))
   os.remove(step_dir / ckpt_lib.CHECKSUMS)
-  train.train_and_evaluate(tiny_config(total_steps=3), str(tmp_path))
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    train.train_and_evaluate(tiny_config(total_steps=3), str(tmp_path))
   assert not (tmp_path / run_config.RESUME_LOG).exists()
+  # ... and gets its manifest once orbax has read it back: no committed step stays unverified.
+  assert "Checkpoint step 2 had no checksums.json" in caplog.text
+  assert ckpt_lib.verify_checksums(step_dir) is None and (step_dir / ckpt_lib.CHECKSUMS).exists()
   # Changed learning rate and batch size: one warning, and an entry in resume_log.json.
   changed = tiny_config(total_steps=4, batch_size=16)
   changed.optimizer.lr = 5e-4

@@ -1,0 +1,101 @@
+"""A slow bucket for tests and benchmarks: a TCP proxy on loopback that holds each HTTP request
+for a fixed delay before passing it on (a far region, a congested link).
+
+Run as ``python -m tests.slow_proxy TARGET_PORT DELAY_S`` (prints ``port N`` once listening), or
+use ``slow_proxy(target_url, delay)`` to get the proxy's URL for as long as the block runs. A
+request is the first bytes a client sends after the server's last reply on that connection, so
+keep-alive connections are held once per request, not once per connection.
+
+``timed_quickstart`` and ``progress_gaps`` measure what a user sees: the gaps between progress
+lines of the quickstart training in a bucket (tests/test_bucket.py, benchmarks/slow_bucket.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+
+def _pipe(source: socket.socket, target: socket.socket, delay: float, turn: list) -> None:
+  """Copies ``source`` to ``target``; when ``delay``, holds the first chunk of each request."""
+  with contextlib.suppress(OSError):
+    while chunk := source.recv(1 << 16):
+      if delay and turn[0] != "client":
+        time.sleep(delay)
+      turn[0] = "client" if delay else "server"
+      target.sendall(chunk)
+  for sock in (source, target):
+    with contextlib.suppress(OSError):
+      sock.shutdown(socket.SHUT_RDWR)
+
+
+def serve(target_port: int, delay: float, ready=print) -> None:
+  """Accepts connections forever, each piped to ``127.0.0.1:target_port`` with ``delay``."""
+  listener = socket.create_server(("127.0.0.1", 0))
+  ready(f"port {listener.getsockname()[1]}")
+  while True:
+    client, _ = listener.accept()
+    server = socket.create_connection(("127.0.0.1", target_port))
+    turn = ["server"]  # who sent last: a client chunk after a server reply starts a request
+    for args in ((client, server, delay, turn), (server, client, 0.0, turn)):
+      threading.Thread(target=_pipe, args=args, daemon=True).start()
+
+
+@contextlib.contextmanager
+def slow_proxy(target_url: str, delay: float):
+  """Yields the URL of a proxy (a subprocess, stopped by pid) in front of ``target_url``."""
+  port = int(target_url.rsplit(":", 1)[1].strip("/"))
+  command = [sys.executable, "-m", "tests.slow_proxy", str(port), str(delay)]
+  proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+  try:
+    line = proc.stdout.readline()
+    if not line.startswith("port "):
+      raise RuntimeError(f"the slow proxy did not start: {line!r}")
+    yield f"http://127.0.0.1:{line.split()[1]}"
+  finally:
+    proc.kill()
+    proc.wait(timeout=10)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def timed_quickstart(env: dict, workdir: str, args, cwd: str) -> list[tuple[float, str]]:
+  """Runs the quickstart in ``workdir`` with ``env`` (a bucket's client environment) and
+  ``args``; returns each stdout line with the time it arrived. Raises if the run fails."""
+  full_env = {**os.environ, **env, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+  full_env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+  command = [sys.executable, "-m", "locvit.main", "--config=quickstart", f"--workdir={workdir}"]
+  proc = subprocess.Popen(
+    [*command, *args],
+    cwd=cwd,
+    env=full_env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  lines = [(time.perf_counter(), line.rstrip("\n")) for line in proc.stdout]
+  err = proc.stderr.read()
+  if proc.wait(timeout=60) != 0:
+    raise RuntimeError(f"the quickstart failed ({proc.returncode}):\n{err[-3000:]}")
+  return lines
+
+
+def progress_gaps(lines: list[tuple[float, str]]) -> tuple[float, int, float]:
+  """``(longest gap, the step whose line ended it, first-to-last span)`` in seconds, over the
+  progress lines (``step N/T ...``) after the first one (which includes compilation)."""
+  progress = [
+    (t, int(line.split()[1].split("/")[0])) for t, line in lines if line.startswith("step ")
+  ]
+  gaps = [(b[0] - a[0], b[1]) for a, b in itertools.pairwise(progress)]
+  gap, step = max(gaps)
+  return gap, step, progress[-1][0] - progress[0][0]
+
+
+if __name__ == "__main__":
+  serve(int(sys.argv[1]), float(sys.argv[2]), ready=lambda line: print(line, flush=True))
