@@ -10,7 +10,8 @@
 # row's sides compile in 8 threads before any is timed; then 3 interleaved rounds of 10 steps
 # and a profile (Table 1p) of each locvit side:
 #   A. GMM-ViT d9 and ViT d9 at batch 128 (GMM's paper): locvit's default step ("before") beside
-#      each candidate ("after": XLA's gpu_tuned options, cuDNN attention, both);
+#      each candidate ("after": XLA's gpu_tuned options, cuDNN attention, both, 4 steps per
+#      dispatch);
 #   B. DeiT-S and ConViT-S at 224, batch 256: default and tuned+cudnn beside timm eager and timm
 #      under torch.compile;
 #   C. ConViT-Ti CIFAR at 512 and 128, the structured-init ViT-T/2 at 512: default, tuned+cudnn;
@@ -42,7 +43,7 @@ kit() {  # kit NAME ARGS...: one call, limited to the time left
     --compile_threads=8 --profile_dir="$OUT/profiles/$name" "$@" 2>&1 | tee "$OUT/kit_$name.log"
 }
 
-kit A --only="GMM-ViT d9,ViT d9" --variants=default,gpu_tuned,cudnn,tuned+cudnn --profile=5
+kit A --only="GMM-ViT d9,ViT d9" --variants=default,gpu_tuned,cudnn,tuned+cudnn,k4 --profile=5
 kit B --only="deit_small b256,convit_small b256" --variants=default,tuned+cudnn --profile=3
 kit C --only="ConViT-Ti CIFAR,StructInit" --variants=default,tuned+cudnn --profile=5
 kit D --only="deit_small b512,convit_small b512" --variants=default,tuned+cudnn --profile=3
