@@ -168,6 +168,8 @@ def test_gpu_tuned_compiler_options_are_valid_xla_options():
   # This jaxlib refuses an unknown option or value when compiling, for any backend.
   lowered = jax.jit(lambda x: x * 2).lower(jnp.ones(2))
   assert lowered.compile(options)(jnp.ones(2)).tolist() == [2.0, 2.0]
+  # ...and as the train step takes them (train.make_step_fn).
+  assert jax.jit(lambda x: x * 3, compiler_options=options)(jnp.ones(2)).tolist() == [3.0, 3.0]
   with pytest.raises(Exception, match="'BOGUS' is not a valid enum value"):
     lowered.compile({**options, "xla_gpu_enable_command_buffer": "FUSION,BOGUS"})
   choices = r"\['auto', 'none', 'gpu_tuned'\]"
