@@ -23,6 +23,12 @@ JPEGs (a resized-ImageNet-like decode), read with no decoded cache, so every rea
 first epoch does. The host path runs every op on the host; the device path leaves the host the
 decode and the cut of the crop box onto a canvas (the crop's resize, the flip and RandAugment run in
 the step). Host cores to feed ``--deit_rate`` images/s follow.
+
+``--dispatch_only`` (no CIFAR needed) times part 5 alone: data.auto_augment on the device, the
+per-example select (every op computed for every example, the drawn one kept) against grouping the
+batch by drawn op (each example computes its ops only), at 32 and at 224, interleaved rounds:
+
+  python benchmarks/device_augment.py --dispatch_only [--dispatch_batch=32] [--rounds=5]
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from PIL import Image
 from locvit import data as data_lib
 from locvit import optim, sharding, train
 from locvit.configs.gmm_table1 import get_config
+from locvit.data import device_autoaugment
 from locvit.run import state as state_lib
 
 HOST_PATHS = {
@@ -168,9 +175,42 @@ def step_seconds(batch_size: int, steps: int, rounds: int, auto_augment) -> dict
   return {name: statistics.median(t) for name, t in times.items()}
 
 
+def dispatch_seconds(size: int, batch: int, spec: str, rounds: int) -> dict[str, float]:
+  """Median seconds per batch of device RandAugment (`spec`, bicubic) on a uint8 batch of
+  size x size images, per dispatch ('select', 'grouped'), timed in interleaved rounds."""
+  cfg = data_lib.default_data_config()
+  cfg.update(dict(auto_augment=spec, image_size=size, interpolation="bicubic"))
+  images = np.random.default_rng(0).integers(0, 256, (batch, size, size, 3), dtype=np.uint8)
+  arms = {
+    how: jax.jit(lambda key, x, how=how: device_autoaugment.auto_augment(key, x, cfg, how=how))
+    for how in ("select", "grouped")
+  }
+  times: dict[str, list[float]] = {how: [] for how in arms}
+  for run in arms.values():
+    run(jax.random.key(0), images).block_until_ready()  # compile
+  for r in range(rounds):
+    for how, run in arms.items():
+      t0 = time.perf_counter()
+      run(jax.random.key(r + 1), images).block_until_ready()
+      times[how].append(time.perf_counter() - t0)
+  return {how: statistics.median(t) for how, t in times.items()}
+
+
+def print_dispatch(batch: int, rounds: int) -> None:
+  spec = "rand-m9-mstd0.5-inc1"
+  print(f"\n5. device {spec} (bicubic), batch {batch}, median of {rounds}: select vs grouped")
+  print(f"{'size':>5s} {'select ms':>10s} {'grouped ms':>11s} {'select/grouped':>15s}")
+  for size in (32, 224):
+    sec = dispatch_seconds(size, batch, spec, rounds)
+    ratio = sec["select"] / sec["grouped"]
+    print(f"{size:5d} {1e3 * sec['select']:10.1f} {1e3 * sec['grouped']:11.1f} {ratio:14.1f}x")
+
+
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--cifar_root", required=True, help="CIFAR-10 image folder (ROOT/train/...)")
+  p.add_argument("--cifar_root", help="CIFAR-10 image folder (ROOT/train/...)")
+  p.add_argument("--dispatch_only", action="store_true", help="part 5 only (no --cifar_root)")
+  p.add_argument("--dispatch_batch", type=int, default=32, help="part 5's batch size")
   p.add_argument("--train_fraction", type=float, default=0.1)
   p.add_argument("--batch_size", type=int, default=128)
   p.add_argument("--batches", type=int, default=20, help="timed host batches per path")
@@ -187,6 +227,10 @@ def main() -> None:
   args = p.parse_args()
   os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before JAX starts its thread pools
   print(f"one core ({os.sched_getaffinity(0)}), {jax.devices()[0].device_kind}")
+  if args.dispatch_only:
+    return print_dispatch(args.dispatch_batch, args.rounds)
+  if not args.cifar_root:
+    p.error("--cifar_root is required (or --dispatch_only)")
   micro = {}
   for name, fields in HOST_PATHS.items():
     cfg = data_config(
@@ -222,6 +266,7 @@ def main() -> None:
   for name, us in micro.items():
     rate = args.batch_size / seconds["device" if name.startswith("device") else "host"]
     print(f"{name:24s} {rate * us * 1e-6:8.3f} at {rate:7,.0f}/s {1e5 * us * 1e-6:17.1f}")
+  print_dispatch(args.dispatch_batch, args.rounds)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ a delay to each request, side by side: the longest gap between two progress line
   python benchmarks/slow_bucket.py [--delay=0.1] [--total_steps=300] [--log_every=10]
       [--checkpoint_every=100]
 
-Starts fake-gcs-server (in memory) and the proxy (tests/slow_proxy.py) on loopback, runs
+Starts fake-gcs-server (tests/gcs_server.py) and the proxy (tests/slow_proxy.py) on loopback, runs
 ``locvit.main`` with the quickstart config on CPU (8 fake devices) against each, and prints the
 longest gap (and the step whose line ended it), the gap across each save, the span from the
 first to the last progress line, and the ratio of each, proxy / direct (docs/reliability.md,
@@ -40,8 +40,8 @@ def main(argv):
     f"--config.checkpoint_every_steps={_CKPT.value}",
   ]
   results = {}
-  with tempfile.TemporaryDirectory() as cwd, gcs_server() as env:
-    url = env["STORAGE_EMULATOR_HOST"]
+  with tempfile.TemporaryDirectory() as cwd, gcs_server() as gcs:
+    url = gcs.url
     with slow_proxy(url, _DELAY.value) as proxy_url:
       for name, server in (("direct", url), ("proxy", proxy_url)):
         workdir = f"gs://{BUCKET}/{name}"

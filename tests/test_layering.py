@@ -28,9 +28,10 @@ CONFIGS = ROOT.parent / "configs"
 # Lowest first. A module may import its own group (top-level module or subpackage of locvit) and
 # the groups of lower layers, never a group of its own layer or a higher one.
 LAYERS = (
-  ("paths", "choices"),  # the path layer for local disks and object stores; choice errors
+  # the path layer for local disks and object stores; choice errors; a bucket's deadline
+  ("paths", "choices", "outage"),
   # No model knowledge.
-  ("ops", "sharding", "metrics", "cpu_malloc", "checksums", "workdir"),
+  ("ops", "sharding", "metrics", "cpu_malloc", "xla_options", "checksums", "workdir"),
   ("checkpoint",),  # orbax and integrity
   ("restore",),  # a model's variables from a workdir's checkpoints
   # The shipped configs and the default blocks they build on (``configs/defaults.py``), plain

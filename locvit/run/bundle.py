@@ -20,10 +20,10 @@ import optax
 
 from locvit import checkpoint as ckpt_lib
 from locvit import data as data_lib
-from locvit import distill, optim, paths, sharding
+from locvit import distill, optim, paths, sharding, xla_options
 from locvit import metrics as metrics_lib
 from locvit import workdir as workdir_lib
-from locvit.choices import Errors
+from locvit.choices import Errors, check_choice
 from locvit.configs.common import complete_config
 from locvit.data import device_augment
 from locvit.init import from_checkpoint
@@ -35,7 +35,7 @@ from locvit.run.step import NONFINITE_MODES
 
 # Fields that must be positive where the config has them. Model overrides that size the network:
 # zero would otherwise fail deep inside Flax (depth=0: NameInUseError).
-_POSITIVE = ("batch_size", "grad_accum_steps", "log_every_steps")
+_POSITIVE = ("batch_size", "grad_accum_steps", "steps_per_dispatch", "log_every_steps")
 _NON_NEGATIVE = ("eval_batch_size", "eval_every_steps", "checkpoint_every_steps")
 _POSITIVE_MODEL = ("depth", "num_heads", "embed_dim", "patch_size", "mlp_ratio", "num_layers")
 
@@ -57,6 +57,12 @@ def config_errors(config: ml_collections.ConfigDict) -> list[str]:
   for name, value, expected, lowest in checks:
     if isinstance(value, int | float) and value < lowest:
       errors.add(f"--config.{name}={value}: must be {expected}")
+  timeout = config.bucket_timeout_seconds
+  if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 1 <= timeout <= 3600:
+    errors.add(
+      f"--config.bucket_timeout_seconds={timeout}: must be a number of seconds in [1, 3600] "
+      "(how long a bucket workdir may not answer before the run ends)"
+    )
   if config.total_steps <= 0 and config.num_epochs <= 0:
     errors.add(
       f"--config.num_epochs={config.num_epochs}: must be > 0 (or set --config.total_steps)"
@@ -66,6 +72,7 @@ def config_errors(config: ml_collections.ConfigDict) -> list[str]:
   known = config.data.num_classes is not None  # else the data source tells, once it is read
   errors.check(validate_recipe, config, config.data.num_classes, check_classes=known)
   errors.check(optim.validate, config)
+  errors.check(check_choice, "--config.xla_options", config.xla_options, xla_options.CHOICES)
   return errors.messages
 
 
@@ -109,7 +116,8 @@ def validate(config: ml_collections.ConfigDict, mesh, rules, model: nn.Module) -
   for name in ("batch_size", "eval_batch_size"):
     size = config[name] or config.batch_size
     if size % dp:
-      valid = [dp * k for k in range(max(size // dp, 1), max(size // dp, 1) + 3)]
+      below = size // dp  # the two nearest valid sizes under it and the two over it
+      valid = [dp * k for k in range(below - 1, below + 3) if k > 0]
       raise ValueError(
         f"{name}={size} is not divisible by the {dp} data-parallel devices of mesh "
         f"{dict(mesh.shape)}. Valid values near it: {valid}."
@@ -191,7 +199,9 @@ class Training(Evaluation):
   def __enter__(self) -> Training:
     return self
 
-  def __exit__(self, exc_type, *_) -> None:
+  def __exit__(self, exc_type, exc, _) -> None:
+    # On a bucket, every close below runs under the one deadline of locvit.outage: a bucket that
+    # does not answer ends the process once, not once per component.
     try:  # pending saves of earlier steps are committed even when a step or evaluation fails
       if self.checkpointer is not None:  # None: stopped while being built
         self.checkpointer.close()
@@ -205,7 +215,12 @@ class Training(Evaluation):
         # The run already stops with its own error, often of the same cause (a full disk): that
         # one is reported; metrics.jsonl holds every row the TensorBoard file may have lost.
       finally:
-        workdir_lib.release_lock(self.workdir)
+        try:
+          workdir_lib.release_lock(self.workdir)
+        except workdir_lib.WorkdirError as e:
+          if exc is None:
+            raise
+          exc.add_note(str(e))  # reported after the run's own error, never instead of it
 
 
 def _eval_batches(config, eval_source):
@@ -285,7 +300,7 @@ def build_training(
   config = run.config
   # The config is valid: only now create the workdir (writable, not in use). The config is kept
   # (config.json) once the workdir's checkpoint has accepted it (train.restore_or_initialise).
-  workdir_lib.claim(workdir)
+  workdir_lib.claim(workdir, config.bucket_timeout_seconds)
   run.workdir = workdir
   try:  # an error or a stop (SIGTERM, Ctrl-C) from here on releases the workdir, as the run would
     run.eval_batches = _eval_batches(config, run.eval_source)

@@ -1,0 +1,169 @@
+"""One deadline for a bucket that stops answering: the run ends within a stated time, with one line.
+
+A run on ``gs://`` or ``s3://`` talks to its bucket from several places: orbax's save threads,
+the metric writer, the lease thread (``locvit.workdir``). Each client retries on its own terms
+(gcsfs for about 30 s, google-cloud-storage for 120 s, TensorStore for minutes), and a shutdown
+that closed each in turn waited for each in turn. Instead, the process keeps one ``Watch``:
+
+- the lease thread probes the bucket (every few seconds while something waits on it) and reports
+  each failure (``failed``) and each answer (``answered``);
+- the first failure starts the deadline, ``limit`` seconds later
+  (``config.bucket_timeout_seconds``); any answer before it clears it, so a shorter outage is
+  ridden out by the clients' own retries;
+- when the deadline passes, the process prints one ``locvit: error:`` line (the bucket, what was
+  being written, the steps already committed) and exits with status 2 at once, whatever thread is
+  still waiting: a committed checkpoint is already safe, an uncommitted one is left as orbax left it
+  (the resume passes over it), and nothing more can be written to a bucket that does not answer.
+
+Without a watch (local workdirs, readers) every function here is a no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+EXIT_STATUS = 2
+_watch: Watch | None = None
+
+
+# What HTTP clients bury in long messages (urllib3's "Max retries exceeded with url: ...").
+_REASONS = re.compile(
+  r"connection refused|connection reset|timed? ?out|name or service not known|"
+  r"cannot connect to host [^ ]+|no route to host|service unavailable",
+  re.IGNORECASE,
+)
+
+
+def one_line(error: BaseException) -> str:
+  """A short description of a client error: its reason when the message names a known one, else
+  ``Type: first line of the message``."""
+  reason = _REASONS.search(str(error))
+  if reason:
+    return reason.group(0).lower()
+  text = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {text[0][:160] if text else ''}"
+
+
+class Watch:
+  """The deadline of one bucket workdir (see the module docstring)."""
+
+  def __init__(self, workdir: str, limit: float):
+    self.workdir = workdir
+    self.bucket = "/".join(workdir.split("/")[:3])  # gs://BUCKET
+    self.limit = limit
+    self.deadline: float | None = None  # time.monotonic() at which the run gives up
+    self.error: str | None = None  # the first failure of this outage
+    self.doing: list[str] = []  # what the run is writing to the bucket now, outermost first
+    # Set by the checkpointer: (the save in flight or None, the committed steps), without I/O.
+    self.checkpoints: Callable[[], tuple[str | None, str]] = lambda: (None, "")
+    self._lock = threading.Lock()
+    self._wake = threading.Event()
+    self._stopped = False
+    self._thread = threading.Thread(target=self._run, name="locvit-outage", daemon=True)
+    self._thread.start()
+
+  def busy(self) -> bool:
+    """Whether something waits on the bucket, or it is failing: then the lease probes it often."""
+    return bool(self.doing) or self.deadline is not None or self.checkpoints()[0] is not None
+
+  def failed(self, error: BaseException) -> None:
+    """A bucket call failed: starts the deadline unless one runs already."""
+    with self._lock:
+      if self.deadline is None:
+        self.deadline = time.monotonic() + self.limit
+        self.error = one_line(error)
+        self._wake.set()
+
+  def answered(self) -> None:
+    """The bucket answered: the outage, if any, is over."""
+    with self._lock:
+      self.deadline = self.error = None
+
+  def stop(self) -> None:
+    """Ends the watch; its thread exits."""
+    self._stopped = True
+    self._wake.set()
+
+  def _run(self) -> None:
+    while not self._stopped:
+      deadline = self.deadline
+      timeout = None if deadline is None else max(deadline - time.monotonic(), 0)
+      if self._wake.wait(timeout):
+        self._wake.clear()
+        continue
+      if self.deadline is not None and time.monotonic() >= self.deadline and not self._stopped:
+        self._give_up()
+
+  def message(self) -> str:
+    """The one line the run ends with."""
+    in_flight, committed = self.checkpoints()
+    what = self.doing[0] if self.doing else in_flight or "the lease"
+    return (
+      f"the bucket {self.bucket} did not answer for {self.limit:g} s "
+      f"(config.bucket_timeout_seconds) during {what} ({self.error}); gave up. {committed}; "
+      "the same command resumes from the newest once the bucket answers"
+    )
+
+  def _give_up(self) -> None:
+    """Prints the line and exits at once: other threads may be stuck in a client's retries."""
+    line = f"locvit: error: {self.message()}\n"
+    with contextlib.suppress(Exception):
+      sys.stdout.flush()
+    os.write(2, line.encode())
+    os._exit(EXIT_STATUS)
+
+
+def start(workdir: str, limit: float) -> Watch:
+  """Starts the watch of the bucket workdir ``workdir`` for this process."""
+  global _watch
+  if _watch is not None:
+    _watch.stop()
+  _watch = Watch(workdir, limit)
+  return _watch
+
+
+def stop() -> None:
+  """Ends the watch (the run is over; its lease was released)."""
+  global _watch
+  if _watch is not None:
+    _watch.stop()
+    _watch = None
+
+
+def current() -> Watch | None:
+  """The watch of this process, or None (a local workdir, or no run)."""
+  return _watch
+
+
+def failed(error: BaseException) -> None:
+  """A bucket call failed: starts the deadline unless one runs already."""
+  if _watch is not None:
+    _watch.failed(error)
+
+
+def answered() -> None:
+  """The bucket answered: an outage, if any, is over."""
+  if _watch is not None:
+    _watch.answered()
+
+
+@contextlib.contextmanager
+def doing(what: str) -> Iterator[None]:
+  """Names what the block writes to the bucket (``the metrics write``), for the line the run
+  ends with should the bucket stop answering meanwhile."""
+  watch = _watch
+  if watch is None:
+    yield
+    return
+  watch.doing.append(what)
+  try:
+    yield
+  finally:
+    with contextlib.suppress(ValueError):
+      watch.doing.remove(what)
