@@ -1,6 +1,6 @@
 """Every shipped config name the project prints works as printed: the names with their arguments
-in README.md, docs/*.md, ``python -m locvit.main --help``, ``--list_configs`` and the configs'
-docstrings all pass ``--print_config``'s checks."""
+in README.md, docs/*.md, ``python -m locvit.main --help``, ``--list_configs``, the configs'
+docstrings and the reproduce plans all pass ``--print_config``'s checks."""
 
 import ast
 import importlib
@@ -15,6 +15,7 @@ import pytest
 
 from locvit import main
 from locvit.configs import args as config_args
+from locvit.configs.reproduce_plans import PLANS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = main.shipped_config_names()
@@ -126,6 +127,7 @@ def test_every_printed_config_name_passes_print_config(image_folders):
     "--help": printed_names(help_text),
     "docstrings": printed_names(docstrings_text()),
     "--list_configs": listed_names(),
+    "reproduce plans": {row["config"] for plan in PLANS.values() for row in plan["rows"].values()},
   }
   assert "gmm_table1:vit,cifar10,gmm" in sources["--help"] | sources["docs"]
   assert len(sources["--list_configs"]) > 150 and len(sources["docstrings"]) > 15
