@@ -59,7 +59,8 @@ def _run(*args, timeout=300, **kwargs):
 
 
 FIELDS = (
-  "analysis, async_checkpointing, attention_implementation, batch_size, checkpoint_every_steps, "
+  "analysis, async_checkpointing, attention_implementation, batch_size, bucket_timeout_seconds, "
+  "checkpoint_every_steps, "
   "data, distillation, ema, eval_batch_size, eval_every_steps, freeze, grad_accum_steps, "
   "grad_clip_norm, init, init_from, "
   "keep_checkpoints, label_smoothing, log_every_steps, mesh, mixed_precision, mixup, model, "
