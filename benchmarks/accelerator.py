@@ -431,7 +431,7 @@ def _rows(args) -> list[Row]:
 
 
 def _prepare(row: Row, args) -> tuple[float, dict]:
-  """``(model FLOPs per step, variant -> Runner or the reason it was skipped)``: compiles."""
+  """``(model FLOPs per step, variant -> Runner, or why it was skipped or failed)``: compiles."""
   batch = _synthetic_batch(row.batch, row.image_size, row.num_classes)
   shape = (row.image_size, row.image_size, 3)
   state, _ = _state_and_step(row.config, shape, row.num_classes)
@@ -440,7 +440,16 @@ def _prepare(row: Row, args) -> tuple[float, dict]:
   runners = {}
   for variant in args.variants.split(","):
     skipped = variant_skipped(variant)
-    runners[variant] = skipped or jax_runner(row.config, row.image_size, row.num_classes, variant)
+    if skipped:
+      runners[variant] = f"skipped, {skipped}"
+      continue
+    try:
+      runners[variant] = jax_runner(row.config, row.image_size, row.num_classes, variant)
+    except Exception as error:  # one setting's failure (cuDNN refusing a shape...) keeps the row
+      traceback.print_exception(error)
+      FAILURES.append(f"{row.key} {variant}")
+      first_line = (str(error).splitlines() or [""])[0][:300]
+      runners[variant] = f"FAILED: {type(error).__name__}: {first_line}"
   return flops, runners
 
 
@@ -480,7 +489,7 @@ def _synthetic_row(row: Row, prepared, args, peak, profiles: list) -> None:
   for variant, runner in variants.items():
     if isinstance(runner, str):
       columns = f"{row.label:<28} {row.image_size:>4} {row.batch:>5}"
-      print(f"{columns} locvit {variant}: skipped, {runner}")
+      print(f"{columns} locvit {variant}: {runner}", flush=True)
     else:
       runners[f"locvit {variant}"] = runner
   for side in args.torch.split(",") if row.timm and args.torch else ():

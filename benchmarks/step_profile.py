@@ -146,7 +146,9 @@ def latest_xplane(log_dir: Path) -> Path:
 def profile_steps(run_step: Callable[[], None], wait: Callable[[], None], steps: int, log_dir):
   """``(Summary, xplane path)`` of ``steps`` steps dispatched back to back under the profiler."""
   wait()  # nothing of earlier steps in the trace
-  jax.profiler.start_trace(str(log_dir))
+  options = jax.profiler.ProfileOptions()
+  options.python_tracer_level = 0  # no Python call events: they inflate dispatch and the trace
+  jax.profiler.start_trace(str(log_dir), profiler_options=options)
   try:
     t0 = time.perf_counter()
     for step in range(steps):

@@ -91,7 +91,9 @@ class MetricWriter:
       with outage.doing("the metrics write"):
         self.path.write_text("".join(self._rows))
     except Exception as e:  # gcsfs/s3fs raise their HTTP clients' errors, of many types
-      raise MetricsWriteError(f"writing {self.path} failed ({outage.one_line(e)})") from e
+      raise MetricsWriteError(
+        f"writing {self.path} failed ({outage.one_line(e)}); the checkpoints committed are kept"
+      ) from e
 
   def flush(self) -> None:
     """Makes every row written so far durable (object stores; local rows already are)."""

@@ -36,6 +36,7 @@ def test_smoke_run_prints_the_three_tables_and_the_profile(tmp_path):
       "--augment_on=device",
       "--variants=default,cudnn",
       "--profile=2",
+      "--compile_threads=2",  # the GPU script's path: every row compiled first, in threads
       f"--data_root={_image_folder(tmp_path)}",
     ],
     cwd=ROOT,

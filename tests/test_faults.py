@@ -611,8 +611,13 @@ def test_a_changed_dataset_is_refused_and_changed_hyperparameters_are_reported(t
   del meta["hyperparameters"]
   (step_dir / "meta" / "metadata").write_text(json.dumps(meta))
   os.remove(step_dir / ckpt_lib.CHECKSUMS)
-  train.train_and_evaluate(tiny_config(total_steps=3), str(tmp_path))
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    train.train_and_evaluate(tiny_config(total_steps=3), str(tmp_path))
   assert not (tmp_path / run_config.RESUME_LOG).exists()
+  # ... and gets its manifest once orbax has read it back: no committed step stays unverified.
+  assert "Checkpoint step 2 had no checksums.json" in caplog.text
+  assert ckpt_lib.verify_checksums(step_dir) is None and (step_dir / ckpt_lib.CHECKSUMS).exists()
   # Changed learning rate and batch size: one warning, and an entry in resume_log.json.
   changed = tiny_config(total_steps=4, batch_size=16)
   changed.optimizer.lr = 5e-4

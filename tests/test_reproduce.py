@@ -225,6 +225,37 @@ def test_report_puts_the_paper_beside_ours(tmp_path, monkeypatch, paper):
   assert "| img/s | minutes per run |" in text and "locvit commit not recorded" in text
 
 
+def test_a_protocol_report_names_its_fraction_and_leaves_out_rows_not_run(tmp_path):
+  workdir, steps = str(tmp_path / "g"), 16614
+  os.makedirs(workdir)
+  cost = {"steps_per_sec": 136.2, "overhead_sec": 27.5, "steps_per_epoch": 390, "batch_size": 128}
+  plan = {
+    "plan": "gmm_table1_cifar10", "protocol": True, "fraction": 0.142, "seeds": 1,
+    "row_names": ["vit", "gmm"], "minutes": 5, "started": time.time(),
+    "load_at_probe": [1.0, 1.0, 1.0], "locvit_commit": "abc1234", "estimated_minutes": 5.0,
+    "data": rp.protocol.describe_data(rp.row_config(rp.PLANS["gmm_table1_cifar10"]["rows"]["vit"])),
+    "rows": {row: {**cost, "steps": steps} for row in ("vit", "gmm")},
+  }  # fmt: skip
+  with open(os.path.join(workdir, "plan.json"), "w") as f:
+    json.dump(plan, f)
+  _write_finals(workdir, steps, {"vit": [0.8712], "gmm": [0.8650]})
+  result = report.write_report("gmm_table1_cifar10", workdir)
+  text = pathlib.Path(workdir, "results.md").read_text()
+  assert text.startswith("# Li & Zhang Table 1, CIFAR-10: ViT vs GMM-ViT") and (
+    "batch 128), at 0.142 of the paper's protocol\n" in text
+  )
+  assert (
+    "| vit | 93.65 | 87.12 | -6.53 | 1 |" in text and "| gmm | 95.06 | 86.50 | -8.56 | 1 |" in text
+  )
+  assert "gmm_impulse3" not in text and [c["treatment"] for c in result["comparisons"]] == ["gmm"]
+  assert (
+    "Ordering the paper claims: gmm > vit. Ours: vit > gmm. The paper's ordering did not hold "
+    "(gmm not above vit)." in text
+  )
+  assert "Data: the CIFAR-10 JPEG copy" in text and "the JPEG copy costs some accuracy." in text
+  assert "locvit commit abc1234" in text and "Step cap" not in text
+
+
 def test_a_consistent_difference_is_significant():
   test = report.paired_t([0.031, 0.029, 0.030, 0.032])
   assert test["p"] < 0.001 and report.verdict(test).startswith("significant at p < 0.05")
@@ -305,17 +336,27 @@ def test_protocol_dry_runs_print_the_papers_protocol_and_create_nothing(tmp_path
              for line in lines)  # fmt: skip
 
 
-def test_a_protocol_plan_that_does_not_fit_the_budget_is_refused(capsys):
+def test_a_protocol_plan_that_does_not_fit_the_budget_is_refused(tmp_path, monkeypatch, capsys):
   assert rp.main(["gmm_table1_cifar10", "--dry_run", "--minutes=10"]) == 2
   captured = capsys.readouterr()
   assert "Estimated wall time 29.5 minutes for 2 runs (seed 0)" in captured.out
-  assert captured.err == (
+  refusal = (
     "locvit.reproduce: error: plan 'gmm_table1_cifar10' needs an estimated 29.5 minutes for 2 "
     "runs but --minutes=10; give more --minutes, fewer --seeds, or --fraction (at most 0.317 of "
     "this length fits; --fraction=fit picks it)\n"
   )
+  assert captured.err == refusal
   assert rp.main(["gmm_table1_cifar10", "--dry_run", "--minutes=10", "--fraction=fit"]) == 0
   assert "at 0.317 of the paper's protocol" in capsys.readouterr().out
+  # A run is refused the same way, before anything is created (the kit's estimate: no probe).
+  monkeypatch.setenv("CIFAR10_ROOT", str(tmp_path))
+  for split in ("train", "test"):
+    (tmp_path / split).mkdir()
+  workdir = tmp_path / "w"
+  assert (
+    rp.main(["gmm_table1_cifar10", f"--workdir={workdir}", "--minutes=10", "--estimate=kit"]) == 2
+  )
+  assert capsys.readouterr().err == refusal and not workdir.exists()
   assert rp.main(["gmm", "--dry_run", "--fraction=0.5"]) == 2
   assert capsys.readouterr().err == (
     "locvit.reproduce: error: --fraction is for paper-protocol plans; 'gmm' is a budget plan\n"

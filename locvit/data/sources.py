@@ -312,7 +312,7 @@ def _prepare_hint(name: str, data_dir: str) -> str:
     f"data_dir={data_dir!r}).download_and_prepare(file_format='array_record')\n"
     "Datasets with manual files read them from DATA_DIR/downloads/manual (imagenet2012: "
     "ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar). Prepared elsewhere, copy the data_dir "
-    "here and set data.data_dir to it."
+    "here and pass --data=tfds:DATA_DIR (data.data_dir)."
   )
 
 

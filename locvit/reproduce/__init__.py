@@ -374,8 +374,11 @@ def protocol_estimate(
   if fraction == "fit":
     fraction = protocol.fit_fraction(per_run, seeds, (minutes or 0) * 60 - spent)
     if fraction <= 0:
+      overhead = seeds * sum(o for o, _ in per_run.values())
       raise ReproduceError(
-        f"--minutes={minutes:g} leaves no time to train after {spent / 60:.1f} minutes of probing"
+        f"--minutes={minutes:g} leaves no time to train: the runs' compilation and evaluation "
+        f"alone take an estimated {overhead / 60:.1f} minutes"
+        + (f", after {spent / 60:.1f} minutes of probing" if spent else "")
       )
   total = 0.0
   for row, info in rows.items():
@@ -452,7 +455,7 @@ def make_protocol_plan(
   """Probes each row here (or takes the kit's H200 figures), fits ``fraction`` and refuses a plan
   that does not fit ``minutes``."""
   costs = measure(configs, os.path.join(workdir, "_probe")) if probe_here else None
-  spent = time.time() - started
+  spent = time.time() - started if probe_here else 0.0  # the budget counts the probe's minutes
   rows, fraction, total, source = protocol_estimate(
     plan, configs, seeds, minutes, fraction, costs, spent
   )
@@ -540,7 +543,9 @@ def load_or_make_plan(
     )
     return saved
   if plan.get("protocol"):
-    saved = make_protocol_plan(name, plan, configs, workdir, seeds or 1, minutes, fraction, started)
+    saved = make_protocol_plan(
+      name, plan, configs, workdir, seeds or 1, minutes, fraction, started, probe_here
+    )
   else:
     saved = make_plan(name, plan, configs, workdir, seeds or 2, minutes or 60.0, started)
   os.makedirs(workdir, exist_ok=True)

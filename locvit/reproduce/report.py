@@ -197,6 +197,8 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
     }
   comparisons = []
   for base, treat in plan["comparisons"]:
+    if base not in finals or treat not in finals:  # a row this plan's --rows left out
+      continue
     paired = sorted(set(finals[base]) & set(finals[treat]))
     diffs = [finals[treat][s]["top1"] - finals[base][s]["top1"] for s in paired]
     test = paired_t(diffs)
