@@ -1,7 +1,7 @@
 """Reproduce a paper table in one command, within a time budget.
 
   python -m locvit.reproduce PLAN --minutes=M --workdir=DIR [--seeds=K] [--report]
-  python -m locvit.reproduce PLAN --dry_run [--probe] [--minutes=M] [--fraction=F]
+  python -m locvit.reproduce PLAN --dry_run [--estimate=probe] [--minutes=M] [--fraction=F]
 
 A plan (``locvit.configs.reproduce_plans.PLANS``) names the rows of one table as shipped configs.
 The command measures each row's step rate here (a short probe run, compilation excluded), gives
@@ -360,7 +360,9 @@ def protocol_estimate(
       step_seconds, overhead = 1 / costs[row].steps_per_sec, costs[row].overhead_sec
       info["basis"] = "probe"
     elif "kit" not in spec:
-      raise ReproduceError(f"row {row!r} has no accelerator-kit figures: estimate it with --probe")
+      raise ReproduceError(
+        f"row {row!r} has no accelerator-kit figures: estimate it with --estimate=probe"
+      )
     else:
       flops, params = protocol.forward_flops(full)
       kit = protocol.kit_estimate(spec["kit"], full.batch_size, flops)
@@ -635,7 +637,7 @@ def describe_budget_dry_run(plan, configs, seeds, minutes, costs) -> str:
   if costs is None:
     lines.append(
       f"\nEvery row gets the same steps, set by a probe on this machine so that all runs fit "
-      f"--minutes={minutes:g} (--probe measures them now)."
+      f"--minutes={minutes:g} (--estimate=probe measures them now)."
     )
   else:
     steps = split_budget(costs, seeds, minutes * 60)
@@ -724,7 +726,7 @@ def _cost(saved: dict[str, Any], row: str) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
   """``python -m locvit.reproduce PLAN --minutes=M --workdir=DIR [--seeds=K] [--report]``, or
-  ``PLAN --dry_run [--probe]``.
+  ``PLAN --dry_run [--estimate=probe]``.
 
   Returns the exit status.
   """
