@@ -42,6 +42,7 @@ from locvit import cpu_malloc
 from locvit import metrics as metrics_lib
 from locvit.configs.common import complete_config
 from locvit.configs.reproduce_plans import KIT_H200, PLANS
+from locvit.data.config import parse_split
 from locvit.reproduce import protocol
 from locvit.reproduce.report import locvit_commit
 from locvit.run import preemption
@@ -136,7 +137,8 @@ def check_data(config: ml_collections.ConfigDict, row_name: str) -> None:
         f"Prepare it as described in {DATA_HELP} and `export CIFAR10_ROOT=DIR` (DIR/train/<class>/"
         "*.jpg, DIR/test/<class>/*.jpg), or pass --data=tfds to read the TFDS copy."
       )
-    missing = [s for s in (data.train_split, data.eval_split) if not os.path.isdir(f"{root}/{s}")]
+    folders = [parse_split(s)[0] for s in (data.train_split, data.eval_split)]  # 'test[:500]'
+    missing = [s for s in folders if not os.path.isdir(f"{root}/{s}")]
     if missing:
       raise ReproduceError(
         f"row {row_name!r}: no {' or '.join(missing)} folder in CIFAR10_ROOT={root}. Prepare "
