@@ -78,7 +78,7 @@ from locvit.configs import (
   structinit_cifar10_small,
   structinit_table1,
 )
-from locvit.configs.common import base_config
+from locvit.configs.common import base_config, complete_config
 from locvit.configs.recipes import deit_recipe
 from locvit.models.convit import convit_overrides
 
@@ -151,6 +151,7 @@ VARIANTS = {
   "gpu_tuned": {"xla_options": "gpu_tuned"},
   "tuned+cudnn": {"xla_options": "gpu_tuned", "attention_implementation": "cudnn"},
   "fp32": {"mixed_precision": False},
+  "k4": {"steps_per_dispatch": 4},  # four optimizer steps per dispatch (a lax.scan)
 }
 TORCH_SIDES = ("eager", "compile")
 # --smoke: two blocks per model (one GPSA, one MHSA for ConViT), so compilation stays short.
@@ -225,9 +226,11 @@ def _torch_sizes(name: str, smoke: bool) -> dict:
   return {"depth": SMOKE_DEPTH, **({"local_up_to_layer": 1} if name.startswith("convit") else {})}
 
 
-def _state_and_step(config, image_shape: tuple, num_classes: int, state=None):
-  """``(state, jitted step)``: ``locvit.train.train_step`` for ``config`` on one device; a given
-  ``state`` (of the same model) is reused rather than initialised."""
+def _state_and_step(config, image_shape: tuple, num_classes: int, state=None, loop=False):
+  """``(state, jitted step)``: ``locvit.train.train_step`` for ``config`` on one device, or with
+  ``loop`` the training loop's step (``guarded_steps(state, batches, (), health)``: the
+  non-finite guard, ``config.steps_per_dispatch`` batches per call); a given ``state`` (of the
+  same model) is reused rather than initialised."""
   model = train.build_model(config, num_classes)
   if state is None:
     init = functools.partial(sharding.init_model_variables, model, image_shape)
@@ -238,10 +241,10 @@ def _state_and_step(config, image_shape: tuple, num_classes: int, state=None):
   tx = optim.make_optimizer(config, params, schedule)
   if state is None:
     state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), model_state)
-  step = functools.partial(
-    train.train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=num_classes
-  )
-  return state, jax.jit(step, donate_argnums=0)
+  kwargs = dict(model=model, tx=tx, schedule=schedule, config=config, num_classes=num_classes)
+  if loop:
+    return state, jax.jit(functools.partial(train.guarded_steps, **kwargs), donate_argnums=(0, 3))
+  return state, jax.jit(functools.partial(train.train_step, **kwargs), donate_argnums=0)
 
 
 def model_flops(config, state, batch, num_classes: int) -> float:
@@ -277,29 +280,35 @@ class Runner:
   wait: Callable[[], None]
   compile_s: float | None = None
   profile: bool = False  # locvit's steps are profiled under --profile
+  steps_per_call: int = 1  # optimizer steps one run() dispatches
 
 
 def jax_runner(config, image_size: int, num_classes: int, variant: str) -> Runner:
-  """locvit's step for ``config`` changed by ``VARIANTS[variant]``, compiled, on a resident
-  batch. Steps are dispatched back to back, as the training loop does (no per-step transfer)."""
+  """The training loop's step for ``config`` changed by ``VARIANTS[variant]``, compiled, on a
+  resident batch (``steps_per_dispatch`` times over for K steps a call). Calls are dispatched
+  back to back, as the training loop does (no per-step transfer)."""
   fields = dict(VARIANTS[variant])
   setting = fields.pop("xla_options", "none")
-  config = config.copy_and_resolve_references()
+  config = complete_config(config)  # a copy, with every field (steps_per_dispatch...)
   config.update(fields)
   t0 = time.perf_counter()
-  state, step = _state_and_step(config, (image_size, image_size, 3), num_classes)
-  batch = _synthetic_batch(config.batch_size, image_size, num_classes)
+  state, step = _state_and_step(config, (image_size, image_size, 3), num_classes, loop=True)
+  k = config.steps_per_dispatch
+  batches = [_synthetic_batch(config.batch_size, image_size, num_classes)] * k
   options = xla_options.compiler_options(setting, jax.default_backend())
-  compiled = step.lower(state, batch).compile(options)
-  holder = {"state": state, "metrics": None}
+  health = train.initial_health()
+  compiled = step.lower(state, batches, (), health).compile(options)
+  holder = {"state": state, "metrics": None, "health": health}
 
   def run():
-    holder["state"], holder["metrics"] = compiled(holder["state"], batch)
+    holder["state"], holder["metrics"], holder["health"] = compiled(
+      holder["state"], batches, (), holder["health"]
+    )
 
   def wait():
     jax.block_until_ready((holder["state"], holder["metrics"]))
 
-  return Runner(run, wait, time.perf_counter() - t0, profile=True)
+  return Runner(run, wait, time.perf_counter() - t0, profile=True, steps_per_call=k)
 
 
 def variant_skipped(variant: str) -> str | None:
@@ -384,7 +393,7 @@ def time_interleaved(runners: dict, steps: int, rounds: int, warmup: int) -> dic
       for _ in range(steps):
         runner.run()
       runner.wait()
-      per_round[name].append((time.perf_counter() - t0) / steps)
+      per_round[name].append((time.perf_counter() - t0) / (steps * runner.steps_per_call))
   return {name: statistics.median(times) for name, times in per_round.items()}
 
 
@@ -513,7 +522,9 @@ def _synthetic_row(row: Row, prepared, args, peak, profiles: list) -> None:
         log_dir = Path(args.profile_dir or tmp) / f"{row.key} {side}".replace(" ", "_").replace(
           "/", "-"
         )
-        summary, _ = step_profile.profile_steps(runner.run, runner.wait, args.profile, log_dir)
+        summary, _ = step_profile.profile_steps(
+          runner.run, runner.wait, args.profile, log_dir, runner.steps_per_call
+        )
       profiles.append((f"{row.key} {side.removeprefix('locvit ')}", summary))
 
 
@@ -544,7 +555,7 @@ def synthetic_table(args, peak: float | None) -> None:
   print("compile s: building, lowering and compiling locvit's step (XLA); timm's first step under")
   print("torch.compile. MFU of every side: the model FLOPs of locvit's step.\n")
   if profiles:
-    print(f"Table 1p: profile of {args.profile} steps of each locvit side (jax.profiler)")
+    print(f"Table 1p: profile of {args.profile} calls of each locvit side (jax.profiler), per step")
     print(step_profile.HEADER)
     for label, summary in profiles:
       step_profile.print_summary(label, summary)
@@ -706,7 +717,7 @@ def main() -> None:
   )
   parser.add_argument("--torch_compile_backend", default="inductor")
   parser.add_argument(
-    "--profile", type=int, default=0, help="Table 1p: profile this many steps of each locvit side"
+    "--profile", type=int, default=0, help="Table 1p: profile this many calls of each locvit side"
   )
   parser.add_argument("--profile_dir", default="", help="keep the traces here (default: deleted)")
   parser.add_argument(

@@ -298,9 +298,13 @@ def main() -> None:
   p.add_argument(
     "--auto_augment", default=None, help="a policy after the flip, e.g. autoaug-cifar10"
   )
+  p.add_argument(
+    "--all_cores", action="store_true", help="no pinning to one core (an accelerator's compiles)"
+  )
   args = p.parse_args()
-  os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before JAX starts its thread pools
-  print(f"one core ({os.sched_getaffinity(0)}), {jax.devices()[0].device_kind}")
+  if not args.all_cores:
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before JAX starts its thread pools
+  print(f"{len(os.sched_getaffinity(0))} core(s), {jax.devices()[0].device_kind}")
   if args.dispatch_only:
     return print_dispatch(args.dispatch_batch, args.rounds)
   if args.deit_step:

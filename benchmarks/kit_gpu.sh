@@ -10,12 +10,16 @@
 # row's sides compile in 8 threads before any is timed; then 3 interleaved rounds of 10 steps
 # and a profile (Table 1p) of each locvit side:
 #   A. GMM-ViT d9 and ViT d9 at batch 128 (GMM's paper): locvit's default step ("before") beside
-#      each candidate ("after": XLA's gpu_tuned options, cuDNN attention, both);
+#      each candidate ("after": XLA's gpu_tuned options, cuDNN attention, both, 4 steps per
+#      dispatch);
 #   B. DeiT-S and ConViT-S at 224, batch 256: default and tuned+cudnn beside timm eager and timm
 #      under torch.compile;
 #   C. ConViT-Ti CIFAR at 512 and 128, the structured-init ViT-T/2 at 512: default, tuned+cudnn;
-#   D. DeiT-S and ConViT-S at 224, batch 512, as B.
-# Results under $OUT: device.txt (nvidia-smi, versions), kit_A.log ... kit_D.log, and
+#   D. DeiT-S and ConViT-S at 224, batch 512, as B;
+#   E. the DeiT recipe's step at 224, batch 128 (benchmarks/device_augment.py --deit_step): model
+#      only, beside the device path with RandAugment per-example select and grouped by op (goal:
+#      grouped <= 1.25x model only), then the augmentation alone at 32x32, batch 512.
+# Results under $OUT: device.txt (nvidia-smi, versions), kit_A.log ... kit_E.log, and
 # profiles.tar.gz (the .xplane.pb traces; left out, with a note in device.txt, over 15 MB).
 set -uo pipefail
 OUT=${OUT:-/tmp/kit_gpu}
@@ -42,10 +46,20 @@ kit() {  # kit NAME ARGS...: one call, limited to the time left
     --compile_threads=8 --profile_dir="$OUT/profiles/$name" "$@" 2>&1 | tee "$OUT/kit_$name.log"
 }
 
-kit A --only="GMM-ViT d9,ViT d9" --variants=default,gpu_tuned,cudnn,tuned+cudnn --profile=5
+kit A --only="GMM-ViT d9,ViT d9" --variants=default,gpu_tuned,cudnn,tuned+cudnn,k4 --profile=5
 kit B --only="deit_small b256,convit_small b256" --variants=default,tuned+cudnn --profile=3
 kit C --only="ConViT-Ti CIFAR,StructInit" --variants=default,tuned+cudnn --profile=5
 kit D --only="deit_small b512,convit_small b512" --variants=default,tuned+cudnn --profile=3
+
+left=$((TOTAL_S - (SECONDS - start)))
+if [ "$left" -ge 60 ]; then
+  timeout "$left" bash -c 'python3 benchmarks/device_augment.py --deit_step=deit_small_patch16_224 \
+    --deit_step_batch=128 --steps=10 --rounds=3 --all_cores &&
+    python3 benchmarks/device_augment.py --dispatch_only --dispatch_batch=512 --rounds=3 --all_cores' 2>&1 |
+    tee "$OUT/kit_E.log"
+else
+  echo "call E not run: $left s left of TOTAL_S=$TOTAL_S" | tee -a "$OUT/device.txt"
+fi
 
 tar czf "$OUT/profiles.tar.gz" -C "$OUT" profiles 2>/dev/null
 rm -rf "$OUT/profiles"

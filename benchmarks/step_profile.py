@@ -1,6 +1,6 @@
 """Where a training step's time goes, from a ``jax.profiler`` trace of a few steps.
 
-  summary = profile_steps(run_step, wait, steps=5, log_dir=DIR)
+  summary, xplane = profile_steps(run_step, wait, calls=5, log_dir=DIR)
   print_summary("DeiT-S 224 b256", summary)
 
 ``run_step()`` dispatches one step and returns at once (JAX's asynchronous dispatch); ``wait()``
@@ -107,7 +107,8 @@ def merged(ops: list[Op]) -> list[tuple[float, float]]:
   return [(start, end) for start, end in intervals]
 
 
-def summarise(profile, steps: int, wall_s: float) -> Summary:
+def summarise(profile, steps: int, wall_s: float, steps_per_call: int = 1) -> Summary:
+  """Per-step figures of a trace of ``steps`` steps, ``steps_per_call`` per host dispatch."""
   platform, ops = device_ops(profile)
   if not ops:
     raise ValueError(f"the trace holds no device ops ({[p.name for p in profile.planes]})")
@@ -128,7 +129,7 @@ def summarise(profile, steps: int, wall_s: float) -> Summary:
     busy_ms=busy / 1e6 / steps,
     between_ops_ms=(span - busy) / 1e6 / steps,
     median_gap_us=statistics.median(gaps) / 1e3 if gaps else 0.0,
-    dispatch_ms=statistics.median(dispatch) / 1e6 if dispatch else float("nan"),
+    dispatch_ms=statistics.median(dispatch) / 1e6 / steps_per_call if dispatch else float("nan"),
     top=tuple((name, len(d) / steps, sum(d) / 1e6 / steps) for name, d in top),
   )
 
@@ -143,16 +144,19 @@ def latest_xplane(log_dir: Path) -> Path:
   return paths[-1]
 
 
-def profile_steps(run_step: Callable[[], None], wait: Callable[[], None], steps: int, log_dir):
-  """``(Summary, xplane path)`` of ``steps`` steps dispatched back to back under the profiler."""
+def profile_steps(
+  run_step: Callable[[], None], wait: Callable[[], None], calls: int, log_dir, steps_per_call=1
+):
+  """``(Summary, xplane path)`` of ``calls`` calls of ``run_step`` (``steps_per_call`` steps
+  each) dispatched back to back under the profiler; the summary's figures are per step."""
   wait()  # nothing of earlier steps in the trace
   options = jax.profiler.ProfileOptions()
   options.python_tracer_level = 0  # no Python call events: they inflate dispatch and the trace
   jax.profiler.start_trace(str(log_dir), profiler_options=options)
   try:
     t0 = time.perf_counter()
-    for step in range(steps):
-      annotations = jax.profiler.StepTraceAnnotation("train", step_num=step)
+    for call in range(calls):
+      annotations = jax.profiler.StepTraceAnnotation("train", step_num=call)
       with annotations, jax.profiler.TraceAnnotation(DISPATCH):
         run_step()
     wait()
@@ -160,7 +164,8 @@ def profile_steps(run_step: Callable[[], None], wait: Callable[[], None], steps:
   finally:
     jax.profiler.stop_trace()
   path = latest_xplane(Path(log_dir))
-  return summarise(jax.profiler.ProfileData.from_file(str(path)), steps, wall_s), path
+  profile = jax.profiler.ProfileData.from_file(str(path))
+  return summarise(profile, calls * steps_per_call, wall_s, steps_per_call), path
 
 
 def print_summary(label: str, summary: Summary) -> None:

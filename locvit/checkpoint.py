@@ -184,7 +184,8 @@ class Checkpointer:
       self._manifests["best"] = _Manifest(self.directory / "best")
       self.best = self._make_manager("best", 1, async_save)
     self._best_score: Any = _UNKNOWN
-    self._last_saved: dict[int, int] = {}  # id(manager) -> the step it saved last
+    self._last_saved: dict[int, int] = {}  # id(manager) -> the step it saves or saved last
+    self._saving: tuple[int, int] | None = None  # (id(manager), step) inside manager.save
     watch = outage.current()
     if watch is not None and not read_only:  # a bucket workdir: the line a dead bucket ends with
       watch.checkpoints = self._outage_report
@@ -196,7 +197,9 @@ class Checkpointer:
     in_flight = []
     for manager in (self.manager, self.best):
       step = self._last_saved.get(id(manager))
-      if manager is not None and step is not None and manager.is_saving_in_progress():
+      if manager is None or step is None:
+        continue
+      if manager.is_saving_in_progress() or self._saving == (id(manager), step):
         in_flight.append((manager, step))
     pending = {s for m, s in in_flight if m is self.manager}
     committed = [s for s in self.manager.all_steps() if s not in pending]  # orbax's cached list
@@ -252,13 +255,17 @@ class Checkpointer:
         manager.wait_until_finished()  # orbax's rule: one save at a time (no wait when it is done)
         self.waited = time.perf_counter() - start
         manifest.step = step
+        previous, self._last_saved[id(manager)] = self._last_saved.get(id(manager)), step
+        self._saving = (id(manager), step)  # in flight from here, for _outage_report
         saved = manager.save(step, args=args, force=force)
         if saved and not manifest.in_background:  # a synchronous save has committed the step
           manifest.write(manager.directory / str(step))
     except Exception as e:  # orbax raises TensorStore's and the writer thread's errors, any type
       raise self._save_error(manager, step, e) from e
-    if saved:
-      self._last_saved[id(manager)] = step
+    finally:
+      self._saving = None
+    if not saved:
+      self._last_saved[id(manager)] = previous
     return saved
 
   def _save_error(self, manager, step: int, error: BaseException) -> CheckpointSaveError:

