@@ -50,6 +50,9 @@ def main(argv):
         saves = range(_CKPT.value, _TOTAL.value, _CKPT.value)
         after = {save: gaps_by_step(lines).get(save + _LOG.value) for save in saves}
         print(f"{name}: gap after each save: {after}", flush=True)
+        for _, line in lines:  # how long each save held the loop, as the progress line says
+          if "(checkpoint" in line:
+            print(f"{name}: {line}", flush=True)
   print(f"quickstart, {_TOTAL.value} steps, log every {_LOG.value}, checkpoint every {_CKPT.value}")
   print(f"{'':8s}{'longest gap':>14s}{'at step':>9s}{'span':>9s}")
   for name, (gap, step, span) in results.items():
