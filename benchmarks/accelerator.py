@@ -1,18 +1,26 @@
 """Training throughput and MFU on whatever accelerator JAX sees, with timm's models beside locvit's.
 
   python benchmarks/accelerator.py [--data_root=CIFAR10_ROOT] [--steps=20] [--rounds=3]
+  python benchmarks/accelerator.py --tables=1 --variants=default,gpu_tuned,cudnn --profile=5
   python benchmarks/accelerator.py --smoke        # the same code on CPU at toy sizes (CI)
+  bash benchmarks/kit_gpu.sh                      # issue 29's GPU run, about 10 minutes
 
 Three tables, one run, one device (``jax.devices()[0]``):
 
-1. Synthetic batch, resident on the device. For ConViT-Ti/S and DeiT-Ti/S at 224 (bf16 compute,
-   fp32 parameters: ``config.mixed_precision``, the DeiT recipe, batch ``--batch_size``) and the
-   CIFAR small-data models at 32 (their paper configs, batch ``--small_batch_size``): step time,
-   images/s and MFU. MFU = the compiled step's FLOPs (XLA's ``cost_analysis()``: forward,
-   backward and optimizer) / step time / the chip's dense bf16 peak (the table printed first;
-   ``--peak_tflops`` overrides it). Where ``torch`` and ``timm`` import, timm's same model
-   (``timm.create_model``, bf16 autocast on CUDA, AdamW, label smoothing 0.1) is timed in the
-   same run, interleaved with locvit's round by round, and the ratio printed.
+1. Synthetic batch, resident on the device, ``ROWS_224`` and ``ROWS_32``: ConViT-Ti/S and
+   DeiT-Ti/S at 224 (bf16 compute, fp32 parameters: ``config.mixed_precision``, the DeiT recipe)
+   at batch 128, DeiT-S and ConViT-S also at 256 and 512, and the CIFAR small-data models at 32
+   at their papers' batch sizes. Per row, side by side and interleaved round by round: locvit's
+   step under each ``--variants`` setting (``VARIANTS``: the default, XLA's ``gpu_tuned``
+   compiler options of ``locvit.xla_options``, cuDNN attention, fp32) and, where ``torch``
+   imports and timm has the model, timm's same model (``timm.create_model``, bf16 autocast on
+   CUDA, AdamW, label smoothing 0.1) eager and under ``torch.compile`` (``--torch``). Each side
+   dispatches ``--steps`` steps back to back and waits for the last (as a training loop does):
+   step time, images/s, MFU and the step time against locvit's default. MFU = model FLOPs
+   (XLA's count of the lowered step, ``model_flops``) / step time / the chip's dense bf16 peak
+   (the table printed first; ``--peak_tflops`` overrides it). ``--profile=N`` then traces N
+   steps of each locvit side with ``jax.profiler`` (Table 1p, ``step_profile``): device ops per
+   step, busy time against wall time, the time between ops, host dispatch, the top ops.
 2. Real pipeline: each CIFAR model trains from the CIFAR-10 JPEG folders (``--data_root`` or
    ``$CIFAR10_ROOT``, ``ROOT/train/<class>/*.jpg``) through ``locvit.data`` with its recipe's
    augmentation, for ``--pipeline_steps`` steps after compilation. It reports whole-run images/s
@@ -24,36 +32,53 @@ Three tables, one run, one device (``jax.devices()[0]``):
    grain worker processes (``data.num_workers``): whole-run images/s and waits, with the
    augmentation on the host and on the device (``--augment_on``).
 
-``--only=FRAGMENT,...`` keeps the rows whose label contains a fragment (e.g. ``ViT d9``).
+``--only=FRAGMENT,...`` keeps the rows whose label and batch (``deit_small b256``) contain a
+fragment (e.g. ``ViT d9``, ``b512``).
 
-``--smoke``: CPU, image 32 for the 224 models, two blocks per model, batch 2, two steps, one
-round, ConViT-Ti and one CIFAR model; ``--data_root`` may be any tiny image folder. Without timm
-the torch side uses ``tests/torch_reference.py`` (the official ConViT/DeiT, timm's names).
+``--smoke``: CPU, image 32 for the 224 models, two blocks per model, batches scaled down 64
+times (at least 2), two steps, one round, ConViT-Ti and GMM-ViT d9; ``--data_root`` may be any
+tiny image folder. Without timm the torch side uses ``tests/torch_reference.py`` (the official
+ConViT/DeiT, timm's names), and ``torch.compile`` uses the 'aot_eager' backend (inductor's C++
+code generation takes minutes on a small CPU). cuDNN attention needs a CUDA GPU: elsewhere its
+sides print why they were skipped.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import functools
+import importlib
 import importlib.util
 import os
 import statistics
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
+import step_profile
 from device_augment import deit_jpeg_folder
 
 from locvit import data as data_lib
-from locvit import optim, sharding, train
-from locvit.configs import convit_cifar10_small, gmm_cifar10_small, structinit_cifar10_small
-from locvit.configs.common import base_config
+from locvit import optim, sharding, train, xla_options
+from locvit.configs import (
+  convit_cifar10_small,
+  gmm_cifar10_small,
+  gmm_table1,
+  structinit_cifar10_small,
+  structinit_table1,
+)
+from locvit.configs.common import base_config, complete_config
 from locvit.configs.recipes import deit_recipe
 from locvit.models.convit import convit_overrides
 
@@ -85,11 +110,50 @@ MODELS_224 = {
 }
 # label -> config of a CIFAR small-data model (32x32), from the papers' configs.
 MODELS_32 = {
-  "ConViT-Ti CIFAR (ConViT)": lambda: convit_cifar10_small.get_config("convit"),
-  "GMM-ViT (GMM masks)": lambda: gmm_cifar10_small.get_config("gmm"),
-  "ViT d9 (structured init)": lambda: structinit_cifar10_small.get_config(None),
+  "ConViT-Ti CIFAR": lambda: convit_cifar10_small.get_config("convit"),
+  "GMM-ViT d9": lambda: gmm_table1.get_config("vit,cifar10,gmm"),
+  "ViT d9": lambda: gmm_table1.get_config("vit,cifar10,base"),
+  "StructInit ViT-T/2": lambda: structinit_table1.get_config(None),
+  "GMM-ViT d6 (GMM masks)": lambda: gmm_cifar10_small.get_config("gmm"),
+  "StructViT d8 (struct. init)": lambda: structinit_cifar10_small.get_config(None),
 }
-SMOKE_MODELS_32 = ("GMM-ViT (GMM masks)",)
+# Table 1's rows, (model, batch): the 224 models at 128 (the kit's first H200 table) and DeiT-S /
+# ConViT-S at 256 and 512; the CIFAR models at their papers' batches (GMM: 128, structured init:
+# 512, ConViT-Ti CIFAR at both) and the two reduced configs of the first table at 512.
+ROWS_224 = (
+  ("convit_tiny", 128),
+  ("convit_small", 128),
+  ("deit_tiny", 128),
+  ("deit_small", 128),
+  ("deit_small", 256),
+  ("convit_small", 256),
+  ("deit_small", 512),
+  ("convit_small", 512),
+)
+ROWS_32 = (
+  ("ConViT-Ti CIFAR", 512),
+  ("ConViT-Ti CIFAR", 128),
+  ("GMM-ViT d9", 128),
+  ("ViT d9", 128),
+  ("StructInit ViT-T/2", 512),
+  ("GMM-ViT d6 (GMM masks)", 512),
+  ("StructViT d8 (struct. init)", 512),
+)
+SMOKE_ROWS_224 = (("convit_tiny", 128),)
+SMOKE_ROWS_32 = (("GMM-ViT d9", 128),)
+PIPELINE_32 = ("ConViT-Ti CIFAR", "GMM-ViT d6 (GMM masks)", "StructViT d8 (struct. init)")
+SMOKE_PIPELINE_32 = ("GMM-ViT d6 (GMM masks)",)
+# locvit's settings, timed side by side on every row (``--variants``): name -> config fields,
+# with ``xla_options`` (``locvit.xla_options``) going to the step's compilation.
+VARIANTS = {
+  "default": {},
+  "cudnn": {"attention_implementation": "cudnn"},
+  "gpu_tuned": {"xla_options": "gpu_tuned"},
+  "tuned+cudnn": {"xla_options": "gpu_tuned", "attention_implementation": "cudnn"},
+  "fp32": {"mixed_precision": False},
+  "k4": {"steps_per_dispatch": 4},  # four optimizer steps per dispatch (a lax.scan)
+}
+TORCH_SIDES = ("eager", "compile")
 # --smoke: two blocks per model (one GPSA, one MHSA for ConViT), so compilation stays short.
 SMOKE_DEPTH = 2
 NUM_CLASSES = 1000
@@ -109,12 +173,19 @@ def print_peaks(device, override: float | None) -> float | None:
     print(f"  {fragment:<14} {peak:7.1f}")
   peak = override or peak_tflops(device.device_kind)
   shown = f"{peak:.1f} TFLOP/s" if peak else "unknown (MFU not computed; --peak_tflops sets it)"
-  print(f"device: {device.platform} {device.device_kind!r}; peak {shown}\n")
+  print(f"device: {device.platform} {device.device_kind!r}; peak {shown}")
+  versions = [f"jax {jax.__version__}", f"jaxlib {jaxlib.__version__}", f"flax {flax.__version__}"]
+  for name in ("torch", "timm"):
+    try:
+      versions.append(f"{name} {importlib.import_module(name).__version__}")
+    except ImportError:
+      versions.append(f"{name} absent")
+  print(", ".join(versions) + "\n")
   return peak
 
 
 # ------------------------------------------------------------------------------------------------
-# The two steps
+# The steps
 
 
 def _config_224(name: str, batch_size: int, smoke: bool):
@@ -127,11 +198,11 @@ def _config_224(name: str, batch_size: int, smoke: bool):
   return config
 
 
-def _config_32(label: str, args):
+def _config_32(label: str, batch_size: int, smoke: bool):
   config = MODELS_32[label]()
-  config.batch_size = args.small_batch_size
-  config.mixed_precision = not args.smoke
-  if args.smoke:
+  config.batch_size = batch_size
+  config.mixed_precision = not smoke
+  if smoke:
     _shrink(config)
   return config
 
@@ -142,10 +213,10 @@ def _shrink(config) -> None:
   if config.model.name.startswith("convit"):
     overrides.update(convit_overrides(1, SMOKE_DEPTH))
     return
+  layers = getattr(train.build_model(config, 10), "layer_attention", None)  # the registered kinds
   overrides.depth = SMOKE_DEPTH
-  if "layer_attention" in overrides:
-    layers = tuple(overrides.layer_attention)
-    overrides.layer_attention = layers[: SMOKE_DEPTH - 1] + layers[-1:]
+  if layers:
+    overrides.layer_attention = tuple(layers[: SMOKE_DEPTH - 1]) + tuple(layers[-1:])
 
 
 def _torch_sizes(name: str, smoke: bool) -> dict:
@@ -155,9 +226,11 @@ def _torch_sizes(name: str, smoke: bool) -> dict:
   return {"depth": SMOKE_DEPTH, **({"local_up_to_layer": 1} if name.startswith("convit") else {})}
 
 
-def _state_and_step(config, image_shape: tuple, num_classes: int, state=None):
-  """``(state, jitted step)``: ``locvit.train.train_step`` for ``config`` on one device; a given
-  ``state`` (of the same model) is reused rather than initialised."""
+def _state_and_step(config, image_shape: tuple, num_classes: int, state=None, loop=False):
+  """``(state, jitted step)``: ``locvit.train.train_step`` for ``config`` on one device, or with
+  ``loop`` the training loop's step (``guarded_steps(state, batches, (), health)``: the
+  non-finite guard, ``config.steps_per_dispatch`` batches per call); a given ``state`` (of the
+  same model) is reused rather than initialised."""
   model = train.build_model(config, num_classes)
   if state is None:
     init = functools.partial(sharding.init_model_variables, model, image_shape)
@@ -168,10 +241,10 @@ def _state_and_step(config, image_shape: tuple, num_classes: int, state=None):
   tx = optim.make_optimizer(config, params, schedule)
   if state is None:
     state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), model_state)
-  step = functools.partial(
-    train.train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=num_classes
-  )
-  return state, jax.jit(step, donate_argnums=0)
+  kwargs = dict(model=model, tx=tx, schedule=schedule, config=config, num_classes=num_classes)
+  if loop:
+    return state, jax.jit(functools.partial(train.guarded_steps, **kwargs), donate_argnums=(0, 3))
+  return state, jax.jit(functools.partial(train.train_step, **kwargs), donate_argnums=0)
 
 
 def model_flops(config, state, batch, num_classes: int) -> float:
@@ -191,14 +264,6 @@ def model_flops(config, state, batch, num_classes: int) -> float:
   return float((cost or {}).get("flops", float("nan")))
 
 
-def _compile_step(config, image_size: int, num_classes: int):
-  """``(compiled step, state, model FLOPs per step)`` on a synthetic batch."""
-  state, step = _state_and_step(config, (image_size, image_size, 3), num_classes)
-  batch = _synthetic_batch(config.batch_size, image_size, num_classes)
-  compiled = step.lower(state, batch).compile()
-  return compiled, state, model_flops(config, state, batch, num_classes)
-
-
 def _synthetic_batch(batch_size: int, image_size: int, num_classes: int) -> dict:
   rng = np.random.default_rng(0)
   return {
@@ -207,17 +272,50 @@ def _synthetic_batch(batch_size: int, image_size: int, num_classes: int) -> dict
   }
 
 
-def jax_runner(config, image_size: int, num_classes: int):
-  """``(run, flops)``: ``run()`` performs one step on a resident batch and waits for it."""
-  compiled, state, flops = _compile_step(config, image_size, num_classes)
-  batch = _synthetic_batch(config.batch_size, image_size, num_classes)
-  holder = {"state": state}
+@dataclasses.dataclass
+class Runner:
+  """One side of a row: ``run()`` dispatches a step, ``wait()`` blocks until the last is done."""
+
+  run: Callable[[], None]
+  wait: Callable[[], None]
+  compile_s: float | None = None
+  profile: bool = False  # locvit's steps are profiled under --profile
+  steps_per_call: int = 1  # optimizer steps one run() dispatches
+
+
+def jax_runner(config, image_size: int, num_classes: int, variant: str) -> Runner:
+  """The training loop's step for ``config`` changed by ``VARIANTS[variant]``, compiled, on a
+  resident batch (``steps_per_dispatch`` times over for K steps a call). Calls are dispatched
+  back to back, as the training loop does (no per-step transfer)."""
+  fields = dict(VARIANTS[variant])
+  setting = fields.pop("xla_options", "none")
+  config = complete_config(config)  # a copy, with every field (steps_per_dispatch...)
+  config.update(fields)
+  t0 = time.perf_counter()
+  state, step = _state_and_step(config, (image_size, image_size, 3), num_classes, loop=True)
+  k = config.steps_per_dispatch
+  batches = [_synthetic_batch(config.batch_size, image_size, num_classes)] * k
+  options = xla_options.compiler_options(setting, jax.default_backend())
+  health = train.initial_health()
+  compiled = step.lower(state, batches, (), health).compile(options)
+  holder = {"state": state, "metrics": None, "health": health}
 
   def run():
-    holder["state"], metrics = compiled(holder["state"], batch)
-    jax.block_until_ready(metrics["train/loss"])
+    holder["state"], holder["metrics"], holder["health"] = compiled(
+      holder["state"], batches, (), holder["health"]
+    )
 
-  return run, flops
+  def wait():
+    jax.block_until_ready((holder["state"], holder["metrics"]))
+
+  return Runner(run, wait, time.perf_counter() - t0, profile=True, steps_per_call=k)
+
+
+def variant_skipped(variant: str) -> str | None:
+  """Why ``variant`` cannot run on this device, or None."""
+  if "cudnn" in variant and jax.default_backend() != "gpu":
+    return "cuDNN attention needs a CUDA GPU (JAX checks for cuDNN when it traces the step)"
+  return None
 
 
 def _torch_model(torch_name: str, locvit_name: str, image_size: int, **sizes):
@@ -237,49 +335,65 @@ def _torch_model(torch_name: str, locvit_name: str, image_size: int, **sizes):
   return model, f"timm {timm.__version__}"
 
 
-def torch_runner(torch_name: str, locvit_name: str, image_size: int, batch_size: int, **sizes):
-  """``(run, source)``: one timm training step (AdamW, label smoothing 0.1) on a resident batch."""
+def torch_runner(side: str, row, args) -> tuple[Runner | None, str]:
+  """``(runner, source)``: one timm training step (AdamW, label smoothing 0.1) on a resident
+  batch, eager or through ``torch.compile`` (the model's forward and backward; ``side``); the
+  first step runs here (for 'compile': its compilation, reported as compile s)."""
   try:
     import torch
     import torch.nn.functional as F
   except ImportError:
     return None, "torch not importable"
-  model, source = _torch_model(torch_name, locvit_name, image_size, **sizes)
+  sizes = _torch_sizes(row.name, args.smoke)
+  model, source = _torch_model(MODELS_224[row.name], row.name, row.image_size, **sizes)
   if model is None:
     return None, "neither timm nor tests/torch_reference.py importable"
   device = "cuda" if torch.cuda.is_available() else "cpu"
   torch.manual_seed(0)
   model = model.to(device).train()
   optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=1e-8, weight_decay=0.05)
-  images = torch.randn(batch_size, 3, image_size, image_size, device=device)
-  labels = torch.randint(0, NUM_CLASSES, (batch_size,), device=device)
+  images = torch.randn(row.batch, 3, row.image_size, row.image_size, device=device)
+  labels = torch.randint(0, NUM_CLASSES, (row.batch,), device=device)
   # bf16 autocast where the chip has bf16 units; the CPU smoke run stays in fp32.
   autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda")
+  forward = model
+  if side == "compile":
+    forward = torch.compile(model, backend=args.torch_compile_backend)
+    source += f", torch.compile(backend={args.torch_compile_backend!r})"
 
   def run():
     optimizer.zero_grad(set_to_none=True)
     with autocast:
-      loss = F.cross_entropy(model(images), labels, label_smoothing=0.1)
+      loss = F.cross_entropy(forward(images), labels, label_smoothing=0.1)
     loss.backward()
     optimizer.step()
+
+  def wait():
     if device == "cuda":
       torch.cuda.synchronize()
 
-  return run, f"{source} on {device}"
+  t0 = time.perf_counter()
+  run()
+  wait()
+  compile_s = time.perf_counter() - t0 if side == "compile" else None
+  return Runner(run, wait, compile_s), f"{source} on {device}"
 
 
 def time_interleaved(runners: dict, steps: int, rounds: int, warmup: int) -> dict:
-  """Median seconds per step of each runner; runners alternate round by round."""
-  for run in runners.values():
+  """Median seconds per step of each runner; runners alternate round by round. A round
+  dispatches ``steps`` steps back to back and waits for the last."""
+  for runner in runners.values():
     for _ in range(warmup):
-      run()
+      runner.run()
+    runner.wait()
   per_round = {name: [] for name in runners}
   for _ in range(rounds):
-    for name, run in runners.items():
+    for name, runner in runners.items():
       t0 = time.perf_counter()
       for _ in range(steps):
-        run()
-      per_round[name].append((time.perf_counter() - t0) / steps)
+        runner.run()
+      runner.wait()
+      per_round[name].append((time.perf_counter() - t0) / (steps * runner.steps_per_call))
   return {name: statistics.median(times) for name, times in per_round.items()}
 
 
@@ -291,33 +405,127 @@ def _mfu(flops: float, seconds: float, peak: float | None) -> str:
 
 def _failed(label: str, error: Exception) -> None:
   """One row's failure: named in the table, traceback on stderr; the other rows still run."""
-  print(f"{label:<26} FAILED: {type(error).__name__}: {error}", flush=True)
-  traceback.print_exc()
+  print(f"{label:<28} FAILED: {type(error).__name__}: {error}", flush=True)
+  traceback.print_exception(error)
   FAILURES.append(label)
 
 
-def _synthetic_row(label: str, config, image_size: int, num_classes: int, make_torch, args, peak):
-  """Times locvit's step (and ``make_torch()``'s timm step, when given), prints the row."""
-  t0 = time.perf_counter()
+@dataclasses.dataclass
+class Row:
+  """A Table 1 row: one model at one batch size, every runner of it side by side."""
+
+  label: str
+  name: str  # the locvit model (224) or the MODELS_32 label
+  config: Any
+  image_size: int
+  batch: int
+  num_classes: int
+  timm: bool  # whether timm has the model
+
+  @property
+  def key(self) -> str:  # what --only matches
+    return f"{self.label} b{self.batch}"
+
+
+def _rows(args) -> list[Row]:
+  rows = []
+  scale = (lambda batch: max(2, batch // 64)) if args.smoke else (lambda batch: batch)
+  for name, batch in SMOKE_ROWS_224 if args.smoke else ROWS_224:
+    config = _config_224(name, scale(batch), args.smoke)
+    rows.append(Row(name, name, config, args.image_size, scale(batch), NUM_CLASSES, True))
+  for label, batch in SMOKE_ROWS_32 if args.smoke else ROWS_32:
+    config = _config_32(label, scale(batch), args.smoke)
+    rows.append(Row(label, label, config, 32, scale(batch), 10, False))
+  return [row for row in rows if row.key in _only((row.key,), args)]
+
+
+def _prepare(row: Row, args) -> tuple[float, dict]:
+  """``(model FLOPs per step, variant -> Runner, or why it was skipped or failed)``: compiles."""
+  batch = _synthetic_batch(row.batch, row.image_size, row.num_classes)
+  shape = (row.image_size, row.image_size, 3)
+  state, _ = _state_and_step(row.config, shape, row.num_classes)
+  flops = model_flops(row.config, state, batch, row.num_classes)
+  del state
   runners = {}
-  runners["locvit"], flops = jax_runner(config, image_size, num_classes)
-  compile_s = time.perf_counter() - t0
-  source = "no timm model"
-  if make_torch:
-    torch_run, source = make_torch()
-    if torch_run:
-      runners["torch"] = torch_run
-  times = time_interleaved(runners, args.steps, args.rounds, args.warmup)
-  seconds, batch = times["locvit"], config.batch_size
-  torch_cols = f"{'-':>10} {'-':>11}"
-  if "torch" in times:
-    torch_cols = f"{batch / times['torch']:10.1f} {times['torch'] / seconds:10.2f}x"
+  for variant in args.variants.split(","):
+    skipped = variant_skipped(variant)
+    if skipped:
+      runners[variant] = f"skipped, {skipped}"
+      continue
+    try:
+      runners[variant] = jax_runner(row.config, row.image_size, row.num_classes, variant)
+    except Exception as error:  # one setting's failure (cuDNN refusing a shape...) keeps the row
+      traceback.print_exception(error)
+      FAILURES.append(f"{row.key} {variant}")
+      first_line = (str(error).splitlines() or [""])[0][:300]
+      runners[variant] = f"FAILED: {type(error).__name__}: {first_line}"
+  return flops, runners
+
+
+def _prepared(rows: list[Row], args):
+  """``(row, future of _prepare)`` in order. With ``--compile_threads`` above 1 every row's
+  steps compile at once in a thread pool (XLA compiles without the interpreter lock) before the
+  first row is timed, so no compilation runs beside a timed step."""
+  if args.compile_threads <= 1:
+    for row in rows:
+      future = concurrent.futures.Future()
+      try:
+        future.set_result(_prepare(row, args))
+      except Exception as error:
+        future.set_exception(error)
+      yield row, future
+    return
+  with concurrent.futures.ThreadPoolExecutor(args.compile_threads) as pool:
+    futures = [pool.submit(_prepare, row, args) for row in rows]
+    concurrent.futures.wait(futures)
+    yield from zip(rows, futures)
+
+
+def _print_line(row: Row, side: str, flops, seconds, base_seconds, peak, compile_s, note) -> None:
+  compiled = "-" if compile_s is None else f"{compile_s:.1f}"
   print(
-    f"{label:<26} {image_size:>4} {batch:>5} {flops / 1e9:10.2f} {1e3 * seconds:8.2f}"
-    f" {batch / seconds:9.1f} {_mfu(flops, seconds, peak):>6} {torch_cols} {compile_s:8.1f}"
-    f"  {source}",
+    f"{row.label:<28} {row.image_size:>4} {row.batch:>5} {side:<17} {flops / 1e9:10.2f}"
+    f" {1e3 * seconds:8.2f} {row.batch / seconds:9.1f} {_mfu(flops, seconds, peak):>6}"
+    f" {seconds / base_seconds:8.2f}x {compiled:>9}  {note}",
     flush=True,
   )
+
+
+def _synthetic_row(row: Row, prepared, args, peak, profiles: list) -> None:
+  """Times the row's runners interleaved and prints one line per runner."""
+  flops, variants = prepared
+  runners, notes = {}, {}
+  for variant, runner in variants.items():
+    if isinstance(runner, str):
+      columns = f"{row.label:<28} {row.image_size:>4} {row.batch:>5}"
+      print(f"{columns} locvit {variant}: {runner}", flush=True)
+    else:
+      runners[f"locvit {variant}"] = runner
+  for side in args.torch.split(",") if row.timm and args.torch else ():
+    try:
+      runner, source = torch_runner(side, row, args)
+    except Exception as error:  # torch.compile's failure must not lose locvit's lines
+      _failed(f"{row.key} timm {side}", error)
+      continue
+    if runner:
+      runners[f"timm {side}"], notes[f"timm {side}"] = runner, source
+  if not runners:
+    return
+  times = time_interleaved(runners, args.steps, args.rounds, args.warmup)
+  base = times.get("locvit default", next(iter(times.values())))
+  for side, seconds in times.items():
+    runner = runners[side]
+    _print_line(row, side, flops, seconds, base, peak, runner.compile_s, notes.get(side, ""))
+  for side, runner in runners.items():
+    if args.profile and runner.profile:
+      with tempfile.TemporaryDirectory() as tmp:
+        log_dir = Path(args.profile_dir or tmp) / f"{row.key} {side}".replace(" ", "_").replace(
+          "/", "-"
+        )
+        summary, _ = step_profile.profile_steps(
+          runner.run, runner.wait, args.profile, log_dir, runner.steps_per_call
+        )
+      profiles.append((f"{row.key} {side.removeprefix('locvit ')}", summary))
 
 
 def _only(labels: tuple[str, ...], args) -> tuple[str, ...]:
@@ -328,32 +536,30 @@ def _only(labels: tuple[str, ...], args) -> tuple[str, ...]:
 
 def synthetic_table(args, peak: float | None) -> None:
   precision = "fp32 (smoke)" if args.smoke else "bf16 compute"
-  print(f"Table 1: synthetic resident batch, {precision}, median of {args.rounds} rounds")
   print(
-    f"{'model':<26} {'size':>4} {'batch':>5} {'GFLOP/step':>10} {'step ms':>8} {'img/s':>9}"
-    f" {'MFU':>6} {'timm img/s':>10} {'locvit/timm':>11} {'compile s':>8}  torch side",
+    f"Table 1: synthetic resident batch, {precision}, median of {args.rounds} rounds of"
+    f" {args.steps} steps dispatched back to back"
+  )
+  print(
+    f"{'model':<28} {'size':>4} {'batch':>5} {'side':<17} {'GFLOP/step':>10} {'step ms':>8}"
+    f" {'img/s':>9} {'MFU':>6} {'t/locvit':>9} {'compile s':>9}  torch side",
     flush=True,
   )
-  for name in _only(("convit_tiny",) if args.smoke else tuple(MODELS_224), args):
-    config = _config_224(name, args.batch_size, args.smoke)
-    make_torch = functools.partial(
-      torch_runner,
-      MODELS_224[name],
-      name,
-      args.image_size,
-      args.batch_size,
-      **_torch_sizes(name, args.smoke),
-    )
+  profiles = []
+  for row, future in _prepared(_rows(args), args):
     try:
-      _synthetic_row(name, config, args.image_size, NUM_CLASSES, make_torch, args, peak)
+      _synthetic_row(row, future.result(), args, peak, profiles)
     except Exception as error:  # one model's failure must not lose the others' rows
-      _failed(name, error)
-  for label in _only(SMOKE_MODELS_32 if args.smoke else tuple(MODELS_32), args):
-    try:
-      _synthetic_row(label, _config_32(label, args), 32, 10, None, args, peak)
-    except Exception as error:
-      _failed(label, error)
-  print("compile s: building, lowering and compiling locvit's step (XLA), before any timing.\n")
+      _failed(row.key, error)
+  print("t/locvit: step time / locvit default's on the same row (timm's: how many times slower).")
+  print("compile s: building, lowering and compiling locvit's step (XLA); timm's first step under")
+  print("torch.compile. MFU of every side: the model FLOPs of locvit's step.\n")
+  if profiles:
+    print(f"Table 1p: profile of {args.profile} calls of each locvit side (jax.profiler), per step")
+    print(step_profile.HEADER)
+    for label, summary in profiles:
+      step_profile.print_summary(label, summary)
+    print(step_profile.LEGEND + "\n", flush=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -421,12 +627,12 @@ def pipeline_table(args) -> None:
     print("Table 2 skipped: no CIFAR-10 image folder (--data_root or $CIFAR10_ROOT).")
     return
   print(f"Table 2: training from the CIFAR-10 JPEG folders at {root}, {args.pipeline_steps} steps")
-  labels = _only(SMOKE_MODELS_32 if args.smoke else tuple(MODELS_32), args)
+  labels = _only(SMOKE_PIPELINE_32 if args.smoke else PIPELINE_32, args)
   if not labels:
     return
   configs = {}
   for label in labels:
-    configs[label] = _config_32(label, args)
+    configs[label] = _config_32(label, args.small_batch_size, args.smoke)
     configs[label].data.root = root
     configs[label].data.train_fraction = 1.0  # each row: the whole split, its recipe's image size
   source = _decoded_source(configs[labels[0]])
@@ -486,8 +692,8 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--smoke", action="store_true", help="CPU, toy sizes, under a minute")
   parser.add_argument("--image_size", type=int, default=224)
-  parser.add_argument("--batch_size", type=int, default=128, help="for the 224 models")
-  parser.add_argument("--small_batch_size", type=int, default=512, help="for the 32 models")
+  parser.add_argument("--batch_size", type=int, default=128, help="Table 3's batch")
+  parser.add_argument("--small_batch_size", type=int, default=512, help="Table 2's batch")
   parser.add_argument("--steps", type=int, default=20, help="timed steps per model per round")
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--warmup", type=int, default=3, help="untimed steps per model first")
@@ -501,13 +707,36 @@ def main() -> None:
   parser.add_argument(
     "--augment_on", default="host,device", help="Table 2's rows: data.augment_on values"
   )
+  parser.add_argument(
+    "--variants",
+    default="default",
+    help=f"Table 1: locvit's settings timed side by side on each row, of {tuple(VARIANTS)}",
+  )
+  parser.add_argument(
+    "--torch", default="eager,compile", help=f"Table 1: timm's sides, of {TORCH_SIDES} ('' none)"
+  )
+  parser.add_argument("--torch_compile_backend", default="inductor")
+  parser.add_argument(
+    "--profile", type=int, default=0, help="Table 1p: profile this many calls of each locvit side"
+  )
+  parser.add_argument("--profile_dir", default="", help="keep the traces here (default: deleted)")
+  parser.add_argument(
+    "--compile_threads", type=int, default=1, help="compile every row's steps at once first"
+  )
   parser.add_argument("--peak_tflops", type=float, default=None, help="override the peak table")
   args = parser.parse_args()
+  bad = [v for v in args.variants.split(",") if v not in VARIANTS]
+  bad += [t for t in filter(None, args.torch.split(",")) if t not in TORCH_SIDES]
+  if bad:
+    parser.error(f"unknown --variants/--torch {bad}; choose from {tuple(VARIANTS)} / {TORCH_SIDES}")
   if args.smoke:
     jax.config.update("jax_platforms", "cpu")
     args.image_size, args.batch_size, args.small_batch_size = 32, 2, 4
     args.steps, args.rounds, args.warmup, args.pipeline_steps = 2, 1, 1, 3
     args.jpeg_images = 8
+    # inductor's C++ code generation took 234 s for the two-block ConViT on the 2-core test
+    # machine; 'aot_eager' runs the same capture (dynamo, AOT autograd) in 11 s.
+    args.torch_compile_backend = "aot_eager"
   peak = print_peaks(jax.devices()[0], args.peak_tflops)
   if "1" in args.tables.split(","):
     synthetic_table(args, peak)

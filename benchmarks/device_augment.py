@@ -23,6 +23,20 @@ JPEGs (a resized-ImageNet-like decode), read with no decoded cache, so every rea
 first epoch does. The host path runs every op on the host; the device path leaves the host the
 decode and the cut of the crop box onto a canvas (the crop's resize, the flip and RandAugment run in
 the step). Host cores to feed ``--deit_rate`` images/s follow.
+
+``--dispatch_only`` (no CIFAR needed) times part 5 alone: data.auto_augment on the device, the
+per-example select (every op computed for every example, the drawn one kept) against grouping the
+batch by drawn op (each example computes its ops only), at 32 and at 224, interleaved rounds:
+
+  python benchmarks/device_augment.py --dispatch_only [--dispatch_batch=32] [--rounds=5]
+
+``--deit_step=MODEL`` (e.g. deit_small_patch16_224; no CIFAR needed) times part 6 alone: the
+DeiT recipe's training step at 224 (bf16 off CPU) on a batch resident on the device, the model
+alone (the batch already augmented) against the device path (the crop's resize from the host's
+canvas and taps, the flip and rand-m9-mstd0.5-inc1 in the step), with the ops selected per example
+and grouped by op; the goal on a GPU is a device path step <= 1.25x the model's:
+
+  python benchmarks/device_augment.py --deit_step=deit_small_patch16_224 [--deit_step_batch=128]
 """
 
 from __future__ import annotations
@@ -35,6 +49,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import flax.linen as nn
 import jax
@@ -43,7 +58,10 @@ from PIL import Image
 
 from locvit import data as data_lib
 from locvit import optim, sharding, train
+from locvit.configs.common import base_config
 from locvit.configs.gmm_table1 import get_config
+from locvit.configs.recipes import deit_recipe
+from locvit.data import device_autoaugment, resample
 from locvit.run import state as state_lib
 
 HOST_PATHS = {
@@ -168,9 +186,105 @@ def step_seconds(batch_size: int, steps: int, rounds: int, auto_augment) -> dict
   return {name: statistics.median(t) for name, t in times.items()}
 
 
+def dispatch_seconds(size: int, batch: int, spec: str, rounds: int) -> dict[str, float]:
+  """Median seconds per batch of device RandAugment (`spec`, bicubic) on a uint8 batch of
+  size x size images, per dispatch ('select', 'grouped'), timed in interleaved rounds."""
+  cfg = data_lib.default_data_config()
+  cfg.update(dict(auto_augment=spec, image_size=size, interpolation="bicubic"))
+  images = np.random.default_rng(0).integers(0, 256, (batch, size, size, 3), dtype=np.uint8)
+  arms = {
+    how: jax.jit(lambda key, x, how=how: device_autoaugment.auto_augment(key, x, cfg, how=how))
+    for how in ("select", "grouped")
+  }
+  times: dict[str, list[float]] = {how: [] for how in arms}
+  for run in arms.values():
+    run(jax.random.key(0), images).block_until_ready()  # compile
+  for r in range(rounds):
+    for how, run in arms.items():
+      t0 = time.perf_counter()
+      run(jax.random.key(r + 1), images).block_until_ready()
+      times[how].append(time.perf_counter() - t0)
+  return {how: statistics.median(t) for how, t in times.items()}
+
+
+def print_dispatch(batch: int, rounds: int) -> None:
+  spec = "rand-m9-mstd0.5-inc1"
+  print(f"\n5. device {spec} (bicubic), batch {batch}, median of {rounds}: select vs grouped")
+  print(f"{'size':>5s} {'select ms':>10s} {'grouped ms':>11s} {'select/grouped':>15s}")
+  for size in (32, 224):
+    sec = dispatch_seconds(size, batch, spec, rounds)
+    ratio = sec["select"] / sec["grouped"]
+    print(f"{size:5d} {1e3 * sec['select']:10.1f} {1e3 * sec['grouped']:11.1f} {ratio:14.1f}x")
+
+
+def deit_batches(config, batch_size: int, num_classes: int) -> dict[str, dict]:
+  """Per arm, a batch as the host sends it: 'model only' augmented uint8 224 images; 'device path'
+  random-resized crop boxes of random 341x256 images on the canvas, with their taps."""
+  rng = np.random.default_rng(0)
+  label = rng.integers(0, num_classes, batch_size).astype(np.int32)
+  size, cut = config.data.image_size, resample.box_cutter(config.data)
+  boxes = [cut(rng.integers(0, 256, (256, 341, 3), dtype=np.uint8), rng) for _ in range(batch_size)]
+  device = {
+    "image": resample.on_canvas([b["image"] for b in boxes], resample.canvas_size(config.data)),
+    "resize_taps": np.stack([b["resize_taps"] for b in boxes]),
+    "resize_transposed": np.stack([b["resize_transposed"] for b in boxes]),
+    "label": label,
+  }
+  model_only = {"image": rng.integers(0, 256, (batch_size, size, size, 3), dtype=np.uint8)}
+  return {"model only": model_only | {"label": label}, "device path": device}
+
+
+def deit_step_seconds(model: str, batch_size: int, steps: int, rounds: int) -> dict[str, float]:
+  """Median seconds per DeiT-recipe step at 224 on a resident batch: the model only, and the
+  device path with RandAugment's ops selected per example ('select') or grouped by op."""
+  from accelerator import _state_and_step  # the kit's step on one device (it imports this file)
+
+  num_classes, arms = 1000, {}
+  for name, kind, how in [
+    ("model only", "model only", None),
+    ("device path, select", "device path", "select"),
+    ("device path, grouped", "device path", "grouped"),
+  ]:
+    config = deit_recipe(base_config())
+    config.model.name, config.batch_size = model, batch_size
+    config.mixed_precision = jax.default_backend() != "cpu"
+    config.data.augment_on = "host" if how is None else "device"
+    config.data.image_size, config.data.rrc_canvas = 224, 352
+    batch = jax.device_put(deit_batches(config, batch_size, num_classes)[kind])
+    state, step = _state_and_step(config, (224, 224, 3), num_classes)
+    # The dispatch is chosen while the step is traced: force this arm's.
+    with mock.patch.object(device_autoaugment, "dispatch", return_value=how):
+      arms[name] = [step.lower(state, batch).compile(), state, batch]
+  times: dict[str, list[float]] = {name: [] for name in arms}
+  for r in range(rounds + 1):  # round 0 warms up
+    for name, arm in arms.items():
+      t0 = time.perf_counter()
+      for _ in range(steps):
+        arm[1], metrics = arm[0](arm[1], arm[2])
+      jax.block_until_ready(metrics)
+      if r:
+        times[name].append((time.perf_counter() - t0) / steps)
+  return {name: statistics.median(t) for name, t in times.items()}
+
+
+def print_deit_step(model: str, batch_size: int, steps: int, rounds: int) -> None:
+  seconds = deit_step_seconds(model, batch_size, steps, rounds)
+  device = jax.devices()[0].device_kind
+  print(f"\n6. {model}, DeiT recipe at 224, batch {batch_size}, resident, {device}")
+  for name, sec in seconds.items():
+    ratio = sec / seconds["model only"]
+    print(f"{name:22s} {1e3 * sec:9.1f} ms/step {ratio:7.2f}x the model's")
+  cost = seconds["device path, grouped"] / seconds["model only"]
+  print(f"device path (grouped) / model only = {cost:.3f}x (goal on a GPU <= 1.25x)")
+
+
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--cifar_root", required=True, help="CIFAR-10 image folder (ROOT/train/...)")
+  p.add_argument("--cifar_root", help="CIFAR-10 image folder (ROOT/train/...)")
+  p.add_argument("--dispatch_only", action="store_true", help="part 5 only (no --cifar_root)")
+  p.add_argument("--dispatch_batch", type=int, default=32, help="part 5's batch size")
+  p.add_argument("--deit_step", default=None, help="part 6 only, with this 224 model")
+  p.add_argument("--deit_step_batch", type=int, default=128, help="part 6's batch size")
   p.add_argument("--train_fraction", type=float, default=0.1)
   p.add_argument("--batch_size", type=int, default=128)
   p.add_argument("--batches", type=int, default=20, help="timed host batches per path")
@@ -184,9 +298,19 @@ def main() -> None:
   p.add_argument(
     "--auto_augment", default=None, help="a policy after the flip, e.g. autoaug-cifar10"
   )
+  p.add_argument(
+    "--all_cores", action="store_true", help="no pinning to one core (an accelerator's compiles)"
+  )
   args = p.parse_args()
-  os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before JAX starts its thread pools
-  print(f"one core ({os.sched_getaffinity(0)}), {jax.devices()[0].device_kind}")
+  if not args.all_cores:
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before JAX starts its thread pools
+  print(f"{len(os.sched_getaffinity(0))} core(s), {jax.devices()[0].device_kind}")
+  if args.dispatch_only:
+    return print_dispatch(args.dispatch_batch, args.rounds)
+  if args.deit_step:
+    return print_deit_step(args.deit_step, args.deit_step_batch, args.steps, args.rounds)
+  if not args.cifar_root:
+    p.error("--cifar_root is required (or --dispatch_only)")
   micro = {}
   for name, fields in HOST_PATHS.items():
     cfg = data_config(
@@ -222,6 +346,7 @@ def main() -> None:
   for name, us in micro.items():
     rate = args.batch_size / seconds["device" if name.startswith("device") else "host"]
     print(f"{name:24s} {rate * us * 1e-6:8.3f} at {rate:7,.0f}/s {1e5 * us * 1e-6:17.1f}")
+  print_dispatch(args.dispatch_batch, args.rounds)
 
 
 if __name__ == "__main__":

@@ -2,12 +2,12 @@
 training step? The quickstart's loop body (next batch, device transfer, jitted step) timed with
 and without the bound, side by side.
 
-  python benchmarks/run_ahead.py [--repeats=5] [--steps=100] [--config=quickstart]
+  python benchmarks/run_ahead.py [--repeats=5] [--steps=100]
 
 Builds the run as ``locvit.main`` does (in a temporary workdir, CPU, the devices JAX sees), then
 times ``--steps`` steps per repeat for each variant, interleaved so that machine load affects both
 alike. Prints the median ms/step of each and the ratio bounded / unbounded (docs/reliability.md,
-"Stops come at the next step").
+"Cost per step").
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def main(argv):
         for _ in range(_STEPS.value):
           batch = sharding.global_batch(next(batches), run.batch_sharding)
           run_ahead.wait()
-          state, metrics, health = step_fn(state, batch, (), health)
+          state, metrics, health = step_fn(state, [batch], (), health)
           run_ahead.dispatched(metrics)
         return jax.block_until_ready((state, health))
 

@@ -6,8 +6,9 @@ a delay to each request, side by side: the longest gap between two progress line
 
 Starts fake-gcs-server (tests/gcs_server.py) and the proxy (tests/slow_proxy.py) on loopback, runs
 ``locvit.main`` with the quickstart config on CPU (8 fake devices) against each, and prints the
-longest gap (and the step whose line ended it), the span from the first to the last progress line,
-and the ratio of each, proxy / direct (docs/reliability.md, "A slow bucket").
+longest gap (and the step whose line ended it), the gap across each save, the span from the
+first to the last progress line, and the ratio of each, proxy / direct (docs/reliability.md,
+"A slow bucket").
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 from tests.gcs_server import BUCKET, client_env, gcs_server  # noqa: E402
-from tests.slow_proxy import progress_gaps, slow_proxy, timed_quickstart  # noqa: E402
+from tests.slow_proxy import gaps_by_step, progress_gaps, slow_proxy, timed_quickstart  # noqa: E402
 
 _DELAY = flags.DEFINE_float("delay", 0.1, "Seconds the proxy holds each request.")
 _TOTAL = flags.DEFINE_integer("total_steps", 300, "Training steps.")
@@ -46,6 +47,9 @@ def main(argv):
         workdir = f"gs://{BUCKET}/{name}"
         lines = timed_quickstart(client_env(server), workdir, args, cwd)
         results[name] = progress_gaps(lines)
+        saves = range(_CKPT.value, _TOTAL.value, _CKPT.value)
+        after = {save: gaps_by_step(lines).get(save + _LOG.value) for save in saves}
+        print(f"{name}: gap after each save: {after}", flush=True)
   print(f"quickstart, {_TOTAL.value} steps, log every {_LOG.value}, checkpoint every {_CKPT.value}")
   print(f"{'':8s}{'longest gap':>14s}{'at step':>9s}{'span':>9s}")
   for name, (gap, step, span) in results.items():

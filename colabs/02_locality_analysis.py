@@ -32,18 +32,26 @@
 # `python -m locvit.main --config=... --workdir=DIR --mode=analyze`.
 
 # %%
-# Install locvit from its checkout: the folder above this notebook, or on Colab a copy of the
-# repository at /content/locvit (see colabs/README.md). Its requirements are lower bounds, not
-# pins: a recent runtime keeps its own jax and jaxlib.
+# Install locvit from its checkout: the folder above this notebook. locvit is not on a package
+# index, so on Colab the checkout is a copy of the repository at /content/locvit: this cell unpacks
+# /content/locvit.zip (made by `git archive`, uploaded with the Files pane) there, or uses a clone.
+# Its requirements are lower bounds (README: "Installed versions"): Colab keeps its own jax when
+# it is recent enough.
 import importlib.util
 import os
 import pathlib
 import subprocess
 import sys
+import zipfile
 
 root = pathlib.Path("/content/locvit" if "google.colab" in sys.modules else "..").resolve()
+if not (root / "setup.cfg").exists() and root.with_suffix(".zip").exists():
+  zipfile.ZipFile(root.with_suffix(".zip")).extractall(root)
 if not (root / "setup.cfg").exists():
-  raise FileNotFoundError(f"no locvit checkout at {root}: see colabs/README.md")
+  raise FileNotFoundError(
+    f"no copy of locvit at {root}: run `git archive --format=zip -o locvit.zip HEAD` in your "
+    "checkout, upload locvit.zip to /content (Files pane), and run this cell again"
+  )
 if importlib.util.find_spec("locvit") is None:
   subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(root)], check=True)
 os.chdir(root)

@@ -1,12 +1,14 @@
 """The one parser of a config's argument, ``--config=FILE:ARG`` (``get_config(ARG)``).
 
 ARG is comma-separated fields, by position (``cifar10,impulse3``) or by name
-(``gpsa=6,alpha=2``); a missing or empty field takes its default. ``choose`` then checks a value
-against the config's choices. Every error names the config file, the bad argument and what is
-valid::
+(``gpsa=6,alpha=2``); a missing or empty field takes its default (``,impulse5``). A config
+declares its fields once, as a module-level ``ARGS`` of ``Field``s (default, choices), which
+``parse`` checks and ``python -m locvit.main --list_configs`` prints
+(``structinit_datasets:{cifar10,cifar100,svhn,imagenet},{trunc_normal,...}``). Every error names
+the config file, the bad argument and what is valid::
 
-  dataset, init = parse(__file__, arg, {"dataset": "cifar10", "init": "impulse3"}).values()
-  choose(__file__, "dataset", dataset, DATASETS)
+  ARGS = {"dataset": Field("cifar10", DATASETS), "init": Field("impulse3", INITS)}
+  dataset, init = parse(__file__, arg, ARGS).values()
 """
 
 from __future__ import annotations
@@ -14,15 +16,27 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 
-def parse(config_file: str, arg: str | None, defaults: Mapping[str, Any]) -> dict[str, Any]:
+class Field(NamedTuple):
+  """One field of a config's argument: its default and, if not any value of the default's type,
+  its choices; ``what`` names the field in errors (default: its key)."""
+
+  default: Any
+  choices: Collection[Any] | None = None
+  what: str | None = None
+
+
+def parse(config_file: str, arg: str | None, defaults: Mapping[str, Any | Field]) -> dict[str, Any]:
   """``{field: value}`` for the fields of ``defaults``, in their order, from ``arg``.
 
-  A value given takes the type of its field's default (int, float or str).
+  ``defaults`` maps each field to its default or to a ``Field``. A value given takes the type of
+  its field's default (int, float or str); a ``Field``'s choices are checked (``choose``).
   """
   name = os.path.basename(config_file)
+  specs = {k: v if isinstance(v, Field) else Field(v) for k, v in defaults.items()}
+  defaults = {k: spec.default for k, spec in specs.items()}
   fields = list(defaults)
   values = dict(defaults)
   given = set()
@@ -46,7 +60,24 @@ def parse(config_file: str, arg: str | None, defaults: Mapping[str, Any]) -> dic
     given.add(key)
     if text:
       values[key] = _convert(name, key, text, type(defaults[key]))
+  for key, spec in specs.items():
+    if spec.choices is not None:
+      choose(config_file, spec.what or key, values[key], spec.choices)
   return values
+
+
+def usage(fields: Mapping[str, Any | Field]) -> str:
+  """The argument's form as ``--list_configs`` prints it: ``{a,b},{c,d}`` for fields with
+  choices, ``name=INT`` / ``name=FLOAT`` / ``name=TEXT`` for the others."""
+  parts = []
+  for key, spec in fields.items():
+    spec = spec if isinstance(spec, Field) else Field(spec)
+    if spec.choices is not None:
+      parts.append("{" + ",".join(str(choice) for choice in spec.choices) + "}")
+    else:
+      kind = {int: "INT", float: "FLOAT"}.get(type(spec.default), "TEXT")
+      parts.append(f"{key}={kind}")
+  return ",".join(parts)
 
 
 def _convert(name: str, key: str, text: str, kind: type) -> Any:

@@ -6,7 +6,8 @@ The sub-config blocks (``data``, ``init``, ``mixup``, ...) are the defaults of
 Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
   seed, batch_size (global), eval_batch_size, num_epochs, total_steps (> 0 overrides epochs),
   model.name / model.overrides, data.* (see ``defaults.data_config``),
-  optimizer.*, schedule.*, grad_clip_norm, grad_accum_steps, label_smoothing, freeze (regexes),
+  optimizer.*, schedule.*, grad_clip_norm, grad_accum_steps, steps_per_dispatch, label_smoothing,
+  freeze (regexes),
   mixed_precision (bf16 compute, fp32 params), mesh.shape / mesh.layout / mesh.rules,
   mixup.* and random_erasing.* (on-device batch augmentation, ``locvit.data.device_augment``),
   ema.decay / ema.warmup (weight EMA, evaluated beside the model), distillation.* (DeiT-style
@@ -20,11 +21,9 @@ Training recipes (DeiT, the small-dataset recipes of the papers) are presets in
 
 from __future__ import annotations
 
-import os
-
 import ml_collections
 
-from locvit.configs import defaults
+from locvit.configs import datasets, defaults
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -44,6 +43,9 @@ def base_config() -> ml_collections.ConfigDict:
   # another value is allowed): None (CPU code paths on CPU, JAX's choice elsewhere), 'xla',
   # 'cudnn' or 'cpu_kernels' (locvit.ops; 'einsum' is accepted as its alias).
   c.attention_implementation = ml_collections.config_dict.placeholder(str)
+  # XLA options for the training step's compilation, one setting (locvit.xla_options): 'none'
+  # (XLA's defaults), 'gpu_tuned' or 'auto' ('gpu_tuned' on a GPU). Hardware only, like the above.
+  c.xla_options = "none"
 
   c.data = defaults.data_config()
 
@@ -76,6 +78,9 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.grad_clip_norm = 0.0  # 0: off
   c.grad_accum_steps = 1
+  # Optimizer steps per host dispatch (one lax.scan over that many batches already on the device);
+  # log, save and evaluation steps still happen exactly (locvit.train.dispatch_end).
+  c.steps_per_dispatch = 1
   c.label_smoothing = 0.0
   c.freeze = ()  # regexes on '/'-joined param paths, e.g. ('gating_param',)
   c.mixed_precision = False
@@ -124,13 +129,8 @@ def complete_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
   return defaults.with_defaults(config, base_config())
 
 
-CIFAR10_ROOT_ENV = "CIFAR10_ROOT"
-
-
 def cifar10_image_folder(c: ml_collections.ConfigDict, train_fraction: float = 1.0) -> None:
   """Points ``c.data`` at the CIFAR-10 image-folder copy in ``$CIFAR10_ROOT`` (train / test splits),
   keeping the first ``train_fraction`` of each class (the reduced-scale runs of docs/results.md)."""
-  c.data.source = "image_folder"
-  c.data.root = os.environ.get(CIFAR10_ROOT_ENV)
-  c.data.train_split, c.data.eval_split = "train", "test"
+  datasets.use_dataset(c, "cifar10", source="image_folder")
   c.data.train_fraction = train_fraction

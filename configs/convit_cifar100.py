@@ -11,14 +11,16 @@ parameters); the other models' curves are only in the figure. Weight decay:
 ``decay_mask='official_convit'`` (the ConViT code).
 
 Data: TFDS ``cifar100`` in ArrayRecord format (``tfds build cifar100 --data_dir=DATA_DIR
---file_format=array_record`` on a machine with network access, then
-``--config.data.data_dir=DATA_DIR``).
+--file_format=array_record`` on a machine with network access, then ``--data=tfds:DATA_DIR``), or
+the image folder given by ``--data=image_folder:ROOT`` or ``$CIFAR100_ROOT`` (``python -m
+locvit.data.prepare cifar100 --out=ROOT`` writes it).
 
 Argument: ``convit_{tiny,small,base}_plus`` or ``deit_{tiny,small,base}_plus``.
 """
 
-from locvit.configs.args import choose
+from locvit.configs.args import Field, parse
 from locvit.configs.convit_common import every_epoch, paper_config
+from locvit.configs.datasets import use_dataset
 
 CIFAR100_TRAIN_IMAGES = 50_000
 MODELS = {
@@ -28,15 +30,13 @@ MODELS = {
 }
 PAPER_TOP1 = {"convit_tiny_plus": 82.1}
 EPOCHS = 3000
+ARGS = {"model": Field("convit_tiny_plus", MODELS, "appendix C model")}
 
 
 def get_config(arg: str | None = None):
-  model = MODELS[choose(__file__, "appendix C model", arg or "convit_tiny_plus", MODELS)]
+  (model,) = parse(__file__, arg, ARGS).values()
   c = paper_config(model)
-  c.data.source = "tfds"
-  c.data.name = "cifar100"
-  c.data.train_split = "train"
-  c.data.eval_split = "test"
+  use_dataset(c, "cifar100")
   c.data.image_size = 224
   c.num_epochs = float(EPOCHS)
   every_epoch(c, CIFAR100_TRAIN_IMAGES)

@@ -11,7 +11,7 @@ Data: the image-folder copy of CIFAR-10 (JPEG q75, from ``python -m locvit.data.
 the first 10% of each class (``data.train_fraction=0.1``: 500 images per class, 5,000 in all,
 the official per-class subsampling), 32x32, random crop (padding 4) + flip, CIFAR-10 mean/std;
 evaluation on the full 10,000-image test split. ``data.root`` comes from ``$CIFAR10_ROOT`` (or
-``--config.data.root``).
+``--data=image_folder:DIR``).
 
 Models (both 4 heads x 48 = 192 channels, depth 6, MLP ratio 4, patch 4 -> 8x8 patches, about
 2.7M parameters; each family keeps its own qkv bias, False for ConViT and True for DeiT):
@@ -30,7 +30,7 @@ and on ``--cpu_malloc``). Locality metrics (real per-layer inputs) are logged at
 
 import ml_collections
 
-from locvit.configs.args import choose
+from locvit.configs.args import Field, parse
 from locvit.configs.common import base_config, cifar10_image_folder
 from locvit.configs.convit_common import set_overrides
 from locvit.configs.defaults import CIFAR10_MEAN, CIFAR10_STD, analysis_config, convit_overrides
@@ -47,8 +47,12 @@ MODELS = {
 }
 
 
+ARGS = {"model": Field("convit", MODELS)}
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  model, overrides = MODELS[choose(__file__, "model", arg or "convit", MODELS)]
+  (name,) = parse(__file__, arg, ARGS).values()
+  model, overrides = MODELS[name]
   c = base_config()
   c.model.name = model
   set_overrides(c, drop_path_rate=0.1, **overrides)

@@ -12,13 +12,13 @@ Locality logging (``config.analysis``, see ``locvit.analysis.locality``) is on, 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import ml_collections
 
 from locvit.configs import recipes
 from locvit.configs.common import base_config
+from locvit.configs.datasets import use_dataset
 from locvit.configs.defaults import analysis_config
 
 IMAGENET_TRAIN_IMAGES = 1_281_167
@@ -27,7 +27,6 @@ IMAGENET_TRAIN_IMAGES = 1_281_167
 IMAGENET100_TRAIN_IMAGES = 128_000
 # The "+" models (64 channels per head): lr 5e-4 -> 4e-4 and batch 1024 -> 512 (Sec. 3).
 PLUS_LR, PLUS_BATCH = 4e-4, 512
-IMAGENET_ENV = "IMAGENET_ROOT"
 
 
 def paper_config(
@@ -53,11 +52,10 @@ def every_epoch(c: ml_collections.ConfigDict, train_images: int) -> None:
 
 
 def imagenet(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """ImageNet-1k through TFDS at 224x224 (prepare ``imagenet2012`` once, see ``convit_s.py``)."""
-  c.data.source = "tfds"
-  c.data.name = "imagenet2012"
-  c.data.train_split = "train"
-  c.data.eval_split = "validation"
+  """ImageNet-1k at 224x224: TFDS (prepare ``imagenet2012`` once, see ``convit_s.py``), or the
+  image folder ROOT/{train,val}/<wnid>/*.JPEG given by ``--data=image_folder:ROOT`` or
+  ``$IMAGENET_ROOT``."""
+  use_dataset(c, "imagenet")
   c.data.image_size = 224
   every_epoch(c, IMAGENET_TRAIN_IMAGES)
   return c
@@ -68,13 +66,10 @@ def imagenet100(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
   The official code keeps the first 100 class directories in sorted (WordNet id) order, in
   train and val alike: ``data.class_limit=100`` on the image folder at ``$IMAGENET_ROOT`` (or
-  ``--config.data.root``; layout ROOT/{train,val}/<wnid>/*.JPEG) does the same. (TFDS works too
-  with ``class_limit``, but finding the labels decodes every training record.)
+  ``--data=image_folder:ROOT``; layout ROOT/{train,val}/<wnid>/*.JPEG) does the same. (TFDS works
+  too with ``class_limit``, but finding the labels decodes every training record.)
   """
-  c.data.source = "image_folder"
-  c.data.root = os.environ.get(IMAGENET_ENV)
-  c.data.train_split = "train"
-  c.data.eval_split = "val"
+  use_dataset(c, "imagenet", source="image_folder")
   c.data.image_size = 224
   c.data.class_limit = 100
   c.data.num_classes = 100

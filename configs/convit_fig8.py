@@ -20,13 +20,13 @@ from locvit.configs.args import parse
 from locvit.configs.convit_common import imagenet100, paper_config, set_overrides
 from locvit.configs.defaults import convit_overrides
 
-DEFAULTS = {"gpsa": 10, "alpha": 1.0}
+ARGS = {"gpsa": 10, "alpha": 1.0}
 DEPTH = 12
 
 
 def parse_values(arg: str | None) -> dict[str, float]:
   """``'gpsa=6,alpha=2'`` -> ``{'gpsa': 6, 'alpha': 2.0}`` (missing keys take the defaults)."""
-  values = parse(__file__, arg, DEFAULTS)
+  values = parse(__file__, arg, ARGS)
   if not 0 <= values["gpsa"] <= DEPTH:
     raise ValueError(f"gpsa={values['gpsa']} for convit_fig8.py must be in [0, {DEPTH}].")
   if values["alpha"] < 0:

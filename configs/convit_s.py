@@ -1,5 +1,6 @@
 """ConViT-S on ImageNet-1k: paper Table 1 (27M parameters, 5.4 GFLOPs, 81.3% top-1) and the
-100% row of Table 2 (81.4% top-1, 95.8% top-5). DeiT's recipe, unchanged (``configs.recipes``):
+100% row of Table 2 (81.4% top-1, 95.8% top-5), trained with DeiT's recipe unchanged
+(``configs.recipes``).
 
   python -m locvit.main --config=configs/convit_s.py --workdir=DIR
 

@@ -19,7 +19,7 @@ All other rows were trained with the ConViT code: ``decay_mask='official_convit'
 use lr 4e-4 and batch 512. ImageNet through TFDS ``imagenet2012`` (see ``convit_s.py``).
 """
 
-from locvit.configs.args import choose
+from locvit.configs.args import Field, parse
 from locvit.configs.convit_common import imagenet, paper_config
 
 # name -> (paper top-1, paper parameters in millions)
@@ -40,7 +40,10 @@ ROWS = {
 DEIT_PAPER_ROWS = ("deit_tiny", "deit_small", "deit_base")
 
 
+ARGS = {"row": Field("convit_small", ROWS, "Table 1 row")}
+
+
 def get_config(arg: str | None = None):
-  name = choose(__file__, "Table 1 row", arg or "convit_small", ROWS)
+  (name,) = parse(__file__, arg, ARGS).values()
   mask = "intended" if name in DEIT_PAPER_ROWS else "official_convit"
   return imagenet(paper_config(name, decay_mask=mask))

@@ -23,7 +23,7 @@ Paper (top-1 / top-5):
 Argument ``<model>_<percent>``: ``convit_5`` ... ``convit_100``, ``deit_5`` ... ``deit_100``.
 """
 
-from locvit.configs.args import choose
+from locvit.configs.args import Field, parse
 from locvit.configs.convit_common import imagenet, paper_config
 
 PERCENTS = (5, 10, 30, 50, 100)
@@ -44,8 +44,12 @@ PAPER = {
 RUNS = {f"{family}_{percent}": (family, percent) for family, percent in PAPER}
 
 
+ARGS = {"run": Field("convit_10", RUNS, "Table 2 run")}
+
+
 def get_config(arg: str | None = None):
-  family, percent = RUNS[choose(__file__, "Table 2 run", arg or "convit_10", RUNS)]
+  (run,) = parse(__file__, arg, ARGS).values()
+  family, percent = RUNS[run]
   c = imagenet(paper_config(MODELS[family]))
   # Evaluations stay every ~1.28M images (imagenet()), i.e. every 1/f epochs of the subset.
   c.data.train_fraction = percent / 100

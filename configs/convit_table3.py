@@ -28,7 +28,7 @@ Data: the first 100 class directories in sorted order of the ImageNet image fold
 Weight decay: ``decay_mask='official_convit'`` (the ConViT code).
 """
 
-from locvit.configs.args import choose
+from locvit.configs.args import Field, parse
 from locvit.configs.convit_common import imagenet100, paper_config, set_overrides
 
 # row -> (model, frozen gates at 0, conv init, frozen GPSA attention, paper top-1)
@@ -44,8 +44,11 @@ ROWS = {
 GPSA_ATTENTION = "^blocks_[0-9]/attn/"  # blocks 0-9: the GPSA layers of ConViT
 
 
+ARGS = {"row": Field("a", ROWS, "Table 3 row")}
+
+
 def get_config(arg: str | None = None):
-  row = choose(__file__, "Table 3 row", arg or "a", ROWS)
+  (row,) = parse(__file__, arg, ARGS).values()
   model, frozen_gate, conv_init, frozen_attention, _ = ROWS[row]
   c = imagenet100(paper_config(model))
   if model.startswith("convit"):

@@ -26,7 +26,7 @@ ImageNet through TFDS ``imagenet2012`` (see ``convit_s.py``).
 
 import ml_collections
 
-from locvit.configs.args import choose
+from locvit.configs.args import Field, parse
 from locvit.configs.convit_common import imagenet, paper_config
 
 # row -> (paper top-1 without / with hard distillation)
@@ -38,8 +38,11 @@ ROWS = {
 DEIT_ROWS = ("deit_small", "deit_base")  # trained with DeiT's code: the intended decay mask
 
 
+ARGS = {"row": Field("convit_small_plus", ROWS)}
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  row = choose(__file__, "row", arg or "convit_small_plus", ROWS)
+  (row,) = parse(__file__, arg, ARGS).values()
   no_distill, hard = ROWS[row]
   mask = "intended" if row in DEIT_ROWS else "official_convit"
   c = imagenet(paper_config(row, decay_mask=mask))

@@ -28,11 +28,12 @@ mean/std (0.4914, 0.4822, 0.4465) / (0.2023, 0.1994, 0.2010); no label smoothing
   every parameter.
 
 Data: TFDS ``cifar10`` by default (needs a prepared ``data_dir`` or network access). The offline
-image-folder copy of CIFAR-10 (JPEG quality 75; accuracies a little lower than the paper's)::
+image-folder copy of CIFAR-10 (JPEG quality 75; accuracies a little lower than the paper's), given
+by ``--data=image_folder:DIR`` or ``$CIFAR10_ROOT``::
 
   python -m locvit.data.prepare cifar10 --out=DIR
   python -m locvit.main --config=configs/cordonnier_cifar10.py:quadratic --workdir=RUN \\
-    --config.data.source=image_folder --config.data.root=DIR
+    --data=image_folder:DIR
 
 Pruned row (appendix E): train ``quadratic_generalized`` first, then start the pruned row from
 its checkpoint; the trainer prunes the degenerate heads (thresholds in ``init_from``), sets
@@ -50,8 +51,9 @@ from __future__ import annotations
 import ml_collections
 
 from locvit.configs import recipes
-from locvit.configs.args import choose
+from locvit.configs.args import Field, parse
 from locvit.configs.common import base_config
+from locvit.configs.datasets import use_dataset
 from locvit.configs.defaults import CIFAR10_MEAN, CIFAR10_STD
 
 # row -> (model name, paper table row, top-1, params, FLOPs)
@@ -92,14 +94,16 @@ ROWS = {
 PAPER_PRUNED_LAYER_HEADS = (7, 5, 8, 7, 3, 9)
 
 
+ARGS = {"row": Field("quadratic", ROWS)}
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  row = choose(__file__, "row", arg or "quadratic", ROWS)
+  (row,) = parse(__file__, arg, ARGS).values()
   model, table_row, top1, params, flops = ROWS[row]
 
   c = base_config()
   c.seed = 0
-  c.data.source = "tfds"
-  c.data.name = "cifar10"
+  use_dataset(c, "cifar10")
   c.data.image_size = 32
   c.model.name = model
   recipes.apply(c, "sgd_cifar")  # SGD 0.1, momentum 0.9, wd 1e-4, batch 100, crop + flip

@@ -23,7 +23,7 @@ Variants (paper Table 1 at full scale: ResNet18 93.8%, SA quadratic 93.8%, SA le
 Data: the image-folder copy of CIFAR-10 (JPEG q75), the first 10% of each class (5,000 images),
 32x32, random crop (padding 4) + flip, CIFAR-10 mean/std as the paper's code; evaluation on the
 full 10,000-image test split at the middle and the end. ``data.root`` comes from
-``$CIFAR10_ROOT`` (or ``--config.data.root``).
+``$CIFAR10_ROOT`` (or ``--data=image_folder:DIR``).
 
 Training, identical for the three (the paper's recipe, Table 2, except the length): SGD momentum
 0.9, lr 0.1, coupled weight decay 1e-4 (``decay_mask='intended'``: not on biases, norms, centres
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from locvit.configs.args import choose
+from locvit.configs.args import Field, parse
 from locvit.configs.common import base_config, cifar10_image_folder
 from locvit.configs.defaults import CIFAR10_MEAN, CIFAR10_STD
 
@@ -64,8 +64,11 @@ PAPER = {
 }
 
 
+ARGS = {"variant": Field("quadratic", VARIANTS)}
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variant = choose(__file__, "variant", arg or "quadratic", VARIANTS)
+  (variant,) = parse(__file__, arg, ARGS).values()
   model, overrides = VARIANTS[variant]
   c = base_config()
   c.seed = 0

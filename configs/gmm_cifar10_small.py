@@ -24,7 +24,7 @@ with depth 6 instead of 15:
 Data: the image-folder copy of CIFAR-10 (JPEG q75), the first 10% of each class (5,000 images),
 32x32, random crop (padding 4) + flip, the usual CIFAR-10 mean/std; evaluation on the full
 10,000-image test split at the middle and the end. ``data.root`` comes from ``$CIFAR10_ROOT`` (or
-``--config.data.root``).
+``--data=image_folder:DIR``).
 
 Training, identical for the three (``gmm_common``, the paper's recipe without the pending
 augmentations, except the length): AdamW lr 1e-3, weight decay 0.05 on every parameter (the
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from locvit.configs.args import choose
+from locvit.configs.args import Field, parse
 from locvit.configs.common import cifar10_image_folder
 from locvit.configs.gmm_common import gmm_config, smallvit_name
 
@@ -57,8 +57,11 @@ VARIANTS = {
 }
 
 
+ARGS = {"variant": Field("gmm", VARIANTS)}
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variant = choose(__file__, "variant", arg or "gmm", VARIANTS)
+  (variant,) = parse(__file__, arg, ARGS).values()
   mask, row, top1, params = VARIANTS[variant]
   c = gmm_config(
     smallvit_name("d15", "cifar10", mask),

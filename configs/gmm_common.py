@@ -8,11 +8,12 @@ random erasing 0.25, CutMix (beta 1) and Mixup (alpha 1) with probability 0.5, s
 official "epoch" is 3 shuffled passes over the data, so 300 locvit epochs (30 warmup) are the
 official 100 (10 warmup).
 
-Data: CIFAR-10 / CIFAR-100 / SVHN from TFDS (``cifar10``, ``cifar100``, ``svhn_cropped``; a
-prepared ``data_dir`` is needed offline); Tiny-ImageNet from an image folder
-``ROOT/{train,val}/<wnid>/*.JPEG`` (``--config.data.root=ROOT``; the official ``val`` split must
-first be sorted into class folders). The offline CIFAR-10 JPEG copy works for CIFAR-10 with
-``--config.data.source=image_folder --config.data.root=DIR``.
+Data (``configs/datasets.py``): CIFAR-10 / CIFAR-100 / SVHN from TFDS (``cifar10``, ``cifar100``,
+``svhn_cropped``; a prepared ``data_dir`` is needed offline), or from the image folder given by
+``--data=image_folder:ROOT`` or ``$CIFAR10_ROOT`` / ``$CIFAR100_ROOT`` / ``$SVHN_ROOT``
+(``ROOT/{train,test}/<class>/*.jpg``); Tiny-ImageNet from the image folder
+``ROOT/{train,val}/<wnid>/*.JPEG`` given the same way (``$TINYIMAGENET_ROOT``; the official ``val``
+split must first be sorted into class folders).
 """
 
 from __future__ import annotations
@@ -23,41 +24,30 @@ import ml_collections
 
 from locvit.configs import recipes
 from locvit.configs.common import base_config
+from locvit.configs.datasets import use_dataset
 
-# dataset -> TFDS name or image folder, classes, image size, normalisation (the usual statistics).
+# dataset -> image size, normalisation (the usual statistics); where the data is read from, the
+# class count and the splits: ``configs/datasets.py``.
 DATASETS: dict[str, dict[str, Any]] = {
   "cifar10": dict(
-    source="tfds",
-    name="cifar10",
-    num_classes=10,
     image_size=32,
     mean=(0.4914, 0.4822, 0.4465),
     std=(0.2470, 0.2435, 0.2616),
   ),
   "cifar100": dict(
-    source="tfds",
-    name="cifar100",
-    num_classes=100,
     image_size=32,
     mean=(0.5071, 0.4865, 0.4409),
     std=(0.2673, 0.2564, 0.2762),
   ),
   "svhn": dict(
-    source="tfds",
-    name="svhn_cropped",
-    num_classes=10,
     image_size=32,
     mean=(0.4377, 0.4438, 0.4728),
     std=(0.1980, 0.2010, 0.1970),
   ),
   "tinyimagenet": dict(
-    source="image_folder",
-    name="tiny_imagenet",
-    num_classes=200,
     image_size=64,
     mean=(0.4802, 0.4481, 0.3975),
     std=(0.2770, 0.2691, 0.2821),
-    eval_split="val",
   ),
 }
 
@@ -76,12 +66,9 @@ def gmm_config(
   """The paper's recipe for ``model`` on ``dataset``, with the paper's number in ``c.paper``."""
   data = DATASETS[dataset]
   c = base_config()
-  c.data.source = data["source"]
-  c.data.name = data["name"]
+  use_dataset(c, dataset)
   c.data.image_size = data["image_size"]
-  c.data.num_classes = data["num_classes"]
   c.data.mean, c.data.std = data["mean"], data["std"]
-  c.data.eval_split = data.get("eval_split", "test")
   c.model.name = model
   recipes.apply(c, "small_vit")
   c.data.auto_augment = AUTOAUGMENT_POLICY[dataset]

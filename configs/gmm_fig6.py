@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import ml_collections
 
-from locvit.configs.args import choose, parse
+from locvit.configs.args import Field, parse
 from locvit.configs.gmm_common import gmm_config, smallvit_name
 
 MAX_KERNELS = 10
+ARGS = {
+  "dataset": Field("cifar100", ("cifar100", "tinyimagenet")),
+  "kernels": Field(5, range(MAX_KERNELS + 1), "number of kernels"),
+}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  dataset, k = parse(__file__, arg, {"dataset": "cifar100", "kernels": 5}).values()
-  choose(__file__, "dataset", dataset, ("cifar100", "tinyimagenet"))
-  choose(__file__, "number of kernels", k, range(MAX_KERNELS + 1))
+  dataset, k = parse(__file__, arg, ARGS).values()
   c = gmm_config(
     smallvit_name("d9", dataset, "gmm" if k else None),
     dataset,

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from locvit.configs.args import choose, parse
+from locvit.configs.args import Field, parse
 from locvit.configs.gmm_common import DATASETS, gmm_config, smallvit_name
 
 DATASET_ORDER = ("cifar10", "cifar100", "svhn", "tinyimagenet")
@@ -49,6 +49,11 @@ PAPER = {
 }
 PARAMS = {"vit": "2.7M", "swin": "7.1M", "cait": "5.1M", "pit": "7.0M", "t2t": "6.5M"}
 VARIANTS = ("base", "gmm")
+ARGS = {
+  "arch": Field("vit", PAPER, "architecture"),
+  "dataset": Field("cifar10", DATASET_ORDER),
+  "variant": Field("gmm", VARIANTS),
+}
 
 
 def model_name(arch: str, dataset: str, variant: str) -> str:
@@ -67,11 +72,7 @@ def model_name(arch: str, dataset: str, variant: str) -> str:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  fields = {"arch": "vit", "dataset": "cifar10", "variant": "gmm"}
-  arch, dataset, variant = parse(__file__, arg, fields).values()
-  choose(__file__, "architecture", arch, PAPER)
-  choose(__file__, "dataset", dataset, DATASET_ORDER)
-  choose(__file__, "variant", variant, VARIANTS)
+  arch, dataset, variant = parse(__file__, arg, ARGS).values()
   top1 = PAPER[arch][VARIANTS.index(variant)][DATASET_ORDER.index(dataset)]
   row = f"{'GMM-' if variant == 'gmm' else ''}{arch}"
   return gmm_config(

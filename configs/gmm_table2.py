@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from locvit.configs.args import choose, parse
+from locvit.configs.args import Field, parse
 from locvit.configs.gmm_common import gmm_config, smallvit_name
 
 PAPER = {
@@ -34,10 +34,14 @@ PAPER = {
 }
 
 
+ARGS = {
+  "arch": Field("vit", ("vit", "swin"), "architecture"),
+  "variant": Field("gmm", ("base", "gmm")),
+}
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  arch, variant = parse(__file__, arg, {"arch": "vit", "variant": "gmm"}).values()
-  choose(__file__, "architecture", arch, ("vit", "swin"))
-  choose(__file__, "variant", variant, ("base", "gmm"))
+  arch, variant = parse(__file__, arg, ARGS).values()
   mask = "gmm" if variant == "gmm" else None
   if arch == "vit":
     model = smallvit_name("d15", "cifar10", mask)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from locvit.configs.args import choose, parse
+from locvit.configs.args import Field, parse
 from locvit.configs.gmm_common import gmm_config, smallvit_name
 
 # size -> (base top-1, gmm top-1, base params, gmm params)
@@ -38,10 +38,11 @@ PAPER = {
 }
 
 
+ARGS = {"size": Field("d15", PAPER), "variant": Field("gmm", ("base", "gmm"))}
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  size, variant = parse(__file__, arg, {"size": "d15", "variant": "gmm"}).values()
-  choose(__file__, "size", size, PAPER)
-  choose(__file__, "variant", variant, ("base", "gmm"))
+  size, variant = parse(__file__, arg, ARGS).values()
   gmm = variant == "gmm"
   base_top1, gmm_top1, base_params, gmm_params = PAPER[size]
   return gmm_config(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from locvit.configs.args import choose
+from locvit.configs.args import Field, parse
 from locvit.configs.gmm_common import gmm_config, smallvit_name
 
 ROWS = {
@@ -27,7 +27,10 @@ ROWS = {
 }
 
 
+ARGS = {"row": Field("gmm_vit", ROWS)}
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  row = choose(__file__, "row", (arg or "gmm_vit").strip(), ROWS)
+  (row,) = parse(__file__, arg, ARGS).values()
   model, name, top1, params = ROWS[row]
   return gmm_config(model, "cifar10", table="4", row=name, top1=round(top1 / 100, 4), params=params)

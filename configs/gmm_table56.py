@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from locvit.configs.args import choose, parse
+from locvit.configs.args import Field, choose, parse
 from locvit.configs.gmm_common import gmm_config, smallvit_name
 
 VARIANTS = ("vit", "elm", "gmm")
@@ -47,10 +47,15 @@ PAPER = {
 }
 
 
+ARGS = {
+  "dataset": Field("tinyimagenet", ("tinyimagenet", "cifar10", "cifar100")),
+  "size": Field("d8", ("d8", "d9", "d15")),
+  "variant": Field("gmm", VARIANTS),
+}
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  fields = {"dataset": "tinyimagenet", "size": "d8", "variant": "gmm"}
-  dataset, size, variant = parse(__file__, arg, fields).values()
-  choose(__file__, "variant", variant, VARIANTS)
+  dataset, size, variant = parse(__file__, arg, ARGS).values()
   choose(__file__, "dataset,size", f"{dataset},{size}", [f"{d},{s}" for d, s in PAPER])
   table, top1, params = PAPER[(dataset, size)]
   i = VARIANTS.index(variant)

@@ -30,7 +30,7 @@ model draw, the impulse positions and the data order together (the runs above we
 Data: the image-folder copy of CIFAR-10 (JPEG q75), the first 10% of each class (5,000 images),
 32x32, horizontal flip only (the reference's resized crop with scale (1, 1) and ratio (1, 1)),
 the usual CIFAR-10 mean/std; evaluation on the full 10,000-image test split at the middle and the
-end. ``data.root`` comes from ``$CIFAR10_ROOT`` (or ``--config.data.root``).
+end. ``data.root`` comes from ``$CIFAR10_ROOT`` (or ``--data=image_folder:DIR``).
 
 Training, identical for the three (the paper's small-dataset recipe, ``structinit_common``, except
 the length and batch): AdamW lr 1e-3, betas (0.9, 0.999), eps 1e-3, weight decay 0.01 (not on
@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from locvit.configs.args import choose
+from locvit.configs.args import Field, parse
 from locvit.configs.common import cifar10_image_folder
 from locvit.configs.structinit_common import small_data_config
 
@@ -60,8 +60,11 @@ TOTAL_STEPS = 300
 PAPER_TOP1 = {"trunc_normal": 0.8863, "mimetic": 0.9116, "impulse3": 0.9162}
 
 
+ARGS = {"init": Field("impulse3", INITS)}
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  init = choose(__file__, "init", arg or "impulse3", INITS)
+  (init,) = parse(__file__, arg, ARGS).values()
   c = small_data_config("cifar10", MODEL, init)
   c.seed = 0
   c.init.seed = c.get_ref("seed")

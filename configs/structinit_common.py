@@ -11,9 +11,10 @@ ImageNet-1K recipe (README): 300 epochs, batch 4096 (8 x 512), lr 4e-3 at batch 
 scaling), eps 1e-8, weight decay 0.05, 50 warmup epochs, no clipping, random-resized crop + flip,
 RandAugment, CutMix 0.8, Mixup 1.0, random erasing 0.25 (pixel mode), label smoothing 0.1.
 
-Data: CIFAR-10 / CIFAR-100 / SVHN from TFDS (``cifar10``, ``cifar100``, ``svhn_cropped``; offline
-they need a prepared ``data_dir``). The offline CIFAR-10 JPEG copy works with
-``--config.data.source=image_folder --config.data.root=DIR``.
+Data (``configs/datasets.py``): CIFAR-10 / CIFAR-100 / SVHN / ImageNet from TFDS (``cifar10``,
+``cifar100``, ``svhn_cropped``, ``imagenet2012``; offline they need a prepared ``data_dir``), or
+from the image folder given by ``--data=image_folder:ROOT`` or ``$CIFAR10_ROOT``
+(``$CIFAR100_ROOT``, ``$SVHN_ROOT``, ``$IMAGENET_ROOT``).
 
 Inits (``config.init``, applied by ``locvit.init.apply_init`` after the model is initialised):
 'trunc_normal', 'kaiming_uniform', 'mimetic' (alpha = beta = 0.7, the README's
@@ -31,34 +32,28 @@ import ml_collections
 from locvit.configs import recipes
 from locvit.configs.args import choose
 from locvit.configs.common import base_config
+from locvit.configs.datasets import use_dataset
 from locvit.configs.defaults import IMAGENET_MEAN, IMAGENET_STD, init_config
 
-# dataset -> TFDS name, classes, image size, normalisation (the usual statistics).
+# dataset -> image size, normalisation (the usual statistics); where the data is read from, the
+# class count and the splits: ``configs/datasets.py``.
 DATASETS: dict[str, dict[str, Any]] = {
   "cifar10": dict(
-    name="cifar10",
-    num_classes=10,
     image_size=32,
     mean=(0.4914, 0.4822, 0.4465),
     std=(0.2470, 0.2435, 0.2616),
   ),
   "cifar100": dict(
-    name="cifar100",
-    num_classes=100,
     image_size=32,
     mean=(0.5071, 0.4865, 0.4409),
     std=(0.2673, 0.2564, 0.2762),
   ),
   "svhn": dict(
-    name="svhn_cropped",
-    num_classes=10,
     image_size=32,
     mean=(0.4377, 0.4438, 0.4728),
     std=(0.1980, 0.2010, 0.1970),
   ),
   "imagenet": dict(
-    name="imagenet2012",
-    num_classes=1000,
     image_size=224,
     mean=IMAGENET_MEAN,
     std=IMAGENET_STD,
@@ -81,9 +76,7 @@ def small_data_config(dataset: str, model: str, init: str) -> ml_collections.Con
   c = base_config()
   c.model.name = model
   data = DATASETS[dataset]
-  c.data.source = "tfds"
-  c.data.name = data["name"]
-  c.data.num_classes = data["num_classes"]
+  use_dataset(c, dataset)
   c.data.image_size = data["image_size"]
   c.data.mean, c.data.std = data["mean"], data["std"]
   recipes.apply(c, "cifar_small")
@@ -95,11 +88,9 @@ def imagenet_config(model: str, init: str) -> ml_collections.ConfigDict:
   """The ImageNet-1K recipe (Table 2, last column) for ``model`` with ``init``."""
   c = small_data_config("cifar10", model, init)
   data = DATASETS["imagenet"]
-  c.data.name = data["name"]
-  c.data.num_classes = data["num_classes"]
+  use_dataset(c, "imagenet")
   c.data.image_size = data["image_size"]
   c.data.mean, c.data.std = data["mean"], data["std"]
-  c.data.eval_split = "validation"
   c.data.rrc_scale = (0.08, 1.0)
   c.data.rrc_ratio = (3.0 / 4.0, 4.0 / 3.0)
   c.data.interpolation = "bicubic"

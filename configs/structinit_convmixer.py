@@ -13,19 +13,20 @@ Sec. 5.6). ConvMixer uses BatchNorm: its statistics live in the
 ``batch_stats`` collection, which the train step must carry (see ``locvit.models.convmixer``).
 """
 
-from locvit.configs.args import choose, parse
+from locvit.configs.args import Field, parse
 from locvit.configs.defaults import FROZEN_FILTERS, init_config
 from locvit.configs.structinit_common import small_data_config
 
 FILTERS = ("trained", "random", "impulse", "box")
+ARGS = {
+  "dim": Field("256", ("256", "512")),
+  "kernel": Field("3", ("3", "5", "8")),
+  "filters": Field("impulse", FILTERS),
+}
 
 
 def get_config(arg: str | None = None):
-  fields = {"dim": "256", "kernel": "3", "filters": "impulse"}
-  dim, kernel, filters = parse(__file__, arg, fields).values()
-  choose(__file__, "dim", dim, ("256", "512"))
-  choose(__file__, "kernel", kernel, ("3", "5", "8"))
-  choose(__file__, "filters", filters, FILTERS)
+  dim, kernel, filters = parse(__file__, arg, ARGS).values()
   c = small_data_config("cifar10", f"convmixer_{dim}_8_k{kernel}_patch2_32", "trunc_normal")
   c.init = init_config("none")  # ConvMixer initialises itself as the reference does
   c.model.overrides.filter_init = "random" if filters == "trained" else filters

@@ -11,18 +11,21 @@ Recipe: ``structinit_common`` (small-dataset or ImageNet recipe, see there).
 The impulse solve uses the defaults: 'same' Q/K for all layers, PE pseudo input, 10,000 Adam steps.
 """
 
-from locvit.configs.args import choose, parse
+from locvit.configs.args import Field, parse
 from locvit.configs.structinit_common import (
   INITS,
   imagenet_config,
   small_data_config,
 )
 
+ARGS = {
+  "dataset": Field("cifar10", ("cifar10", "cifar100", "svhn", "imagenet")),
+  "init": Field("impulse3", INITS),
+}
+
 
 def get_config(arg: str | None = None):
-  dataset, init = parse(__file__, arg, {"dataset": "cifar10", "init": "impulse3"}).values()
-  choose(__file__, "dataset", dataset, ("cifar10", "cifar100", "svhn", "imagenet"))
-  choose(__file__, "init", init, INITS)
+  dataset, init = parse(__file__, arg, ARGS).values()
   if dataset == "imagenet":
     return imagenet_config("structvit_tiny_patch16_224", init)
   return small_data_config(dataset, "structvit_tiny_patch2_32", init)

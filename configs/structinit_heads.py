@@ -10,15 +10,25 @@ global average pooling (``structvit_d8_dim{DIM}_h{HEADS}_patch2_32``). Paper, di
 Recipe: ``structinit_common`` small-dataset recipe (the ``cifar_small`` preset).
 """
 
-from locvit.configs.args import choose, parse
+from locvit.configs.args import Field, parse
 from locvit.configs.structinit_common import INITS, small_data_config
 
 
+class _Heads(tuple):
+  """The head counts; ``h8`` is accepted for ``8``."""
+
+  def __contains__(self, value: object) -> bool:
+    return tuple.__contains__(self, str(value).removeprefix("h"))
+
+
+ARGS = {
+  "dim": Field("256", ("64", "128", "256", "512")),
+  "heads": Field("8", _Heads(("4", "8", "16", "32"))),
+  "init": Field("impulse3", INITS),
+}
+
+
 def get_config(arg: str | None = None):
-  fields = {"dim": "256", "heads": "8", "init": "impulse3"}
-  dim, heads, init = parse(__file__, arg, fields).values()
-  choose(__file__, "dim", dim, ("64", "128", "256", "512"))
-  choose(__file__, "heads", heads.removeprefix("h"), ("4", "8", "16", "32"))
-  choose(__file__, "init", init, INITS)
+  dim, heads, init = parse(__file__, arg, ARGS).values()
   model = f"structvit_d8_dim{dim}_h{heads.removeprefix('h')}_patch2_32"
   return small_data_config("cifar10", model, init)

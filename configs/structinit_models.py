@@ -9,7 +9,7 @@ Paper, Imp.-3: 68.81 / 70.79 / 75.97 / 75.40.
 Recipe: ``structinit_common`` small-dataset recipe (the ``cifar_small`` preset).
 """
 
-from locvit.configs.args import choose, parse
+from locvit.configs.args import Field, parse
 from locvit.configs.structinit_common import INITS, small_data_config
 
 MODELS = {
@@ -20,8 +20,9 @@ MODELS = {
 }
 
 
+ARGS = {"model": Field("tiny_h8", MODELS), "init": Field("impulse3", INITS)}
+
+
 def get_config(arg: str | None = None):
-  model, init = parse(__file__, arg, {"model": "tiny_h8", "init": "impulse3"}).values()
-  choose(__file__, "model", model, MODELS)
-  choose(__file__, "init", init, INITS)
+  model, init = parse(__file__, arg, ARGS).values()
   return small_data_config("cifar100", MODELS[model], init)

@@ -9,14 +9,17 @@ sincos/token 83.17, sincos/gap 85.30. Default: sincos,gap (the setting used ever
 Recipe: ``structinit_common`` small-dataset recipe (the ``cifar_small`` preset).
 """
 
-from locvit.configs.args import choose, parse
+from locvit.configs.args import Field, parse
 from locvit.configs.structinit_common import small_data_config
+
+ARGS = {
+  "pos": Field("sincos", ("learn", "sincos"), "position embedding"),
+  "pool": Field("gap", ("token", "gap"), "pooling"),
+}
 
 
 def get_config(arg: str | None = None):
-  pos, pool = parse(__file__, arg, {"pos": "sincos", "pool": "gap"}).values()
-  choose(__file__, "position embedding", pos, ("learn", "sincos"))
-  choose(__file__, "pooling", pool, ("token", "gap"))
+  pos, pool = parse(__file__, arg, ARGS).values()
   c = small_data_config("cifar10", "structvit_tiny_patch2_32", "trunc_normal")
   c.model.overrides.pos_embed = "sincos2d" if pos == "sincos" else "learn"
   c.model.overrides.pool = pool

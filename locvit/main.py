@@ -2,13 +2,15 @@
 
   python -m locvit.main --config=configs/NAME.py --workdir=DIR [--config.FIELD=VALUE ...]
   python -m locvit.main --config=NAME --workdir=DIR           # a shipped config, by name
+  python -m locvit.main --config=NAME --workdir=DIR --data=image_folder:ROOT  # its data from ROOT
   python -m locvit.main --workdir=DIR --mode=eval [--step=N]  # the config saved in DIR
   python -m locvit.main --workdir=DIR --mode=analyze          # training curves, ConViT Figs. 5-7
   python -m locvit.main --config=... --workdir=DIR --cpu_malloc=tcmalloc  # faster CPU steps
 
-``--config`` takes a file, the name of a shipped config (``convit_s``, ``gmm_table1:cifar10``; see
-``locvit.configs``), or a run's ``DIR/config.json``. Without it the config saved in ``--workdir``
-is used. Library INFO logs are off unless ``--verbosity=0`` (or higher) asks for them.
+``--config`` takes a file, the name of a shipped config (``convit_s``,
+``gmm_table1:vit,cifar10,gmm``; ``--list_configs`` shows each one's argument and its choices), or
+a run's ``DIR/config.json``. Without it the config saved in ``--workdir`` is used. Library INFO
+logs are off unless ``--verbosity=0`` (or higher) asks for them.
 
 Multi-host (TPU pods, multi-node GPU): every process runs the same command; add
 ``--jax_distributed`` to let ``jax.distributed.initialize()`` auto-detect the cluster, or pass
@@ -20,6 +22,7 @@ from __future__ import annotations
 import ast
 import difflib
 import functools
+import importlib
 import importlib.util
 import logging as std_logging
 import os
@@ -37,7 +40,9 @@ from ml_collections import config_flags
 import locvit.configs
 from locvit import cpu_malloc, paths, run_config
 from locvit import workdir as workdir_lib
-from locvit.metrics import evaluation_line
+from locvit.configs import args as config_args
+from locvit.configs import datasets
+from locvit.metrics import append_evaluation, evaluation_line
 from locvit.run import preemption
 
 MODES = ("train", "eval", "analyze")
@@ -50,6 +55,14 @@ _CONFIG = config_flags.DEFINE_config_file(
   lock_config=True,
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
+_DATA = flags.DEFINE_string(
+  "data",
+  None,
+  "Where the config's dataset is read from, for any config: 'image_folder:DIR' (or just DIR: "
+  "DIR/<split>/<class>/*.jpg) or 'tfds[:DATA_DIR]'. The class count, image size and "
+  "normalisation stay the config's. Default: the config's choice ($CIFAR10_ROOT, ... ; "
+  "configs/datasets.py).",
+)
 _MODE = flags.DEFINE_enum("mode", "train", MODES, "What to run.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step for --mode=eval (default: latest).")
 _DISTRIBUTED = flags.DEFINE_bool(
@@ -121,11 +134,19 @@ def config_summary(name: str) -> str:
   return " ".join(docstring.split("\n\n", 1)[0].split())
 
 
+def config_usage(name: str) -> str:
+  """``NAME`` or ``NAME:ARG`` with the argument's fields and choices (``configs.args.usage``),
+  e.g. ``gmm_table2:{vit,swin},{base,gmm}``."""
+  fields = getattr(importlib.import_module(f"locvit.configs.{name}"), "ARGS", None)
+  return f"{name}:{config_args.usage(fields)}" if fields else name
+
+
 def list_configs_text() -> str:
-  """``--list_configs``: one shipped config per line, with its docstring's first line."""
-  names = shipped_config_names()
-  width = max(map(len, names))
-  return "\n".join(f"{name:<{width}}  {config_summary(name)}".rstrip() for name in names)
+  """``--list_configs``: each shipped config with its argument's choices, then its summary (the
+  docstring's first paragraph) on an indented line."""
+  return "\n".join(
+    f"{config_usage(name)}\n  {config_summary(name)}" for name in shipped_config_names()
+  )
 
 
 def _saved_config(config_json: str) -> str:
@@ -246,6 +267,16 @@ def _exit_with_error(message: str, notes: Sequence[str] = ()) -> None:
   sys.exit(2)
 
 
+def the_config() -> ml_collections.ConfigDict:
+  """``--config`` with its overrides, reading its data as ``--data`` says, if given."""
+  if _DATA.value is None:
+    return _CONFIG.value
+  try:
+    return datasets.apply_data_flag(_CONFIG.value, _DATA.value)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+
+
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ``ConfigError`` listing every value no run can start with, a line each naming the
   field and the bad value (``locvit.run.bundle.config_errors``), before anything is built.
@@ -287,8 +318,9 @@ def _answer_what_is_there() -> bool:
   if _PRINT_CONFIG.value:
     if _CONFIG.value is None:
       raise ConfigError("--print_config needs --config=NAME or FILE (or --workdir of a run)")
-    check_config(_CONFIG.value)
-    print(_CONFIG.value.to_json_best_effort(indent=2, sort_keys=True), flush=True)
+    config = the_config()
+    check_config(config)
+    print(config.to_json_best_effort(indent=2, sort_keys=True), flush=True)
   return _LIST_MODELS.value is not None or _LIST_CONFIGS.value or _PRINT_CONFIG.value
 
 
@@ -303,7 +335,7 @@ def main(argv):
     raise ConfigError(
       "--workdir=DIR is required: the directory for the run's checkpoints and metrics"
     )
-  config = _CONFIG.value
+  config = the_config()
   check_config(config)
   cpu_malloc.reexec_with(_CPU_MALLOC.value)  # before any device or thread starts
   _init_distributed()
@@ -328,6 +360,10 @@ def main(argv):
     progress = functools.partial(print, flush=True)
     result = train.evaluate_checkpoint(config, _WORKDIR.value, _STEP.value, progress)
     print(evaluation_line(result["step"], result, time.perf_counter() - start), flush=True)
+    from locvit.configs.common import complete_config
+
+    split = complete_config(config).data.eval_split
+    append_evaluation(_WORKDIR.value, {**result, "eval_split": split})  # drawn by --mode=analyze
     return
   from locvit.analysis.hooks import training_hooks
 

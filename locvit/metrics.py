@@ -1,4 +1,5 @@
-"""Metric sinks: ``metrics.jsonl``, TensorBoard event files and the progress lines on stdout.
+"""Metric sinks: ``metrics.jsonl``, TensorBoard event files and the progress lines on stdout;
+``eval.jsonl`` for the results of ``--mode=eval``.
 
 Only process 0 writes. TensorBoard files come from tensorboardX, which does not need TensorFlow.
 Its record writer is used directly, in the calling thread (not through the threaded
@@ -23,6 +24,7 @@ from etils import epath
 from locvit import outage, paths
 
 METRICS = "metrics.jsonl"
+EVALUATIONS = "eval.jsonl"  # --mode=eval results; metrics.jsonl keeps one row per training step
 
 
 def _jsonable(value: Any) -> Any:
@@ -77,13 +79,7 @@ class MetricWriter:
     if self._rows is not None:
       self._rows.append(line)
     else:
-      fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-      try:
-        os.write(fd, line.encode())
-      except OSError as e:  # e.g. a full disk: name the file
-        raise OSError(e.errno, e.strerror, os.fspath(self.path)) from e
-      finally:
-        os.close(fd)
+      _append_line(self.path, line)
     for key, value in record.items():
       if key != "step" and isinstance(value, int | float) and math.isfinite(value):
         self._tb.write(_scalar_event(key, value, int(step)).SerializeToString())
@@ -123,6 +119,17 @@ class MetricsWriteError(OSError):
   """``metrics.jsonl`` could not be written to its object store."""
 
 
+def _append_line(path, line: str) -> None:
+  """Appends ``line`` to the local file ``path`` in one ``write``: a kill leaves no half line."""
+  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  try:
+    os.write(fd, line.encode())
+  except OSError as e:  # e.g. a full disk: name the file
+    raise OSError(e.errno, e.strerror, os.fspath(path)) from e
+  finally:
+    os.close(fd)
+
+
 def _event_file(directory):
   """A new event file in ``directory``, named as TensorBoard looks for, with its header."""
   from tensorboardX import RecordWriter
@@ -159,10 +166,33 @@ def _row_step(line: str, path) -> int:
     return 2**62
 
 
+def _read_rows(path) -> list[dict[str, Any]]:
+  return [json.loads(line) for line in _complete_lines(path) if _row_step(line, path) < 2**62]
+
+
 def read_metrics(workdir) -> list[dict[str, Any]]:
   """Reads ``metrics.jsonl`` back (for tests, notebooks and plots), skipping non-JSON lines."""
-  path = paths.path(workdir) / METRICS
-  return [json.loads(line) for line in _complete_lines(path) if _row_step(line, path) < 2**62]
+  return _read_rows(paths.path(workdir) / METRICS)
+
+
+def append_evaluation(workdir, result: dict[str, Any]) -> None:
+  """Appends one ``--mode=eval`` result (``step``, ``eval/*``, ...) to ``DIR/eval.jsonl`` on
+  process 0. A separate log: ``metrics.jsonl`` keeps each training step once, and a resumed run
+  drops its rows after the checkpoint, never these."""
+  if jax.process_index() != 0:
+    return
+  path = paths.path(workdir) / EVALUATIONS
+  line = json.dumps({k: _jsonable(v) for k, v in result.items()}) + "\n"
+  if paths.is_object_store(path):  # no append: the object is rewritten whole
+    path.write_text("".join(_complete_lines(path) if path.exists() else []) + line)
+  else:
+    _append_line(path, line)
+
+
+def read_evaluations(workdir) -> list[dict[str, Any]]:
+  """The ``--mode=eval`` results of ``DIR/eval.jsonl`` in the order they were run ([]: none)."""
+  path = paths.path(workdir) / EVALUATIONS
+  return _read_rows(path) if path.exists() else []
 
 
 def last_evaluation(workdir: str) -> dict[str, Any]:

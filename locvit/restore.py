@@ -35,20 +35,15 @@ def _reader(workdir: str) -> Checkpointer:
   return Checkpointer(paths.path(workdir) / "checkpoints", async_save=False, read_only=True)
 
 
-def restore_model_variables(
-  workdir: str,
-  model: nn.Module,
-  image_shape: tuple[int, ...],
-  *,
-  step: int | None = None,
-  shardings: tuple[Any, Any] | None = None,
-  check: Callable[[dict[str, Any]], None] | None = None,
-) -> tuple[Any, Any, int]:
-  """``(params, model_state, step)`` from ``workdir/checkpoints`` (the latest step by default).
+def vetted_step(
+  workdir: str, step: int | None = None, check: Callable[[dict[str, Any]], None] | None = None
+) -> int:
+  """The checkpoint step of ``workdir`` to restore (the latest by default), once it is known to
+  exist, to be intact (its checksums) and to pass ``check(meta)`` (a compatible config).
 
-  Restores into ``shardings`` (a ``(params, model_state)`` pair of sharding trees) or onto the
-  first device. ``check(meta)`` first vets the step's metadata (a compatible config).
-  Raises FileNotFoundError naming the directory when it holds no checkpoint.
+  Needs no model: callers vet the step before they build or trace one, so that a refusal comes
+  before anything the model prints. Raises FileNotFoundError naming the directory when it holds
+  no checkpoint, DamagedCheckpointError for a damaged step.
   """
   checkpointer = _reader(workdir)
   try:
@@ -68,17 +63,48 @@ def restore_model_variables(
       )
     if check is not None:
       check(checkpointer.saved_meta(step))
-    abstract = nn.meta.unbox(model_variable_shapes(model, image_shape))
-    if shardings is None:
-      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-      shardings = jax.tree.map(lambda _: device, abstract)
-    abstract = with_shardings(abstract, shardings)
+  finally:
+    checkpointer.close()
+  return step
+
+
+def read_model_variables(
+  workdir: str,
+  model: nn.Module,
+  image_shape: tuple[int, ...],
+  step: int,
+  shardings: tuple[Any, Any] | None = None,
+) -> tuple[Any, Any]:
+  """``(params, model_state)`` of the ``vetted_step`` ``step``, into ``shardings`` (a
+  ``(params, model_state)`` pair of sharding trees) or onto the first device."""
+  abstract = nn.meta.unbox(model_variable_shapes(model, image_shape))
+  if shardings is None:
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    shardings = jax.tree.map(lambda _: device, abstract)
+  abstract = with_shardings(abstract, shardings)
+  checkpointer = _reader(workdir)
+  try:
     restored = checkpointer.manager.restore(
       step, args=restore_variables_args({"params": abstract[0], "model_state": abstract[1]})
     )["state"]
   finally:
     checkpointer.close()
-  return restored["params"], restored["model_state"], step
+  return restored["params"], restored["model_state"]
+
+
+def restore_model_variables(
+  workdir: str,
+  model: nn.Module,
+  image_shape: tuple[int, ...],
+  *,
+  step: int | None = None,
+  shardings: tuple[Any, Any] | None = None,
+  check: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[Any, Any, int]:
+  """``(params, model_state, step)`` from ``workdir/checkpoints`` (the latest step by default):
+  ``vetted_step`` then ``read_model_variables``."""
+  step = vetted_step(workdir, step, check)
+  return *read_model_variables(workdir, model, image_shape, step, shardings), step
 
 
 def saved_model_config(workdir: str, step: int | None = None) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from locvit import checkpoint as ckpt_lib
 from locvit import evaluate as eval_lib
 from locvit import metrics as metrics_lib
 from locvit import restore as restore_lib
-from locvit import run_config, sharding
+from locvit import run_config, sharding, xla_options
 from locvit import workdir as workdir_lib
 from locvit.data import device_augment
 from locvit.models.factory import build_model  # noqa: F401  (also importable as train.build_model)
@@ -47,6 +47,7 @@ from locvit.run.step import (  # noqa: F401  (the step's names, as train.* for c
   check_health,
   ema_update,
   guarded_step,
+  guarded_steps,
   initial_health,
   loss_and_metrics,
   train_step,
@@ -91,10 +92,12 @@ def restore_or_initialise(run: bundle.Training) -> tuple[int, TrainState]:
 
 
 def make_step_fn(run: bundle.Training) -> Callable:
-  """The jitted, donating ``guarded_step(state, batch, teacher_variables, health)``."""
+  """The jitted, donating ``guarded_steps(state, batches, teacher_variables, health)``: one
+  optimizer step per batch of the list ``batches``, in one dispatch, compiled with the XLA options
+  of ``config.xla_options``."""
   replicated, shardings = sharding.replicated(run.mesh), run.layout.shardings
   step = functools.partial(
-    guarded_step,
+    guarded_steps,
     model=run.model,
     tx=run.tx,
     schedule=run.schedule,
@@ -102,6 +105,7 @@ def make_step_fn(run: bundle.Training) -> Callable:
     num_classes=run.num_classes,
     teacher=run.teacher,
   )
+  options = xla_options.compiler_options(run.config.xla_options, jax.default_backend())
   return jax.jit(
     step,
     in_shardings=(
@@ -112,15 +116,16 @@ def make_step_fn(run: bundle.Training) -> Callable:
     ),
     out_shardings=(shardings, replicated, replicated),
     donate_argnums=(0, 3),
+    compiler_options=options or None,
   )
 
 
 class RunAhead:
-  """Bounds how far the host runs ahead of the device: before a step is dispatched, the step
-  ``limit`` steps earlier has finished. A stop request read after step ``s`` (``should_stop``)
-  then saves at most ``limit`` steps after the one the device was running, instead of after every
-  step dispatched since the last log line. ``limit`` 2 keeps the device fed (one step queued
-  while one runs): benchmarks/run_ahead.py."""
+  """Bounds how far the host runs ahead of the device: before a dispatch (one step, or
+  ``config.steps_per_dispatch``), the dispatch ``limit`` earlier has finished. A stop request read
+  after step ``s`` (``should_stop``) then saves at most ``limit`` dispatches after the one the
+  device was running, instead of after every step dispatched since the last log line. ``limit`` 2
+  keeps the device fed (one dispatch queued while one runs): benchmarks/run_ahead.py."""
 
   def __init__(self, limit: int | None = 2):
     self.limit = limit
@@ -134,6 +139,24 @@ class RunAhead:
   def dispatched(self, output) -> None:
     """Records a step's output (arrays that step never donates) to wait on later."""
     self._in_flight.append(output)
+
+
+def host_step(config, step: int, start: int, total_steps: int) -> bool:
+  """Whether the loop acts on ``step`` on the host: logs it, saves it or evaluates it (the first
+  step after ``start``, the last, and the ``*_every_steps`` multiples)."""
+  every = (config.log_every_steps, config.checkpoint_every_steps, config.eval_every_steps)
+  return step in (start + 1, total_steps) or any(n and step % n == 0 for n in every)
+
+
+def dispatch_end(config, done: int, start: int, total_steps: int) -> int:
+  """The last step of the dispatch that follows step ``done``: ``config.steps_per_dispatch``
+  steps when none of them but the last is a host step, else one. So every host step ends a
+  dispatch, and a dispatch runs either K steps or one (two compiled programs)."""
+  k = config.steps_per_dispatch
+  steps = range(done + 1, done + k)  # all but the last
+  if done + k > total_steps or any(host_step(config, s, start, total_steps) for s in steps):
+    return done + 1
+  return done + k
 
 
 class AnalysisHooks:
@@ -284,7 +307,8 @@ def train_and_evaluate(
 
 
 def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str, Any]:
-  """Steps ``start + 1 .. total_steps``: train, log, save, evaluate, analyse, stop if preempted."""
+  """Steps ``start + 1 .. total_steps``: train, log, save, evaluate, analyse, stop if preempted.
+  Each pass runs the steps of one dispatch (``dispatch_end``) and acts on its last step."""
   config, total_steps, writer = run.config, run.total_steps, run.writer
   step_fn = make_step_fn(run)
   health = jax.device_put(initial_health(), sharding.replicated(run.mesh))
@@ -317,20 +341,28 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
     if start >= total_steps:
       final = final or metrics_lib.last_evaluation(run.workdir)
       progress.finished(run.workdir, final)
-    for step in range(start + 1, total_steps + 1):
-      batch = sharding.global_batch(next(train_batches), run.batch_sharding)
+    step = start
+    while step < total_steps:
+      first, step = step + 1, dispatch_end(config, step, start, total_steps)
+      local = [next(train_batches) for _ in range(first, step + 1)]
+      batches = [sharding.global_batch(b, run.batch_sharding) for b in local]
       run_ahead.wait()
-      state, train_metrics, health = step_fn(state, batch, teacher_variables, health)
+      state, train_metrics, health = step_fn(state, batches, teacher_variables, health)
       run_ahead.dispatched(train_metrics)
       last = step == total_steps
-      preempted = preemption.should_stop(step)
+      # Every step is asked (processes agree on a preemption step); the dispatch's last one stops.
+      preempted = any([preemption.should_stop(s) for s in range(first, step + 1)])
 
       run.checkpointer.check_for_errors(step)  # an async save that failed stops the run here
       record = {}
-      if step % log_every == 0 or last or step == start + 1:
+      on_grid = step % log_every == 0 or last or step == 1
+      if on_grid or step == start + 1:  # a resumed run's first step: a progress line only
         monitor.check(health, step)
         workdir_lib.check_lock(run.workdir)
-        record.update(log_train_metrics(run, step, train_metrics, progress))
+        train_row = log_train_metrics(run, step, train_metrics, progress)
+        # The rows of an uninterrupted run: a point one step after the resume would draw the
+        # noise of a single batch as a jump in the loss curve.
+        record.update(train_row if on_grid else {})
       save = (ckpt_every and step % ckpt_every == 0) or last or preempted
       if save:
         monitor.check(health, step)
@@ -398,18 +430,17 @@ def evaluate_checkpoint(
   """
   run = bundle.build_evaluation(config)
   config, mesh, rules = run.config, run.mesh, run.rules  # completed with the defaults
+  # A checkpoint this config cannot read is refused before the model is traced (and warns).
+  step = restore_lib.vetted_step(
+    workdir, step, lambda meta: run_config.check_compatible(meta["config"], config, workdir)
+  )
   boxed_params, boxed_model_state = sharding.model_variable_shapes(run.model, run.image_shape)
   variable_shardings = (
     sharding.tree_shardings(boxed_params, mesh, rules),
     sharding.tree_shardings(boxed_model_state, mesh, rules),
   )
-  params, model_state, step = restore_lib.restore_model_variables(
-    workdir,
-    run.model,
-    run.image_shape,
-    step=step,
-    shardings=variable_shardings,
-    check=lambda meta: run_config.check_compatible(meta["config"], config, workdir),
+  params, model_state = restore_lib.read_model_variables(
+    workdir, run.model, run.image_shape, step, variable_shardings
   )
   ema = None
   if ema_enabled(config):

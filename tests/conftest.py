@@ -20,3 +20,8 @@ os.environ.setdefault(
   "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "locvit-tests-xla-cache")
 )
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
+
+# The configs read their image folders from these variables (configs/datasets.py): a developer's
+# own settings must not change what the tests load. Tests that need one set it themselves.
+for _env in ("CIFAR10_ROOT", "CIFAR100_ROOT", "SVHN_ROOT", "TINYIMAGENET_ROOT", "IMAGENET_ROOT"):
+  os.environ.pop(_env, None)

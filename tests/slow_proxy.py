@@ -86,15 +86,21 @@ def timed_quickstart(env: dict, workdir: str, args, cwd: str) -> list[tuple[floa
   return lines
 
 
-def progress_gaps(lines: list[tuple[float, str]]) -> tuple[float, int, float]:
-  """``(longest gap, the step whose line ended it, first-to-last span)`` in seconds, over the
-  progress lines (``step N/T ...``) after the first one (which includes compilation)."""
+def gaps_by_step(lines: list[tuple[float, str]]) -> dict[int, float]:
+  """The seconds between each progress line (``step N/T ...``) and the one before, by the step
+  of the later line; the first line (which includes compilation) has none."""
   progress = [
     (t, int(line.split()[1].split("/")[0])) for t, line in lines if line.startswith("step ")
   ]
-  gaps = [(b[0] - a[0], b[1]) for a, b in itertools.pairwise(progress)]
-  gap, step = max(gaps)
-  return gap, step, progress[-1][0] - progress[0][0]
+  return {b[1]: b[0] - a[0] for a, b in itertools.pairwise(progress)}
+
+
+def progress_gaps(lines: list[tuple[float, str]]) -> tuple[float, int, float]:
+  """``(longest gap, the step whose line ended it, span)`` in seconds (``gaps_by_step``); the
+  span is from the first progress line to the last."""
+  gaps = gaps_by_step(lines)
+  step = max(gaps, key=gaps.get)
+  return gaps[step], step, sum(gaps.values())
 
 
 if __name__ == "__main__":

@@ -47,15 +47,19 @@ def test_list_models_alone_lists_every_model():
   assert out.splitlines() == list_models() and len(out.splitlines()) > 100
 
 
-def test_list_configs_names_each_shipped_config_with_its_summary():
+def test_list_configs_names_each_shipped_config_with_its_arguments_and_summary():
   rc, out, err = run_main("--list_configs")
   assert (rc, err) == (0, "")
   lines = out.splitlines()
-  assert [line.split()[0] for line in lines] == main_lib.shipped_config_names()
-  width = max(map(len, main_lib.shipped_config_names()))
+  names, summaries = lines[::2], lines[1::2]
+  assert [name.split(":")[0] for name in names] == main_lib.shipped_config_names()
+  gmm_table1 = "gmm_table1:{vit,swin,cait,pit,t2t},{cifar10,cifar100,svhn,tinyimagenet},{base,gmm}"
+  assert gmm_table1 in names
+  assert "convit_fig8:gpsa=INT,alpha=FLOAT" in names
   summary = "Quickstart: a small DeiT-style ViT on scikit-learn's 8x8 digits, offline, ~1 minute "
   summary += "on 2 cores."
-  assert f"{'quickstart':<{width}}  {summary}" in lines
+  assert summaries[names.index("quickstart")] == f"  {summary}"
+  assert all(s.startswith("  ") and s.endswith(".") for s in summaries), summaries  # sentences
 
 
 def test_print_config_shows_the_resolved_config_and_creates_nothing(tmp_path):

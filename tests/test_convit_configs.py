@@ -286,9 +286,8 @@ def test_cifar10_small_needs_a_root(monkeypatch):
   with pytest.raises(ValueError) as error:
     validate_data_config(c.data)
   assert str(error.value) == (
-    "data.root=None must be set when source='image_folder': the CIFAR-10 configs read "
-    "$CIFAR10_ROOT (or give --config.data.root=DIR); prepare DIR with "
-    "`python -m locvit.data.prepare cifar10 --out=DIR`"
+    "data.root=None must be set when source='image_folder': give --data=image_folder:DIR or "
+    "export CIFAR10_ROOT=DIR; `python -m locvit.data.prepare cifar10 --out=DIR` writes DIR"
   )
   with pytest.raises(ValueError) as error:
     convit_cifar10_small.get_config("convitt")

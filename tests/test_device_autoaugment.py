@@ -217,6 +217,34 @@ def test_device_auto_augment_is_per_example_and_follows_the_key():
   assert dev.auto_augment(jax.random.key(0), batch, off) is batch
 
 
+def per_example_select(key, images, cfg):
+  """The device op before grouping: a vmap over examples, where ``lax.switch`` on the drawn op
+  becomes a select over every op."""
+  height, width, channels = images.shape[1:]
+  plan = dev.build_plan(cfg.auto_augment, width, height)
+  fill = dev._fill_levels(channels, autoaugment.fill_from_data_config(cfg))
+  branches = dev.primitive_branches(fill, cfg.interpolation)
+  augment_one = lambda k, image: dev.apply_ops(image, dev.sample_ops(k, plan), branches)
+  return jax.vmap(augment_one)(jax.random.split(key, images.shape[0]), images)
+
+
+@pytest.mark.parametrize(
+  "spec,interpolation,channels",
+  [("rand-m9-n3-mstd0.5-inc1", "bicubic", 3), ("original-mstd101", "bilinear", 1)],
+)
+def test_grouped_ops_equal_the_per_example_select_bit_for_bit(spec, interpolation, channels):
+  """Grouping examples by drawn op (each example computes only its ops) gives the pixels of the
+  per-example select, same keys; 40 examples, 3 or 2 ops each, groups of 2: full groups,
+  part-filled groups and ops no example drew."""
+  cfg = data_cfg(auto_augment=spec, interpolation=interpolation, image_size=16)
+  images = np.random.default_rng(0).integers(0, 256, (40, 16, 16, channels), dtype=np.uint8)
+  images[:5] = IMAGES[2 if channels == 1 else 0][:16, :16]
+  key = jax.random.key(7)
+  before = jax.jit(lambda k, x: per_example_select(k, x, cfg))(key, images)
+  grouped = jax.jit(lambda k, x: dev.auto_augment(k, x, cfg, how="grouped"))(key, images)
+  np.testing.assert_array_equal(grouped, before)
+
+
 @pytest.mark.parametrize("platform", ["tpu", "cuda"])
 def test_device_auto_augment_lowers_for_accelerators_without_host_callbacks(platform):
   """Crop, flip, RandAugment (every op of the table) and normalisation as one device program."""

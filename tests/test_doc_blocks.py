@@ -21,6 +21,8 @@ Bash commands, line by line (``\\`` continuations joined, ``for`` loops expanded
   dataset for minutes).
 - ``python benchmarks/X.py`` / ``experiments/X.py``: the script exists (they run for minutes; their
   importability is tested on its own).
+- ``--data=...`` is applied as ``python -m locvit.main`` applies it; ``VAR=VALUE command`` sets
+  VAR for that command only.
 - Installs (pip, venv, tfds), the whole test suite, ``LD_PRELOAD``/``GLIBC_TUNABLES`` examples
   for the user's own script: not run (network, 15 minutes, no such script). ``export`` sets the
   variable.
@@ -42,6 +44,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from locvit import main as main_lib
+from locvit.configs import datasets
 from locvit.configs.reproduce_plans import PLANS
 from locvit.convert import __main__ as convert_cli
 from locvit.data import list_recipes, prepare, throughput
@@ -98,8 +101,11 @@ def load_config(argv: list[str]):
   values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=config_args)
   values(config_args)
-  main_lib.check_config(values.config)
-  return values.config
+  config = values.config
+  for value in [a.partition("=")[2] for a in argv if a.startswith("--data=")]:
+    config = datasets.apply_data_flag(config, value)  # as main_lib.the_config does
+  main_lib.check_config(config)
+  return config
 
 
 def test_every_python_block_runs(tmp_path, monkeypatch):
@@ -126,15 +132,24 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
   for name, command in commands():
     command = os.path.expandvars(command)
     argv = shlex.split(command)
-    if argv[0].startswith("PYTHONPATH="):
-      argv = argv[1:]  # the script's import path
+    scoped = {}  # VAR=VALUE command: VAR for this command only (PYTHONPATH: the script's path)
+    while re.fullmatch(r"[A-Z][A-Z0-9_]*=.*", argv[0]):
+      key, _, value = argv.pop(0).partition("=")
+      if key != "PYTHONPATH":
+        scoped[key] = os.environ.get(key)
+        monkeypatch.setenv(key, value)
     if argv[0] == "taskset":
       argv = argv[3:]  # pinned to a core (taskset -c N)
     where = f"{name}: {command}"
     if argv[0] == "export":
       key, _, value = argv[1].partition("=")
       monkeypatch.setenv(key, value)
-    elif NOT_RUN.match(" ".join(argv)) or argv[0] == "..." or "NAME" in command or "[" in command:
+    elif (
+      any(NOT_RUN.match(c) for c in (" ".join(argv), command))
+      or argv[0] == "..."
+      or "NAME" in command
+      or "[" in command
+    ):
       checked["not run"] += 1
     elif argv[:3] == ["python", "-m", "locvit.main"]:
       if any(a.startswith("--config=") for a in argv):
@@ -160,10 +175,17 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
       assert (tmp_path / "DIR").is_dir()
       monkeypatch.chdir(ROOT)
       checked["convert"] += 1
-    elif argv[0] in ("python", "python3") and argv[1].startswith(("benchmarks/", "experiments/")):
+    elif argv[0] in ("python", "python3", "bash") and argv[1].startswith(
+      ("benchmarks/", "experiments/")
+    ):
       assert (ROOT / argv[1]).is_file(), where
       checked["script"] += 1
     else:
       pytest.fail(f"no runner or stand-in for {where}")
+    for key, value in scoped.items():
+      if value is None:
+        monkeypatch.delenv(key)
+      else:
+        monkeypatch.setenv(key, value)
   assert checked["config"] >= 20 and checked["prepare"] >= 3 and checked["convert"] == 1, checked
   assert checked["reproduce"] >= 1, checked

@@ -21,7 +21,7 @@ import zipfile
 import pytest
 
 from locvit import main, run_config
-from locvit.metrics import _eval_numbers, read_metrics
+from locvit.metrics import _eval_numbers, read_evaluations, read_metrics
 from locvit.models import list_models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,11 +59,13 @@ def _run(*args, timeout=300, **kwargs):
 
 
 FIELDS = (
-  "analysis, async_checkpointing, attention_implementation, batch_size, checkpoint_every_steps, "
+  "analysis, async_checkpointing, attention_implementation, batch_size, bucket_timeout_seconds, "
+  "checkpoint_every_steps, "
   "data, distillation, ema, eval_batch_size, eval_every_steps, freeze, grad_accum_steps, "
   "grad_clip_norm, init, init_from, "
   "keep_checkpoints, label_smoothing, log_every_steps, mesh, mixed_precision, mixup, model, "
-  "nonfinite, num_epochs, optimizer, random_erasing, schedule, seed, total_steps"
+  "nonfinite, num_epochs, optimizer, random_erasing, schedule, seed, steps_per_dispatch, "
+  "total_steps, xla_options"
 )
 
 
@@ -85,6 +87,11 @@ FIELDS = (
       "depth?",
     ),
     ([QUICKSTART, "--config.batch_size=0"], "--config.batch_size=0: must be a positive integer"),
+    (
+      [QUICKSTART, "--config.xla_options=gpu_tune"],
+      "--config.xla_options='gpu_tune' is not one of ['auto', 'none', 'gpu_tuned']; did you mean "
+      "gpu_tuned?",
+    ),
     (
       [QUICKSTART, "--config.model.overrides.depth=0"],
       "--config.model.overrides.depth=0: must be > 0",
@@ -113,6 +120,7 @@ FIELDS = (
     "unknown",
     "nested",
     "zero_batch",
+    "xla_options",
     "zero_depth",
     "bad_value",
     "no_file",
@@ -279,6 +287,7 @@ def test_eval_with_only_workdir_uses_the_runs_config_and_overrides(tmp_path):
     f"--workdir={workdir} {override} --config.total_steps=30 --config.eval_every_steps=0"
   )
 
+  metrics = (workdir / "metrics.jsonl").read_text()
   rc, out, err = _run(f"--workdir={workdir}", "--mode=eval")
   assert rc == 0, (out, err)
   # The line training evaluations print (the same numbers as the run's final evaluation).
@@ -286,6 +295,12 @@ def test_eval_with_only_workdir_uses_the_runs_config_and_overrides(tmp_path):
   examples = final["eval/num_examples"]
   expected = f"Evaluation at step 30: {_eval_numbers(final)}  ({examples} examples, "
   assert re.fullmatch(re.escape(expected) + r"\d+\.\d s\)", out.splitlines()[-1]), out
+  # Its result goes to DIR/eval.jsonl, for --mode=analyze; metrics.jsonl is the training's alone.
+  keys = ("eval/top1", "eval/top5", "eval/loss", "eval/num_examples")
+  assert read_evaluations(workdir) == [
+    {"step": 30, **{k: final[k] for k in keys}, "eval_split": "test"}
+  ]
+  assert (workdir / "metrics.jsonl").read_text() == metrics
   # An override given with --workdir replaces the saved value: a 4-block model does not fit.
   rc, out, err = _run(f"--workdir={workdir}", "--mode=eval", "--config.model.overrides.depth=4")
   assert rc == 2 and "incompatible config" in err and "'depth': 2" in err, err
@@ -294,6 +309,7 @@ def test_eval_with_only_workdir_uses_the_runs_config_and_overrides(tmp_path):
   rc, out, err = _run(f"--workdir={workdir}", "--mode=eval")
   assert rc == 2 and len(err.splitlines()) == 1, err
   assert err.startswith(f"locvit: error: {workdir}/config.json is not a readable run config ("), err
+  assert len(read_evaluations(workdir)) == 1  # refused evaluations record nothing
 
 
 # ------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import shutil
+import warnings
 
 import flax.linen as nn
 import jax
@@ -398,12 +399,96 @@ def test_attention_maps_show_each_heads_gate(trained):
   assert gates[1] is None
 
 
-def test_analyze_without_locality_records_draws_the_maps_only(trained, tmp_path):
+def _no_evaluation_line(workdir):
+  return (
+    f"No evaluation in {workdir} yet: the figures show no accuracy, nor locality after "
+    f"initialisation. `--mode=eval --workdir={workdir}` evaluates the latest checkpoint."
+  )
+
+
+def _warnings(caplog):
+  return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_analyze_without_locality_records_draws_the_maps_only(trained, tmp_path, caplog):
   config, workdir = trained
   bare = tmp_path / "bare"
   shutil.copytree(os.path.join(workdir, "checkpoints"), bare / "checkpoints")
   paths = analyze_lib.analyze(config, str(bare), str(tmp_path / "out"), query=(0, 0))
   assert paths == [str(tmp_path / "out" / "attention_maps.png")]
+  assert _warnings(caplog)[0] == _no_evaluation_line(bare)  # then the locality records' warning
+
+
+@pytest.fixture
+def unevaluated(trained, tmp_path):
+  """The trained run as a run stopped before its first evaluation: its checkpoints, the step-0
+  locality record and one training row."""
+  config, workdir = trained
+  run = tmp_path / "unevaluated"
+  shutil.copytree(os.path.join(workdir, "checkpoints"), run / "checkpoints")
+  [init] = [r for r in metrics_lib.read_metrics(workdir) if r["step"] == 0]
+  writer = metrics_lib.MetricWriter(run)
+  writer.write(0, {k: v for k, v in init.items() if k != "step"})
+  writer.write(3, {"train/loss": 2.25})
+  writer.close()
+  return config, str(run)
+
+
+def _drawn(monkeypatch) -> dict:
+  """``{file name: Figure}`` of the figures ``plots.save`` writes from now on."""
+  figures, save = {}, plots.save
+
+  def keep(fig, path, **kwargs):
+    figures[os.path.basename(path)] = fig
+    return save(fig, path, **kwargs)
+
+  monkeypatch.setattr(plots, "save", keep)
+  return figures
+
+
+def test_analyze_before_the_first_evaluation_draws_each_point_and_says_so(
+  unevaluated, tmp_path, monkeypatch, caplog
+):
+  config, run = unevaluated
+  figures = _drawn(monkeypatch)
+  analyze_lib.analyze(config, run, str(tmp_path / "out"))
+  assert _warnings(caplog) == [_no_evaluation_line(run)]
+  loss_ax, accuracy_ax = figures["training_curves.png"].axes
+  [train_loss] = loss_ax.get_lines()
+  assert list(train_loss.get_xdata()) == [3] and train_loss.get_marker() == "o"
+  assert accuracy_ax.get_ylabel() == "accuracy (%)" and accuracy_ax.get_ylim() == (0, 100)
+  assert [t.get_text() for t in accuracy_ax.texts] == ["no evaluation yet\n(--mode=eval adds one)"]
+  note = "the initialisation only: no evaluation yet in training"
+  gates = figures["gates.png"]
+  assert gates.get_suptitle() == note
+  for line in gates.axes[0].get_lines():  # 4 heads and their mean, one point each
+    assert list(line.get_xdata()) == [0] and line.get_marker() == "."
+  [nonlocality_ax] = figures["nonlocality.png"].axes
+  assert [t.get_text() for t in nonlocality_ax.texts] == [note]
+  assert all(line.get_marker() == "." for line in nonlocality_ax.get_lines())
+
+
+def test_mode_eval_results_reach_the_curves_and_leave_metrics_jsonl_alone(
+  unevaluated, tmp_path, monkeypatch
+):
+  config, run = unevaluated
+  before = (tmp_path / "unevaluated" / "metrics.jsonl").read_text()
+  result = train.evaluate_checkpoint(config, run)
+  metrics_lib.append_evaluation(run, {**result, "eval_split": "test"})  # as --mode=eval does
+  assert metrics_lib.read_evaluations(run) == [{**result, "eval_split": "test"}]
+  assert analyze_lib.evaluated(run)
+  figures = _drawn(monkeypatch)
+  analyze_lib.training_curves(run, str(tmp_path / "out"))
+  loss_ax, accuracy_ax = figures["training_curves.png"].axes
+  assert [line.get_label() for line in loss_ax.get_lines()] == [
+    "eval/loss (--mode=eval on test)",
+    "train/loss",
+  ]
+  top1, top5 = accuracy_ax.get_lines()
+  assert top1.get_label() == "eval/top1 (--mode=eval on test)" and top1.get_marker() == "x"
+  assert list(top1.get_xdata()) == [6] and list(top1.get_ydata()) == [100 * result["eval/top1"]]
+  assert list(top5.get_ydata()) == [100 * result["eval/top5"]] and not accuracy_ax.texts
+  assert (tmp_path / "unevaluated" / "metrics.jsonl").read_text() == before
 
 
 def test_analyze_rejects_bad_layers_and_queries(trained, tmp_path):
@@ -414,6 +499,18 @@ def test_analyze_rejects_bad_layers_and_queries(trained, tmp_path):
     analyze_lib.analyze(config, workdir, str(tmp_path), query=(4, 0))
   with pytest.raises(FileNotFoundError, match="No checkpoint found"):
     analyze_lib.analyze(config, str(tmp_path), str(tmp_path))
+
+
+def test_eval_refuses_another_models_checkpoint_before_the_model_warns(trained):
+  """A 3-head GPSA warns when it is traced (3 is not a square): the refusal comes first, alone."""
+  config, workdir = trained
+  other = config.copy_and_resolve_references()
+  other.model.name, other.model.overrides.num_heads = "deit_tiny_patch2_32", 3
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with pytest.raises(ValueError, match="written by an incompatible config"):
+      train.evaluate_checkpoint(other, workdir)
+  assert [str(w.message) for w in caught] == []
 
 
 def test_the_init_record_has_the_initial_gates(trained):

@@ -9,6 +9,8 @@ import configparser
 import glob
 import os
 import re
+import subprocess
+import sys
 
 import jupytext
 import nbformat
@@ -63,3 +65,41 @@ def test_requirements_are_lower_bounds():
   assert requirements and all(
     re.fullmatch(r"[\w.-]+(\[[\w,-]+\])?>=[\w.]+", r.strip()) for r in requirements
   )
+  # The floors of the JAX family are the releases measured to pass (README "Installed versions").
+  floors = dict(r.strip().split(">=") for r in requirements)
+  with open(os.path.join(ROOT, "ci", "min-versions.txt")) as f:
+    measured = dict(line.strip().split("==") for line in f if line.strip()[:1].isalpha())
+  assert {name: floors[name] for name in measured if name != "jaxlib"} == {
+    name: version for name, version in measured.items() if name != "jaxlib"
+  }
+  assert measured["jaxlib"] == measured["jax"]
+
+
+def run_colab_install_cell(content: str) -> subprocess.CompletedProcess:
+  """The install cell (the same in every notebook), run as on Colab, with CONTENT as /content."""
+  (cell,) = {jupytext.read(source).cells[1].source for source in SOURCES}
+  cell = cell.replace('"/content/locvit"', repr(os.path.join(content, "locvit")))
+  colab = "import sys, types; sys.modules['google.colab'] = types.ModuleType('google.colab')\n"
+  return subprocess.run(
+    [sys.executable, "-c", colab + cell], capture_output=True, text=True, cwd=content, timeout=60
+  )
+
+
+def test_on_colab_without_a_copy_the_install_cell_says_the_one_command_to_run(tmp_path):
+  result = run_colab_install_cell(str(tmp_path))
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1] == (
+    f"FileNotFoundError: no copy of locvit at {tmp_path / 'locvit'}: run `git archive --format=zip"
+    " -o locvit.zip HEAD` in your checkout, upload locvit.zip to /content (Files pane), and run "
+    "this cell again"
+  )
+
+
+def test_on_colab_the_install_cell_unpacks_the_uploaded_archive(tmp_path):
+  # The archive a user makes by the command above (of the committed tree).
+  archive = ["git", "archive", "--format=zip", "-o", str(tmp_path / "locvit.zip"), "HEAD"]
+  subprocess.run(archive, cwd=ROOT, check=True)
+  result = run_colab_install_cell(str(tmp_path))
+  assert result.returncode == 0, result.stderr
+  assert (tmp_path / "locvit" / "setup.cfg").exists()
+  assert (tmp_path / "locvit" / "colabs" / "01_quickstart.ipynb").exists()

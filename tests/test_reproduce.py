@@ -5,6 +5,7 @@ import json
 import math
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,7 +51,10 @@ def test_smoke_plan_end_to_end(tmp_path):
   (comparison,) = results["comparisons"]
   assert comparison["seeds"] == [0, 1] and comparison["df"] == 1
   assert results["machine"]["jax_backend"] == "cpu"
-  assert "| depth2 - depth1 |" in pathlib.Path(workdir, "results.md").read_text()
+  text = pathlib.Path(workdir, "results.md").read_text()
+  assert "| depth2 - depth1 |" in text
+  assert "Step cap: every run stopped at the plan's cap of 60 steps (its max_steps)" in text
+  assert "Data: scikit-learn's 8x8 digits." in text
 
 
 # ------------------------------------------------------------------------------------------------
@@ -155,15 +159,19 @@ def test_a_saved_plan_is_not_replaced(tmp_path):
 # The report
 
 
-def test_report_statistics_match_a_hand_computation(tmp_path):
-  workdir, steps = str(tmp_path / "r"), 30
-  _write_plan(workdir, steps, seeds=3)
-  top1 = {"depth1": [0.61, 0.58, 0.64], "depth2": [0.66, 0.60, 0.71]}
+def _write_finals(workdir, steps, top1):
   for row, values in top1.items():
     for seed, value in enumerate(values):
       writer = metrics.MetricWriter(os.path.join(workdir, row, f"seed{seed}"))
       writer.write(steps, {"eval/top1": value, "eval/top5": 0.9 + value / 10})
       writer.close()
+
+
+def test_report_statistics_match_a_hand_computation(tmp_path):
+  workdir, steps = str(tmp_path / "r"), 30
+  _write_plan(workdir, steps, seeds=3)
+  top1 = {"depth1": [0.61, 0.58, 0.64], "depth2": [0.66, 0.60, 0.71]}
+  _write_finals(workdir, steps, top1)
   result = report.write_report("smoke", workdir)
 
   row = result["rows"]["depth2"]
@@ -180,8 +188,72 @@ def test_report_statistics_match_a_hand_computation(tmp_path):
   assert c["p"] == pytest.approx(expected.pvalue)
   assert c["verdict"] == f"within noise (p = {expected.pvalue:.2f} >= 0.05)"
   text = pathlib.Path(workdir, "results.md").read_text()
-  assert "| depth2 | 3 | 65.67 +- 5.51 |" in text
+  assert (
+    "| depth2 | - | 65.67 +- 5.51 | - | 3 | 96.57 +- 0.55 | 1.364 | 30 | 4.45% | - | - |" in text
+  )
   assert f"| depth2 - depth1 | +5.00, +2.00, +7.00 | +4.67 | {expected.statistic:.2f} (2) |" in text
+
+
+@pytest.mark.parametrize("paper", [(0.60, 0.70), (0.70, 0.60)])
+def test_report_puts_the_paper_beside_ours(tmp_path, monkeypatch, paper):
+  for row, top1 in zip(("depth1", "depth2"), paper):
+    monkeypatch.setitem(rp.PLANS["smoke"]["rows"][row], "paper_top1", top1)
+  workdir, steps = str(tmp_path / "r"), 30
+  _write_plan(workdir, steps, seeds=3)
+  _write_finals(workdir, steps, {"depth1": [0.61, 0.58, 0.64], "depth2": [0.66, 0.60, 0.71]})
+  text = (
+    pathlib.Path(workdir, "results.md").read_text() if report.write_report("smoke", workdir) else ""
+  )
+  first, second = (f"{100 * p:.2f}" for p in paper)
+  assert f"| depth1 | {first} | 61.00 +- 3.00 | {61 - 100 * paper[0]:+.2f} | 3 |" in text
+  assert f"| depth2 | {second} | 65.67 +- 5.51 | {65.67 - 100 * paper[1]:+.2f} | 3 |" in text
+  if paper[1] > paper[0]:
+    assert (
+      "Ordering the paper claims: depth2 > depth1. Ours: depth2 > depth1. The paper's "
+      "ordering held." in text
+    )
+  else:
+    assert (
+      "Ordering the paper claims: depth1 > depth2. Ours: depth2 > depth1. The paper's "
+      "ordering did not hold (depth1 not above depth2)." in text
+    )
+  assert (
+    "Step cap: the plan caps runs at 60 steps (its max_steps); the budget gave these runs "
+    "fewer (30)." in text
+  )
+  assert "Data: " not in text  # a plan saved before it was recorded names none
+  assert "| img/s | minutes per run |" in text and "locvit commit not recorded" in text
+
+
+def test_a_protocol_report_names_its_fraction_and_leaves_out_rows_not_run(tmp_path):
+  workdir, steps = str(tmp_path / "g"), 16614
+  os.makedirs(workdir)
+  cost = {"steps_per_sec": 136.2, "overhead_sec": 27.5, "steps_per_epoch": 390, "batch_size": 128}
+  plan = {
+    "plan": "gmm_table1_cifar10", "protocol": True, "fraction": 0.142, "seeds": 1,
+    "row_names": ["vit", "gmm"], "minutes": 5, "started": time.time(),
+    "load_at_probe": [1.0, 1.0, 1.0], "locvit_commit": "abc1234", "estimated_minutes": 5.0,
+    "data": rp.protocol.describe_data(rp.row_config(rp.PLANS["gmm_table1_cifar10"]["rows"]["vit"])),
+    "rows": {row: {**cost, "steps": steps} for row in ("vit", "gmm")},
+  }  # fmt: skip
+  with open(os.path.join(workdir, "plan.json"), "w") as f:
+    json.dump(plan, f)
+  _write_finals(workdir, steps, {"vit": [0.8712], "gmm": [0.8650]})
+  result = report.write_report("gmm_table1_cifar10", workdir)
+  text = pathlib.Path(workdir, "results.md").read_text()
+  assert text.startswith("# Li & Zhang Table 1, CIFAR-10: ViT vs GMM-ViT") and (
+    "batch 128), at 0.142 of the paper's protocol\n" in text
+  )
+  assert (
+    "| vit | 93.65 | 87.12 | -6.53 | 1 |" in text and "| gmm | 95.06 | 86.50 | -8.56 | 1 |" in text
+  )
+  assert "gmm_impulse3" not in text and [c["treatment"] for c in result["comparisons"]] == ["gmm"]
+  assert (
+    "Ordering the paper claims: gmm > vit. Ours: vit > gmm. The paper's ordering did not hold "
+    "(gmm not above vit)." in text
+  )
+  assert "Data: the CIFAR-10 JPEG copy" in text and "the JPEG copy costs some accuracy." in text
+  assert "locvit commit abc1234" in text and "Step cap" not in text
 
 
 def test_a_consistent_difference_is_significant():
@@ -218,3 +290,184 @@ def test_missing_cifar_fails_in_seconds_with_instructions(tmp_path, monkeypatch,
     capsys.readouterr().err
   )
   assert time.perf_counter() - start < 30 and not os.path.exists(workdir)
+
+
+# ------------------------------------------------------------------------------------------------
+# Paper-protocol plans
+
+
+def _collapsed(text):
+  return [" ".join(line.split()) for line in text.splitlines()]
+
+
+def test_protocol_dry_runs_print_the_papers_protocol_and_create_nothing(tmp_path, capsys):
+  expected = {  # row, model, seeds, batch, epochs, paper epochs, steps, images per run
+    "gmm_table1_cifar10": [
+      "vit vit_smalldata_d9_patch4_32 1 128 300 300 117000 14,976,000",
+      "gmm gmm_vit_smalldata_d9_patch4_32 1 128 300 300 117000 14,976,000",
+    ],
+    "structinit_table2_cifar10": [
+      f"{init} structvit_tiny_patch2_32 1 512 200 200 19400 9,932,800"
+      for init in ("trunc_normal", "mimetic", "impulse3")
+    ],
+    "cordonnier_table1": [
+      "quadratic cordonnier_sa 1 100 300 300 150000 15,000,000",
+      "learned cordonnier_sa_learned 1 100 300 300 150000 15,000,000",
+      "resnet18 resnet18_cifar 1 100 300 300 150000 15,000,000",
+    ],
+  }
+  workdir = tmp_path / "w"
+  for plan, rows in expected.items():
+    assert rp.main([plan, "--dry_run", f"--workdir={workdir}"]) == 0
+    out = capsys.readouterr().out
+    lines = _collapsed(out)
+    for row in rows:
+      assert any(line.startswith(row + " ") for line in lines), (row, out)
+    assert "at the paper's protocol" in lines[0]
+    assert "from the accelerator kit's NVIDIA H200 figures of 2026-11-26" in out
+    assert "the papers trained on the original CIFAR-10, and the JPEG copy costs" in out
+    assert out.rstrip().endswith("Nothing was created (--dry_run).")
+  assert not workdir.exists() and os.listdir(tmp_path) == []
+  # The combined row runs only when named; a fraction shrinks every row alike.
+  assert rp.main(["gmm_table1_cifar10", "--dry_run", "--rows=gmm_impulse3", "--fraction=0.1"]) == 0
+  lines = _collapsed(capsys.readouterr().out)
+  assert lines[0].endswith("at 0.1 of the paper's protocol")
+  assert any(line.startswith("gmm_impulse3 gmm_vit_smalldata_d9_patch4_32 1 128 30 300 11700 ")
+             for line in lines)  # fmt: skip
+
+
+def test_a_protocol_plan_that_does_not_fit_the_budget_is_refused(tmp_path, monkeypatch, capsys):
+  assert rp.main(["gmm_table1_cifar10", "--dry_run", "--minutes=10"]) == 2
+  captured = capsys.readouterr()
+  assert "Estimated wall time 29.5 minutes for 2 runs (seed 0)" in captured.out
+  refusal = (
+    "locvit.reproduce: error: plan 'gmm_table1_cifar10' needs an estimated 29.5 minutes for 2 "
+    "runs but --minutes=10; give more --minutes, fewer --seeds, or --fraction (at most 0.317 of "
+    "this length fits; --fraction=fit picks it)\n"
+  )
+  assert captured.err == refusal
+  assert rp.main(["gmm_table1_cifar10", "--dry_run", "--minutes=10", "--fraction=fit"]) == 0
+  assert "at 0.317 of the paper's protocol" in capsys.readouterr().out
+  # A run is refused the same way, before anything is created (the kit's estimate: no probe).
+  monkeypatch.setenv("CIFAR10_ROOT", str(tmp_path))
+  for split in ("train", "test"):
+    (tmp_path / split).mkdir()
+  workdir = tmp_path / "w"
+  assert (
+    rp.main(["gmm_table1_cifar10", f"--workdir={workdir}", "--minutes=10", "--estimate=kit"]) == 2
+  )
+  assert capsys.readouterr().err == refusal and not workdir.exists()
+  assert rp.main(["gmm", "--dry_run", "--fraction=0.5"]) == 2
+  assert capsys.readouterr().err == (
+    "locvit.reproduce: error: --fraction is for paper-protocol plans; 'gmm' is a budget plan\n"
+  )
+
+
+def _write_protocol_plan(workdir, fraction=0.05):
+  steps, _ = rp.protocol.protocol_steps(
+    rp.row_config(rp.PLANS["smoke_protocol"]["rows"]["depth1"]), 1437, fraction
+  )
+  os.makedirs(workdir)
+  cost = {"steps_per_sec": 20.0, "overhead_sec": 5.0, "steps_per_epoch": 22, "batch_size": 64}
+  plan = {
+    "plan": "smoke_protocol", "protocol": True, "fraction": fraction, "seeds": 1,
+    "row_names": ["depth1"], "minutes": None, "started": time.time(),
+    "load_at_probe": [1.0, 1.0, 1.0], "locvit_commit": "test", "estimated_minutes": 1.0,
+    "data": "scikit-learn's 8x8 digits", "rows": {"depth1": {**cost, "steps": steps}},
+  }  # fmt: skip
+  with open(os.path.join(workdir, "plan.json"), "w") as f:
+    json.dump(plan, f)
+  return steps
+
+
+def _trained(run):
+  """Per step, the logged training loss and evaluation (timings left out)."""
+  keep = ("train/loss", "eval/top1", "eval/loss")
+  return {(r["step"], k): r[k] for r in metrics.read_metrics(run) for k in keep if k in r}
+
+
+def test_a_run_continues_on_another_machine_from_the_copied_workdir(tmp_path, capsys):
+  whole, first, second = (str(tmp_path / name) for name in ("whole", "first", "second"))
+  steps = _write_protocol_plan(whole)
+  assert steps == 33  # 5% of 30 epochs of 22 steps: 1.5 epochs
+  _write_protocol_plan(first)
+  assert rp.main(["smoke_protocol", f"--workdir={whole}"]) == 0
+  with sigterm_after_step(12, signal.SIGINT):  # the first machine stops mid-run
+    assert rp.main(["smoke_protocol", f"--workdir={first}"]) == 130
+  assert "on another machine, copy it there first" in capsys.readouterr().out
+  shutil.copytree(first, second)  # the workdir travels; the first machine is gone
+  shutil.rmtree(first)
+  assert rp.main(["smoke_protocol", f"--workdir={second}"]) == 0
+  out = capsys.readouterr().out
+  assert "0 of 1 runs finished" in out
+  run_whole, run_second = (os.path.join(d, "depth1", "seed0") for d in (whole, second))
+  resumed = [r["step"] for r in metrics.read_metrics(run_second) if "train/loss" in r]
+  assert 13 in resumed and resumed == sorted(set(resumed))  # continued after its checkpoint
+  assert _trained(run_second) == _trained(run_whole)
+  assert (steps, "eval/top1") in _trained(run_whole)
+  assert "| depth1 | - |" in pathlib.Path(second, "results.md").read_text()
+  assert (
+    "smoke test of a paper-protocol plan" in pathlib.Path(second, "results.md").read_text().lower()
+  )
+  assert "at 0.05 of the paper's protocol" in pathlib.Path(second, "results.md").read_text()
+
+
+def _tiny_cifar(root, per_class=2):
+  """A 32x32 JPEG image folder with CIFAR-10's ten classes (``per_class`` images per split)."""
+  from PIL import Image
+
+  rng = np.random.default_rng(0)
+  for split in ("train", "test"):
+    for label in range(10):
+      folder = root / split / f"class{label}"
+      folder.mkdir(parents=True)
+      for i in range(per_class):
+        pixels = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / f"{i}.jpg", quality=75)
+  return root
+
+
+def test_the_combined_row_changes_only_q_and_k_and_trains(tmp_path, monkeypatch):
+  """GMM-ViT with impulse-3 q/k (gmm_table1_cifar10's optional row): the GMM row's init but the
+  query/key kernels, and a few training steps on CPU (two blocks, the fast solver)."""
+  import flax
+  import jax
+
+  from locvit import train
+  from locvit.init import apply_init
+  from locvit.models.factory import build_model
+
+  monkeypatch.setenv("CIFAR10_ROOT", str(_tiny_cifar(tmp_path / "cifar")))
+  rows = rp.PLANS["gmm_table1_cifar10"]["rows"]
+  config = rp.row_config(rows["gmm_impulse3"])
+  assert rp.select_rows(rp.PLANS["gmm_table1_cifar10"], None) == ["vit", "gmm"]
+  assert config.model.name == rp.row_config(rows["gmm"]).model.name
+  assert (config.init.name, config.init.filter_size, config.init.base) == ("impulse", 3, "keep")
+  config.model.overrides.depth = 2
+  config.model.overrides.layer_attention = ("gmm",) * 2
+  config.init.solver = "fast"
+  config.mixed_precision = False
+
+  model = build_model(config, 10)
+  params = model.init(jax.random.key(0), np.zeros((1, 32, 32, 3), np.float32), train=False)
+  params = flax.linen.meta.unbox(params["params"])
+  impulse = apply_init(config.init, params, model, 32, seed=0)
+  before, after = (flax.traverse_util.flatten_dict(p, sep="/") for p in (params, impulse))
+  changed = {k for k in before if not np.array_equal(before[k], after[k])}
+  assert changed == {f"blocks_{i}/attn/qkv/kernel" for i in range(2)}
+  kernel, new = (
+    params["blocks_0"]["attn"]["qkv"]["kernel"],
+    impulse["blocks_0"]["attn"]["qkv"]["kernel"],
+  )
+  np.testing.assert_array_equal(kernel[:, 2], new[:, 2])  # v is kept
+
+  config = rp.budgeted_config(config, 3, seed=0)
+  config.batch_size = config.eval_batch_size = 8
+  # The recipe's augmentations are tested elsewhere: off here, so the step compiles faster.
+  config.data.augment_on, config.data.auto_augment = "host", None
+  config.mixup.mixup_alpha = config.mixup.cutmix_alpha = config.random_erasing.prob = 0.0
+  workdir = str(tmp_path / "run")
+  train.train_and_evaluate(config, workdir)
+  losses = [r["train/loss"] for r in metrics.read_metrics(workdir) if "train/loss" in r]
+  assert losses and np.isfinite(losses).all()
+  assert rp.is_finished(workdir, 3)

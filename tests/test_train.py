@@ -11,6 +11,7 @@ import pytest
 
 from locvit import sharding, train
 from locvit.metrics import read_metrics
+from locvit.run import bundle
 from tests.train_utils import sigterm_after_step, tiny_config
 
 
@@ -119,6 +120,62 @@ def test_sigterm_or_ctrl_c_resume_reproduces_uninterrupted_run(tmp_path, single_
   assert second["eval/loss"] == full["eval/loss"]
 
 
+def test_a_resumed_run_logs_the_rows_of_the_uninterrupted_run(tmp_path, single_device_run, capsys):
+  """Logging every 2 steps, stopped after step 2 and resumed at step 3: the rows are those of the
+  uninterrupted run (one loss curve, no extra point one step after the resume); step 3 still
+  prints its progress line, with its compilation time."""
+  full_dir, _ = single_device_run
+  config = tiny_config(log_every_steps=2)
+  config.mesh.num_devices, config.mesh.shape = 1, (1, 1)
+  workdir = str(tmp_path / "split")
+  with sigterm_after_step(1):
+    assert train.train_and_evaluate(config, workdir) == {"preempted": True, "step": 2}
+  train.train_and_evaluate(config, workdir)
+  full = {r["step"]: r["train/loss"] for r in read_metrics(full_dir)}  # logged every step
+  rows = [(r["step"], r["train/loss"]) for r in read_metrics(workdir) if "train/loss" in r]
+  assert rows == [(step, full[step]) for step in (1, 2, 4, 6)]
+  assert "step 3/6  loss " in capsys.readouterr().out
+
+
+def test_a_dispatch_ends_at_every_log_save_and_eval_step():
+  """K = 2 steps per dispatch: one step where a host step (first, log, save, last) falls inside."""
+  config = tiny_config(log_every_steps=3, checkpoint_every_steps=4, steps_per_dispatch=2)
+
+  def ends(start, total=6):
+    done, out = start, []
+    while done < total:
+      done = train.dispatch_end(config, done, start, total)
+      out.append(done)
+    return out
+
+  assert ends(0) == [1, 3, 4, 6] and ends(3) == [4, 6] and ends(4) == [5, 6]
+  assert "--config.steps_per_dispatch=0: must be a positive integer" in bundle.config_errors(
+    tiny_config(steps_per_dispatch=0)
+  )
+
+
+def test_steps_per_dispatch_reproduces_single_steps_through_a_stop(tmp_path, single_device_run):
+  """Two steps per dispatch (dispatches [1], [2, 3]; SIGTERM; resumed from 3: [4], [5, 6]): every
+  logged row, the checkpoint at 4 and the final evaluation as one step per dispatch, bitwise."""
+  full_dir, full = single_device_run
+  config = tiny_config(log_every_steps=3, checkpoint_every_steps=4, steps_per_dispatch=2)
+  config.mesh.num_devices, config.mesh.shape = 1, (1, 1)
+  workdir = str(tmp_path)
+  with sigterm_after_step(1):
+    first = train.train_and_evaluate(config, workdir)
+  assert first == {"preempted": True, "step": 3}  # the dispatch in flight completes
+  second = train.train_and_evaluate(config, workdir)
+  assert os.path.isdir(os.path.join(workdir, "checkpoints", "4"))
+  single = {r["step"]: r for r in read_metrics(full_dir) if "train/loss" in r}
+  rows = [r for r in read_metrics(workdir) if "train/loss" in r]
+  assert [r["step"] for r in rows] == [1, 3, 6]  # the rows of an uninterrupted run
+  for row in rows:
+    assert {k: v for k, v in row.items() if k.startswith("train/")} == {
+      k: v for k, v in single[row["step"]].items() if k.startswith("train/")
+    }
+  assert (second["eval/top1"], second["eval/loss"]) == (full["eval/top1"], full["eval/loss"])
+
+
 def test_eval_only_mode_matches_final_evaluation(tmp_path):
   config = tiny_config()
   final = train.train_and_evaluate(config, str(tmp_path))
@@ -224,8 +281,11 @@ def test_image_size_not_divisible_by_patch(tmp_path):
   _fails(config, tmp_path, "not divisible by patch_size=3")
 
 
-def test_batch_not_divisible_by_devices(tmp_path):
-  _fails(tiny_config(batch_size=36), tmp_path, "batch_size=36", "8 data-parallel devices", "40")
+def test_batch_not_divisible_by_devices_names_the_nearest_sizes_on_both_sides(tmp_path):
+  mesh = "mesh {'data': 8, 'model': 1}"
+  line = f"batch_size=100 is not divisible by the 8 data-parallel devices of {mesh}."
+  _fails(tiny_config(batch_size=100), tmp_path, f"{line} Valid values near it: [88, 96, 104, 112].")
+  _fails(tiny_config(batch_size=4), tmp_path, "batch_size=4", "Valid values near it: [8, 16].")
 
 
 def test_a_batch_larger_than_the_dataset_is_refused_before_the_workdir_exists(tmp_path):

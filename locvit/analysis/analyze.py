@@ -3,11 +3,12 @@
   python -m locvit.main --config=CONFIG --workdir=DIR --mode=analyze
 
 Reads ``DIR/metrics.jsonl`` (the ``locality/...`` records the trainer logs at each evaluation
-when ``config.analysis.locality`` is True) and the latest checkpoint in ``DIR/checkpoints``, and
-writes into ``DIR/analysis`` (or ``output_dir``):
+when ``config.analysis.locality`` is True), ``DIR/eval.jsonl`` (the results of ``--mode=eval``)
+and the latest checkpoint in ``DIR/checkpoints``, and writes into ``DIR/analysis`` (or
+``output_dir``):
 
-- ``training_curves.png``: train and eval loss, eval top-1 and top-5 (and the EMA's, when logged)
-  over training, for any model;
+- ``training_curves.png``: train and eval loss, eval top-1 and top-5 in % (and the EMA's, when
+  logged) over training, for any model, with the ``--mode=eval`` results as crosses;
 - ``nonlocality.png``: head-averaged nonlocality of every layer over training (paper Fig. 5);
 - ``gates.png``: ``sigmoid(lambda_h)`` of every head of every GPSA layer over training (Fig. 6);
 - ``attention_maps.png``: the attention of one query patch for every head of chosen layers on one
@@ -15,7 +16,9 @@ writes into ``DIR/analysis`` (or ``output_dir``):
   real per-layer inputs.
 
 The curves need logged locality records; without them only the attention maps are drawn (and a
-warning says how to log them). Run it as a single process.
+warning says how to log them). A series of one point is drawn as a marker. Before the first
+evaluation, one warning says so, and so do the figures: the accuracy panel, and the locality
+curves, which hold only the initialisation. Run it as a single process.
 """
 
 from __future__ import annotations
@@ -165,21 +168,45 @@ TRAINING_CURVES = tuple(
 )
 
 
-def training_series(records: Sequence[dict[str, Any]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-  """``{key: (steps, values)}`` of each ``TRAINING_CURVES`` key logged in ``records``."""
+def _series(records: Sequence[dict[str, Any]], suffix: str = "") -> dict:
   series = {}
   for key in TRAINING_CURVES:
-    rows = [(r["step"], r[key]) for r in records if key in r]
+    rows = sorted((r["step"], r[key]) for r in records if key in r)
     if rows:
       steps, values = zip(*rows, strict=True)
-      series[key] = (np.asarray(steps), np.asarray(values, dtype=float))
+      series[key + suffix] = (np.asarray(steps), np.asarray(values, dtype=float))
   return series
 
 
+def training_series(
+  records: Sequence[dict[str, Any]], evaluations: Sequence[dict[str, Any]] = ()
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+  """``{key: (steps, values)}`` of each ``TRAINING_CURVES`` key logged in ``records``, and of the
+  ``--mode=eval`` results ``evaluations`` (``eval.jsonl``) per evaluated split, as
+  ``'eval/top1 (--mode=eval on test)'``."""
+  series = _series(records)
+  for split in dict.fromkeys(r.get("eval_split") for r in evaluations):
+    rows = [r for r in evaluations if r.get("eval_split") == split]
+    series.update(_series(rows, f" ({plots.MODE_EVAL} on {split})"))
+  return series
+
+
+def _records(workdir: str) -> list[dict[str, Any]]:
+  """The rows of ``workdir/metrics.jsonl``; [] before the run logged any."""
+  exists = (paths.path(workdir) / metrics_lib.METRICS).exists()
+  return metrics_lib.read_metrics(workdir) if exists else []
+
+
+def evaluated(workdir: str) -> bool:
+  """Whether ``workdir`` holds an evaluation: by the trainer, or by ``--mode=eval``."""
+  rows = [*_records(workdir), *metrics_lib.read_evaluations(workdir)]
+  return any("eval/top1" in r for r in rows)
+
+
 def training_curves(workdir: str, output_dir: str, *, title: str = "") -> list[str]:
-  """``training_curves.png`` from ``workdir/metrics.jsonl``; ``[]`` without logged metrics."""
-  path = paths.path(workdir) / metrics_lib.METRICS
-  series = training_series(metrics_lib.read_metrics(workdir) if path.exists() else [])
+  """``training_curves.png`` from ``workdir/metrics.jsonl`` and ``eval.jsonl``; ``[]`` without
+  logged metrics."""
+  series = training_series(_records(workdir), metrics_lib.read_evaluations(workdir))
   if not series:
     return []
   fig = plots.training_curves_figure(series, title=title)
@@ -188,23 +215,24 @@ def training_curves(workdir: str, output_dir: str, *, title: str = "") -> list[s
 
 def curve_figures(workdir: str, output_dir: str, *, title: str = "") -> list[str]:
   """Figs. 5 and 6 from ``workdir/metrics.jsonl``; ``[]`` (and a warning) without records."""
-  path = paths.path(workdir) / metrics_lib.METRICS
-  records = metrics_lib.read_metrics(workdir) if path.exists() else []
+  records = _records(workdir)
   steps, series = locality_series(records)
   if "nonlocality" not in series:
     logging.warning(
       "No locality records in %s: set config.analysis.locality=True when training to get the "
       "nonlocality and gate curves. Drawing the attention maps only.",
-      path,
+      paths.path(workdir) / metrics_lib.METRICS,
     )
     return []
+  # The trainer logs locality at step 0 and at each of its evaluations.
+  note = None if steps.any() else f"the initialisation only: {plots.NO_EVALUATION} in training"
   ratio = epochs_per_step(records)
   x, xlabel = (steps * ratio, "epoch") if ratio else (steps, "step")
   layer_means = {i: np.nanmean(v, axis=1) for i, v in series["nonlocality"].items()}
-  fig = plots.nonlocality_figure(x, layer_means, xlabel=xlabel, title=title)
+  fig = plots.nonlocality_figure(x, layer_means, xlabel=xlabel, title=title, note=note)
   written = [plots.save(fig, paths.path(output_dir) / "nonlocality.png")]
   if "gate" in series:
-    fig = plots.gate_figure(x, series["gate"], xlabel=xlabel)
+    fig = plots.gate_figure(x, series["gate"], xlabel=xlabel, note=note)
     written.append(plots.save(fig, paths.path(output_dir) / "gates.png"))
   return written
 
@@ -237,6 +265,13 @@ def analyze(
   analysis = _analysis_config(config)
   output_dir = output_dir or paths.path(workdir) / "analysis"
   curves = training_curves(workdir, output_dir, title=config.model.name)  # any model
+  if not evaluated(workdir):
+    logging.warning(
+      "No evaluation in %s yet: the figures show no accuracy, nor locality after initialisation. "
+      "`--mode=eval --workdir=%s` evaluates the latest checkpoint.",
+      workdir,
+      workdir,
+    )
 
   # Everything that can be wrong with the arguments is checked before any compilation.
   source = data_lib.make_source(config.data, config.data.eval_split)

@@ -1,6 +1,7 @@
 """ConViT figures with matplotlib's object API and the Agg canvas (no pyplot, no global state).
 
-- :func:`training_curves_figure`: loss, and top-1/top-5, over training (train and eval, EMA too).
+- :func:`training_curves_figure`: loss, and top-1/top-5 in %, over training (train and eval, EMA
+  too, and the results of ``--mode=eval``).
 - :func:`nonlocality_figure`: nonlocality of each layer over training (paper Fig. 5).
 - :func:`gate_figure`: ``sigmoid(lambda_h)`` of every head of every GPSA layer over training,
   with the head mean in black (Fig. 6).
@@ -37,22 +38,35 @@ def save(fig: Figure, path: str | os.PathLike, dpi: int = 120) -> str:
   return os.fspath(target)
 
 
+NO_EVALUATION = "no evaluation yet"
+MODE_EVAL = "--mode=eval"  # in the names of the series of --mode=eval results (eval.jsonl)
+
+
+def _note(ax, text: str) -> None:
+  """``text`` in the middle of ``ax``: what the panel does not show yet, and why."""
+  ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="0.35")
+
+
 def training_curves_figure(
   series: Mapping[str, tuple[np.ndarray, np.ndarray]], *, title: str = ""
 ) -> Figure:
-  """Two panels from ``metrics.jsonl`` series ``{key: (steps, values)}``: the ``*/loss`` keys on
-  the left, the ``*/top1`` and ``*/top5`` keys (as percentages) on the right."""
+  """Two panels from series ``{key: (steps, values)}``: the ``*/loss`` keys on the left, the
+  ``*/top1`` and ``*/top5`` keys as percentages (a 0-100 axis) on the right. Keys naming
+  ``--mode=eval`` are separate evaluations, drawn as crosses; a series of one point gets a
+  marker; an accuracy panel without series says there is no evaluation yet."""
   fig = Figure(figsize=(10, 4))
-  loss_ax, accuracy_ax = fig.subplots(1, 2)
+  loss_ax, accuracy_ax = fig.subplots(1, 2, sharex=True)
   for key in sorted(series):
     steps, values = series[key]
-    style = "-" if key.startswith("train/") else ".-"
-    if key.endswith("/loss"):
-      loss_ax.plot(steps, values, style, label=key)
-    else:
-      accuracy_ax.plot(steps, 100 * np.asarray(values), style, label=key)
+    style = "x" if MODE_EVAL in key else "-" if key.startswith("train/") else ".-"
+    style += "o" if style == "-" and len(steps) == 1 else ""  # one point: no line to draw
+    ax, scale = (loss_ax, 1) if key.split(" ")[0].endswith("/loss") else (accuracy_ax, 100)
+    ax.plot(steps, scale * np.asarray(values), style, label=key)
   loss_ax.set_ylabel("loss")
   accuracy_ax.set_ylabel("accuracy (%)")
+  accuracy_ax.set_ylim(0, 100)
+  if not accuracy_ax.get_lines():
+    _note(accuracy_ax, f"{NO_EVALUATION}\n({MODE_EVAL} adds one)")
   for ax in (loss_ax, accuracy_ax):
     ax.set_xlabel("step")
     if ax.get_lines():
@@ -68,9 +82,15 @@ def _layer_colours(layers: Sequence[int]) -> dict[int, tuple]:
 
 
 def nonlocality_figure(
-  x: np.ndarray, series: Mapping[int, np.ndarray], *, xlabel: str = "step", title: str = ""
+  x: np.ndarray,
+  series: Mapping[int, np.ndarray],
+  *,
+  xlabel: str = "step",
+  title: str = "",
+  note: str | None = None,
 ) -> Figure:
-  """Fig. 5: one line per layer, the head-averaged nonlocality (Eq. 8) at each logged point."""
+  """Fig. 5: one line per layer, the head-averaged nonlocality (Eq. 8) at each logged point;
+  ``note`` is written across the axes (e.g. that only the initialisation is logged yet)."""
   if not series:
     raise ValueError("No nonlocality series to plot.")
   fig = Figure(figsize=(5.5, 4))
@@ -82,13 +102,22 @@ def nonlocality_figure(
   ax.set_ylabel("nonlocality (patches)")
   ax.set_title(title or "Nonlocality (Eq. 8)")
   ax.legend(fontsize="small", ncol=2)
+  if note:
+    _note(ax, note)
   return fig
 
 
-def gate_figure(x: np.ndarray, gates: Mapping[int, np.ndarray], *, xlabel: str = "step") -> Figure:
-  """Fig. 6: per GPSA layer, ``sigmoid(lambda_h)`` of each head (colours) and their mean (black).
+def gate_figure(
+  x: np.ndarray,
+  gates: Mapping[int, np.ndarray],
+  *,
+  xlabel: str = "step",
+  note: str | None = None,
+) -> Figure:
+  """Fig. 6: per GPSA layer, ``sigmoid(lambda_h)`` of each head (colours) and their mean (black),
+  a marker at each logged point.
 
-  ``gates[layer]`` is ``(T, H)`` for the T logged points.
+  ``gates[layer]`` is ``(T, H)`` for the T logged points; ``note`` is written above the panels.
   """
   if not gates:
     raise ValueError("No gate series to plot (the model has no GPSA layer, or none was logged).")
@@ -100,8 +129,9 @@ def gate_figure(x: np.ndarray, gates: Mapping[int, np.ndarray], *, xlabel: str =
   for ax, layer in zip(axes.flat, layers, strict=False):
     values = np.asarray(gates[layer])
     for h in range(values.shape[1]):
-      ax.plot(x, values[:, h], lw=1, color=colormaps["tab10"](h % 10), label=f"head {h}")
-    ax.plot(x, values.mean(axis=1), lw=2, color="black", label="mean")
+      colour = colormaps["tab10"](h % 10)
+      ax.plot(x, values[:, h], lw=1, marker=".", color=colour, label=f"head {h}")
+    ax.plot(x, values.mean(axis=1), lw=2, marker=".", color="black", label="mean")
     ax.set_ylim(0, 1)
     ax.set_title(f"layer {layer}")
   for ax in axes.flat[len(layers) :]:
@@ -111,6 +141,8 @@ def gate_figure(x: np.ndarray, gates: Mapping[int, np.ndarray], *, xlabel: str =
   for ax in axes[:, 0]:
     ax.set_ylabel(r"$\sigma(\lambda_h)$")
   axes.flat[0].legend(fontsize="x-small")
+  if note:
+    fig.suptitle(note, color="0.35", y=1.0, va="bottom")  # above the panels' titles
   return fig
 
 

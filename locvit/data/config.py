@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from locvit.choices import Errors, check_choice
+from locvit.configs import datasets
 
 # Plain data beside the shipped configs (which must not import JAX); the library names stay.
 from locvit.configs.defaults import (  # noqa: F401
@@ -46,6 +48,28 @@ def _number(cfg: Any, field: str, *, lo: float, hi: float, lo_open: bool, intege
     lo_b = "(" if lo_open else "["
     what = "an integer" if integer else "a number"
     raise ValueError(f"data.{field}={value!r} must be {what} in {lo_b}{lo}, {hi}]")
+
+
+SPLIT_FORMS = "NAME or NAME[START:STOP] with integers or percentages (test[:500], train[:90%])"
+_SPLIT = re.compile(r"(?P<name>[^\[\]]+)(?:\[(?P<start>-?\d+%?)?:(?P<stop>-?\d+%?)?\])?")
+
+
+def parse_split(split: str) -> tuple[str, str | None, str | None]:
+  """``'train[10%:]'`` -> ``('train', '10%', None)``: the split folder and the slice's bounds, as
+  TFDS writes them. Raises ValueError naming the valid forms."""
+  match = _SPLIT.fullmatch(split.strip())
+  if not match:
+    raise ValueError(f"split {split!r} is not {SPLIT_FORMS}")
+  return match["name"], match["start"], match["stop"]
+
+
+def _folder_split(cfg: Any, field: str) -> None:
+  try:
+    parse_split(cfg[field])
+  except ValueError:
+    raise ValueError(
+      f"data.{field}={cfg[field]!r} is not a split of an image folder: {SPLIT_FORMS}"
+    ) from None
 
 
 def _pair(cfg: Any, field: str, *, lo: float, hi: float) -> None:
@@ -86,13 +110,14 @@ def validate_data_config(cfg: Any) -> None:
     errors.add(f"data.name={cfg.name!r} must be a TFDS dataset name when source='tfds'")
   if cfg.source == "image_folder" and not cfg.root:
     errors.add(
-      f"data.root={cfg.root!r} must be set when source='image_folder': the CIFAR-10 configs read "
-      "$CIFAR10_ROOT (or give --config.data.root=DIR); prepare DIR with "
-      "`python -m locvit.data.prepare cifar10 --out=DIR`"
+      f"data.root={cfg.root!r} must be set when source='image_folder': "
+      + datasets.missing_root_hint(cfg.name)
     )
   for field in ("train_split", "eval_split"):
     if not isinstance(cfg[field], str) or not cfg[field]:
       errors.add(f"data.{field}={cfg[field]!r} must be a non-empty split name")
+    elif cfg.source == "image_folder":
+      errors.check(_folder_split, cfg, field)
   integer, fraction = dict(lo_open=False, integer=True), dict(lo_open=True, integer=False)
   numbers = [
     ("image_size", dict(lo=1, hi=1 << 16, **integer)),

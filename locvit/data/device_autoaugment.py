@@ -14,8 +14,10 @@ geometric ops sample as Pillow's affine transform (pixel centres at +0.5, clamp-
 the fill where the sample point leaves the image, the bicubic kernel with a = -1, truncation to
 uint8) in float32 where Pillow uses float64, so a few pixels land one grey level apart.
 
-dm-pix provides solarize and the bilinear sampler (``pix.flat_nd_linear_interpolate``, what
-``pix.affine_transform`` runs). Its brightness (additive), contrast (per-channel mean),
+dm-pix provides solarize. Its bilinear sampler (``pix.flat_nd_linear_interpolate``) sums the
+taps in a reduction whose rounding on XLA CPU varies with the batch shape, so the samplers here
+interpolate tap by tap, as Pillow does, and an example's pixels do not depend on its batch. Its
+brightness (additive), contrast (per-channel mean),
 saturation (HSV) and grayscale (float luma weights) use other formulas than Pillow's enhancers,
 and its affine transform has no bicubic mode, so those are written here with Pillow's arithmetic.
 
@@ -24,6 +26,11 @@ probability p, with Gaussian magnitude noise (uniform in [0, m] when mstd > 100)
 [0, mmax], and a random sign for signed ops; AutoAugment draws one sub-policy uniformly and
 applies its ops each with its own probability. The distributions are the host's; the random
 stream is JAX's (``sample_ops`` draws, ``apply_ops`` applies).
+
+Applying the draws to a batch (``dispatch``): a vmap of ``apply_ops`` turns its ``lax.switch``
+into a select that computes every op for every example, cheap on small images on an
+accelerator; otherwise ``apply_ops_grouped`` sorts the batch by drawn op and runs each op on its
+own examples only. Both give the same pixels, bit for bit.
 """
 
 from __future__ import annotations
@@ -195,13 +202,18 @@ def _sample_bicubic(image: Array, u: Array, v: Array) -> Array:
 
 
 def _sample_bilinear(image: Array, u: Array, v: Array) -> Array:
-  """Pillow's bilinear_filter: linear taps clamped to the image (dm-pix, mode 'nearest')."""
-  channels = image.shape[-1]
-  rows = jnp.broadcast_to(v[..., None], (*v.shape, channels))
-  cols = jnp.broadcast_to(u[..., None], rows.shape)
-  planes = jnp.broadcast_to(jnp.arange(channels, dtype=u.dtype), rows.shape)
-  coordinates = jnp.stack([rows, cols, planes])
-  return pix.flat_nd_linear_interpolate(image, coordinates)
+  """Pillow's bilinear_filter: 2x2 taps around (u, v), each clamped to the image, rows
+  interpolated first (``a + (b - a) * d``); (H, W, C). Per-tap arithmetic in a fixed order, as in
+  the bicubic sampler: a sum over the taps (dm-pix's sampler) is a reduction whose rounding on
+  XLA CPU depends on the batch shape, and an example's pixels must not."""
+  height, width, _ = image.shape
+  x0, y0 = jnp.floor(u), jnp.floor(v)
+  dx, dy = (u - x0)[..., None], (v - y0)[..., None]
+  xs = [jnp.clip(x0.astype(jnp.int32) + k, 0, width - 1) for k in range(2)]
+  ys = [jnp.clip(y0.astype(jnp.int32) + k, 0, height - 1) for k in range(2)]
+  lerp = lambda a, b, t: a + (b - a) * t
+  top, bottom = (lerp(image[y, xs[0]], image[y, xs[1]], dx) for y in ys)
+  return lerp(top, bottom, dy)
 
 
 def affine(image: Array, coeffs: Sequence[Array], fill: Array, interpolation: str) -> Array:
@@ -452,9 +464,69 @@ def apply_ops(image: Array, draws: OpDraws, branches: Sequence[Callable]) -> Arr
   return levels.astype(jnp.uint8)
 
 
-def auto_augment(key: Array, images: Array, data_config: Any) -> Array:
+def _apply_layer_grouped(
+  levels: Array, primitive: Array, argument: Array, branches: Sequence[Callable], group_size: int
+) -> Array:
+  """One op per example (`primitive`, `argument`: (B,)) on float32 levels (B, H, W, C), grouped
+  by op: the examples sorted by op, each op's run cut into groups of `group_size`, one group per
+  loop iteration through a ``lax.switch`` on the group's op, so only that op runs (vmapped over
+  the group). Identity examples are skipped; a group's spare lanes recompute one of its examples
+  and their writes are dropped."""
+  b, num_ops = primitive.shape[0], len(branches) - 1
+  counts = jnp.bincount(primitive, length=num_ops + 1)[:num_ops]
+  groups = -(-counts // group_size)
+  groups_end = jnp.cumsum(groups)
+  run_start = jnp.cumsum(counts) - counts  # where each op's examples start in `order`
+  order = jnp.argsort(primitive, stable=True)
+  lanes = jnp.arange(group_size)
+  batched = [jax.vmap(branch) for branch in branches[:num_ops]]
+
+  def group(i: Array, levels: Array) -> Array:
+    op = jnp.searchsorted(groups_end, i, side="right")
+    offset = (i - (groups_end[op] - groups[op])) * group_size + lanes
+    index = order[jnp.minimum(run_start[op] + offset, b - 1)]
+    out = jax.lax.switch(op, batched, levels[index], argument[index])
+    return levels.at[jnp.where(offset < counts[op], index, b)].set(out, mode="drop")
+
+  return jax.lax.fori_loop(0, groups_end[-1], group, levels)
+
+
+def apply_ops_grouped(images: Array, draws: OpDraws, branches: Sequence[Callable], group_size: int):
+  """``apply_ops`` on a uint8 (B, H, W, C) batch with draws (B, ops_per_image), each op slot
+  grouped by op (``_apply_layer_grouped``): every example computes its drawn ops only."""
+  levels = images.astype(jnp.float32)
+  for j in range(draws.primitive.shape[1]):
+    levels = _apply_layer_grouped(
+      levels, draws.primitive[:, j], draws.argument[:, j], branches, group_size
+    )
+  return levels.astype(jnp.uint8)
+
+
+# On an accelerator, up to this many pixels per image the per-example vmap (every op on every
+# example, then a select) is one parallel pass that costs little; above it the select computes 15
+# ops per example where one is drawn, and grouping by op wins (docs/benchmarks.md).
+SELECT_MAX_PIXELS = 64 * 64
+
+
+def dispatch(height: int, width: int, platform: str) -> str:
+  """How ``auto_augment`` applies the drawn ops to (height x width) images on `platform`:
+  'select' (vmap over examples; ``lax.switch`` becomes a select over all ops) or 'grouped'
+  (``apply_ops_grouped``). On CPU grouping is faster at every size (docs/benchmarks.md)."""
+  small = height * width <= SELECT_MAX_PIXELS
+  return "select" if small and platform != "cpu" else "grouped"
+
+
+def group_size(batch: int) -> int:
+  """Examples per group: in an op slot a batch spreads over 15 ops and about half its examples
+  skip the slot (p = 0.5 in the recipes' RandAugment), so about batch / 30 meet per op; groups of
+  that size leave few idle lanes."""
+  return -(-batch // 32)
+
+
+def auto_augment(key: Array, images: Array, data_config: Any, *, how: str | None = None) -> Array:
   """data.auto_augment on a uint8 (B, H, W, C) batch, each example with its own key from `key`;
-  the batch unchanged when data.auto_augment is None."""
+  the batch unchanged when data.auto_augment is None. ``how``: 'select' or 'grouped' (None:
+  ``dispatch`` by image size and platform); both give the same pixels, bit for bit."""
   spec = data_config.auto_augment
   if spec is None:
     return images
@@ -462,5 +534,7 @@ def auto_augment(key: Array, images: Array, data_config: Any) -> Array:
   plan = build_plan(spec, width, height)
   fill = _fill_levels(channels, autoaugment.fill_from_data_config(data_config))
   branches = primitive_branches(fill, data_config.interpolation)
-  augment_one = lambda k, image: apply_ops(image, sample_ops(k, plan), branches)
-  return jax.vmap(augment_one)(jax.random.split(key, b), images)
+  draws = jax.vmap(lambda k: sample_ops(k, plan))(jax.random.split(key, b))
+  if (how or dispatch(height, width, jax.default_backend())) == "grouped":
+    return apply_ops_grouped(images, draws, branches, group_size(b))
+  return jax.vmap(lambda image, d: apply_ops(image, d, branches))(images, draws)

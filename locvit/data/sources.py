@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import math
 import os
 import threading
 from collections.abc import Sequence
@@ -18,8 +19,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from locvit.configs import datasets
 from locvit.data import decoded
-from locvit.data.config import checked_data_config
+from locvit.data.config import checked_data_config, parse_split
 
 logger = logging.getLogger(__name__)
 
@@ -105,11 +107,59 @@ def _gray16_to_rgb8(pixels: np.ndarray, path) -> np.ndarray:
   return np.repeat(grey[..., None], 3, axis=-1)
 
 
+def _bound(text: str | None, n: int, default: int) -> int:
+  """A slice bound as an index into n examples: a percentage rounds to the nearest example; a
+  negative bound counts from the end, and bounds are clipped to [0, n], as Python slices do."""
+  if text is None:
+    return default
+  value = int(text.rstrip("%"))
+  if text.endswith("%"):
+    value = math.floor(abs(value) * n / 100 + 0.5) * (1 if value >= 0 else -1)
+  if value < 0:
+    value += n
+  return min(max(value, 0), n)
+
+
+def stratified_order(labels: np.ndarray | Sequence[int]) -> np.ndarray:
+  """The examples in the order that split slices cut: each class spread evenly over it.
+
+  The r-th of the n_c examples of class c (in source order) sits at (r + 0.5) / n_c; ties go to
+  the lower label. So any run of k consecutive positions holds each class in proportion to its
+  size (within one example), and slices at the same bounds partition the split.
+  """
+  labels = np.asarray(labels)
+  if labels.size == 0:
+    return np.zeros((0,), np.int64)
+  counts = np.bincount(labels)
+  ranks = np.empty(len(labels), np.int64)
+  for c in np.flatnonzero(counts):
+    idx = np.flatnonzero(labels == c)
+    ranks[idx] = np.arange(len(idx))
+  position = (ranks + 0.5) / counts[labels]
+  return np.lexsort((labels, position))
+
+
+def split_slice(labels: np.ndarray | Sequence[int], start: str | None, stop: str | None):
+  """The sorted indices of ``split[start:stop]`` over examples with ``labels``: the slice of
+  ``stratified_order``, so a class-stratified subset that depends on the labels alone (the same
+  on any number of processes or devices, for any seed)."""
+  labels = np.asarray(labels)
+  n = len(labels)
+  order = stratified_order(labels)
+  return np.sort(order[_bound(start, n, 0) : _bound(stop, n, n)])
+
+
 class ImageFolderSource:
   """Images laid out as ROOT/<split>/<class>/*.{jpg,jpeg,png}, decoded with PIL to RGB uint8.
 
   Classes are the sorted subdirectory names; files are sorted within each class, so index
   order (and `labels`) is deterministic. Extensions are matched case-insensitively.
+
+  ``split`` takes TFDS's slice syntax: ``test[:500]``, ``train[:90%]``, ``train[90%:]``,
+  ``train[-10%:]``. A slice selects a class-stratified subset of ROOT/<name> that depends only on
+  the files (``split_slice``): each class keeps its share of the slice (within one example), the
+  classes' first files first, and ``train[:90%]`` and ``train[90%:]`` partition the split. The
+  source keeps every class (``num_classes``), even one the slice leaves empty.
 
   Corrupt files are found lazily (when read), not by decoding everything up front:
     * on_corrupt='error': reading raises `CorruptImageError` naming the file.
@@ -127,7 +177,8 @@ class ImageFolderSource:
     self.root = Path(root)
     self.split = split
     self.on_corrupt = on_corrupt
-    split_dir = self.root / split
+    folder, start, stop = parse_split(split)
+    split_dir = self.root / folder
     if not self.root.is_dir():
       raise FileNotFoundError(
         f"image folder root {str(self.root)!r} does not exist; expected {_FOLDER_LAYOUT}"
@@ -157,8 +208,11 @@ class ImageFolderSource:
         )
       paths.extend(str(class_dir / f) for f in files)
       labels.extend([label] * len(files))
-    self.paths = paths
     self.labels = np.asarray(labels, dtype=np.int32)
+    if (start, stop) != (None, None):
+      keep = split_slice(self.labels, start, stop)
+      paths, self.labels = [paths[i] for i in keep], self.labels[keep]
+    self.paths = paths
     self.class_names = class_dirs
     self.num_classes = len(class_dirs)
     self._lock = threading.Lock()
@@ -258,7 +312,7 @@ def _prepare_hint(name: str, data_dir: str) -> str:
     f"data_dir={data_dir!r}).download_and_prepare(file_format='array_record')\n"
     "Datasets with manual files read them from DATA_DIR/downloads/manual (imagenet2012: "
     "ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar). Prepared elsewhere, copy the data_dir "
-    "here and set data.data_dir to it."
+    "here and pass --data=tfds:DATA_DIR (data.data_dir)."
   )
 
 
@@ -309,6 +363,7 @@ class TfdsSource:
           f"TFDS dataset {name!r} is not prepared: looked for {where!r} (data_dir="
           f"{root_dir!r}) and found no prepared version {builder.version}. "
           + _prepare_hint(name, root_dir)
+          + f"\nOr {datasets.folder_hint(name)}."
         ) from e
       file_format = builder.info.file_format
       random_access = getattr(file_format, "value", file_format) in ("array_record", "parquet")

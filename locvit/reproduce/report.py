@@ -1,7 +1,9 @@
 """The table of a reproduced plan: ``DIR/results.md`` and ``DIR/results.json``.
 
-Per row, the final top-1/top-5 as mean +- sd (sample sd) over the finished seeds beside the
-paper's number; per comparison (baseline, treatment), the per-seed paired differences of top-1,
+Per row, the paper's top-1, ours (final top-1 as mean +- sample sd over the finished seeds) and
+the difference; the ordering the paper's numbers claim and whether ours held it; the data, the
+device, the images/s, the wall time and the locvit commit; any step cap. Per comparison
+(baseline, treatment), the per-seed paired differences of top-1,
 their mean, and the paired t statistic t = mean(d) / (sd(d) / sqrt(n)) with n - 1 degrees of
 freedom and its two-sided p (Student's t distribution).
 """
@@ -9,6 +11,7 @@ freedom and its two-sided p (Student's t distribution).
 from __future__ import annotations
 
 import importlib.metadata
+import itertools
 import json
 import math
 import os
@@ -32,6 +35,46 @@ def final_evaluation(workdir: str, steps: int) -> dict[str, float] | None:
     if record.get("step") == steps and "eval/top1" in record:
       return {"top1": record["eval/top1"], "top5": record["eval/top5"]}
   return None
+
+
+def training_rates(workdir: str) -> list[float]:
+  """The run's logged training images/s (compilation and evaluation excluded): each log line's
+  rate but the first, which includes the compilation."""
+  records = metrics_lib.read_metrics(workdir)
+  rates = [r["perf/images_per_sec"] for r in records if "perf/images_per_sec" in r]
+  return rates[1:] or rates
+
+
+def ordering(rows: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+  """The ordering the paper's numbers claim (best first; equal numbers tie) and whether our
+  means hold every strict pair of it. None when fewer than two rows have a paper number."""
+  ranked = sorted(
+    (r for r in rows if rows[r]["paper_top1"] is not None),
+    key=lambda r: -rows[r]["paper_top1"],
+  )
+  if len(ranked) < 2:
+    return None
+  pairs = [
+    (better, worse)
+    for i, better in enumerate(ranked)
+    for worse in ranked[i + 1 :]
+    if rows[better]["paper_top1"] > rows[worse]["paper_top1"]
+  ]
+  measured = [(b, w) for b, w in pairs if None not in (rows[b]["top1_mean"], rows[w]["top1_mean"])]
+  broken = [(b, w) for b, w in measured if rows[b]["top1_mean"] <= rows[w]["top1_mean"]]
+  claim = ranked[0]
+  for previous, row in itertools.pairwise(ranked):
+    equal = rows[row]["paper_top1"] == rows[previous]["paper_top1"]
+    claim += (" = " if equal else " > ") + row
+  ours = sorted(
+    (r for r in ranked if rows[r]["top1_mean"] is not None), key=lambda r: -rows[r]["top1_mean"]
+  )
+  return {
+    "paper": claim,
+    "ours": " > ".join(ours),
+    "held": None if len(measured) < len(pairs) else not broken,
+    "broken_pairs": broken,
+  }
 
 
 def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
@@ -110,19 +153,22 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
   saved = _read_json(os.path.join(workdir, "plan.json"))
   if saved is None:
     raise ValueError(f"{workdir} holds no plan.json: run `python -m locvit.reproduce {name}` first")
-  steps, seeds = saved["steps"], saved["seeds"]
+  seeds = saved["seeds"]
   rows, finals, wall, loads = {}, {}, 0.0, []
-  for row, spec in plan["rows"].items():
-    cost = saved["rows"][row]
-    finals[row] = {}
+  for row in saved.get("row_names") or plan["rows"]:
+    spec, cost = plan["rows"][row], saved["rows"][row]
+    steps = cost.get("steps", saved.get("steps"))
+    finals[row], rates, row_wall = {}, [], []
     for seed in range(seeds):
       run = os.path.join(workdir, row, f"seed{seed}")
       final = final_evaluation(run, steps)
       if final is not None:
         finals[row][seed] = final
+        rates += training_rates(run)
       timing = _read_json(os.path.join(run, "reproduce_run.json"))
       if timing is not None:
         wall += timing["wall_seconds"]
+        row_wall.append(timing["wall_seconds"])
         loads += [timing["load_before"][0], timing["load_after"][0]]
     top1_mean, top1_sd = mean_sd([f["top1"] for f in finals[row].values()])
     top5_mean, top5_sd = mean_sd([f["top5"] for f in finals[row].values()])
@@ -136,6 +182,11 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
       "top5_mean": top5_mean,
       "top5_sd": top5_sd,
       "paper_top1": spec["paper_top1"],
+      "difference": top1_mean - spec["paper_top1"]
+      if top1_mean is not None and spec["paper_top1"] is not None
+      else None,
+      "images_per_sec": statistics.median(rates) if rates else None,
+      "wall_minutes_per_run": statistics.fmean(row_wall) / 60 if row_wall else None,
       "steps": steps,
       "epochs": steps / cost["steps_per_epoch"],
       "paper_epochs": spec["paper_epochs"],
@@ -146,6 +197,8 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
     }
   comparisons = []
   for base, treat in plan["comparisons"]:
+    if base not in finals or treat not in finals:  # a row this plan's --rows left out
+      continue
     paired = sorted(set(finals[base]) & set(finals[treat]))
     diffs = [finals[treat][s]["top1"] - finals[base][s]["top1"] for s in paired]
     test = paired_t(diffs)
@@ -159,10 +212,21 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
         "verdict": verdict(test),
       }
     )
+  fraction = saved.get("fraction", 1.0)
+  title = plan["title"]
+  if saved.get("protocol"):
+    title += ", at " + (
+      "the paper's protocol" if fraction == 1 else f"{fraction:.3g} of the paper's protocol"
+    )
   return {
     "plan": name,
-    "title": plan["title"],
+    "title": title,
+    "protocol": bool(saved.get("protocol")),
+    "fraction": fraction,
+    "max_steps": None if saved.get("protocol") else plan.get("max_steps"),
+    "data": saved.get("data"),
     "rows": rows,
+    "ordering": ordering(rows),
     "comparisons": comparisons,
     "machine": machine(),
     "locvit_commit": saved.get(
@@ -172,7 +236,7 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
     "budget_minutes": saved["minutes"],
     "estimated_minutes": saved.get("estimated_minutes"),
     "runs_finished": sum(len(f) for f in finals.values()),
-    "runs_planned": seeds * len(plan["rows"]),
+    "runs_planned": seeds * len(rows),
     "training_wall_minutes": wall / 60,
     "load_average_range": [min(loads), max(loads)] if loads else None,
     "load_at_probe": saved["load_at_probe"],
@@ -185,27 +249,51 @@ def _pct(mean: float | None, sd: float | None) -> str:
   return f"{100 * mean:.2f}" + (f" +- {100 * sd:.2f}" if sd is not None else "")
 
 
+def _points(value: float | None, sign: bool = False) -> str:
+  if value is None:
+    return "-"
+  return f"{100 * value:+.2f}" if sign else f"{100 * value:.2f}"
+
+
 def markdown(report: dict[str, Any]) -> str:
   """``report`` as the markdown tables of ``results.md``."""
   m = report["machine"]
   lines = [f"# {report['title']}", ""]
-  lines.append(
-    "| row | seeds | top-1 % | top-5 % | paper top-1 % | steps | epochs | paper epochs | "
-    "of paper budget |"
-  )
-  lines.append("|---|---|---|---|---|---|---|---|---|")
-  for name, r in report["rows"].items():
-    paper = f"{100 * r['paper_top1']:.2f}" if r["paper_top1"] is not None else "-"
-    lines.append(
-      f"| {name} | {len(r['seeds_finished'])} | {_pct(r['top1_mean'], r['top1_sd'])} | "
-      f"{_pct(r['top5_mean'], r['top5_sd'])} | {paper} | {r['steps']} | {r['epochs']:.2f} | "
-      f"{r['paper_epochs']} | {r['paper_budget_fraction']:.2%} |"
-    )
   lines += [
-    "",
-    "| comparison | per-seed top-1 differences (points) | mean | paired t (df) | verdict |",
-    "|---|---|---|---|---|",
+    "| row | paper top-1 % | ours top-1 % | ours - paper (points) | seeds | top-5 % | "
+    "epochs | paper epochs | of paper budget | img/s | minutes per run |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
   ]
+  for name, r in report["rows"].items():
+    rate = f"{r['images_per_sec']:,.0f}" if r.get("images_per_sec") else "-"
+    wall = r.get("wall_minutes_per_run")
+    lines.append(
+      f"| {name} | {_points(r['paper_top1'])} | {_pct(r['top1_mean'], r['top1_sd'])} | "
+      f"{_points(r.get('difference'), sign=True)} | {len(r['seeds_finished'])} | "
+      f"{_pct(r['top5_mean'], r['top5_sd'])} | {r['epochs']:.4g} | {r['paper_epochs']} | "
+      f"{r['paper_budget_fraction']:.2%} | {rate} | {f'{wall:.1f}' if wall else '-'} |"
+    )
+  order = report.get("ordering")
+  lines.append("")
+  if order is None:
+    lines.append("Ordering: fewer than two rows have a paper number; none is claimed.")
+  else:
+    held = {True: "held", False: "did not hold", None: "not yet known (rows unfinished)"}
+    lines.append(
+      f"Ordering the paper claims: {order['paper']}. Ours: {order['ours'] or '-'}. "
+      f"The paper's ordering {held[order['held']]}"
+      + (
+        " (" + ", ".join(f"{b} not above {w}" for b, w in order["broken_pairs"]) + ")."
+        if order["broken_pairs"]
+        else "."
+      )
+    )
+  if report["comparisons"]:
+    lines += [
+      "",
+      "| comparison | per-seed top-1 differences (points) | mean | paired t (df) | verdict |",
+      "|---|---|---|---|---|",
+    ]
   for c in report["comparisons"]:
     diffs = ", ".join(f"{100 * d:+.2f}" for d in c["top1_differences"]) or "-"
     mean = f"{100 * c['mean']:+.2f}" if c["mean"] is not None else "-"
@@ -214,22 +302,39 @@ def markdown(report: dict[str, Any]) -> str:
       f"| {c['treatment']} - {c['baseline']} | {diffs} | {mean} | {t} | {c['verdict']} |"
     )
   load = report["load_average_range"]
+  lines += [""]
+  if report.get("data"):
+    lines.append(f"Data: {report['data']}.")
+  if report.get("max_steps"):
+    cap, steps = report["max_steps"], sorted({r["steps"] for r in report["rows"].values()})
+    lines.append(
+      f"Step cap: every run stopped at the plan's cap of {cap} steps (its max_steps), fewer than "
+      "the budget allowed."
+      if steps == [cap]
+      else f"Step cap: the plan caps runs at {cap} steps (its max_steps); the budget gave these "
+      f"runs fewer ({'/'.join(map(str, steps))})."
+    )
   lines += [
-    "",
     f"Machine: JAX backend {m['jax_backend']}, device {m['device_kind']} x {m['device_count']}, "
     f"{m['cpu_count']} CPUs; 1-minute load average {load[0]:.1f}-{load[1]:.1f} during the runs."
     if load
     else f"Machine: JAX backend {m['jax_backend']}, device {m['device_kind']}.",
     f"locvit commit {report['locvit_commit'] or 'not recorded'} (report: "
-    f"{report['report_commit']}); budget "
-    f"{report['budget_minutes']:g} minutes; {report['runs_finished']} of {report['runs_planned']} "
+    f"{report['report_commit']}); "
+    + (
+      f"budget {report['budget_minutes']:g} minutes; "
+      if report["budget_minutes"] is not None
+      else ""
+    )
+    + f"{report['runs_finished']} of {report['runs_planned']} "
     f"runs finished in {report['training_wall_minutes']:.1f} minutes of training wall time"
     + (
       f" (planned: {report['estimated_minutes']:.1f} for all)."
       if report["estimated_minutes"] is not None
       else "."
     ),
-    "Top-1/top-5: final evaluation on the full test split, mean +- sample sd over seeds.",
+    "Top-1/top-5: final evaluation on the full test split, mean +- sample sd over seeds; img/s: "
+    "median logged training rate (compilation and evaluation excluded).",
   ]
   return "\n".join(lines) + "\n"
 

@@ -20,10 +20,10 @@ import optax
 
 from locvit import checkpoint as ckpt_lib
 from locvit import data as data_lib
-from locvit import distill, optim, paths, sharding
+from locvit import distill, optim, paths, sharding, xla_options
 from locvit import metrics as metrics_lib
 from locvit import workdir as workdir_lib
-from locvit.choices import Errors
+from locvit.choices import Errors, check_choice
 from locvit.configs.common import complete_config
 from locvit.data import device_augment
 from locvit.init import from_checkpoint
@@ -35,7 +35,7 @@ from locvit.run.step import NONFINITE_MODES
 
 # Fields that must be positive where the config has them. Model overrides that size the network:
 # zero would otherwise fail deep inside Flax (depth=0: NameInUseError).
-_POSITIVE = ("batch_size", "grad_accum_steps", "log_every_steps")
+_POSITIVE = ("batch_size", "grad_accum_steps", "steps_per_dispatch", "log_every_steps")
 _NON_NEGATIVE = ("eval_batch_size", "eval_every_steps", "checkpoint_every_steps")
 _POSITIVE_MODEL = ("depth", "num_heads", "embed_dim", "patch_size", "mlp_ratio", "num_layers")
 
@@ -72,6 +72,7 @@ def config_errors(config: ml_collections.ConfigDict) -> list[str]:
   known = config.data.num_classes is not None  # else the data source tells, once it is read
   errors.check(validate_recipe, config, config.data.num_classes, check_classes=known)
   errors.check(optim.validate, config)
+  errors.check(check_choice, "--config.xla_options", config.xla_options, xla_options.CHOICES)
   return errors.messages
 
 
@@ -115,7 +116,8 @@ def validate(config: ml_collections.ConfigDict, mesh, rules, model: nn.Module) -
   for name in ("batch_size", "eval_batch_size"):
     size = config[name] or config.batch_size
     if size % dp:
-      valid = [dp * k for k in range(max(size // dp, 1), max(size // dp, 1) + 3)]
+      below = size // dp  # the two nearest valid sizes under it and the two over it
+      valid = [dp * k for k in range(below - 1, below + 3) if k > 0]
       raise ValueError(
         f"{name}={size} is not divisible by the {dp} data-parallel devices of mesh "
         f"{dict(mesh.shape)}. Valid values near it: {valid}."

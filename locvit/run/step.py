@@ -9,6 +9,8 @@ checked on device each step and read on the host only at log and save steps.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -180,6 +182,23 @@ def guarded_step(state: TrainState, batch, teacher_variables, health, *, config,
     new_state = optax.tree.where(finite, new_state, kept)
     metrics["train/skipped_steps"] = health["skipped"]
   return new_state, metrics, health
+
+
+def guarded_steps(state: TrainState, batches, teacher_variables, health, **step_kwargs):
+  """``guarded_step`` on each batch of the list ``batches`` in turn, as one computation (a
+  ``lax.scan``: ``config.steps_per_dispatch`` steps per host dispatch); the metrics are the
+  last step's. One batch is one plain step."""
+  step = functools.partial(guarded_step, teacher_variables=teacher_variables, **step_kwargs)
+  if len(batches) == 1:
+    return step(state, batches[0], health=health)
+
+  def body(carry, batch):
+    state, metrics, health = step(carry[0], batch, health=carry[1])
+    return (state, health), metrics
+
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *batches)
+  (state, health), metrics = jax.lax.scan(body, (state, health), stacked)
+  return state, jax.tree.map(lambda m: m[-1], metrics), health
 
 
 def check_health(config, health, step: int, warned: int = 0) -> int:

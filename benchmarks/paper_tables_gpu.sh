@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The papers' CIFAR-10 tables on one GPU machine without network, within about 10 minutes:
+# gmm_table1_cifar10 (ViT and GMM-ViT, one seed each), then structinit_table2_cifar10 (trunc-
+# normal, mimetic, impulse-3, one seed each), each at the largest fraction of the paper's
+# protocol that its budget fits (--fraction=fit, estimated from the accelerator kit's H200
+# figures so that no GPU time goes to probing). Every run stops cleanly (Ctrl-C: a checkpoint,
+# then the report) when its budget is spent, and the workdirs come back as tarball parts.
+#
+# Needs, in the checkout on that machine: gpu_wheels/ (python benchmarks/gpu_wheels.py on a
+# machine with network; README, "Benchmark kit for a GPU machine without network") and CIFAR-10
+# as JPEG folders (ROOT/{train,test}/<class>/*.jpg, docs/data_preparation.md): $CIFAR10_ROOT if
+# set, else the tarball $CIFAR10_TARBALL (default data/cifar10-jpeg.tar.gz, git-ignored: carry
+# it) unpacked to /tmp/cifar. Run from the checkout's root:
+#
+#   bash benchmarks/paper_tables_gpu.sh                # results under $OUT (default /tmp/out)
+#
+# Budgets (minutes, compilation included): GMM_MINUTES (default 5) and STRUCTINIT_MINUTES
+# (default 2.5); with setup the script takes about 8.5 minutes, at most 10 (a plan still running
+# 20 s after its budget gets Ctrl-C, and is killed 60 s later if the step it saves is still
+# compiling).
+# Continue a run elsewhere: unpack the parts (cat paper_tables.tgz.* | tar xz) and run the same
+# command with --workdir=paper_tables/PLAN (docs/results.md, "Paper protocols on one GPU").
+set -euo pipefail
+
+OUT=${OUT:-/tmp/out}
+GMM_MINUTES=${GMM_MINUTES:-5}
+STRUCTINIT_MINUTES=${STRUCTINIT_MINUTES:-2.5}
+WORK=/tmp/paper_tables
+mkdir -p "$OUT" "$WORK"
+export PYTHONUNBUFFERED=1 JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache
+
+# locvit's dependencies beyond the GPU image, from the wheels that travelled with the checkout.
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/locvit-site \
+  gpu_wheels/*.whl
+export PYTHONPATH=$PWD:/tmp/locvit-site
+
+if [ -z "${CIFAR10_ROOT:-}" ]; then
+  mkdir -p /tmp/cifar
+  tar -xzf "${CIFAR10_TARBALL:-data/cifar10-jpeg.tar.gz}" -C /tmp/cifar
+  export CIFAR10_ROOT=/tmp/cifar
+fi
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+
+# One plan within its budget; a run still going when the budget (plus 20 s of grace for the last
+# evaluation and save) is spent gets Ctrl-C, saves its step and leaves the plan resumable.
+run_plan() {
+  local plan=$1 minutes=$2
+  local seconds
+  seconds=$(python3 -c "print(int($minutes * 60 + 20))")
+  timeout --signal=INT --kill-after=60 "$seconds" \
+    python3 -m locvit.reproduce "$plan" --workdir="$WORK/$plan" --seeds=1 \
+      --minutes="$minutes" --fraction=fit --estimate=kit || true
+  python3 -m locvit.reproduce "$plan" --workdir="$WORK/$plan" --report || true
+}
+
+{
+  run_plan gmm_table1_cifar10 "$GMM_MINUTES"
+  run_plan structinit_table2_cifar10 "$STRUCTINIT_MINUTES"
+} 2>&1 | tee "$OUT/log.txt"
+
+for plan in gmm_table1_cifar10 structinit_table2_cifar10; do
+  cp "$WORK/$plan/results.md" "$OUT/$plan.md" 2>/dev/null || true
+done
+# The workdirs (checkpoints included, so an unfinished run continues elsewhere) in parts the
+# device tool brings back (at most 8 files of 16 MiB, 64 MiB in all): without the checkpoints
+# when they would not fit.
+tar -czf /tmp/paper_tables.tgz -C /tmp paper_tables
+if [ "$(stat -c %s /tmp/paper_tables.tgz)" -gt $((40 * 1024 * 1024)) ]; then
+  echo "workdirs too large to bring back whole: checkpoints left out" | tee -a "$OUT/log.txt"
+  tar -czf /tmp/paper_tables.tgz --exclude=checkpoints -C /tmp paper_tables
+fi
+split -b 15m /tmp/paper_tables.tgz "$OUT/paper_tables.tgz."
+ls -la "$OUT"
