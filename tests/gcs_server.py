@@ -60,6 +60,9 @@ class GcsServer:
     with open(self.log_path, "a") as log:
       self.process = subprocess.Popen(command, stdout=log, stderr=log)
     _wait_until_serving(self.url, self.process)
+    time.sleep(0.5)  # a restart whose port another process took meanwhile: that one answered
+    if self.process.poll() is not None:
+      raise RuntimeError(f"fake-gcs-server could not serve on port {self.port} again")
 
   def stop(self) -> None:
     """Kills the server (SIGKILL: no goodbye to open connections, as when a network drops)."""
