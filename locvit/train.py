@@ -144,8 +144,9 @@ class RunAhead:
 def host_step(config, step: int, start: int, total_steps: int) -> bool:
   """Whether the loop acts on ``step`` on the host: logs it, saves it or evaluates it (the first
   step after ``start``, the last, and the ``*_every_steps`` multiples)."""
-  every = (config.log_every_steps, config.checkpoint_every_steps, config.eval_every_steps)
-  return step in (start + 1, total_steps) or any(n and step % n == 0 for n in every)
+  if step in (start + 1, total_steps) or is_evaluation_step(config, step, total_steps):
+    return True
+  return any(n and step % n == 0 for n in (config.log_every_steps, config.checkpoint_every_steps))
 
 
 def dispatch_end(config, done: int, start: int, total_steps: int) -> int:
