@@ -475,3 +475,16 @@ def test_the_combined_row_changes_only_q_and_k_and_trains(tmp_path, monkeypatch)
   losses = [r["train/loss"] for r in metrics.read_metrics(workdir) if "train/loss" in r]
   assert losses and np.isfinite(losses).all()
   assert rp.is_finished(workdir, 3)
+
+
+def test_forward_flops_compiles_where_the_lowering_counts_nothing(monkeypatch):
+  import jax
+
+  from locvit.reproduce import protocol
+  from tests.train_utils import tiny_config
+
+  counted = protocol.forward_flops(tiny_config())
+  # XLA:GPU's lowering has no cost analysis (None): the count then comes from the compiled pass.
+  monkeypatch.setattr(jax.stages.Lowered, "cost_analysis", lambda self: None)
+  flops, params = protocol.forward_flops(tiny_config())
+  assert params == counted[1] and flops == pytest.approx(counted[0], rel=0.05)
