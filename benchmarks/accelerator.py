@@ -152,6 +152,7 @@ VARIANTS = {
   "tuned+cudnn": {"xla_options": "gpu_tuned", "attention_implementation": "cudnn"},
   "fp32": {"mixed_precision": False},
   "k4": {"steps_per_dispatch": 4},  # four optimizer steps per dispatch (a lax.scan)
+  "flat_opt": {"optimizer": {"flatten": True}},  # the update on one flat vector (optax.flatten)
 }
 TORCH_SIDES = ("eager", "compile")
 # --smoke: two blocks per model (one GPSA, one MHSA for ConViT), so compilation stays short.
@@ -283,22 +284,46 @@ class Runner:
   steps_per_call: int = 1  # optimizer steps one run() dispatches
 
 
-def jax_runner(config, image_size: int, num_classes: int, variant: str) -> Runner:
-  """The training loop's step for ``config`` changed by ``VARIANTS[variant]``, compiled, on a
-  resident batch (``steps_per_dispatch`` times over for K steps a call). Calls are dispatched
-  back to back, as the training loop does (no per-step transfer)."""
+@dataclasses.dataclass
+class CompiledStep:
+  """The training loop's step compiled for one row and variant, with its arguments."""
+
+  compiled: Any  # jax.stages.Compiled: (state, batches, (), health) -> (state, metrics, health)
+  state: Any
+  batches: list
+  health: dict
+  steps_per_call: int
+
+
+def compile_loop_step(config, image_size: int, num_classes: int, variant: str) -> CompiledStep:
+  """The training loop's step for ``config`` changed by ``VARIANTS[variant]``, compiled with the
+  variant's XLA options, and its arguments: a resident synthetic batch (``steps_per_dispatch``
+  times over for K steps a call)."""
   fields = dict(VARIANTS[variant])
   setting = fields.pop("xla_options", "none")
   config = complete_config(config)  # a copy, with every field (steps_per_dispatch...)
   config.update(fields)
-  t0 = time.perf_counter()
   state, step = _state_and_step(config, (image_size, image_size, 3), num_classes, loop=True)
   k = config.steps_per_dispatch
   batches = [_synthetic_batch(config.batch_size, image_size, num_classes)] * k
   options = xla_options.compiler_options(setting, jax.default_backend())
   health = train.initial_health()
   compiled = step.lower(state, batches, (), health).compile(options)
-  holder = {"state": state, "metrics": None, "health": health}
+  return CompiledStep(compiled, state, batches, health, k)
+
+
+def jax_runner(config, image_size: int, num_classes: int, variant: str) -> Runner:
+  """``compile_loop_step``'s step as a Runner; its compile s include building the state."""
+  t0 = time.perf_counter()
+  step = compile_loop_step(config, image_size, num_classes, variant)
+  return step_runner(step, time.perf_counter() - t0)
+
+
+def step_runner(step: CompiledStep, compile_s: float | None = None) -> Runner:
+  """Dispatches ``step`` on its resident batch, calls back to back, as the training loop does
+  (no per-step transfer)."""
+  compiled, batches, k = step.compiled, step.batches, step.steps_per_call
+  holder = {"state": step.state, "metrics": None, "health": step.health}
 
   def run():
     holder["state"], holder["metrics"], holder["health"] = compiled(
@@ -308,7 +333,7 @@ def jax_runner(config, image_size: int, num_classes: int, variant: str) -> Runne
   def wait():
     jax.block_until_ready((holder["state"], holder["metrics"]))
 
-  return Runner(run, wait, time.perf_counter() - t0, profile=True, steps_per_call=k)
+  return Runner(run, wait, compile_s, profile=True, steps_per_call=k)
 
 
 def variant_skipped(variant: str) -> str | None:

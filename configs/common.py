@@ -60,6 +60,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer.decay_mask = "intended"
   c.optimizer.momentum = 0.9
   c.optimizer.nesterov = False
+  # Update all parameters as one flat vector (optax.flatten: fewer, larger kernels per step).
+  # The optimizer state's structure differs: a checkpoint resumes only with its own setting.
+  c.optimizer.flatten = False
 
   c.schedule = ml_collections.ConfigDict()
   c.schedule.name = "cosine"

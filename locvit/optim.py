@@ -12,6 +12,11 @@ Everything is driven by the config:
   ``pos_proj`` kernels; biases, norms and gates are not), or 'all'.
 - ``freeze``: regular expressions on '/'-joined parameter paths; matching parameters get zero
   updates.
+- ``optimizer.flatten``: update every trainable parameter as one flat vector (``optax.flatten``:
+  clipping, the optimizer and weight decay run on the concatenation of all leaves), so the step
+  runs a few large kernels instead of a few per parameter. The same updates up to float rounding
+  (the global norm's summation order); the optimizer state is one vector per moment, so a
+  checkpoint resumes only with the setting it was saved with.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 import flax
+import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 
@@ -127,26 +134,48 @@ def make_schedule(
   return optax.join_schedules([ramp, after], [warmup])
 
 
+def _decay_only(params: Any, mask: Any) -> Any:
+  """``params`` where ``mask`` is True, zeros elsewhere."""
+  return jax.tree.map(lambda p, m: p if m else jnp.zeros_like(p), params, mask)
+
+
+def _with_params(inner: optax.GradientTransformation, fn: Callable[[Any], Any]):
+  """``inner`` given ``fn(params)`` as its parameters."""
+
+  def update(updates, state, params=None):
+    return inner.update(updates, state, None if params is None else fn(params))
+
+  return optax.GradientTransformation(inner.init, update)
+
+
 def make_optimizer(
   config: ml_collections.ConfigDict, params: Any, schedule: optax.Schedule
 ) -> optax.GradientTransformation:
-  """The full optax chain: clip -> optimizer (with decay mask) -> freeze."""
+  """The full optax chain: clip -> optimizer (with decay mask) -> freeze; with
+  ``optimizer.flatten`` the first two run on one flat vector of the parameters."""
   opt = config.optimizer
   check_choice("optimizer.name", opt.name, OPTIMIZERS)
   mask = decay_mask(params, opt.decay_mask)
+  # A flat vector has no per-leaf mask: the decay term (weight_decay * params, the only use of
+  # the parameters in either chain) is given zeros for the parameters the mask spares instead.
+  leaf_mask = None if opt.flatten else mask
   if opt.name == "adamw":
     core = optax.adamw(
-      schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay, mask=mask
+      schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay, mask=leaf_mask
     )
   else:
     # Coupled L2 decay, as torch.optim.SGD(weight_decay=...) does.
     core = optax.chain(
-      optax.add_decayed_weights(opt.weight_decay, mask=mask),
+      optax.add_decayed_weights(opt.weight_decay, mask=leaf_mask),
       optax.sgd(schedule, momentum=opt.momentum or None, nesterov=opt.nesterov),
     )
   parts = [optax.clip_by_global_norm(config.grad_clip_norm)] if config.grad_clip_norm else []
   tx = optax.chain(*parts, core)
+  if opt.flatten:
+    tx = optax.flatten(tx)
   if config.freeze:
     labels = freeze_labels(params, tuple(config.freeze))
     tx = optax.multi_transform({"trainable": tx, "frozen": optax.set_to_zero()}, labels)
+  if opt.flatten:
+    tx = _with_params(tx, lambda p: _decay_only(p, mask))
   return tx

@@ -111,6 +111,7 @@ FINGERPRINT_FIELDS = (
   "num_classes",  # derived: the class count the head was built for (data.num_classes or source's)
   "optimizer.name",
   "optimizer.decay_mask",
+  "optimizer.flatten",  # the optimizer state: one flat vector per moment, or one per parameter
   "freeze",
   "grad_clip_norm",
   "distillation.type",  # the student gains a distillation token and head

@@ -187,3 +187,42 @@ def test_intended_mask_spares_gmm_and_elm_mask_parameters():
     masked = {k: v for k, v in mask.items() if k.split("/")[-1] in mask_params}
     assert masked and not any(masked.values()), masked  # every layer's mask parameters
     assert _flat(optim.decay_mask(nn.meta.unbox(boxed), "all"))[next(iter(masked))]
+
+
+def _final_params(workdir):
+  ckpt = ckpt_lib.Checkpointer(str(workdir / "checkpoints"), async_save=False)
+  step = ckpt.manager.latest_step()
+  state = ckpt.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  ckpt.close()
+  moments = [x.size for x in jax.tree.leaves(state["state"]["opt_state"]) if x.ndim]
+  return step, _flat(state["state"]["params"]), moments
+
+
+def test_flat_optimizer_trains_as_the_per_parameter_one_and_refuses_the_others_checkpoint(
+  tmp_path,
+):
+  """AdamW with clipping and the 'intended' decay mask on one flat vector (optax.flatten): the
+  same parameters after four steps up to float rounding (the global norm sums in another order);
+  a checkpoint resumes only with the setting it was written with."""
+  params = {}
+  for flatten in (False, True):
+    config = tiny_config(grad_clip_norm=0.5, total_steps=4, checkpoint_every_steps=4)
+    config.optimizer.decay_mask, config.optimizer.weight_decay = "intended", 0.5
+    config.optimizer.flatten = flatten
+    train.train_and_evaluate(config, str(tmp_path / str(flatten)))
+    step, params[flatten], moments = _final_params(tmp_path / str(flatten))
+    assert step == 4
+    if flatten:  # Adam's mu and nu: one vector each, every parameter's entries
+      assert moments == [sum(x.size for x in params[flatten].values())] * 2
+  assert params[False].keys() == params[True].keys()
+  for name, value in params[False].items():
+    np.testing.assert_allclose(params[True][name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+  config.total_steps = 6  # flatten=True, resuming the per-parameter run's checkpoint
+  where = str(tmp_path / "False")
+  with pytest.raises(ValueError) as error:
+    train.train_and_evaluate(config, where)
+  assert str(error.value) == (
+    f"The checkpoint in {where} was written by an incompatible config:\n"
+    "  optimizer.flatten: checkpoint has False, config has True\n"
+    "Use a fresh --workdir, or restore the original config values to resume."
+  )

@@ -1,0 +1,181 @@
+"""How the compiled training step's kernels split between the model and the optimizer.
+
+  python benchmarks/step_kernels.py [--rows="GMM-ViT d9,ViT d9"] [--batch=128]
+      [--variants=default,flat_opt] [--time=5]
+  python benchmarks/step_kernels.py --smoke     # two blocks, batch 2, fp32: about a minute
+
+Compiles the step ``benchmarks/accelerator.py`` times (``compile_loop_step``: the training loop's
+step with the non-finite guard, bf16 compute; a CIFAR row of ``accelerator.MODELS_32``) under
+each ``--variants`` setting (``accelerator.VARIANTS``) for this host's backend, and counts the
+top-level instructions of the optimised HLO's entry computation that run as kernels (XLA:CPU:
+thunks): everything but parameters, constants, tuples, get-tuple-element and bitcasts; a
+``while`` or ``call`` counts once, whatever its body runs. Each is put in a category by its
+source stack (the HLO's ``StackFrames``): its innermost frame in ``locvit/run/step.py`` says
+whether it came from the model (forward; backward when its ``op_name`` holds ``transpose(``),
+the optimizer (``tx.update``, ``apply_updates``), the weight EMA, the metrics, the input
+augmentation and random keys, or the non-finite guard; XLA's own instructions carry no source
+(XLA:CPU copies constants). A fusion carries its root's source.
+XLA:CPU fuses differently from XLA:GPU: the counts on CPU indicate, they are not the GPU's.
+
+``--time=N``: also N rounds of 3 steps of each variant, interleaved (``accelerator``'s timing):
+the median step time, side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import linecache
+import re
+
+import accelerator
+import jax
+
+# Entry instructions that are not kernels.
+NOT_KERNELS = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast")
+STEP_FILE = "locvit/run/step.py"
+OPTIMIZER, OTHER = "optimizer update", "other"
+NO_SOURCE = "no source (copies of constants...)"
+# (category, fragments of the source line in STEP_FILE's train_step); the first match wins.
+TRAIN_STEP_LINES = (
+  (OPTIMIZER, ("tx.update", "apply_updates")),
+  ("weight EMA", ("ema_update",)),
+  ("metrics", ("train/", "schedule(")),
+  ("input (augment, random keys)", ("device_augment", "fold_in", "teacher")),
+)
+CATEGORIES = (
+  "model forward",
+  "model backward",
+  OPTIMIZER,
+  "weight EMA",
+  "metrics",
+  "input (augment, random keys)",
+  "non-finite guard, loop",
+  OTHER,
+  NO_SOURCE,
+)
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%\S+ = .*? ([a-z][\w-]*)\(")
+
+
+def _section(hlo: str, name: str) -> dict[int, str]:
+  match = re.search(rf"^{name}\n((?:\d+ .*\n?)+)", hlo, re.M)
+  lines = match.group(1).splitlines() if match else []
+  return {int(line.split(" ", 1)[0]): line.split(" ", 1)[1] for line in lines}
+
+
+def stacks(hlo: str) -> dict[int, list[tuple[str, str, int]]]:
+  """``stack_frame_id`` -> its ``(file, function, line)`` frames, innermost first."""
+  files = {k: v.strip('"') for k, v in _section(hlo, "FileNames").items()}
+  functions = {k: v.strip('"') for k, v in _section(hlo, "FunctionNames").items()}
+  fields = lambda text: {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", text)}
+  locations = {}
+  for key, text in _section(hlo, "FileLocations").items():
+    f = fields(text)
+    locations[key] = (files[f["file_name_id"]], functions[f["function_name_id"]], f["line"])
+  frames = {k: fields(v) for k, v in _section(hlo, "StackFrames").items()}
+  # This XLA prints a frame's parent as the parent's id + 1 (so a root's is 1, its own id); an
+  # XLA that prints the id itself never names a frame as its own parent.
+  shift = int(any(f["parent_frame_id"] == k for k, f in frames.items()))
+
+  def chain(frame_id: int) -> list[tuple[str, str, int]]:
+    out = []
+    while frame_id > 0 and frame_id in frames and len(out) < 200:
+      out.append(locations[frames[frame_id]["file_location_id"]])
+      frame_id = frames[frame_id]["parent_frame_id"] - shift
+    return out
+
+  return {frame_id: chain(frame_id) for frame_id in frames}
+
+
+def category(op_name: str, stack: list[tuple[str, str, int]]) -> str:
+  """The part of the step an instruction came from (``CATEGORIES``)."""
+  backward = "transpose(" in op_name
+  step_frames = [(fn, line) for file, fn, line in stack if file.endswith(STEP_FILE)]
+  if not step_frames:  # its op_name alone
+    if not op_name:
+      return NO_SOURCE
+    return ("model backward" if backward else "model forward") if "jvp(" in op_name else OTHER
+  function, line = step_frames[0]
+  if function == "loss_and_metrics":
+    return "model backward" if backward else "model forward"
+  if function == "ema_update":
+    return "weight EMA"
+  if function.startswith("guarded_step"):
+    return "non-finite guard, loop"
+  path = next(file for file, *_ in stack if file.endswith(STEP_FILE))
+  text = linecache.getline(path, line)
+  return next((name for name, keys in TRAIN_STEP_LINES if any(k in text for k in keys)), OTHER)
+
+
+def kernel_counts(hlo: str) -> collections.Counter:
+  """Kernel-like instructions of ``hlo``'s (optimised HLO text) entry computation, by
+  ``category``; also by opcode under the key ``('opcode', NAME)``."""
+  frames = stacks(hlo)
+  entry = hlo[hlo.index("\nENTRY ") :]
+  entry = entry[: entry.index("\n}")]
+  counts = collections.Counter()
+  for line in entry.splitlines()[1:]:
+    match = _INSTRUCTION.match(line)
+    if not match or match.group(1) in NOT_KERNELS:
+      continue
+    op_name = re.search(r'op_name="([^"]*)"', line)
+    frame = re.search(r"stack_frame_id=(\d+)", line)
+    stack = frames.get(int(frame.group(1)), []) if frame else []
+    counts[category(op_name.group(1) if op_name else "", stack)] += 1
+    counts[("opcode", match.group(1))] += 1
+  return counts
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--rows", default="GMM-ViT d9,ViT d9", help="accelerator.MODELS_32 labels")
+  parser.add_argument("--batch", type=int, default=128)
+  parser.add_argument("--variants", default="default,flat_opt", help="accelerator.VARIANTS")
+  parser.add_argument("--time", type=int, default=0, help="rounds of 3 timed steps per variant")
+  parser.add_argument("--smoke", action="store_true", help="two blocks, batch 2, fp32")
+  args = parser.parse_args()
+  variants = args.variants.split(",")
+  labels = args.rows.split(",")
+  bad = [v for v in variants if v not in accelerator.VARIANTS]
+  bad += [r for r in labels if r not in accelerator.MODELS_32]
+  if bad:
+    parser.error(
+      f"unknown {bad}; rows: {tuple(accelerator.MODELS_32)}, variants: "
+      f"{tuple(accelerator.VARIANTS)}"
+    )
+  batch = 2 if args.smoke else args.batch
+  device = jax.devices()[0]
+  print(
+    f"Top-level kernels of the compiled training step, batch {batch}, on {device.platform}"
+    f" ({device.device_kind}){', smoke sizes' if args.smoke else ''}"
+  )
+  for label in labels:
+    config = accelerator._config_32(label, batch, args.smoke)
+    steps = {v: accelerator.compile_loop_step(config, 32, 10, v) for v in variants}
+    counts = {v: kernel_counts(step.compiled.as_text()) for v, step in steps.items()}
+    print(f"\n{label} b{batch}")
+    print(f"  {'category':<30}" + "".join(f" {v:>10}" for v in variants))
+    for name in CATEGORIES:
+      if any(counts[v][name] for v in variants):
+        print(f"  {name:<30}" + "".join(f" {counts[v][name]:>10}" for v in variants))
+    totals = {v: sum(n for k, n in counts[v].items() if isinstance(k, str)) for v in variants}
+    print(f"  {'total':<30}" + "".join(f" {totals[v]:>10}" for v in variants))
+    opcodes = sorted({k for v in variants for k in counts[v] if isinstance(k, tuple)})
+    print(
+      "  by opcode: "
+      + "; ".join(
+        f"{op} " + "/".join(str(counts[v][(_, op)]) for v in variants) for _, op in opcodes
+      )
+    )
+    if args.time:
+      runners = {v: accelerator.step_runner(step) for v, step in steps.items()}
+      times = accelerator.time_interleaved(runners, 3, args.time, warmup=1)
+      base = times[variants[0]]
+      print(
+        "  step ms: " + ", ".join(f"{v} {1e3 * t:.1f} ({t / base:.2f}x)" for v, t in times.items())
+      )
+  print("\nA while or call counts once. XLA:CPU's fusion is not XLA:GPU's: an indication only.")
+
+
+if __name__ == "__main__":
+  main()
