@@ -50,7 +50,7 @@ kit() {  # kit NAME ARGS...: one call, limited to the time left
     --compile_threads=8 --profile_dir="$OUT/profiles/$name" "$@" 2>&1 | tee "$OUT/kit_$name.log"
 }
 
-kit A --only="GMM-ViT d9,ViT d9" --variants=default,gpu_tuned,cudnn,tuned+cudnn,k4 --profile=5
+kit A --only="GMM-ViT d9,ViT d9" --variants=default,gpu_tuned,cudnn,tuned+cudnn,k4,flat_opt --profile=5
 kit B --only="deit_small b256,convit_small b256" --variants=default,tuned+cudnn --profile=3
 kit C --only="ConViT-Ti CIFAR,StructInit" --variants=default,tuned+cudnn --profile=5
 kit D --only="deit_small b512,convit_small b512" --variants=default,tuned+cudnn --profile=3

@@ -1,21 +1,22 @@
 """How the compiled training step's kernels split between the model and the optimizer.
 
   python benchmarks/step_kernels.py [--rows="GMM-ViT d9,ViT d9"] [--batch=128]
-      [--variants=default,flat_opt] [--time=5]
+      [--variants=default,flat_opt] [--fp32] [--time=5]
   python benchmarks/step_kernels.py --smoke     # two blocks, batch 2, fp32: about a minute
 
 Compiles the step ``benchmarks/accelerator.py`` times (``compile_loop_step``: the training loop's
-step with the non-finite guard, bf16 compute; a CIFAR row of ``accelerator.MODELS_32``) under
-each ``--variants`` setting (``accelerator.VARIANTS``) for this host's backend, and counts the
-top-level instructions of the optimised HLO's entry computation that run as kernels (XLA:CPU:
-thunks): everything but parameters, constants, tuples, get-tuple-element and bitcasts; a
-``while`` or ``call`` counts once, whatever its body runs. Each is put in a category by its
-source stack (the HLO's ``StackFrames``): its innermost frame in ``locvit/run/step.py`` says
-whether it came from the model (forward; backward when its ``op_name`` holds ``transpose(``),
-the optimizer (``tx.update``, ``apply_updates``), the weight EMA, the metrics, the input
-augmentation and random keys, or the non-finite guard; XLA's own instructions carry no source
-(XLA:CPU copies constants). A fusion carries its root's source.
-XLA:CPU fuses differently from XLA:GPU: the counts on CPU indicate, they are not the GPU's.
+step with the non-finite guard, bf16 compute unless ``--fp32``; a CIFAR row of
+``accelerator.MODELS_32``) under each ``--variants`` setting (``accelerator.VARIANTS``) for this
+host's backend, and counts the top-level instructions of the optimised HLO's entry computation
+that run as kernels (XLA:CPU: thunks): everything but parameters, constants, tuples,
+get-tuple-element and bitcasts; a ``while`` or ``call`` counts once, whatever its body runs.
+Each is put in a category by its source stack (the HLO's ``StackFrames``): its innermost frame
+in ``locvit/run/step.py`` says whether it came from the model (forward; backward when its
+``op_name`` holds ``transpose(``), the optimizer (``tx.update``, ``apply_updates``), the weight
+EMA, the metrics, the input augmentation and random keys, or the non-finite guard; XLA's own
+instructions carry no source (on XLA:CPU: copies of constants, and under bf16 compute the
+float32 converts around its float32-only kernels). A fusion carries its root's source. XLA:CPU
+fuses differently from XLA:GPU: the counts on CPU indicate, they are not the GPU's.
 
 ``--time=N``: also N rounds of 3 steps of each variant, interleaved (``accelerator``'s timing):
 the median step time, side by side.
@@ -35,7 +36,7 @@ import jax
 NOT_KERNELS = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast")
 STEP_FILE = "locvit/run/step.py"
 OPTIMIZER, OTHER = "optimizer update", "other"
-NO_SOURCE = "no source (copies of constants...)"
+NO_SOURCE = "no source (XLA's own)"
 # (category, fragments of the source line in STEP_FILE's train_step); the first match wins.
 TRAIN_STEP_LINES = (
   (OPTIMIZER, ("tx.update", "apply_updates")),
@@ -133,6 +134,7 @@ def main() -> None:
   parser.add_argument("--variants", default="default,flat_opt", help="accelerator.VARIANTS")
   parser.add_argument("--time", type=int, default=0, help="rounds of 3 timed steps per variant")
   parser.add_argument("--smoke", action="store_true", help="two blocks, batch 2, fp32")
+  parser.add_argument("--fp32", action="store_true", help="float32 compute (no bf16 converts)")
   args = parser.parse_args()
   variants = args.variants.split(",")
   labels = args.rows.split(",")
@@ -145,12 +147,14 @@ def main() -> None:
     )
   batch = 2 if args.smoke else args.batch
   device = jax.devices()[0]
+  compute = "fp32" if args.smoke or args.fp32 else "bf16"
   print(
-    f"Top-level kernels of the compiled training step, batch {batch}, on {device.platform}"
-    f" ({device.device_kind}){', smoke sizes' if args.smoke else ''}"
+    f"Top-level kernels of the compiled training step, batch {batch}, {compute} compute, on"
+    f" {device.platform} ({device.device_kind}){', smoke sizes' if args.smoke else ''}"
   )
   for label in labels:
     config = accelerator._config_32(label, batch, args.smoke)
+    config.mixed_precision = config.mixed_precision and not args.fp32
     steps = {v: accelerator.compile_loop_step(config, 32, 10, v) for v in variants}
     counts = {v: kernel_counts(step.compiled.as_text()) for v, step in steps.items()}
     print(f"\n{label} b{batch}")

@@ -134,6 +134,15 @@ def make_schedule(
   return optax.join_schedules([ramp, after], [warmup])
 
 
+def gradient_norm(config: ml_collections.ConfigDict, grads: Any) -> jax.Array:
+  """The global norm of ``grads`` (the step's ``train/grad_norm``); with ``optimizer.flatten``,
+  the norm of the concatenation ``optax.flatten`` makes, which XLA then computes once for both
+  (and with clipping, the norm too) instead of once per leaf beside it."""
+  if config.optimizer.flatten:
+    return optax.tree.norm(jnp.concatenate([jnp.reshape(g, [-1]) for g in jax.tree.leaves(grads)]))
+  return optax.tree.norm(grads)
+
+
 def _decay_only(params: Any, mask: Any) -> Any:
   """``params`` where ``mask`` is True, zeros elsewhere."""
   return jax.tree.map(lambda p, m: p if m else jnp.zeros_like(p), params, mask)

@@ -34,7 +34,7 @@ def test_smoke_run_prints_the_three_tables_and_the_profile(tmp_path):
       "benchmarks/accelerator.py",
       "--smoke",
       "--augment_on=device",
-      "--variants=default,cudnn,k4",
+      "--variants=default,cudnn,k4,flat_opt",
       "--profile=2",
       "--compile_threads=2",  # the GPU script's path: every row compiled first, in threads
       f"--data_root={_image_folder(tmp_path)}",
@@ -74,6 +74,8 @@ def test_smoke_run_prints_the_three_tables_and_the_profile(tmp_path):
   k4 = re.search(rf"^GMM-ViT d9 +32 +2 locvit k4{number * 3} +n/a{number}x", out, re.M)
   assert k4 and float(k4[1]) > 0, out
   np.testing.assert_allclose(float(k4[3]), 2e3 / float(k4[2]), rtol=0.01)
+  # The optimizer on one flat vector (optimizer.flatten).
+  assert re.search(rf"^GMM-ViT d9 +32 +2 locvit flat_opt{number * 3} +n/a{number}x", out, re.M)
   # Table 1p: a profile of two calls of each locvit side, XLA:CPU's thunks as the device ops.
   for row in ("convit_tiny b2 default", "GMM-ViT d9 b2 default", "GMM-ViT d9 b2 k4"):
     line = re.search(rf"^{row} +cpu{number * 3} +(\d+)%{number * 3}$", out, re.M)
@@ -218,3 +220,50 @@ StackFrames
   assert step_hlo_diff.normalised(a) == step_hlo_diff.normalised(renamed)
   other_op = a.replace("add(", "multiply(")
   assert step_hlo_diff.normalised(a) != step_hlo_diff.normalised(other_op)
+
+
+def test_step_kernels_counts_entry_kernels_by_the_part_of_the_step_they_came_from():
+  step_kernels = _benchmarks_module("step_kernels")
+  step_py = ROOT / "locvit" / "run" / "step.py"
+  lines = step_py.read_text().splitlines()
+  update = next(i + 1 for i, line in enumerate(lines) if "tx.update(" in line)
+  # XLA prints a frame's parent as its id + 1: frame 2's parent is frame 1, a root's "parent" 1.
+  hlo = f"""HloModule jit_step
+ENTRY %main.9 (p.1: f32[2]) -> (f32[2]) {{
+  %p.1 = f32[2]{{0}} parameter(0)
+  %constant.2 = f32[] constant(1)
+  %bitcast.3 = f32[2]{{0}} bitcast(%p.1)
+  %fusion.4 = f32[2]{{0}} fusion(%p.1), calls=%f, metadata={{op_name="jit(s)/jvp(ViT)/mul"}}
+  %mul_fusion.5 = f32[2]{{0}} fusion(%p.1), metadata={{op_name="transpose(jvp(ViT))/mul" \
+stack_frame_id=2}}
+  %add_fusion.6 = f32[2]{{0}} fusion(%p.1), calls=%g, metadata={{op_name="add" stack_frame_id=4}}
+  %copy.7 = f32[2]{{0}} copy(%p.1)
+  ROOT %tuple.8 = (f32[2]{{0}}) tuple(%add_fusion.6)
+}}
+
+FileNames
+1 "{step_py}"
+2 "/site-packages/optax/_src/transform.py"
+FunctionNames
+1 "train_step"
+2 "loss_and_metrics"
+3 "scale_by_adam.<locals>.update_fn"
+FileLocations
+1 {{file_name_id=1 function_name_id=1 line={update} end_line={update} column=1 end_column=2}}
+2 {{file_name_id=1 function_name_id=2 line=46 end_line=46 column=1 end_column=2}}
+3 {{file_name_id=2 function_name_id=3 line=284 end_line=284 column=1 end_column=2}}
+4 {{file_name_id=1 function_name_id=1 line=1 end_line=1 column=1 end_column=2}}
+StackFrames
+1 {{file_location_id=4 parent_frame_id=1}}
+2 {{file_location_id=2 parent_frame_id=2}}
+3 {{file_location_id=1 parent_frame_id=1}}
+4 {{file_location_id=3 parent_frame_id=4}}
+"""
+  counts = step_kernels.kernel_counts(hlo)
+  assert {k: n for k, n in counts.items() if isinstance(k, str)} == {
+    "model forward": 1,  # no stack: its op_name
+    "model backward": 1,
+    "optimizer update": 1,  # optax's frame, under train_step's tx.update line
+    "no source (XLA's own)": 1,
+  }
+  assert counts[("opcode", "fusion")] == 3 and counts[("opcode", "copy")] == 1

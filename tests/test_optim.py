@@ -204,16 +204,19 @@ def test_flat_optimizer_trains_as_the_per_parameter_one_and_refuses_the_others_c
   """AdamW with clipping and the 'intended' decay mask on one flat vector (optax.flatten): the
   same parameters after four steps up to float rounding (the global norm sums in another order);
   a checkpoint resumes only with the setting it was written with."""
-  params = {}
+  params, norms = {}, {}
   for flatten in (False, True):
     config = tiny_config(grad_clip_norm=0.5, total_steps=4, checkpoint_every_steps=4)
     config.optimizer.decay_mask, config.optimizer.weight_decay = "intended", 0.5
     config.optimizer.flatten = flatten
     train.train_and_evaluate(config, str(tmp_path / str(flatten)))
     step, params[flatten], moments = _final_params(tmp_path / str(flatten))
+    rows = read_metrics(tmp_path / str(flatten))
+    norms[flatten] = [r["train/grad_norm"] for r in rows if "train/grad_norm" in r]
     assert step == 4
     if flatten:  # Adam's mu and nu: one vector each, every parameter's entries
       assert moments == [sum(x.size for x in params[flatten].values())] * 2
+  assert len(norms[True]) == 4 and np.allclose(norms[True], norms[False], rtol=1e-5)
   assert params[False].keys() == params[True].keys()
   for name, value in params[False].items():
     np.testing.assert_allclose(params[True][name], value, rtol=1e-5, atol=1e-6, err_msg=name)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 from absl import logging
 
-from locvit import distill
+from locvit import distill, optim
 from locvit.data import device_augment
 from locvit.run.state import TrainState, ema_enabled
 
@@ -134,7 +134,7 @@ def train_step(
     "train/loss": loss,
     "train/accuracy": acc,
     "train/lr": schedule(state.step),
-    "train/grad_norm": optax.tree.norm(grads),
+    "train/grad_norm": optim.gradient_norm(config, grads),
   }
   new_state = TrainState(
     step=state.step + 1,
