@@ -343,15 +343,17 @@ def test_protocol_dry_runs_print_the_papers_protocol_and_create_nothing(tmp_path
 def test_a_protocol_plan_that_does_not_fit_the_budget_is_refused(tmp_path, monkeypatch, capsys):
   assert rp.main(["gmm_table1_cifar10", "--dry_run", "--minutes=10"]) == 2
   captured = capsys.readouterr()
-  assert "Estimated wall time 29.5 minutes for 2 runs (seed 0)" in captured.out
+  assert "Estimated wall time 60.6 minutes for 2 runs (seed 0)" in captured.out
+  # The rate is the H200 training loop's measured step, longer than the kit's resident step.
+  assert "rate set by a GPU training loop's step (15.3 ms at batch 128)" in captured.out
   refusal = (
-    "locvit.reproduce: error: plan 'gmm_table1_cifar10' needs an estimated 29.5 minutes for 2 "
-    "runs but --minutes=10; give more --minutes, fewer --seeds, or --fraction (at most 0.317 of "
+    "locvit.reproduce: error: plan 'gmm_table1_cifar10' needs an estimated 60.6 minutes for 2 "
+    "runs but --minutes=10; give more --minutes, fewer --seeds, or --fraction (at most 0.152 of "
     "this length fits; --fraction=fit picks it)\n"
   )
   assert captured.err == refusal
   assert rp.main(["gmm_table1_cifar10", "--dry_run", "--minutes=10", "--fraction=fit"]) == 0
-  assert "at 0.317 of the paper's protocol" in capsys.readouterr().out
+  assert "at 0.152 of the paper's protocol" in capsys.readouterr().out
   # A run is refused the same way, before anything is created (the kit's estimate: no probe).
   monkeypatch.setenv("CIFAR10_ROOT", str(tmp_path))
   for split in ("train", "test"):
