@@ -39,7 +39,8 @@ export PYTHONPATH=$PWD:/tmp/locvit-site PYTHONUNBUFFERED=1
 # timm and locvit share the GPU: JAX takes memory as it needs it rather than 75% up front.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/device.txt" 2>&1
-echo "checkout ${LOCVIT_COMMIT:-$(git log -1 --format=%h)}" >>"$OUT/device.txt" 2>&1
+echo "checkout ${LOCVIT_COMMIT:-$(git describe --always --abbrev=7 --dirty=" with local changes")}" \
+  >>"$OUT/device.txt" 2>&1
 
 # Each call's cap (s), from what the calls took on an H200 (docs/benchmarks.md, "Issue 29's
 # profile"): ten 32x32 sides with profiles took 294 s; 224 sides compile in about a minute each.

@@ -490,3 +490,17 @@ def test_forward_flops_compiles_where_the_lowering_counts_nothing(monkeypatch):
   monkeypatch.setattr(jax.stages.Lowered, "cost_analysis", lambda self: None)
   flops, params = protocol.forward_flops(tiny_config())
   assert params == counted[1] and flops == pytest.approx(counted[0], rel=0.05)
+
+
+def test_the_commit_says_when_the_checkout_has_local_changes(tmp_path):
+  def git(*args):
+    return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+  git("init", "-q")
+  (tmp_path / "a.py").write_text("x = 1\n")
+  git("add", "a.py")
+  git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
+  head = git("rev-parse", "--short=7", "HEAD").stdout.decode().strip()
+  assert report.locvit_commit(str(tmp_path)) == head
+  (tmp_path / "a.py").write_text("x = 2\n")  # as a copy whose files are newer than its .git
+  assert report.locvit_commit(str(tmp_path)) == f"{head} with local changes"
