@@ -277,24 +277,29 @@ app.run(main._main_with_clear_errors)
 # frame in jax._src.compiler). An exception raised there used to abandon the compilation, which
 # then used the backend client that the exit had freed: a segmentation fault after the one line.
 SIGTERM_IN_COMPILATION = """
-import os, signal, sys, threading, time
+import os, signal, sys, threading
+from jax._src import compiler
 from locvit import main
 
-def send_during_a_compilation():
-  current, since = None, 0.0
-  while True:
-    frame = sys._current_frames().get(threading.main_thread().ident)
-    if frame is None or frame.f_globals.get("__name__") != "jax._src.compiler":
-      current = None
-    elif frame is not current:
-      current, since = frame, time.monotonic()
-    elif time.monotonic() - since > 0.3:
-      os.kill(os.getpid(), signal.SIGTERM)
-      return
-    del frame
-    time.sleep(0.01)
+compile_executable = compiler.backend_compile_and_load
+sent = threading.Event()
 
-threading.Thread(target=send_during_a_compilation, daemon=True).start()
+def send():
+  sent.set()
+  os.kill(os.getpid(), signal.SIGTERM)
+
+def compile_then_stop(*args, **kwargs):
+  # SIGTERM lands 50 ms into the first compilation that lasts that long, while XLA compiles.
+  if sent.is_set():
+    return compile_executable(*args, **kwargs)
+  timer = threading.Timer(0.05, send)
+  timer.start()
+  try:
+    return compile_executable(*args, **kwargs)
+  finally:
+    timer.cancel()
+
+compiler.backend_compile_and_load = compile_then_stop
 sys.argv = ["locvit.main", *sys.argv[1:]]
 main.run()
 """
