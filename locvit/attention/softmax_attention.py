@@ -102,8 +102,8 @@ def cudnn_refusal(
 
   Shape logic only, so a config is checked on any host: bf16 or fp16 inputs; a head dim that is a
   multiple of 8 and at most 256 (128 before Hopper, which only the GPU tells); in training (the
-  backward pass), even query and key lengths. JAX checks the lengths only with a bias before
-  0.11.2, and 0.11.2 refused 65 tokens without one (``NotImplementedError: Unsupported sequence
+  backward pass), even query and key lengths. JAX 0.7.1-0.11.0 check the lengths only with a
+  bias, but 0.11.2 refused 65 tokens without one (``NotImplementedError: Unsupported sequence
   length Q 65, KV 65``), so locvit refuses odd lengths in training with and without a bias.
   """
   problems = []
