@@ -40,7 +40,9 @@ times (at least 2), two steps, one round, ConViT-Ti and GMM-ViT d9; ``--data_roo
 tiny image folder. Without timm the torch side uses ``tests/torch_reference.py`` (the official
 ConViT/DeiT, timm's names), and ``torch.compile`` uses the 'aot_eager' backend (inductor's C++
 code generation takes minutes on a small CPU). cuDNN attention needs a CUDA GPU: elsewhere its
-sides print why they were skipped.
+sides print why they were skipped; so do they on a GPU for a row whose shapes cuDNN's fused
+attention cannot train (``locvit.models.factory.check_attention_kernels``: e.g. ViT d9's 65
+tokens), with locvit's one-line reason instead of JAX's traceback.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ from locvit.configs import (
 from locvit.configs.common import base_config, complete_config
 from locvit.configs.recipes import deit_recipe
 from locvit.models.convit import convit_overrides
+from locvit.models.factory import check_attention_kernels
 
 # Dense bf16 peak TFLOP/s by device kind (vendor data sheets, without sparsity); the first
 # fragment contained in ``device.device_kind`` wins, so more specific names come first.
@@ -336,10 +339,26 @@ def step_runner(step: CompiledStep, compile_s: float | None = None) -> Runner:
   return Runner(run, wait, compile_s, profile=True, steps_per_call=k)
 
 
-def variant_skipped(variant: str) -> str | None:
-  """Why ``variant`` cannot run on this device, or None."""
-  if "cudnn" in variant and jax.default_backend() != "gpu":
+def variant_skipped(variant: str, row) -> str | None:
+  """Why ``variant`` cannot run ``row`` on this device, or None: cuDNN attention off a GPU, or
+  on shapes its fused attention cannot train (``cudnn_refusal``)."""
+  if "cudnn" not in variant:
+    return None
+  if jax.default_backend() != "gpu":
     return "cuDNN attention needs a CUDA GPU (JAX checks for cuDNN when it traces the step)"
+  return cudnn_refusal(row.config, row.image_size, row.num_classes)
+
+
+def cudnn_refusal(config, image_size: int, num_classes: int) -> str | None:
+  """locvit's check of ``config``'s model under cuDNN attention, before compiling (any host):
+  the first shape cuDNN's fused attention cannot train, as one line, or None."""
+  config = complete_config(config)
+  config.update(VARIANTS["cudnn"])
+  model = train.build_model(config, num_classes)
+  try:
+    check_attention_kernels(model, (image_size, image_size, 3))
+  except ValueError as error:
+    return str(error)
   return None
 
 
@@ -473,7 +492,7 @@ def _prepare(row: Row, args) -> tuple[float, dict]:
   del state
   runners = {}
   for variant in args.variants.split(","):
-    skipped = variant_skipped(variant)
+    skipped = variant_skipped(variant, row)
     if skipped:
       runners[variant] = f"skipped, {skipped}"
       continue

@@ -4,30 +4,35 @@
 #   python benchmarks/gpu_wheels.py                          # on a machine with network, once
 #   OUT=RESULTS_DIR bash benchmarks/kit_gpu.sh [WHEELS_DIR]  # on the GPU machine, in the checkout
 #
-# CALLS (default "A B C D E") picks the calls, run in that order, to share a GPU lease with other work.
+# CALLS (default "S B E A C D") picks the calls and their order (the H200 run of call A is in
+# docs/benchmarks.md, so the calls it could not reach come first); A_VARIANTS (default
+# "default,k4,flat_opt") the sides of call A; LOCVIT_COMMIT names the checkout in device.txt (the
+# GPU machine's copy may carry another commit's git metadata).
 #
-# Four calls of benchmarks/accelerator.py, Table 1 only (synthetic batch resident on the GPU),
-# most important first, within TOTAL_S seconds together (default 540; each call gets what the
-# earlier ones left, so a slow one cannot take the others' rows with it). In each call every
-# row's sides compile in 8 threads before any is timed; then 3 interleaved rounds of 10 steps
-# and a profile (Table 1p) of each locvit side:
+# Calls of benchmarks/accelerator.py, Table 1 only (synthetic batch resident on the GPU), within
+# TOTAL_S seconds together (default 540), each also within its own cap (CAP below), so a slow one
+# cannot take the others' time. In each call every row's sides compile in 8 threads before any is
+# timed; then 3 interleaved rounds of 10 steps and a profile (Table 1p) of 2 steps per locvit side:
+#   S. benchmarks/cudnn_shapes.py: which shapes JAX's cuDNN attention takes here, against the rule
+#      locvit refuses 'cudnn' by (exit 1 if locvit lets through one that JAX refuses);
 #   A. GMM-ViT d9 and ViT d9 at batch 128 (GMM's paper): locvit's default step ("before") beside
-#      each candidate ("after": XLA's gpu_tuned options, cuDNN attention, both, 4 steps per
-#      dispatch);
-#   B. DeiT-S and ConViT-S at 224, batch 256: default and tuned+cudnn beside timm eager and timm
-#      under torch.compile;
-#   C. ConViT-Ti CIFAR at 512 and 128, the structured-init ViT-T/2 at 512: default, tuned+cudnn;
+#      the candidates in A_VARIANTS ("after"; gpu_tuned, cudnn and tuned+cudnn measured, no gain);
+#   B. DeiT-S and ConViT-S at 224, batch 256: locvit beside timm eager and timm under
+#      torch.compile;
+#   C. ConViT-Ti CIFAR at 512 and 128, the structured-init ViT-T/2 at 512;
 #   D. DeiT-S and ConViT-S at 224, batch 512, as B;
 #   E. the DeiT recipe's step at 224, batch 128 (benchmarks/device_augment.py --deit_step): model
 #      only, beside the device path with RandAugment per-example select and grouped by op (goal:
-#      grouped <= 1.25x model only), then the augmentation alone at 32x32, batch 512.
+#      grouped <= 1.25x model only; the three steps compile side by side), then the augmentation
+#      alone at 32x32, batch 512.
 # Results under $OUT: device.txt (nvidia-smi, versions), kit_A.log ... kit_E.log, and
 # profiles.tar.gz (the .xplane.pb traces; left out, with a note in device.txt, over 15 MB).
 set -uo pipefail
 OUT=${OUT:-/tmp/kit_gpu}
 WHEELS=${1:-gpu_wheels}
 TOTAL_S=${TOTAL_S:-540}
-CALLS=${CALLS:-A B C D E}
+CALLS=${CALLS:-S B E A C D}
+A_VARIANTS=${A_VARIANTS:-default,k4,flat_opt}
 start=$SECONDS
 mkdir -p "$OUT/profiles"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/locvit-site \
@@ -36,36 +41,37 @@ export PYTHONPATH=$PWD:/tmp/locvit-site PYTHONUNBUFFERED=1
 # timm and locvit share the GPU: JAX takes memory as it needs it rather than 75% up front.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/device.txt" 2>&1
-git log -1 --format='checkout %h %s' >>"$OUT/device.txt" 2>&1
+echo "checkout ${LOCVIT_COMMIT:-$(git describe --always --abbrev=7 --dirty=" with local changes")}" \
+  >>"$OUT/device.txt" 2>&1
 
-kit() {  # kit NAME ARGS...: one call, limited to the time left
+# Each call's cap (s), from what the calls took on an H200 (docs/benchmarks.md, "Issue 29's
+# profile"): ten 32x32 sides with profiles took 294 s; 224 sides compile in about a minute each.
+declare -A CAP=([S]=90 [A]=200 [B]=200 [C]=150 [D]=200 [E]=220)
+
+call() {  # call NAME: run it, limited to its cap and to the time left
   local name=$1 left=$((TOTAL_S - (SECONDS - start)))
-  shift
-  case " $CALLS " in *" $name "*) ;; *) return ;; esac
+  [ "${CAP[$name]}" -lt "$left" ] && left=${CAP[$name]}
   if [ "$left" -lt 60 ]; then
     echo "call $name not run: $left s left of TOTAL_S=$TOTAL_S" | tee -a "$OUT/device.txt"
     return
   fi
-  timeout "$left" python3 benchmarks/accelerator.py --tables=1 --steps=10 --rounds=3 --warmup=3 \
-    --compile_threads=8 --profile_dir="$OUT/profiles/$name" "$@" 2>&1 | tee "$OUT/kit_$name.log"
+  echo "call $name: up to $left s" >>"$OUT/device.txt"
+  local kit=(timeout "$left" python3 benchmarks/accelerator.py --tables=1 --steps=10 --rounds=3
+    --warmup=3 --compile_threads=8 --profile_dir="$OUT/profiles/$name")
+  case $name in
+    S) timeout "$left" python3 benchmarks/cudnn_shapes.py ;;
+    A) "${kit[@]}" --only="GMM-ViT d9,ViT d9" --variants="$A_VARIANTS" --profile=2 ;;
+    B) "${kit[@]}" --only="deit_small b256,convit_small b256" --variants=default --profile=2 ;;
+    C) "${kit[@]}" --only="ConViT-Ti CIFAR,StructInit" --variants=default --profile=2 ;;
+    D) "${kit[@]}" --only="deit_small b512,convit_small b512" --variants=default --profile=2 ;;
+    E) timeout "$left" bash -c 'python3 benchmarks/device_augment.py \
+         --deit_step=deit_small_patch16_224 --deit_step_batch=128 --steps=10 --rounds=3 --all_cores &&
+         python3 benchmarks/device_augment.py --dispatch_only --dispatch_batch=512 --rounds=3 \
+         --all_cores' ;;
+  esac 2>&1 | tee "$OUT/kit_$name.log"
 }
 
-kit A --only="GMM-ViT d9,ViT d9" --variants=default,gpu_tuned,cudnn,tuned+cudnn,k4,flat_opt --profile=5
-kit B --only="deit_small b256,convit_small b256" --variants=default,tuned+cudnn --profile=3
-kit C --only="ConViT-Ti CIFAR,StructInit" --variants=default,tuned+cudnn --profile=5
-kit D --only="deit_small b512,convit_small b512" --variants=default,tuned+cudnn --profile=3
-
-left=$((TOTAL_S - (SECONDS - start)))
-if [[ " $CALLS " != *" E "* ]]; then
-  :
-elif [ "$left" -ge 60 ]; then
-  timeout "$left" bash -c 'python3 benchmarks/device_augment.py --deit_step=deit_small_patch16_224 \
-    --deit_step_batch=128 --steps=10 --rounds=3 --all_cores &&
-    python3 benchmarks/device_augment.py --dispatch_only --dispatch_batch=512 --rounds=3 --all_cores' 2>&1 |
-    tee "$OUT/kit_E.log"
-else
-  echo "call E not run: $left s left of TOTAL_S=$TOTAL_S" | tee -a "$OUT/device.txt"
-fi
+for name in $CALLS; do call "$name"; done
 
 tar czf "$OUT/profiles.tar.gz" -C "$OUT" profiles 2>/dev/null
 rm -rf "$OUT/profiles"

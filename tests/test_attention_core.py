@@ -9,12 +9,16 @@ fused form (multiply masks, CaiT's talking heads, positional-only attention) mus
 
 import dataclasses
 import functools
+import os
+import subprocess
+import sys
 
 import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_dataset_choice import image_folder
 
 from configs.common import base_config
 from locvit import run_config
@@ -27,6 +31,7 @@ from locvit.attention import (
   TokenGrid,
   attend,
 )
+from locvit.attention.softmax_attention import cudnn_refusal, cudnn_rules_only
 from locvit.models import create_model, default_image_size, list_models
 from locvit.models.cait import TalkingHeadsAttention
 from locvit.models.factory import build_model
@@ -142,6 +147,62 @@ def test_the_config_chooses_the_kernels_from_the_command_line():
   config.attention_implementation = "cudnn"
   assert build_model(config, 10).attention_implementation == "cudnn"
   assert "attention_implementation" not in run_config.fingerprint(config, 10)["model"]
+
+
+ODD_LENGTH = (
+  "attention_implementation='cudnn': cuDNN's fused attention cannot take sequence length 65 in "
+  "training (it needs even lengths); use attention_implementation='xla' or None (JAX's choice: "
+  "XLA)"
+)
+
+
+def test_cudnn_rules_are_shape_logic():
+  """JAX's rules for cuDNN's fused attention (docs/architecture.md), checked on CPU."""
+  bf16 = jnp.bfloat16
+  assert cudnn_refusal(65, 65, 16, bf16, training=True) == ODD_LENGTH
+  assert cudnn_refusal(65, 65, 16, bf16, training=False) is None  # the forward pass takes it
+  assert cudnn_refusal(64, 64, 16, bf16) is None and cudnn_refusal(196, 196, 256, "float16") is None
+  assert "sequence length 1 (queries) x 197 (keys) in training" in cudnn_refusal(1, 197, 64, bf16)
+  assert "head dim 12 (it needs a multiple of 8, at most 256" in cudnn_refusal(64, 64, 12, bf16)
+  assert "cannot take float32 inputs (it needs bfloat16 or float16" in cudnn_refusal(
+    64, 64, 8, jnp.float32
+  )
+
+
+def test_a_cudnn_layer_refuses_a_shape_cudnn_cannot_train_when_traced():
+  """Trace time, for users of the Flax modules: the same line as the config check below, raised
+  before JAX's kernel is called; the forward pass of the same shape and a training pass of an
+  even one are let through."""
+  layer = Attention(num_heads=2, implementation="cudnn", dtype=jnp.bfloat16)
+  tokens = lambda n: jax.ShapeDtypeStruct((2, n, 32), jnp.bfloat16)
+  init = lambda n, train: jax.eval_shape(
+    lambda x: layer.init(jax.random.key(0), x, train=train), tokens(n)
+  )
+  with pytest.raises(ValueError) as refused:
+    init(65, True)
+  assert str(refused.value) == ODD_LENGTH
+  with cudnn_rules_only():  # XLA's kernel in cuDNN's place once the rules pass: any host
+    init(65, False)
+    init(64, True)
+
+
+def test_the_command_line_refuses_cudnn_for_65_tokens_before_anything_runs(tmp_path):
+  """The GMM paper's ViT baseline (64 patches + a class token): one ``locvit: error:`` line, exit
+  2, before the workdir is created or anything compiled."""
+  split = {f"c{i}": 1 for i in range(10)}
+  image_folder(tmp_path / "data", {"train": split, "test": split}, side=32)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  command = [
+    *(sys.executable, "-m", "locvit.main", "--config=gmm_table1:vit,cifar10,base"),
+    f"--data={tmp_path / 'data'}",
+    f"--workdir={tmp_path / 'run'}",
+    "--config.attention_implementation=cudnn",
+    "--config.mixed_precision=True",
+  ]
+  env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+  assert (proc.returncode, proc.stderr) == (2, f"locvit: error: {ODD_LENGTH}\n"), proc.stderr
+  assert not (tmp_path / "run").exists()
 
 
 def test_logits_hook_and_terms_compose_in_order():

@@ -84,3 +84,24 @@ def test_patch_embed_is_the_strided_convolution_with_its_parameters(implementati
   np.testing.assert_allclose(value, want_value, rtol=1e-5)
   for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_remat_blocks_keep_parameters_and_gradients():
+  from locvit.models import create_model
+
+  images = jnp.ones((2, 32, 32, 3))
+  plain = create_model("deit_tiny_patch4_32", num_classes=10, drop_path_rate=0.1)
+  remat = create_model("deit_tiny_patch4_32", num_classes=10, drop_path_rate=0.1, remat=True)
+  params = plain.init(jax.random.key(0), images)["params"]
+  assert jax.tree.structure(remat.init(jax.random.key(0), images)["params"]) == jax.tree.structure(
+    params
+  )
+
+  def grads(model):
+    loss = lambda p: model.apply(
+      {"params": p}, images, train=True, rngs={"dropout": jax.random.key(1)}
+    ).sum()
+    return jax.grad(loss)(params)
+
+  for a, b in zip(jax.tree.leaves(grads(remat)), jax.tree.leaves(grads(plain))):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)  # recomputation may fuse differently

@@ -343,15 +343,17 @@ def test_protocol_dry_runs_print_the_papers_protocol_and_create_nothing(tmp_path
 def test_a_protocol_plan_that_does_not_fit_the_budget_is_refused(tmp_path, monkeypatch, capsys):
   assert rp.main(["gmm_table1_cifar10", "--dry_run", "--minutes=10"]) == 2
   captured = capsys.readouterr()
-  assert "Estimated wall time 29.5 minutes for 2 runs (seed 0)" in captured.out
+  assert "Estimated wall time 60.6 minutes for 2 runs (seed 0)" in captured.out
+  # The rate is the H200 training loop's measured step, longer than the kit's resident step.
+  assert "rate set by a GPU training loop's step (15.3 ms at batch 128)" in captured.out
   refusal = (
-    "locvit.reproduce: error: plan 'gmm_table1_cifar10' needs an estimated 29.5 minutes for 2 "
-    "runs but --minutes=10; give more --minutes, fewer --seeds, or --fraction (at most 0.317 of "
+    "locvit.reproduce: error: plan 'gmm_table1_cifar10' needs an estimated 60.6 minutes for 2 "
+    "runs but --minutes=10; give more --minutes, fewer --seeds, or --fraction (at most 0.152 of "
     "this length fits; --fraction=fit picks it)\n"
   )
   assert captured.err == refusal
   assert rp.main(["gmm_table1_cifar10", "--dry_run", "--minutes=10", "--fraction=fit"]) == 0
-  assert "at 0.317 of the paper's protocol" in capsys.readouterr().out
+  assert "at 0.152 of the paper's protocol" in capsys.readouterr().out
   # A run is refused the same way, before anything is created (the kit's estimate: no probe).
   monkeypatch.setenv("CIFAR10_ROOT", str(tmp_path))
   for split in ("train", "test"):
@@ -488,3 +490,17 @@ def test_forward_flops_compiles_where_the_lowering_counts_nothing(monkeypatch):
   monkeypatch.setattr(jax.stages.Lowered, "cost_analysis", lambda self: None)
   flops, params = protocol.forward_flops(tiny_config())
   assert params == counted[1] and flops == pytest.approx(counted[0], rel=0.05)
+
+
+def test_the_commit_says_when_the_checkout_has_local_changes(tmp_path):
+  def git(*args):
+    return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+  git("init", "-q")
+  (tmp_path / "a.py").write_text("x = 1\n")
+  git("add", "a.py")
+  git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
+  head = git("rev-parse", "--short=7", "HEAD").stdout.decode().strip()
+  assert report.locvit_commit(str(tmp_path)) == head
+  (tmp_path / "a.py").write_text("x = 2\n")  # as a copy whose files are newer than its .git
+  assert report.locvit_commit(str(tmp_path)) == f"{head} with local changes"

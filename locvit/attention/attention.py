@@ -55,7 +55,8 @@ class AttentionLayer(nn.Module):
     attn_drop: dropout on the attention probabilities (forces the explicit path when training).
     proj_drop: dropout after the output projection.
     implementation: the model's kernel setting (``locvit.ops``): None (JAX's choice), 'xla',
-      'cudnn' (GPU, bf16/fp16 only) or 'cpu_kernels' (the CPU code paths).
+      'cudnn' (GPU; the shapes of ``softmax_attention.cudnn_refusal``) or 'cpu_kernels' (the CPU
+      code paths).
     dtype: computation dtype (bf16 for mixed precision); parameters stay ``param_dtype``.
     kernel_init: initializer of the projection kernels.
   """

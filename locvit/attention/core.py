@@ -213,14 +213,18 @@ def attend(
       pos, gate = terms[0].table, terms[0].gate
       if cpu_kernels(implementation):
         return gated_positional_attention(q, k, v, pos, gate, scale)
-      content = dot_product_attention(q, k, v, implementation=implementation, scale=scale)
+      content = dot_product_attention(
+        q, k, v, implementation=implementation, scale=scale, training=train
+      )
       g = gate[:, None].astype(dtype)  # broadcasts over (B, N, H, Dh)
       return (1 - g) * content + g * _mix_values(pos.astype(dtype), v)
     bias = _additive_bias(terms, num_prefix_tokens, q.shape[0])
     if v.ndim == 3:  # raw values shared by the heads
       v = jnp.broadcast_to(v[:, :, None, :], (*v.shape[:2], q.shape[2], v.shape[-1]))
     bias = None if bias is None else bias.astype(q.dtype)
-    return dot_product_attention(q, k, v, bias=bias, implementation=implementation, scale=scale)
+    return dot_product_attention(
+      q, k, v, bias=bias, implementation=implementation, scale=scale, training=train
+    )
 
   scale = q.shape[-1] ** -0.5 if scale is None else scale
   logits = jnp.einsum("bnhd,bmhd->bhnm", q, k).astype(jnp.float32) * scale

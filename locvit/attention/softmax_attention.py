@@ -11,15 +11,19 @@ Every attention variant in locvit ends in this product. Two backends:
   forward + backward pass of the attention core (``benchmarks/attention_kernels.py``), because
   XLA's autodiff of the ``(B, N, H, Dh)`` form inserts layout copies and a slow batch reduction.
 
-``implementation=None`` lets JAX choose (cuDNN on GPU where it applies, XLA otherwise); a model
-resolves None to 'cpu_kernels' on CPU once, when it is built
-(``locvit.ops.resolve_implementation``). The 'cpu_kernels' backend supports reverse-mode
-differentiation only (``jax.grad``, ``jax.vjp``); use 'xla' for forward-mode (``jax.jvp``,
-``jax.hessian``).
+``implementation=None`` lets JAX choose (XLA in every JAX locvit supports: JAX never picks cuDNN
+itself); a model resolves None to 'cpu_kernels' on CPU once, when it is built
+(``locvit.ops.resolve_implementation``). 'cudnn' takes only some shapes (``cudnn_refusal``): this
+module refuses the others with a ValueError naming the shape, the rule and the other choices
+before JAX's kernel is called (JAX would raise NotImplementedError from deep inside its rules).
+The 'cpu_kernels' backend supports reverse-mode differentiation only (``jax.grad``,
+``jax.vjp``); use 'xla' for forward-mode (``jax.jvp``, ``jax.hessian``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from functools import partial
 
 import jax
@@ -30,6 +34,8 @@ from locvit.ops import IMPLEMENTATIONS, check_implementation, cpu_kernels, resol
 Array = jax.Array
 __all__ = [
   "IMPLEMENTATIONS",
+  "cudnn_refusal",
+  "cudnn_rules_only",
   "dot_product_attention",
   "gated_positional_attention",
   "resolve_implementation",
@@ -43,6 +49,7 @@ def dot_product_attention(
   bias: Array | None = None,
   implementation: str | None = None,
   scale: float | None = None,
+  training: bool = True,
 ) -> Array:
   """``softmax(q k^T / sqrt(Dh) + bias) v`` on ``(B, N, H, Dh)`` inputs (Vaswani et al., Eq. 1).
 
@@ -52,11 +59,22 @@ def dot_product_attention(
     implementation: None (JAX's choice), 'xla' or 'cudnn' (``jax.nn.dot_product_attention``) or
       'cpu_kernels' (explicit float32 softmax, hand-written backward pass).
     scale: logit scale; None means ``1 / sqrt(Dh)``.
+    training: whether the call is differentiated (the training step): 'cudnn' has stricter rules
+      there (``cudnn_refusal``).
 
   Returns:
     ``(B, N, H, Dv)`` in ``v``'s dtype.
+
+  Raises:
+    ValueError: 'cudnn' with shapes cuDNN's fused attention cannot take (``cudnn_refusal``).
   """
   check_implementation(implementation)
+  if implementation == "cudnn":
+    refusal = cudnn_refusal(q.shape[1], k.shape[1], q.shape[-1], q.dtype, training=training)
+    if refusal:
+      raise ValueError(refusal)
+    if _RULES_ONLY.get():
+      implementation = "xla"  # the same shapes, traceable on any host
   if not cpu_kernels(implementation):
     return jax.nn.dot_product_attention(
       q, k, v, bias=bias, scale=scale, implementation=implementation
@@ -66,6 +84,59 @@ def dot_product_attention(
       f"bias must be (B, H, N, N) or (1, H, N, N) for q of shape {q.shape}, got {bias.shape}."
     )
   return _attention(q, k, v, bias, q.shape[-1] ** -0.5 if scale is None else float(scale))
+
+
+# cuDNN's fused attention, as JAX 0.7.1-0.11.2 call it (``jax.nn.dot_product_attention``, the
+# checks of ``jax/_src/cudnn/fused_attention_stablehlo.py``; the versions and sources are in
+# docs/architecture.md, "cuDNN attention").
+CUDNN_DTYPES = ("bfloat16", "float16")
+CUDNN_MAX_HEAD_DIM = 256  # Hopper and later; 128 before (JAX asks the GPU when it traces)
+CUDNN_OTHER_CHOICES = "use attention_implementation='xla' or None (JAX's choice: XLA)"
+_RULES_ONLY = contextvars.ContextVar("cudnn_rules_only", default=False)
+
+
+def cudnn_refusal(
+  q_len: int, kv_len: int, head_dim: int, dtype, *, training: bool = True
+) -> str | None:
+  """Why cuDNN's fused attention cannot take these shapes, as one line, or None.
+
+  Shape logic only, so a config is checked on any host: bf16 or fp16 inputs; a head dim that is a
+  multiple of 8 and at most 256 (128 before Hopper, which only the GPU tells); in training (the
+  backward pass), even query and key lengths. JAX 0.7.1-0.11.0 check the lengths only with a
+  bias, but 0.11.2 refused 65 tokens without one (``NotImplementedError: Unsupported sequence
+  length Q 65, KV 65``), so locvit refuses odd lengths in training with and without a bias.
+  """
+  problems = []
+  if jnp.dtype(dtype).name not in CUDNN_DTYPES:
+    problems.append(
+      f"{jnp.dtype(dtype).name} inputs (it needs bfloat16 or float16: mixed precision)"
+    )
+  if head_dim % 8 or head_dim > CUDNN_MAX_HEAD_DIM:
+    problems.append(
+      f"head dim {head_dim} (it needs a multiple of 8, at most {CUDNN_MAX_HEAD_DIM}; "
+      "128 before Hopper)"
+    )
+  if training and (q_len % 2 or kv_len % 2):
+    lengths = f"{q_len}" if q_len == kv_len else f"{q_len} (queries) x {kv_len} (keys)"
+    problems.append(f"sequence length {lengths} in training (it needs even lengths)")
+  if not problems:
+    return None
+  refused = "; nor ".join(problems)
+  return (
+    f"attention_implementation='cudnn': cuDNN's fused attention cannot take {refused}; "
+    f"{CUDNN_OTHER_CHOICES}"
+  )
+
+
+@contextlib.contextmanager
+def cudnn_rules_only():
+  """Within it, 'cudnn' checks its rules and then computes with XLA's kernel (same shapes), so that
+  tracing a model abstractly checks every attention call on any host, GPU or not."""
+  token = _RULES_ONLY.set(True)
+  try:
+    yield
+  finally:
+    _RULES_ONLY.reset(token)
 
 
 def _to_heads_first(x: Array) -> Array:

@@ -8,9 +8,11 @@ from __future__ import annotations
 import dataclasses
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import ml_collections
 
+from locvit.attention.softmax_attention import cudnn_rules_only
 from locvit.models.registry import create_model
 
 
@@ -42,3 +44,25 @@ def build_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Modul
     check_student(model)
     model = model.clone(distilled=True)
   return model
+
+
+def check_attention_kernels(
+  model: nn.Module, image_shape: tuple[int, ...], *, train: bool = True
+) -> None:
+  """Under ``attention_implementation='cudnn'``, raises the ValueError of the first attention call
+  of the forward pass (of training, or with ``train=False`` of evaluation) that cuDNN's fused
+  attention cannot take (sequence length, head dim or dtype;
+  ``locvit.attention.softmax_attention.cudnn_refusal``), before anything is compiled.
+
+  Traces the model abstractly (``jax.eval_shape``, no compilation) with the rules checked and XLA's
+  kernel in cuDNN's place, so it runs on any host and sees every backbone's own token counts
+  (class tokens, windows, class attention)."""
+  if getattr(model, "attention_implementation", None) != "cudnn":
+    return
+  images = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
+  forward = lambda rng, x: model.init({"params": rng, "dropout": rng}, x, train=train)
+  try:
+    with cudnn_rules_only():
+      jax.eval_shape(forward, jax.random.key(0), images)
+  except ValueError as error:  # raised again without JAX's tracing frames and notes
+    raise ValueError(str(error)) from None

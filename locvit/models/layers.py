@@ -304,7 +304,7 @@ class Block(BlockSettings):
 
   @nn.compact
   def __call__(
-    self, x: Array, *, grid: TokenGrid, num_prefix_tokens: int = 0, train: bool = False
+    self, x: Array, grid: TokenGrid, num_prefix_tokens: int = 0, train: bool = False
   ) -> Array:
     attn = self.registered_attention(
       num_heads=self.num_heads, head_dim=self.head_dim, qkv_bias=self.qkv_bias

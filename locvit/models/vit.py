@@ -152,7 +152,8 @@ class VisionTransformer(nn.Module):
     x = nn.with_logical_constraint(x, ("batch", "seq", "embed"))
     self.sow("intermediates", "tokens", x)
 
-    block_cls = nn.remat(Block, static_argnums=()) if self.remat else Block
+    # The grid, prefix count and train flag are Python values: static under remat (0 is self).
+    block_cls = nn.remat(Block, static_argnums=(2, 3, 4)) if self.remat else Block
     kinds = self.layer_attention or ("mhsa",) * self.depth
     for i in range(self.depth):
       if use_cls and i == self.class_token_layer and i > 0:
@@ -173,7 +174,7 @@ class VisionTransformer(nn.Module):
         dtype=self.dtype,
         param_dtype=self.param_dtype,
         name=f"blocks_{i}",
-      )(x, grid=grid, num_prefix_tokens=num_prefix, train=train)
+      )(x, grid, num_prefix, train)
       self.sow("intermediates", f"block_{i}", x)
 
     if use_cls and self.class_token_layer == self.depth:

@@ -121,12 +121,13 @@ def machine() -> dict[str, Any]:
   }
 
 
-def locvit_commit() -> str:
-  """The git commit of the locvit checkout, or the installed version outside a checkout."""
-  here = os.path.dirname(os.path.abspath(__file__))
+def locvit_commit(checkout: str | None = None) -> str:
+  """The git commit of the locvit checkout (``checkout``: this file's), marked when its tracked
+  files differ from that commit; the installed version outside a checkout."""
+  here = checkout or os.path.dirname(os.path.abspath(__file__))
   try:
     out = subprocess.run(
-      ["git", "-C", here, "rev-parse", "--short", "HEAD"],
+      ["git", "-C", here, "describe", "--always", "--abbrev=7", "--dirty= with local changes"],
       capture_output=True,
       text=True,
       check=True,

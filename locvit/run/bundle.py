@@ -27,7 +27,7 @@ from locvit.choices import Errors, check_choice
 from locvit.configs.common import complete_config
 from locvit.data import device_augment
 from locvit.init import from_checkpoint
-from locvit.models.factory import build_model
+from locvit.models.factory import build_model, check_attention_kernels
 from locvit.models.layers import check_patchable
 from locvit.models.registry import default_image_size
 from locvit.run import state as state_lib
@@ -249,6 +249,7 @@ def build_evaluation(config: ml_collections.ConfigDict) -> Evaluation:
   model = build_model(config, num_classes)
   validate(config, mesh, rules, model)
   image_shape = _image_shape(config, eval_source)
+  check_attention_kernels(model, image_shape, train=False)  # cuDNN's shapes, before compiling
   batches = _eval_batches(config, eval_source)
   return Evaluation(config, mesh, rules, model, num_classes, image_shape, eval_source, batches)
 
@@ -277,6 +278,7 @@ def _checked_setup(config, hooks):
     from_checkpoint.apply_layer_heads(config, warmstart)
   model = build_model(config, num_classes)
   validate(config, mesh, rules, model)
+  check_attention_kernels(model, image_shape)  # cuDNN's shapes, before the workdir and compiling
   run = Training(config, mesh, rules, model, num_classes, image_shape, eval_source, None)
   run.train_source, run.warmstart, run.hooks = train_source, warmstart, hooks
   if len(train_source) < config.batch_size:  # refused before the workdir is created
