@@ -2,7 +2,7 @@
 
   python benchmarks/step_kernels.py [--rows="GMM-ViT d9,ViT d9"] [--batch=128]
       [--variants=default,flat_opt] [--fp32] [--time=5]
-  python benchmarks/step_kernels.py --smoke     # two blocks, batch 2, fp32: about a minute
+  python benchmarks/step_kernels.py --smoke     # two blocks, batch 2, fp32: under a minute
 
 Compiles the step ``benchmarks/accelerator.py`` times (``compile_loop_step``: the training loop's
 step with the non-finite guard, bf16 compute unless ``--fp32``; a CIFAR row of
