@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from unittest import mock
+
+from tests.gcs_server import kill
 
 BUCKET = "locvit-test"
 
@@ -32,31 +34,43 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+class S3Server:
+  """moto's server on a fixed loopback port. ``stop`` kills it by pid, as ``GcsServer.stop`` does;
+  moto keeps its objects in memory, so they die with it and ``start`` serves an empty bucket."""
+
+  def __init__(self, log_path: str = os.devnull):
+    self.log_path = log_path
+    self.url = f"http://127.0.0.1:{_free_port()}"
+    self.env = client_env(self.url)
+    self.process: subprocess.Popen | None = None
+
+  def start(self) -> None:
+    """Starts the server, empty, with the bucket ``BUCKET`` (``os.environ`` must point at it)."""
+    port = self.url.rsplit(":", 1)[1]
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", port]
+    with open(self.log_path, "a") as log:
+      self.process = subprocess.Popen(command, stdout=log, stderr=log)
+    _wait_until_serving(self.url, self.process)
+    client().create_bucket(Bucket=BUCKET)
+
+  def stop(self) -> None:
+    """Kills the server (a no-op when it is not running)."""
+    if self.process is not None:
+      kill(self.process)
+      self.process = None
+
+
 @contextlib.contextmanager
 def s3_server(log_path: str = os.devnull):
-  """Starts moto's S3 server (in memory) with an empty bucket ``BUCKET``; yields the client
-  environment; stops the server by pid. Its request log goes to ``log_path``."""
-  port = _free_port()
-  url = f"http://127.0.0.1:{port}"
-  command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-  with open(log_path, "w") as log:
-    server = subprocess.Popen(command, stdout=log, stderr=log)
-  env = client_env(url)
-  saved = {k: os.environ.get(k) for k in env}
-  os.environ.update(env)
-  try:
-    _wait_until_serving(url, server)
-    client().create_bucket(Bucket=BUCKET)
-    yield env
-  finally:
-    for key, value in saved.items():
-      if value is None:
-        os.environ.pop(key, None)
-      else:
-        os.environ[key] = value
-    with contextlib.suppress(ProcessLookupError):
-      os.kill(server.pid, signal.SIGTERM)
-    server.wait(timeout=10)
+  """Starts moto's S3 server (in memory) with an empty bucket ``BUCKET``; yields the ``S3Server``
+  (its client environment, ``.env``, is also set in ``os.environ`` meanwhile); stops it by pid."""
+  server = S3Server(log_path)
+  with mock.patch.dict(os.environ, server.env):
+    try:
+      server.start()
+      yield server
+    finally:
+      server.stop()
 
 
 def _wait_until_serving(url: str, server: subprocess.Popen, timeout: float = 30.0) -> None:
