@@ -35,29 +35,36 @@ def _free_port() -> int:
 
 
 class S3Server:
-  """moto's server on a fixed loopback port. ``stop`` kills it by pid, as ``GcsServer.stop`` does;
-  moto keeps its objects in memory, so they die with it and ``start`` serves an empty bucket."""
+  """moto's server on a fixed loopback port. ``stop`` and ``start`` (by pid) make a bucket outage
+  that loses nothing, as ``GcsServer``'s do: moto keeps its objects in memory only, so ``stop``
+  copies them (between the copy and the kill, milliseconds, a write would be lost) and ``start``
+  puts them back, with the same bytes and so the same ETags (a lease's ``If-Match`` still holds)."""
 
   def __init__(self, log_path: str = os.devnull):
     self.log_path = log_path
     self.url = f"http://127.0.0.1:{_free_port()}"
     self.env = client_env(self.url)
     self.process: subprocess.Popen | None = None
+    self.kept: dict[str, bytes] = {}  # the objects at the last ``stop``
 
   def start(self) -> None:
-    """Starts the server, empty, with the bucket ``BUCKET`` (``os.environ`` must point at it)."""
+    """Starts the server with the bucket ``BUCKET`` and the objects kept at the last ``stop``
+    (``os.environ`` must point at it)."""
     port = self.url.rsplit(":", 1)[1]
     command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", port]
     with open(self.log_path, "a") as log:
       self.process = subprocess.Popen(command, stdout=log, stderr=log)
     _wait_until_serving(self.url, self.process)
-    client().create_bucket(Bucket=BUCKET)
+    s3 = client()
+    s3.create_bucket(Bucket=BUCKET)
+    for key, body in self.kept.items():
+      s3.put_object(Bucket=BUCKET, Key=key, Body=body)
 
   def stop(self) -> None:
-    """Kills the server (a no-op when it is not running)."""
-    if self.process is not None:
-      kill(self.process)
-      self.process = None
+    """Copies the objects, then kills the server (SIGKILL, as ``GcsServer.stop``)."""
+    self.kept = objects("")
+    kill(self.process)
+    self.process = None
 
 
 @contextlib.contextmanager
@@ -70,7 +77,8 @@ def s3_server(log_path: str = os.devnull):
       server.start()
       yield server
     finally:
-      server.stop()
+      if server.process is not None:
+        kill(server.process)
 
 
 def _wait_until_serving(url: str, server: subprocess.Popen, timeout: float = 30.0) -> None:
