@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -34,6 +35,22 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+# moto's server with the bucket and the objects (pickled, on stdin) in place before it serves: a
+# client that calls while a restart is under way sees no empty bucket (a run's lease would be lost).
+_SERVE = """
+import pickle, sys
+from moto.core import DEFAULT_ACCOUNT_ID
+from moto.s3.models import s3_backends
+from moto.server import main
+bucket, port = sys.argv[1:]
+backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
+backend.create_bucket(bucket, "us-east-1")
+for key, body in pickle.load(sys.stdin.buffer).items():
+  backend.put_object(bucket, key, body)
+main(["-H", "127.0.0.1", "-p", port])
+"""
+
+
 class S3Server:
   """moto's server on a fixed loopback port. ``stop`` and ``start`` (by pid) make a bucket outage
   that loses nothing, as ``GcsServer``'s do: moto keeps its objects in memory only, so ``stop``
@@ -48,17 +65,13 @@ class S3Server:
     self.kept: dict[str, bytes] = {}  # the objects at the last ``stop``
 
   def start(self) -> None:
-    """Starts the server with the bucket ``BUCKET`` and the objects kept at the last ``stop``
-    (``os.environ`` must point at it)."""
-    port = self.url.rsplit(":", 1)[1]
-    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", port]
+    """Starts the server with the bucket ``BUCKET`` and the objects kept at the last ``stop``."""
+    command = [sys.executable, "-c", _SERVE, BUCKET, self.url.rsplit(":", 1)[1]]
     with open(self.log_path, "a") as log:
-      self.process = subprocess.Popen(command, stdout=log, stderr=log)
+      self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=log)
+    with self.process.stdin as objects_in:
+      objects_in.write(pickle.dumps(self.kept))
     _wait_until_serving(self.url, self.process)
-    s3 = client()
-    s3.create_bucket(Bucket=BUCKET)
-    for key, body in self.kept.items():
-      s3.put_object(Bucket=BUCKET, Key=key, Body=body)
 
   def stop(self) -> None:
     """Copies the objects, then kills the server (SIGKILL, as ``GcsServer.stop``)."""
