@@ -113,13 +113,13 @@ def client():
 
 
 def objects(prefix: str) -> dict[str, bytes]:
-  """Every object under ``s3://BUCKET/prefix``: name -> content."""
+  """Every object under ``s3://BUCKET/prefix``: name -> content (less any deleted meanwhile)."""
   s3 = client()
   found = {}
   for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
     for item in page.get("Contents", []):
-      body = s3.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read()
-      found[item["Key"]] = body
+      with contextlib.suppress(s3.exceptions.NoSuchKey):
+        found[item["Key"]] = s3.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read()
   return found
 
 
