@@ -4,7 +4,7 @@
 #   python benchmarks/gpu_wheels.py                          # on a machine with network, once
 #   OUT=RESULTS_DIR bash benchmarks/kit_gpu.sh [WHEELS_DIR]  # on the GPU machine, in the checkout
 #
-# CALLS (default "B E A C D") picks the calls and their order (the H200 run of call A is in
+# CALLS (default "S B E A C D") picks the calls and their order (the H200 run of call A is in
 # docs/benchmarks.md, so the calls it could not reach come first); A_VARIANTS (default
 # "default,k4") the sides of call A; LOCVIT_COMMIT names the checkout in device.txt (the GPU
 # machine's copy may carry another commit's git metadata).
@@ -13,6 +13,8 @@
 # TOTAL_S seconds together (default 540), each also within its own cap (CAP below), so a slow one
 # cannot take the others' time. In each call every row's sides compile in 8 threads before any is
 # timed; then 3 interleaved rounds of 10 steps and a profile (Table 1p) of 2 steps per locvit side:
+#   S. benchmarks/cudnn_shapes.py: which shapes JAX's cuDNN attention takes here, against the rule
+#      locvit refuses 'cudnn' by (exit 1 if locvit lets through one that JAX refuses);
 #   A. GMM-ViT d9 and ViT d9 at batch 128 (GMM's paper): locvit's default step ("before") beside
 #      the candidates in A_VARIANTS ("after"; gpu_tuned, cudnn and tuned+cudnn measured, no gain);
 #   B. DeiT-S and ConViT-S at 224, batch 256: locvit beside timm eager and timm under
@@ -29,7 +31,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/kit_gpu}
 WHEELS=${1:-gpu_wheels}
 TOTAL_S=${TOTAL_S:-540}
-CALLS=${CALLS:-B E A C D}
+CALLS=${CALLS:-S B E A C D}
 A_VARIANTS=${A_VARIANTS:-default,k4}
 start=$SECONDS
 mkdir -p "$OUT/profiles"
@@ -44,7 +46,7 @@ echo "checkout ${LOCVIT_COMMIT:-$(git describe --always --abbrev=7 --dirty=" wit
 
 # Each call's cap (s), from what the calls took on an H200 (docs/benchmarks.md, "Issue 29's
 # profile"): ten 32x32 sides with profiles took 294 s; 224 sides compile in about a minute each.
-declare -A CAP=([A]=200 [B]=200 [C]=150 [D]=200 [E]=220)
+declare -A CAP=([S]=90 [A]=200 [B]=200 [C]=150 [D]=200 [E]=220)
 
 call() {  # call NAME: run it, limited to its cap and to the time left
   local name=$1 left=$((TOTAL_S - (SECONDS - start)))
@@ -57,6 +59,7 @@ call() {  # call NAME: run it, limited to its cap and to the time left
   local kit=(timeout "$left" python3 benchmarks/accelerator.py --tables=1 --steps=10 --rounds=3
     --warmup=3 --compile_threads=8 --profile_dir="$OUT/profiles/$name")
   case $name in
+    S) timeout "$left" python3 benchmarks/cudnn_shapes.py ;;
     A) "${kit[@]}" --only="GMM-ViT d9,ViT d9" --variants="$A_VARIANTS" --profile=2 ;;
     B) "${kit[@]}" --only="deit_small b256,convit_small b256" --variants=default --profile=2 ;;
     C) "${kit[@]}" --only="ConViT-Ti CIFAR,StructInit" --variants=default --profile=2 ;;
