@@ -112,8 +112,9 @@ def test_an_s3_bucket_that_goes_away_ends_the_run_in_one_line_and_the_same_comma
     # botocore's error names its cause only in the error it was raised from: the line names that
     _assert_gave_up_in_one_line(err, f"s3://{BUCKET}", "long", "connection (refused|reset|aborted)")
 
-    # The bucket is back with its objects, step 20 as far as its save got (no commit_success.txt):
-    # the same command takes over the dead process's lease and resumes after step 10.
+    # The bucket is back with the objects it had (``S3Server.start`` puts back what ``stop``
+    # copied), step 20 as far as its save got (no commit_success.txt): the same command takes over
+    # the dead process's lease and resumes after step 10.
     s3.start()
     proc = _main(tmp_path, s3.env, *OUTAGE_RUN, workdir)
     out, err = _finish(proc, 240)
@@ -157,9 +158,10 @@ print("closed", flush=True)
 
 @pytest.mark.slow
 def test_a_metrics_write_rides_out_an_s3_outage_that_outlasts_s3fs_own_retries(tmp_path):
-  """s3fs gives up on a bucket that does not answer after about 10 s, raising "Could not connect
-  to the endpoint URL" (the run ended with "writing .../metrics.jsonl failed", well within its
-  bucket timeout); the write is now made again once the bucket answers."""
+  """s3fs gives up on a bucket that does not answer after about 10 s (botocore's own 5 attempts;
+  s3fs does not retry a connection error), raising "Could not connect to the endpoint URL": the
+  run ended with "writing .../metrics.jsonl failed", well within its bucket timeout. The write is
+  now made again once the bucket answers."""
   go = tmp_path / "go"
   with s3_server() as s3:
     proc = _main(tmp_path, s3.env, f"s3://{BUCKET}/ride", go, python_prefix=("-c", RIDE_OUT))
