@@ -88,8 +88,7 @@ class MetricWriter:
     """Object stores: rewrites the whole object; a failure names it (a client's own error, such
     as "Cannot connect to host", does not)."""
     try:
-      with outage.doing("the metrics write"):
-        self.path.write_text("".join(self._rows))
+      outage.retrying("the metrics write", lambda: self.path.write_text("".join(self._rows)))
     except Exception as e:  # gcsfs/s3fs raise their HTTP clients' errors, of many types
       raise MetricsWriteError(
         f"writing {self.path} failed ({outage.one_line(e)}); the checkpoints committed are kept"
@@ -100,8 +99,7 @@ class MetricWriter:
     if self.enabled and self._rows is not None:
       self._write_rows()
     if self._tb is not None:
-      with outage.doing("the metrics write"):
-        self._tb.flush()
+      outage.retrying("the metrics write", self._tb.flush)  # on a bucket, a whole-object write
 
   def close(self) -> None:
     """Flushes the rows and closes the TensorBoard file (closed even when its last write fails)."""
@@ -111,8 +109,7 @@ class MetricWriter:
     finally:
       if self._tb is not None:
         self._tb, event_file = None, self._tb
-        with outage.doing("the metrics write"):
-          event_file.close()
+        outage.retrying("the metrics write", event_file.close)
 
 
 class MetricsWriteError(OSError):

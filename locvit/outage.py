@@ -9,7 +9,8 @@ that closed each in turn waited for each in turn. Instead, the process keeps one
   each failure (``failed``) and each answer (``answered``);
 - the first failure starts the deadline, ``limit`` seconds later
   (``config.bucket_timeout_seconds``); any answer before it clears it, so a shorter outage is
-  ridden out by the clients' own retries;
+  ridden out: by the clients' own retries, and, for writes that give up sooner (s3fs after about
+  10 s, gcsfs after about 30 s), by ``retrying``, which writes again once the bucket answers;
 - when the deadline passes, the process prints one ``locvit: error:`` line (the bucket, what was
   being written, the steps already committed) and exits with status 2 at once, whatever thread is
   still waiting: a committed checkpoint is already safe, an uncommitted one is left as orbax left it
@@ -27,25 +28,31 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 EXIT_STATUS = 2
+T = TypeVar("T")
 _watch: Watch | None = None
 
 
 # What HTTP clients bury in long messages (urllib3's "Max retries exceeded with url: ...").
 _REASONS = re.compile(
-  r"connection refused|connection reset|timed? ?out|name or service not known|"
+  r"connection refused|connection reset|connection aborted|timed? ?out|name or service not known|"
   r"cannot connect to host [^ ]+|no route to host|service unavailable",
   re.IGNORECASE,
 )
 
 
 def one_line(error: BaseException) -> str:
-  """A short description of a client error: its reason when the message names a known one, else
-  ``Type: first line of the message``."""
-  reason = _REASONS.search(str(error))
-  if reason:
-    return reason.group(0).lower()
+  """A short description of a client error: its reason when its message, or that of an error it
+  was raised from, names a known one (botocore's "Could not connect to the endpoint URL" was
+  raised from urllib3's "Connection refused"), else ``Type: first line of the message``."""
+  cause, seen = error, 0
+  while cause is not None and seen < 8:
+    reason = _REASONS.search(str(cause))
+    if reason:
+      return reason.group(0).lower()
+    cause, seen = cause.__cause__ or cause.__context__, seen + 1
   text = str(error).strip().splitlines()
   return f"{type(error).__name__}: {text[0][:160] if text else ''}"
 
@@ -63,6 +70,8 @@ class Watch:
     # Set by the checkpointer: (the save in flight or None, the committed steps), without I/O.
     self.checkpoints: Callable[[], tuple[str | None, str]] = lambda: (None, "")
     self._lock = threading.Lock()
+    self._reported = threading.Condition(self._lock)  # each failure or answer, for ``retrying``
+    self._reports = 0
     self._wake = threading.Event()
     self._stopped = False
     self._thread = threading.Thread(target=self._run, name="locvit-outage", daemon=True)
@@ -79,15 +88,37 @@ class Watch:
         self.deadline = time.monotonic() + self.limit
         self.error = one_line(error)
         self._wake.set()
+      self._report()
 
   def answered(self) -> None:
     """The bucket answered: the outage, if any, is over."""
     with self._lock:
       self.deadline = self.error = None
+      self._report()
+
+  def _report(self) -> None:
+    self._reports += 1
+    self._reported.notify_all()
+
+  def wait_out_outage(self) -> bool:
+    """After a write failed: waits for the lease's verdict. When its next probe also failed, waits
+    until the bucket answers (True: write again) or the deadline ends the process; False when the
+    bucket answers (the write's error is its own) or the watch stops."""
+    with self._lock:
+      # The second report from now comes from a probe that began after the write failed (the
+      # lease's thread probes every few seconds while a write waits; a lost lease stops it).
+      seen = self._reports
+      heard = lambda: self._reports >= seen + 2 or self._stopped
+      if not self._reported.wait_for(heard, timeout=max(self.limit, 30.0)) or self.deadline is None:
+        return False
+      self._reported.wait_for(lambda: self.deadline is None or self._stopped)
+      return not self._stopped
 
   def stop(self) -> None:
     """Ends the watch; its thread exits."""
-    self._stopped = True
+    with self._lock:
+      self._stopped = True
+      self._reported.notify_all()
     self._wake.set()
 
   def _run(self) -> None:
@@ -151,6 +182,22 @@ def answered() -> None:
   """The bucket answered: an outage, if any, is over."""
   if _watch is not None:
     _watch.answered()
+
+
+def retrying(what: str, write: Callable[[], T]) -> T:
+  """Runs ``write``, a whole-object write to the bucket, named ``what`` (as ``doing``). When it
+  fails while the bucket does not answer the lease's probes either, it is run again once the
+  bucket answers, or the deadline ends the process with its line: an outage shorter than
+  ``config.bucket_timeout_seconds`` is ridden out however soon the client gave up. Any other
+  error is raised."""
+  with doing(what):
+    while True:
+      try:
+        return write()
+      except Exception:
+        watch = _watch
+        if watch is None or not watch.wait_out_outage():
+          raise
 
 
 @contextlib.contextmanager

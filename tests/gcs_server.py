@@ -65,12 +65,17 @@ class GcsServer:
       raise RuntimeError(f"fake-gcs-server could not serve on port {self.port} again")
 
   def stop(self) -> None:
-    """Kills the server (SIGKILL: no goodbye to open connections, as when a network drops)."""
+    """Kills the server (a no-op when it is not running)."""
     if self.process is not None:
-      with contextlib.suppress(ProcessLookupError):
-        os.kill(self.process.pid, signal.SIGKILL)
-      self.process.wait(timeout=10)
+      kill(self.process)
       self.process = None
+
+
+def kill(process: subprocess.Popen) -> None:
+  """Kills a server by pid (SIGKILL: no goodbye to open connections, as when a network drops)."""
+  with contextlib.suppress(ProcessLookupError):
+    os.kill(process.pid, signal.SIGKILL)
+  process.wait(timeout=10)
 
 
 @contextlib.contextmanager

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
+import pickle
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from unittest import mock
+
+from tests.gcs_server import kill
 
 BUCKET = "locvit-test"
 
@@ -32,31 +35,63 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+# moto's server with the bucket and the objects (pickled, on stdin) in place before it serves: a
+# client that calls while a restart is under way sees no empty bucket (a run's lease would be lost).
+_SERVE = """
+import pickle, sys
+from moto.core import DEFAULT_ACCOUNT_ID
+from moto.s3.models import s3_backends
+from moto.server import main
+bucket, port = sys.argv[1:]
+backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
+backend.create_bucket(bucket, "us-east-1")
+for key, body in pickle.load(sys.stdin.buffer).items():
+  backend.put_object(bucket, key, body)
+main(["-H", "127.0.0.1", "-p", port])
+"""
+
+
+class S3Server:
+  """moto's server on a fixed loopback port. ``stop`` and ``start`` (by pid) make a bucket outage
+  that loses nothing, as ``GcsServer``'s do: moto keeps its objects in memory only, so ``stop``
+  copies them (between the copy and the kill, milliseconds, a write would be lost) and ``start``
+  puts them back, with the same bytes and so the same ETags (a lease's ``If-Match`` still holds)."""
+
+  def __init__(self, log_path: str = os.devnull):
+    self.log_path = log_path
+    self.url = f"http://127.0.0.1:{_free_port()}"
+    self.env = client_env(self.url)
+    self.process: subprocess.Popen | None = None
+    self.kept: dict[str, bytes] = {}  # the objects at the last ``stop``
+
+  def start(self) -> None:
+    """Starts the server with the bucket ``BUCKET`` and the objects kept at the last ``stop``."""
+    command = [sys.executable, "-c", _SERVE, BUCKET, self.url.rsplit(":", 1)[1]]
+    with open(self.log_path, "a") as log:
+      self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=log)
+    with self.process.stdin as objects_in:
+      objects_in.write(pickle.dumps(self.kept))
+    _wait_until_serving(self.url, self.process)
+
+  def stop(self) -> None:
+    """Copies the objects, then kills the server (SIGKILL, as ``GcsServer.stop``)."""
+    self.kept = objects("")
+    kill(self.process)
+    self.process = None
+
+
 @contextlib.contextmanager
 def s3_server(log_path: str = os.devnull):
-  """Starts moto's S3 server (in memory) with an empty bucket ``BUCKET``; yields the client
-  environment; stops the server by pid. Its request log goes to ``log_path``."""
-  port = _free_port()
-  url = f"http://127.0.0.1:{port}"
-  command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-  with open(log_path, "w") as log:
-    server = subprocess.Popen(command, stdout=log, stderr=log)
-  env = client_env(url)
-  saved = {k: os.environ.get(k) for k in env}
-  os.environ.update(env)
-  try:
-    _wait_until_serving(url, server)
-    client().create_bucket(Bucket=BUCKET)
-    yield env
-  finally:
-    for key, value in saved.items():
-      if value is None:
-        os.environ.pop(key, None)
-      else:
-        os.environ[key] = value
-    with contextlib.suppress(ProcessLookupError):
-      os.kill(server.pid, signal.SIGTERM)
-    server.wait(timeout=10)
+  """Starts moto's S3 server (in memory) with an empty bucket ``BUCKET``; yields the ``S3Server``
+  (its client environment, ``.env``, is also set in ``os.environ`` meanwhile); stops it by pid."""
+  server = S3Server(log_path)
+  with mock.patch.dict(os.environ, server.env):
+    try:
+      server.start()
+      yield server
+    finally:
+      if server.process is not None:
+        kill(server.process)
 
 
 def _wait_until_serving(url: str, server: subprocess.Popen, timeout: float = 30.0) -> None:
@@ -78,13 +113,13 @@ def client():
 
 
 def objects(prefix: str) -> dict[str, bytes]:
-  """Every object under ``s3://BUCKET/prefix``: name -> content."""
+  """Every object under ``s3://BUCKET/prefix``: name -> content (less any deleted meanwhile)."""
   s3 = client()
   found = {}
   for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
     for item in page.get("Contents", []):
-      body = s3.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read()
-      found[item["Key"]] = body
+      with contextlib.suppress(s3.exceptions.NoSuchKey):
+        found[item["Key"]] = s3.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read()
   return found
 
 

@@ -232,9 +232,10 @@ OUTAGE_RUN = [
 ]
 
 
-def _stop_after_step_10_is_committed(proc, server, prefix):
-  """Reads ``proc``'s progress to step 15, waits for step 10's commit in the bucket, then stops the
-  server; returns the lines read and when the outage began."""
+def _stop_after_step_10_is_committed(proc, server, prefix, listed=blobs):
+  """Reads ``proc``'s progress to step 15, waits for step 10's commit in the bucket (``listed``
+  lists the names under a prefix of it), then stops the server; returns the lines read and when
+  the outage began."""
   seen = []
   for line in proc.stdout:
     seen.append(line)
@@ -242,11 +243,26 @@ def _stop_after_step_10_is_committed(proc, server, prefix):
       break
   marker = f"{prefix}/checkpoints/10/commit_success.txt"
   deadline = time.monotonic() + 60
-  while marker not in blobs(marker) and time.monotonic() < deadline:
+  while marker not in listed(marker) and time.monotonic() < deadline:
     time.sleep(0.2)
-  assert marker in blobs(marker), "".join(seen)
+  assert marker in listed(marker), "".join(seen)
   server.stop()
   return seen, time.monotonic()
+
+
+def _assert_gave_up_in_one_line(err, bucket, prefix, reason=r"[^)]*"):
+  """``err`` is the one line of a run that gave up on ``bucket`` (``gs://B``) for ``reason`` after
+  step 10 was committed under ``prefix``, and no traceback."""
+  errors = [line for line in err.splitlines() if line.startswith("locvit: error:")]
+  assert len(errors) == 1 and "Traceback" not in err, err
+  assert re.fullmatch(
+    rf"locvit: error: the bucket {bucket} did not answer for {OUTAGE_LIMIT} s "
+    r"\(config.bucket_timeout_seconds\) during (the checkpoint save of step 20|the metrics write) "
+    rf"\({reason}\); gave up\. "
+    rf"Steps committed in {bucket}/{prefix}/checkpoints: 10; the same command resumes from the "
+    "newest once the bucket answers",
+    errors[0],
+  ), errors[0]
 
 
 def _train_losses(prefix):
@@ -279,16 +295,7 @@ def test_a_short_bucket_outage_is_ridden_out_and_a_long_one_ends_the_run_in_one_
     server.start()
   assert proc.returncode == 2, out + err
   assert waited < OUTAGE_LIMIT + 8, (waited, err)
-  errors = [line for line in err.splitlines() if line.startswith("locvit: error:")]
-  assert len(errors) == 1 and "Traceback" not in err, err
-  assert re.fullmatch(
-    rf"locvit: error: the bucket gs://{BUCKET} did not answer for {OUTAGE_LIMIT} s "
-    r"\(config.bucket_timeout_seconds\) during (the checkpoint save of step 20|the metrics write) "
-    r"\([^)]*\); gave up\. "
-    rf"Steps committed in gs://{BUCKET}/long/checkpoints: 10; the same command resumes from the "
-    "newest once the bucket answers",
-    errors[0],
-  ), errors[0]
+  _assert_gave_up_in_one_line(err, f"gs://{BUCKET}", "long")
 
   # The bucket is back with step 10 whole. Its checksums.json is deleted, as a step committed
   # without one (a synchronous save killed before hashing it, or an older locvit). The same command

@@ -3,12 +3,20 @@ real S3-API server on loopback (moto, tests/s3_server.py), from a working direct
 empty. Files go through s3fs; orbax's arrays through TensorStore's s3 driver."""
 
 import json
+import re
 import time
 
 import pytest
 
 from tests.s3_server import BUCKET, client, names, objects, s3_server
-from tests.test_bucket import _main
+from tests.test_bucket import (
+  OUTAGE_LIMIT,
+  OUTAGE_RUN,
+  _assert_gave_up_in_one_line,
+  _finish,
+  _main,
+  _stop_after_step_10_is_committed,
+)
 
 RUN = "run"
 WORKDIR = f"s3://{BUCKET}/{RUN}"
@@ -23,8 +31,8 @@ SHORT = [
 
 @pytest.fixture(scope="module")
 def server():
-  with s3_server() as env:
-    yield env
+  with s3_server() as s3:
+    yield s3
 
 
 def _steps():
@@ -39,7 +47,7 @@ def test_quickstart_trains_on_s3_a_live_lease_refuses_a_second_run_and_a_rerun_r
   cwd = tmp_path / "cwd"
   cwd.mkdir()
 
-  proc = _main(cwd, server, *SHORT, "--config.total_steps=4")
+  proc = _main(cwd, server.env, *SHORT, "--config.total_steps=4")
   out, err = proc.communicate(timeout=300)
   assert proc.returncode == 0, out + err[-3000:]
   assert "Final evaluation at step 4/4" in out, out
@@ -60,7 +68,7 @@ def test_quickstart_trains_on_s3_a_live_lease_refuses_a_second_run_and_a_rerun_r
   # A live lease of another run (created only-if-absent, as runs do): a second run is refused.
   lock = {"pid": 4242, "host": "other-host", "started": "now", "expires": time.time() + 600}
   client().put_object(Bucket=BUCKET, Key=f"{RUN}/lock", Body=json.dumps(lock), IfNoneMatch="*")
-  refused = _main(cwd, server, *SHORT, "--config.total_steps=8")
+  refused = _main(cwd, server.env, *SHORT, "--config.total_steps=8")
   out, err = refused.communicate(timeout=180)
   assert refused.returncode == 2, out + err[-3000:]
   assert f"workdir {WORKDIR} is in use by pid 4242 on host other-host" in err, err[-3000:]
@@ -69,7 +77,7 @@ def test_quickstart_trains_on_s3_a_live_lease_refuses_a_second_run_and_a_rerun_r
   # The lease expired (a killed run's): it is taken over, and the run resumes after step 4.
   lock["expires"] = time.time() - 1
   client().put_object(Bucket=BUCKET, Key=f"{RUN}/lock", Body=json.dumps(lock))
-  proc = _main(cwd, server, *SHORT, "--config.total_steps=8")
+  proc = _main(cwd, server.env, *SHORT, "--config.total_steps=8")
   out, err = proc.communicate(timeout=300)
   assert proc.returncode == 0, out + err[-3000:]
   first = next(line for line in out.splitlines() if line.startswith("step "))
@@ -86,6 +94,92 @@ def test_quickstart_trains_on_s3_a_live_lease_refuses_a_second_run_and_a_rerun_r
   assert f"{RUN}/lock" not in names(RUN)
 
   assert list(cwd.iterdir()) == [], "nothing may be written under the working directory"
+
+
+@pytest.mark.slow
+def test_an_s3_bucket_that_goes_away_ends_the_run_in_one_line_and_the_same_command_resumes(
+  tmp_path,
+):
+  """tests/test_bucket.py's long outage, on S3: moto killed by pid after step 10 is committed."""
+  workdir = f"--workdir=s3://{BUCKET}/long"
+  with s3_server() as s3:  # its own server: the module's is not stopped
+    proc = _main(tmp_path, s3.env, *OUTAGE_RUN, workdir)
+    _, stopped = _stop_after_step_10_is_committed(proc, s3, "long", names)
+    out, err = _finish(proc, 120)
+    waited = time.monotonic() - stopped
+    assert proc.returncode == 2, out + err
+    assert waited < OUTAGE_LIMIT + 8, (waited, err)
+    # botocore's error names its cause only in the error it was raised from: the line names that
+    _assert_gave_up_in_one_line(err, f"s3://{BUCKET}", "long", "connection (refused|reset|aborted)")
+
+    # The bucket is back with the objects it had (``S3Server.start`` puts back what ``stop``
+    # copied), step 20 as far as its save got (no commit_success.txt): the same command takes over
+    # the dead process's lease and resumes after step 10.
+    s3.start()
+    proc = _main(tmp_path, s3.env, *OUTAGE_RUN, workdir)
+    out, err = _finish(proc, 240)
+    assert proc.returncode == 0, out + err
+    assert re.search(
+      r"Took over the lease s3://\S+/long/lock of pid \d+, which no longer runs", err
+    )
+    first = next(line for line in out.splitlines() if line.startswith("step "))
+    assert first.startswith("step 11/20 "), out
+    saved = names("long/")
+    commits = [
+      n for n in saved if re.fullmatch(r"long/checkpoints/(best/)?\d+/commit_success.txt", n)
+    ]
+    assert sorted(commits) == [
+      f"long/checkpoints/{s}/commit_success.txt" for s in ("10", "20", "best/20")
+    ]
+    rows = objects("long/metrics.jsonl")["long/metrics.jsonl"].decode().splitlines()
+    # each logged step once across the two runs
+    assert [json.loads(row)["step"] for row in rows if "train/loss" in row] == [1, 5, 10, 15, 20]
+
+
+# Writes metrics.jsonl in s3://BUCKET/ride under a 30 s config.bucket_timeout_seconds: a row, then,
+# once the file `go` exists, a second row, at close.
+RIDE_OUT = """
+import os, sys, time
+from locvit import metrics, workdir
+directory, go = sys.argv[1:]
+workdir.acquire_lock(directory, 30)
+writer = metrics.MetricWriter(directory)
+writer.write(1, {"train/loss": 1.0})
+writer.flush()
+print("flushed", flush=True)
+while not os.path.exists(go):
+  time.sleep(0.05)
+writer.write(2, {"train/loss": 2.0})
+writer.close()
+workdir.release_lock(directory)
+print("closed", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_metrics_write_rides_out_an_s3_outage_that_outlasts_s3fs_own_retries(tmp_path):
+  """s3fs gives up on a bucket that does not answer after about 10 s (botocore's own 5 attempts;
+  s3fs does not retry a connection error), raising "Could not connect to the endpoint URL": the
+  run ended with "writing .../metrics.jsonl failed", well within its bucket timeout. The write is
+  now made again once the bucket answers."""
+  go = tmp_path / "go"
+  with s3_server() as s3:
+    proc = _main(tmp_path, s3.env, f"s3://{BUCKET}/ride", go, python_prefix=("-c", RIDE_OUT))
+    assert proc.stdout.readline() == "flushed\n", _finish(proc, 60)
+    s3.stop()
+    go.touch()
+    time.sleep(14)
+    assert proc.poll() is None, _finish(proc, 60)
+    s3.start()
+    out, err = _finish(proc, 60)
+    assert (proc.returncode, out) == (0, "closed\n"), out + err
+    assert "Traceback" not in err and "locvit:" not in err, err
+    rows = objects("ride/metrics.jsonl")["ride/metrics.jsonl"].decode().splitlines()
+    assert [json.loads(row) for row in rows] == [
+      {"step": 1, "train/loss": 1.0},
+      {"step": 2, "train/loss": 2.0},
+    ]
+    assert any(n.startswith("ride/tensorboard/events.out.tfevents.") for n in names("ride/"))
 
 
 def test_the_s3_lease_is_refreshed_under_its_etag_and_never_deletes_another_runs_lock(server):
