@@ -29,6 +29,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
@@ -260,11 +261,23 @@ def _parse_flags(argv: Sequence[str]) -> list[str]:
     _exit_with_error(message)
 
 
+# How long the interpreter may take to shut down after the error or stop line: a thread stuck in a
+# failed bucket write (orbax's, TensorStore's: non-daemon) would otherwise keep the process alive.
+EXIT_GRACE_SECONDS = 10.0
+
+
+def _exit(status: int) -> None:
+  timer = threading.Timer(EXIT_GRACE_SECONDS, os._exit, (status,))
+  timer.daemon = True
+  timer.start()
+  sys.exit(status)
+
+
 def _exit_with_error(message: str, notes: Sequence[str] = ()) -> None:
   print(f"locvit: error: {message}", file=sys.stderr, flush=True)
   for note in notes:  # what failed after the error, e.g. releasing the workdir's lease
     print(f"locvit: also: {note}", file=sys.stderr, flush=True)
-  sys.exit(2)
+  _exit(2)
 
 
 def the_config() -> ml_collections.ConfigDict:
@@ -397,7 +410,7 @@ def _exit_stopped(cause: str, status: int) -> None:
     file=sys.stderr,
     flush=True,
   )
-  sys.exit(status)
+  _exit(status)
 
 
 def _main_with_clear_errors(argv):

@@ -653,3 +653,31 @@ def test_a_new_best_at_or_below_the_kept_best_step_replaces_it(tmp_path):
   checkpointer.close()
   reader = ckpt_lib.Checkpointer(tmp_path / "checkpoints", read_only=True)
   assert (reader.best_step(), reader.best_score()) == (4, 0.7)
+
+
+STUCK_WRITER = """
+import sys, threading
+from locvit import main
+
+def save_fails_and_a_writer_thread_never_returns(argv):
+  threading.Thread(target=threading.Event().wait, name="stuck-writer").start()  # non-daemon
+  raise OSError("saving a checkpoint to gs://b/run/checkpoints failed (connection refused)")
+
+main.main = save_fails_and_a_writer_thread_never_returns
+sys.argv = ["locvit.main", *sys.argv[1:]]
+main.run()
+"""
+
+
+def test_a_thread_stuck_in_a_failed_write_does_not_keep_the_process_alive(tmp_path):
+  # As orbax's writer threads did after an S3 save gave up: the error line, then exit 2.
+  from locvit.main import EXIT_GRACE_SECONDS
+
+  command = [sys.executable, "-c", STUCK_WRITER, "--config=tests/configs/tiny.py"]
+  start = time.monotonic()
+  proc = subprocess.run(command, cwd=ROOT, env=_env(1), capture_output=True, text=True, timeout=60)
+  assert (proc.returncode, proc.stderr.splitlines()) == (
+    2,
+    ["locvit: error: saving a checkpoint to gs://b/run/checkpoints failed (connection refused)"],
+  )
+  assert time.monotonic() - start < EXIT_GRACE_SECONDS + 20
