@@ -1,8 +1,9 @@
 """A slow bucket for tests and benchmarks: a TCP proxy on loopback that holds each HTTP request
 for a fixed delay before passing it on (a far region, a congested link).
 
-Run as ``python -m tests.slow_proxy TARGET_PORT DELAY_S`` (prints ``port N`` once listening), or
-use ``slow_proxy(target_url, delay)`` to get the proxy's URL for as long as the block runs. A
+Run as ``python -m tests.slow_proxy TARGET_PORT DELAY_S [PORT]`` (prints ``port N`` once
+listening), or use ``slow_proxy(target_url, delay)`` to get the proxy's URL for as long as the
+block runs; ``Outage`` makes a network outage in front of a server that keeps running. A
 request is the first bytes a client sends after the server's last reply on that connection, so
 keep-alive connections are held once per request, not once per connection.
 
@@ -34,9 +35,10 @@ def _pipe(source: socket.socket, target: socket.socket, delay: float, turn: list
       sock.shutdown(socket.SHUT_RDWR)
 
 
-def serve(target_port: int, delay: float, ready=print) -> None:
-  """Accepts connections forever, each piped to ``127.0.0.1:target_port`` with ``delay``."""
-  listener = socket.create_server(("127.0.0.1", 0))
+def serve(target_port: int, delay: float, ready=print, port: int = 0) -> None:
+  """Accepts connections on ``port`` (0: any) forever, each piped to ``127.0.0.1:target_port``
+  with ``delay``."""
+  listener = socket.create_server(("127.0.0.1", port))
   ready(f"port {listener.getsockname()[1]}")
   while True:
     client, _ = listener.accept()
@@ -46,20 +48,53 @@ def serve(target_port: int, delay: float, ready=print) -> None:
       threading.Thread(target=_pipe, args=args, daemon=True).start()
 
 
+def _start(target_url: str, delay: float, port: int = 0) -> tuple[subprocess.Popen, int]:
+  target_port = int(target_url.rsplit(":", 1)[1].strip("/"))
+  command = [sys.executable, "-m", "tests.slow_proxy", str(target_port), str(delay), str(port)]
+  proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+  line = proc.stdout.readline()
+  if not line.startswith("port "):
+    proc.kill()
+    raise RuntimeError(f"the proxy did not start: {line!r}")
+  return proc, int(line.split()[1])
+
+
+def _kill(proc: subprocess.Popen) -> None:
+  proc.kill()
+  proc.wait(timeout=10)
+
+
 @contextlib.contextmanager
 def slow_proxy(target_url: str, delay: float):
   """Yields the URL of a proxy (a subprocess, stopped by pid) in front of ``target_url``."""
-  port = int(target_url.rsplit(":", 1)[1].strip("/"))
-  command = [sys.executable, "-m", "tests.slow_proxy", str(port), str(delay)]
-  proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+  proc, port = _start(target_url, delay)
   try:
-    line = proc.stdout.readline()
-    if not line.startswith("port "):
-      raise RuntimeError(f"the slow proxy did not start: {line!r}")
-    yield f"http://127.0.0.1:{line.split()[1]}"
+    yield f"http://127.0.0.1:{port}"
   finally:
-    proc.kill()
-    proc.wait(timeout=10)
+    _kill(proc)
+
+
+class Outage:
+  """A network outage in front of a server: ``url`` reaches ``target_url`` through a proxy that
+  ``stop`` kills (connections refused, open ones cut) and ``start`` serves again on the same port.
+  The server keeps running, so it keeps what a restart would lose (fake-gcs-server's resumable
+  upload sessions); ``close`` ends the proxy."""
+
+  def __init__(self, target_url: str):
+    self.target_url = target_url
+    self.proc, self.port = _start(target_url, 0.0)
+    self.url = f"http://127.0.0.1:{self.port}"
+
+  def stop(self) -> None:
+    if self.proc is not None:
+      _kill(self.proc)
+      self.proc = None
+
+  def start(self) -> None:
+    if self.proc is None:
+      self.proc, _ = _start(self.target_url, 0.0, self.port)
+
+  close = stop
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,4 +139,5 @@ def progress_gaps(lines: list[tuple[float, str]]) -> tuple[float, int, float]:
 
 
 if __name__ == "__main__":
-  serve(int(sys.argv[1]), float(sys.argv[2]), ready=lambda line: print(line, flush=True))
+  port = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+  serve(int(sys.argv[1]), float(sys.argv[2]), ready=lambda line: print(line, flush=True), port=port)
