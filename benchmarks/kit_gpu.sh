@@ -50,6 +50,10 @@ declare -A CAP=([S]=90 [A]=200 [B]=200 [C]=150 [D]=200 [E]=220)
 
 call() {  # call NAME: run it, limited to its cap and to the time left
   local name=$1 left=$((TOTAL_S - (SECONDS - start)))
+  if [ -z "${CAP[$name]+set}" ]; then
+    echo "call $name not run: no such call (S, A, B, C, D, E)" | tee -a "$OUT/device.txt"
+    return
+  fi
   [ "${CAP[$name]}" -lt "$left" ] && left=${CAP[$name]}
   if [ "$left" -lt 60 ]; then
     echo "call $name not run: $left s left of TOTAL_S=$TOTAL_S" | tee -a "$OUT/device.txt"
