@@ -15,20 +15,30 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 
+# Set while an ``Outage`` holds the proxy down: no new connection, no new request on an open one.
+_DOWN = threading.Event()
 
-def _pipe(source: socket.socket, target: socket.socket, delay: float, turn: list) -> None:
-  """Copies ``source`` to ``target``; when ``delay``, holds the first chunk of each request."""
+
+def _pipe(source: socket.socket, target: socket.socket, delay: float, turn: list, side: str):
+  """Copies ``source`` to ``target`` (``side``: who sends, 'client' or 'server'); a client chunk
+  after a server reply starts a request, which ``delay`` holds and an outage refuses. A request
+  already sent is answered: GCS answers a retried upload whose reply was lost, fake-gcs-server
+  does not (404), so cutting a reply would test the emulator rather than locvit."""
   with contextlib.suppress(OSError):
     while chunk := source.recv(1 << 16):
-      if delay and turn[0] != "client":
-        time.sleep(delay)
-      turn[0] = "client" if delay else "server"
+      if side == "client" and turn[0] != "client":
+        if _DOWN.is_set():
+          break
+        if delay:
+          time.sleep(delay)
+      turn[0] = side
       target.sendall(chunk)
   for sock in (source, target):
     with contextlib.suppress(OSError):
@@ -37,14 +47,33 @@ def _pipe(source: socket.socket, target: socket.socket, delay: float, turn: list
 
 def serve(target_port: int, delay: float, ready=print, port: int = 0) -> None:
   """Accepts connections on ``port`` (0: any) forever, each piped to ``127.0.0.1:target_port``
-  with ``delay``."""
-  listener = socket.create_server(("127.0.0.1", port))
-  ready(f"port {listener.getsockname()[1]}")
+  with ``delay``. SIGUSR1 takes it down (connections refused, open ones closed at their next
+  request), SIGUSR2 brings it back on the same port; each prints ``down`` / ``up``."""
+  listener = [socket.create_server(("127.0.0.1", port))]
+  port = listener[0].getsockname()[1]
+
+  def down(*_):
+    _DOWN.set()
+    listener[0].close()
+    ready("down")
+
+  def up(*_):
+    listener[0] = socket.create_server(("127.0.0.1", port))
+    _DOWN.clear()
+    ready("up")
+
+  signal.signal(signal.SIGUSR1, down)
+  signal.signal(signal.SIGUSR2, up)
+  ready(f"port {port}")
   while True:
-    client, _ = listener.accept()
+    try:
+      client, _ = listener[0].accept()
+    except OSError:  # down: the listener is closed until SIGUSR2
+      time.sleep(0.05)
+      continue
     server = socket.create_connection(("127.0.0.1", target_port))
-    turn = ["server"]  # who sent last: a client chunk after a server reply starts a request
-    for args in ((client, server, delay, turn), (server, client, 0.0, turn)):
+    turn = ["server"]
+    for args in ((client, server, delay, turn, "client"), (server, client, 0.0, turn, "server")):
       threading.Thread(target=_pipe, args=args, daemon=True).start()
 
 
@@ -75,26 +104,29 @@ def slow_proxy(target_url: str, delay: float):
 
 
 class Outage:
-  """A network outage in front of a server: ``url`` reaches ``target_url`` through a proxy that
-  ``stop`` kills (connections refused, open ones cut) and ``start`` serves again on the same port.
-  The server keeps running, so it keeps what a restart would lose (fake-gcs-server's resumable
-  upload sessions); ``close`` ends the proxy."""
+  """A network outage in front of a server that keeps running: ``url`` reaches ``target_url``
+  through a proxy that ``stop`` takes down (new connections refused, open ones closed at their
+  next request, replies to requests already sent delivered) and ``start`` brings back on the same
+  port; ``close`` ends the proxy (by pid)."""
 
   def __init__(self, target_url: str):
-    self.target_url = target_url
-    self.proc, self.port = _start(target_url, 0.0)
-    self.url = f"http://127.0.0.1:{self.port}"
+    self.proc, port = _start(target_url, 0.0)
+    self.url = f"http://127.0.0.1:{port}"
+
+  def _signal(self, signum: int, answer: str) -> None:
+    self.proc.send_signal(signum)
+    line = self.proc.stdout.readline().strip()
+    if line != answer:
+      raise RuntimeError(f"the outage proxy answered {line!r}, not {answer!r}")
 
   def stop(self) -> None:
-    if self.proc is not None:
-      _kill(self.proc)
-      self.proc = None
+    self._signal(signal.SIGUSR1, "down")
 
   def start(self) -> None:
-    if self.proc is None:
-      self.proc, _ = _start(self.target_url, 0.0, self.port)
+    self._signal(signal.SIGUSR2, "up")
 
-  close = stop
+  def close(self) -> None:
+    _kill(self.proc)
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
