@@ -3,7 +3,9 @@ real S3-API server on loopback (moto, tests/s3_server.py), from a working direct
 empty. Files go through s3fs; orbax's arrays through TensorStore's s3 driver."""
 
 import json
+import os
 import re
+import signal
 import time
 
 import pytest
@@ -96,6 +98,21 @@ def test_quickstart_trains_on_s3_a_live_lease_refuses_a_second_run_and_a_rerun_r
   assert list(cwd.iterdir()) == [], "nothing may be written under the working directory"
 
 
+class _StopsWithTheRunPaused:
+  """Stops ``server`` with the run ``proc`` paused: copying moto's objects takes seconds, in which
+  a run on a loaded machine could finish before its bucket goes away."""
+
+  def __init__(self, server, proc):
+    self.server, self.proc = server, proc
+
+  def stop(self) -> None:
+    os.kill(self.proc.pid, signal.SIGSTOP)
+    try:
+      self.server.stop()
+    finally:
+      os.kill(self.proc.pid, signal.SIGCONT)
+
+
 @pytest.mark.slow
 def test_an_s3_bucket_that_goes_away_ends_the_run_in_one_line_and_the_same_command_resumes(
   tmp_path,
@@ -104,7 +121,9 @@ def test_an_s3_bucket_that_goes_away_ends_the_run_in_one_line_and_the_same_comma
   workdir = f"--workdir=s3://{BUCKET}/long"
   with s3_server() as s3:  # its own server: the module's is not stopped
     proc = _main(tmp_path, s3.env, *OUTAGE_RUN, workdir)
-    _, stopped = _stop_after_step_10_is_committed(proc, s3, "long", names)
+    _, stopped = _stop_after_step_10_is_committed(
+      proc, _StopsWithTheRunPaused(s3, proc), "long", names
+    )
     out, err = _finish(proc, 120)
     waited = time.monotonic() - stopped
     assert proc.returncode == 2, out + err
