@@ -68,6 +68,13 @@ def data_config() -> ml_collections.ConfigDict:
       not. 'host' runs every op on the host, timm's exact code path.
     rrc_canvas: side in pixels of the square a device random-resized crop's box travels on
       (None: 2 * image_size). A box larger than it is resized on the host instead.
+    train_split_on: 'host' | 'device'. 'device' keeps the decoded training split in accelerator
+      memory (replicated on every device, loaded once at start-up with every core decoding) and
+      sends each step only its rows' indices: the step gathers its batch, so no host work or
+      transfer paces a small-data step (``locvit.data.resident``). Needs a split that fits
+      data.decoded_cache_mb and a recipe whose host ops draw nothing (set data.augment_on=
+      'device' for the crop, flip and auto_augment). The batches are the host pipeline's, row for
+      row, so a run is the same either way (bitwise on CPU) and resumes across the setting.
     decoded_cache_mb: memory budget (MB per process) for keeping a split's decoded images
       (``locvit.data.decoded``); a larger split keeps streaming. 0: always stream.
     num_threads: threads decoding/augmenting batches (grain ReadOptions.num_threads).
@@ -104,6 +111,7 @@ def data_config() -> ml_collections.ConfigDict:
   c.augment_on = "host"
   c.rrc_canvas = None
   c.decoded_cache_mb = 4096
+  c.train_split_on = "host"
   c.num_threads = 4
   c.num_workers = 0
   c.prefetch = 4

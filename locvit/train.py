@@ -94,7 +94,7 @@ def restore_or_initialise(run: bundle.Training) -> tuple[int, TrainState]:
 def make_step_fn(run: bundle.Training) -> Callable:
   """The jitted, donating ``guarded_steps(state, batches, teacher_variables, health)``: one
   optimizer step per batch of the list ``batches``, in one dispatch, compiled with the XLA options
-  of ``config.xla_options``."""
+  of ``config.xla_options``; the training split on the device, if any, is passed to each call."""
   replicated, shardings = sharding.replicated(run.mesh), run.layout.shardings
   step = functools.partial(
     guarded_steps,
@@ -106,17 +106,22 @@ def make_step_fn(run: bundle.Training) -> Callable:
     teacher=run.teacher,
   )
   options = xla_options.compiler_options(run.config.xla_options, jax.default_backend())
-  return jax.jit(
+  jitted = jax.jit(
     step,
     in_shardings=(
       shardings,
       run.batch_sharding,
       run.teacher.shardings if run.teacher else (),
       replicated,
+      replicated,  # the training split on the device: any example may be any step's row
     ),
     out_shardings=(shardings, replicated, replicated),
     donate_argnums=(0, 3),
     compiler_options=options or None,
+  )
+  train_split = run.train_split
+  return lambda state, batches, teacher_variables, health: jitted(
+    state, batches, teacher_variables, health, train_split
   )
 
 

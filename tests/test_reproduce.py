@@ -471,6 +471,7 @@ def test_the_combined_row_changes_only_q_and_k_and_trains(tmp_path, monkeypatch)
   config.batch_size = config.eval_batch_size = 8
   # The recipe's augmentations are tested elsewhere: off here, so the step compiles faster.
   config.data.augment_on, config.data.auto_augment = "host", None
+  config.data.train_split_on = "host"
   config.mixup.mixup_alpha = config.mixup.cutmix_alpha = config.random_erasing.prob = 0.0
   workdir = str(tmp_path / "run")
   train.train_and_evaluate(config, workdir)

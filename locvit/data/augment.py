@@ -257,6 +257,9 @@ def train_op_names(cfg: Any) -> tuple[str, ...]:
 # crop, `resample.crop_to_canvas`). Only a trailing run of them moves, so the ops keep their
 # order: crop_flip + auto_augment moves pad_crop, hflip and auto_augment.
 DEVICE_OPS = ("random_resized_crop", "pad_crop", "hflip", "auto_augment")
+# Host ops that draw nothing: the same output every epoch, so data.train_split_on='device' applies
+# them once, when the split is loaded.
+DETERMINISTIC_OPS = ("resize", "resize_center_crop")
 
 
 def split_train_ops(cfg: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:

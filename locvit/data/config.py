@@ -32,6 +32,25 @@ SOURCES = ("digits", "image_folder", "tfds")
 ON_CORRUPT = ("error", "skip")
 INTERPOLATIONS = ("bicubic", "bilinear")
 AUGMENT_ON = ("device", "host")
+TRAIN_SPLIT_ON = ("device", "host")
+
+
+def check_train_split_on_device(cfg: Any) -> None:
+  """``data.train_split_on='device'`` needs host ops that draw nothing (applied once, at load)."""
+  if cfg.train_split_on != "device":
+    return
+  random_ops = [op for op in augment.split_train_ops(cfg)[0] if op not in augment.DETERMINISTIC_OPS]
+  if random_ops:
+    hint = (
+      "set data.augment_on='device' to run them in the train step"
+      if cfg.augment_on == "host" and all(op in augment.DEVICE_OPS for op in random_ops)
+      else "set data.train_split_on='host'"
+    )
+    raise ValueError(
+      f"data.train_split_on='device' sends the step decoded images, but the host ops "
+      f"{', '.join(random_ops)} of data.train_augment={cfg.train_augment!r} draw new values each "
+      f"epoch; {hint}"
+    )
 
 
 def _choice(cfg: Any, field: str, choices: Sequence[str]) -> None:
@@ -102,10 +121,12 @@ def validate_data_config(cfg: Any) -> None:
     ("interpolation", INTERPOLATIONS),
     ("train_augment", augment.list_recipes()),
     ("augment_on", AUGMENT_ON),
+    ("train_split_on", TRAIN_SPLIT_ON),
   ]:
     errors.check(_choice, cfg, field, choices)
   if cfg.train_augment in augment.list_recipes() and cfg.augment_on in AUGMENT_ON:
     errors.check(augment.split_train_ops, cfg)  # Raises when 'device' moves nothing.
+    errors.check(check_train_split_on_device, cfg)
   if cfg.source == "tfds" and (not isinstance(cfg.name, str) or not cfg.name):
     errors.add(f"data.name={cfg.name!r} must be a TFDS dataset name when source='tfds'")
   if cfg.source == "image_folder" and not cfg.root:

@@ -127,11 +127,64 @@ class _EpochOrder:
     j = (batch * self.P + self.p) * self.L + row  # Position in the epoch's global sequence.
     return epoch, int(self.sequence(epoch)[j]), j % self.repeats
 
+  def batch_indices(self, batch: int) -> np.ndarray:
+    """The source indices of this process's rows of its ``batch``-th batch (stream positions
+    ``batch * L ...``, one epoch: ``per_process`` is a multiple of L), as ``__call__`` maps them."""
+    epoch, k = divmod(int(batch), self.per_process // self.L)
+    start = (k * self.P + self.p) * self.L
+    return self.sequence(epoch)[start : start + self.L].astype(np.int32)
+
   def rng(self, epoch: int, index: int, copy: int) -> np.random.Generator:
     """The augmentation generator of one (copy of an) example (built when an op first draws)."""
     if self.repeats == 1:  # Kept as it was before repeated augmentation existed.
       return _LazyGenerator([1, self.seed, epoch, index])
     return _LazyGenerator([1, self.seed, epoch, index, copy])
+
+
+def _checked_order(
+  data_config: Any,
+  n: int,
+  seed: int,
+  local_batch_size: int,
+  process_index: int,
+  process_count: int,
+) -> _EpochOrder:
+  _check_process(process_index, process_count)
+  seed = int(seed)
+  if seed < 0:
+    raise ValueError(f"seed={seed} must be non-negative")
+  if local_batch_size < 1 or n < local_batch_size * process_count:
+    raise ValueError(
+      f"local_batch_size={local_batch_size} must be in [1, {n // process_count}] "
+      f"(a global batch of {local_batch_size} x {process_count} processes must fit in the "
+      f"{n} examples of one epoch)"
+    )
+  repeats = int(data_config.repeated_augmentations)
+  return _EpochOrder(n, seed, process_index, process_count, local_batch_size, repeats)
+
+
+def make_index_iterator(
+  data_config: Any,
+  num_examples: int,
+  *,
+  seed: int,
+  local_batch_size: int,
+  process_index: int = 0,
+  process_count: int = 1,
+  start_step: int = 0,
+) -> Iterator[dict[str, np.ndarray]]:
+  """``make_train_iterator``'s batches as the source indices of their rows, ``{'index': int32
+  (L,)}``, for a training split held on the device (``data.train_split_on='device'``): the same
+  examples in the same rows, from the same arguments. The host ops must draw nothing (checked by
+  ``validate_data_config``), so an example is the same in every epoch."""
+  data_config = checked_data_config(data_config)
+  order = _checked_order(
+    data_config, num_examples, seed, local_batch_size, process_index, process_count
+  )
+  batch = int(start_step)
+  while True:
+    yield {"index": order.batch_indices(batch)}
+    batch += 1
 
 
 def make_train_dataset(
@@ -146,19 +199,9 @@ def make_train_dataset(
 ) -> grain.IterDataset:
   """The infinite training `grain.IterDataset` behind `make_train_iterator`."""
   data_config = checked_data_config(data_config)
-  _check_process(process_index, process_count)
-  seed = int(seed)
-  if seed < 0:
-    raise ValueError(f"seed={seed} must be non-negative")
-  n = len(source)
-  if local_batch_size < 1 or n < local_batch_size * process_count:
-    raise ValueError(
-      f"local_batch_size={local_batch_size} must be in [1, {n // process_count}] "
-      f"(a global batch of {local_batch_size} x {process_count} processes must fit in the "
-      f"{n} examples of one epoch)"
-    )
-  repeats = int(data_config.repeated_augmentations)
-  order = _EpochOrder(n, seed, process_index, process_count, local_batch_size, repeats)
+  order = _checked_order(
+    data_config, len(source), seed, local_batch_size, process_index, process_count
+  )
   transform = augment.build_train_transform(data_config)
   batch_fn, cut = _stack, None
   if augment.split_train_ops(data_config)[1][:1] == ("random_resized_crop",):

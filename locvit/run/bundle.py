@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ import flax.linen as nn
 import jax
 import ml_collections
 import optax
+from absl import logging
 
 from locvit import checkpoint as ckpt_lib
 from locvit import data as data_lib
@@ -25,7 +27,7 @@ from locvit import metrics as metrics_lib
 from locvit import workdir as workdir_lib
 from locvit.choices import Errors, check_choice
 from locvit.configs.common import complete_config
-from locvit.data import device_augment
+from locvit.data import device_augment, resident
 from locvit.init import from_checkpoint
 from locvit.models.factory import build_model, check_attention_kernels
 from locvit.models.layers import check_patchable
@@ -177,13 +179,19 @@ class Training(Evaluation):
   checkpointer: ckpt_lib.Checkpointer | None = None
   writer: metrics_lib.MetricWriter | None = None
   hooks: dict[str, Callable | None] = dataclasses.field(default_factory=dict)
+  train_split: Any = ()  # data.train_split_on='device': the decoded split, on every device
 
   def train_batches(self, start_step: int):
     """This process's training batches for steps ``start_step + 1, ...``: the position depends
-    on the global step alone, so a run resumes on another process or device count."""
-    return data_lib.make_train_iterator(
+    on the global step alone, so a run resumes on another process or device count. With the
+    training split on the device, each batch is its rows' indices into it."""
+    make = data_lib.make_train_iterator
+    source: Any = self.train_source
+    if self.train_split:
+      make, source = data_lib.make_index_iterator, len(self.train_source)
+    return make(
       self.config.data,
-      self.train_source,
+      source,
       seed=self.config.seed,
       local_batch_size=self.config.batch_size // jax.process_count(),
       process_index=jax.process_index(),
@@ -288,6 +296,16 @@ def _checked_setup(config, hooks):
       f"{len(train_source)}, or more data."
     )
   run.total_steps, run.steps_per_epoch = training_length(config, len(train_source))
+  if config.data.train_split_on == "device":  # decoded before the workdir: its errors first
+    load_start = time.perf_counter()
+    split = resident.load_train_split(config.data, train_source)
+    run.train_split = resident.on_device(split, sharding.replicated(mesh))
+    logging.info(
+      "The training split is on the device: %d images, %.1f MB, decoded in %.1f s.",
+      len(train_source),
+      split["image"].nbytes / 1e6,
+      time.perf_counter() - load_start,
+    )
   return run
 
 

@@ -17,7 +17,7 @@ import optax
 from absl import logging
 
 from locvit import distill, optim
-from locvit.data import device_augment
+from locvit.data import device_augment, resident
 from locvit.run.state import TrainState, ema_enabled
 
 
@@ -184,16 +184,23 @@ def guarded_step(state: TrainState, batch, teacher_variables, health, *, config,
   return new_state, metrics, health
 
 
-def guarded_steps(state: TrainState, batches, teacher_variables, health, **step_kwargs):
+def guarded_steps(
+  state: TrainState, batches, teacher_variables, health, train_split=(), **step_kwargs
+):
   """``guarded_step`` on each batch of the list ``batches`` in turn, as one computation (a
   ``lax.scan``: ``config.steps_per_dispatch`` steps per host dispatch); the metrics are the
-  last step's. One batch is one plain step."""
-  step = functools.partial(guarded_step, teacher_variables=teacher_variables, **step_kwargs)
+  last step's. One batch is one plain step. With the training split on the device
+  (``data.train_split_on='device'``) a batch is its rows' indices into ``train_split``."""
+  guarded = functools.partial(guarded_step, teacher_variables=teacher_variables, **step_kwargs)
+
+  def step(state, batch, health):
+    return guarded(state, resident.gather(train_split, batch), health=health)
+
   if len(batches) == 1:
-    return step(state, batches[0], health=health)
+    return step(state, batches[0], health)
 
   def body(carry, batch):
-    state, metrics, health = step(carry[0], batch, health=carry[1])
+    state, metrics, health = step(carry[0], batch, carry[1])
     return (state, health), metrics
 
   stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *batches)

@@ -1,0 +1,91 @@
+"""The training split on the device (data.train_split_on='device'): the host pipeline's batches,
+row for row, and the host-fed run bitwise, through K steps per dispatch, a stop and a resume."""
+
+import os
+
+import numpy as np
+import pytest
+
+from locvit import data as data_lib
+from locvit import train
+from locvit.data import resident
+from locvit.metrics import read_metrics
+from tests.train_utils import sigterm_after_step, tiny_config
+
+
+def _data_config(**fields):
+  cfg = data_lib.default_data_config()
+  cfg.update(train_augment="crop_flip", augment_on="device", auto_augment="autoaug-cifar10")
+  cfg.update(**fields)
+  return cfg
+
+
+@pytest.mark.parametrize("repeats", [1, 3])
+def test_index_batches_name_the_rows_of_the_host_pipeline(repeats):
+  cfg = _data_config(repeated_augmentations=repeats, train_split_on="device")
+  source = data_lib.make_source(cfg, "train")
+  split = resident.load_train_split(cfg, source)
+  assert split["image"].shape == (len(source), 8, 8, 1) and split["label"].dtype == np.int32
+  # Two processes of 120 rows each, from step 3 on, over the end of the 1,437-image epoch.
+  for process in range(2):
+    kwargs = dict(seed=5, local_batch_size=120, process_index=process, process_count=2)
+    fed = data_lib.make_train_iterator(cfg, source, start_step=3, **kwargs)
+    indices = data_lib.make_index_iterator(cfg, len(source), start_step=3, **kwargs)
+    for _ in range(5):
+      batch, index = next(fed), next(indices)["index"]
+      assert index.dtype == np.int32
+      np.testing.assert_array_equal(split["image"][index], batch["image"])
+      np.testing.assert_array_equal(split["label"][index], batch["label"])
+
+
+@pytest.fixture(scope="module")
+def fed_run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("fed")
+  return workdir, train.train_and_evaluate(_config(), str(workdir))
+
+
+def _config(**fields):
+  config = tiny_config(log_every_steps=3, checkpoint_every_steps=4, **fields)
+  config.data.update(train_augment="crop_flip", augment_on="device", auto_augment="autoaug-cifar10")
+  return config
+
+
+def test_a_run_with_the_split_on_the_device_is_the_host_fed_run_bitwise(tmp_path, fed_run):
+  """On 8 devices, 2 steps per dispatch, stopped after step 1 (dispatch [2, 3] completes) and
+  resumed: every row, the checkpoint at 4 and the final evaluation of the host-fed run."""
+  fed_dir, fed = fed_run
+  config = _config(steps_per_dispatch=2)
+  config.data.train_split_on = "device"
+  workdir = str(tmp_path)
+  with sigterm_after_step(1):
+    assert train.train_and_evaluate(config, workdir) == {"preempted": True, "step": 3}
+  final = train.train_and_evaluate(config, workdir)
+  assert os.path.isdir(os.path.join(workdir, "checkpoints", "4"))
+  fed_rows = {r["step"]: r for r in read_metrics(fed_dir) if "train/loss" in r}
+  rows = [r for r in read_metrics(workdir) if "train/loss" in r]
+  assert [r["step"] for r in rows] == [1, 3, 6]
+  for row in rows:
+    train_metrics = {k: v for k, v in row.items() if k.startswith("train/")}
+    assert train_metrics == {k: v for k, v in fed_rows[row["step"]].items() if k in train_metrics}
+  assert (final["eval/top1"], final["eval/loss"]) == (fed["eval/top1"], fed["eval/loss"])
+
+
+def test_a_split_that_cannot_live_on_the_device_is_refused_before_the_workdir(tmp_path):
+  config = _config()
+  config.data.update(train_split_on="device", augment_on="host")
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError) as error:
+    train.train_and_evaluate(config, str(workdir))
+  assert (
+    "data.train_split_on='device' sends the step decoded images, but the host ops pad_crop, "
+    "hflip, auto_augment of data.train_augment='crop_flip' draw new values each epoch; set "
+    "data.augment_on='device' to run them in the train step"
+  ) in str(error.value)
+  config.data.update(augment_on="device", decoded_cache_mb=0)
+  with pytest.raises(ValueError, match=r"^data.train_split_on='device' keeps the decoded") as error:
+    train.train_and_evaluate(config, str(workdir))
+  assert str(error.value).endswith(
+    ": 0.1 MB for 1437 images of 8x8x1, over data.decoded_cache_mb=0; raise it, or set "
+    "data.train_split_on='host'"
+  )
+  assert not workdir.exists()
