@@ -27,6 +27,11 @@ from locvit.configs.reproduce_plans import KIT_H200
 from locvit.flops import xla_flops
 from locvit.run.bundle import training_length
 
+
+class ReproduceError(ValueError):
+  """A problem the user fixes (unknown plan, missing data, budget too small): one clear line."""
+
+
 EVALUATIONS_PER_RUN = 10  # the run's own curve, to read an ordering against
 CHECKPOINTS_PER_RUN = 50  # a run moved to another machine loses at most 2% of itself...
 MIN_CHECKPOINT_STEPS = 1000  # ...or 1,000 steps: 15 s of an H200's 15 ms CIFAR step, as a save
@@ -92,7 +97,7 @@ def forward_flops(config: ml_collections.ConfigDict) -> tuple[float, int]:
   apply = jax.jit(lambda v, x: model.apply(v, x, train=False))
   flops = xla_flops(apply.lower(variables, image))
   if math.isnan(flops):
-    raise ValueError(
+    raise ReproduceError(
       f"XLA counts no FLOPs for {config.model.name}'s forward pass on {jax.default_backend()}: "
       "estimate the plan with --estimate=probe"
     )
