@@ -82,6 +82,7 @@ from locvit.configs import (
 )
 from locvit.configs.common import base_config, complete_config
 from locvit.configs.recipes import deit_recipe
+from locvit.flops import xla_flops
 from locvit.models.convit import convit_overrides
 from locvit.models.factory import check_attention_kernels
 
@@ -253,19 +254,16 @@ def _state_and_step(config, image_shape: tuple, num_classes: int, state=None, lo
 
 def model_flops(config, state, batch, num_classes: int) -> float:
   """FLOPs of one training step (forward, backward, optimizer): XLA's count of the lowered,
-  unoptimised step with attention written out (``attention_implementation='xla'``). The compiled
-  step's own count leaves out what runs as library calls (cuBLAS GEMMs, cuDNN attention on GPU:
-  about a quarter of the FLOPs counted for DeiT-Ti on an H200)."""
+  unoptimised step with attention written out (``attention_implementation='xla'``), by
+  ``locvit.flops.xla_flops``; NaN where XLA counts nothing. The compiled step's own count leaves
+  out what runs as library calls (cuBLAS GEMMs, cuDNN attention on GPU: about a quarter of the
+  FLOPs counted for DeiT-Ti on an H200), yet it is the count where the lowering has none
+  (XLA:GPU, for the ViT d9 step)."""
   written_out = config.copy_and_resolve_references()
   written_out.attention_implementation = "xla"
   image_shape = batch["image"].shape[1:]
   _, step = _state_and_step(written_out, image_shape, num_classes, state)
-  lowered = step.lower(state, batch)
-  cost = lowered.cost_analysis()
-  if cost is None:  # XLA:GPU counted nothing for the ViT d9 step's lowering: count it compiled.
-    cost = lowered.compile().cost_analysis()
-  cost = cost[0] if isinstance(cost, list) else cost
-  return float((cost or {}).get("flops", float("nan")))
+  return xla_flops(step.lower(state, batch))
 
 
 def _synthetic_batch(batch_size: int, image_size: int, num_classes: int) -> dict:

@@ -69,6 +69,7 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 from locvit import cpu_malloc  # noqa: E402  (imports no JAX)
+from locvit.flops import xla_flops  # noqa: E402  (imports no JAX)
 
 LOCVIT_PAIRS = (("convit_tiny", "deit_tiny"), ("convit_small", "deit_small"))
 TORCH_MODELS = ("convit_tiny", "convit_small")
@@ -142,9 +143,7 @@ def jax_step(name: str, image_size: int, batch_size: int, cpu_kernels: bool = Tr
     holder["state"], metrics = compiled(holder["state"], batch)
     jax.block_until_ready(metrics["train/loss"])
 
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, list) else cost
-  return run, xla_bytes / 2**20, cost.get("flops", float("nan")) / 1e9
+  return run, xla_bytes / 2**20, xla_flops(compiled) / 1e9
 
 
 def torch_step(name: str, image_size: int, batch_size: int, threads: int):

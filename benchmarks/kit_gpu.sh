@@ -4,12 +4,16 @@
 #   python benchmarks/gpu_wheels.py                          # on a machine with network, once
 #   OUT=RESULTS_DIR bash benchmarks/kit_gpu.sh [WHEELS_DIR]  # on the GPU machine, in the checkout
 #
-# CALLS (default "S B E A C D") picks the calls and their order (the H200 run of call A is in
+# CALLS (default "L S B E A C D") picks the calls and their order (the H200 run of call A is in
 # docs/benchmarks.md, so the calls it could not reach come first); A_VARIANTS (default
 # "default,k4,flat_opt") the sides of call A; LOCVIT_COMMIT names the checkout in device.txt (the
 # GPU machine's copy may carry another commit's git metadata).
 #
-# Calls of benchmarks/accelerator.py, Table 1 only (synthetic batch resident on the GPU), within
+# Call L is the training loop itself (benchmarks/loop_rate.py): gmm_table1_cifar10's ViT row at
+# batch 128 from the CIFAR-10 JPEG folders ($CIFAR10_ROOT, else data/cifar10-jpeg.tar.gz unpacked
+# to /tmp/cifar), its training split fed by the host pipeline beside held on the device
+# (data.train_split_on), 2,000 steps each: the loop's steps/s against the kit's resident step.
+# The other calls are benchmarks/accelerator.py, Table 1 only (synthetic batch resident on the GPU), within
 # TOTAL_S seconds together (default 540), each also within its own cap (CAP below), so a slow one
 # cannot take the others' time. In each call every row's sides compile in 8 threads before any is
 # timed; then 3 interleaved rounds of 10 steps and a profile (Table 1p) of 2 steps per locvit side:
@@ -31,7 +35,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/kit_gpu}
 WHEELS=${1:-gpu_wheels}
 TOTAL_S=${TOTAL_S:-540}
-CALLS=${CALLS:-S B E A C D}
+CALLS=${CALLS:-L S B E A C D}
 A_VARIANTS=${A_VARIANTS:-default,k4,flat_opt}
 start=$SECONDS
 mkdir -p "$OUT/profiles"
@@ -46,12 +50,19 @@ echo "checkout ${LOCVIT_COMMIT:-$(git describe --always --abbrev=7 --dirty=" wit
 
 # Each call's cap (s), from what the calls took on an H200 (docs/benchmarks.md, "Issue 29's
 # profile"): ten 32x32 sides with profiles took 294 s; 224 sides compile in about a minute each.
-declare -A CAP=([S]=90 [A]=200 [B]=200 [C]=150 [D]=200 [E]=220)
+# Call L: two compilations of about 35 s, a 50,000-image decode, 2 x 2,000 steps.
+declare -A CAP=([L]=200 [S]=90 [A]=200 [B]=200 [C]=150 [D]=200 [E]=220)
+
+cifar_root() {  # the CIFAR-10 JPEG folders: $CIFAR10_ROOT, else the carried tarball, unpacked once
+  if [ -n "${CIFAR10_ROOT:-}" ]; then echo "$CIFAR10_ROOT"; return; fi
+  [ -d /tmp/cifar/train ] || { mkdir -p /tmp/cifar && tar -xzf data/cifar10-jpeg.tar.gz -C /tmp/cifar; }
+  echo /tmp/cifar
+}
 
 call() {  # call NAME: run it, limited to its cap and to the time left
   local name=$1 left=$((TOTAL_S - (SECONDS - start)))
   if [ -z "${CAP[$name]+set}" ]; then
-    echo "call $name not run: no such call (S, A, B, C, D, E)" | tee -a "$OUT/device.txt"
+    echo "call $name not run: no such call (L, S, A, B, C, D, E)" | tee -a "$OUT/device.txt"
     return
   fi
   [ "${CAP[$name]}" -lt "$left" ] && left=${CAP[$name]}
@@ -63,6 +74,7 @@ call() {  # call NAME: run it, limited to its cap and to the time left
   local kit=(timeout "$left" python3 benchmarks/accelerator.py --tables=1 --steps=10 --rounds=3
     --warmup=3 --compile_threads=8 --profile_dir="$OUT/profiles/$name")
   case $name in
+    L) timeout "$left" python3 benchmarks/loop_rate.py --cifar_root="$(cifar_root)" --steps=2000 ;;
     S) timeout "$left" python3 benchmarks/cudnn_shapes.py ;;
     A) "${kit[@]}" --only="GMM-ViT d9,ViT d9" --variants="$A_VARIANTS" --profile=2 ;;
     B) "${kit[@]}" --only="deit_small b256,convit_small b256" --variants=default --profile=2 ;;

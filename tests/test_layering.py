@@ -31,7 +31,7 @@ LAYERS = (
   # the path layer for local disks and object stores; choice errors; a bucket's deadline
   ("paths", "choices", "outage"),
   # No model knowledge.
-  ("ops", "sharding", "metrics", "cpu_malloc", "xla_options", "checksums", "workdir"),
+  ("ops", "sharding", "metrics", "cpu_malloc", "xla_options", "flops", "checksums", "workdir"),
   ("checkpoint",),  # orbax and integrity
   ("restore",),  # a model's variables from a workdir's checkpoints
   # The shipped configs and the default blocks they build on (``configs/defaults.py``), plain

@@ -491,6 +491,10 @@ def test_forward_flops_compiles_where_the_lowering_counts_nothing(monkeypatch):
   monkeypatch.setattr(jax.stages.Lowered, "cost_analysis", lambda self: None)
   flops, params = protocol.forward_flops(tiny_config())
   assert params == counted[1] and flops == pytest.approx(counted[0], rel=0.05)
+  monkeypatch.setattr(jax.stages.Compiled, "cost_analysis", lambda self: None)
+  no_count = r"^XLA counts no FLOPs for \w+'s forward pass on cpu: "
+  with pytest.raises(rp.ReproduceError, match=no_count):
+    protocol.forward_flops(tiny_config())
 
 
 def test_the_commit_says_when_the_checkout_has_local_changes(tmp_path):

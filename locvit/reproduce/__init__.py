@@ -44,15 +44,12 @@ from locvit.configs.common import complete_config
 from locvit.configs.reproduce_plans import KIT_H200, PLANS
 from locvit.data.config import parse_split
 from locvit.reproduce import protocol
+from locvit.reproduce.protocol import ReproduceError
 from locvit.reproduce.report import locvit_commit
 from locvit.run import preemption
 
 PROBE_STEPS = 8
 DATA_HELP = "docs/data_preparation.md"
-
-
-class ReproduceError(ValueError):
-  """A problem the user fixes (unknown plan, missing data, budget too small): one clear line."""
 
 
 # ------------------------------------------------------------------------------------------------

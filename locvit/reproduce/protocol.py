@@ -24,7 +24,13 @@ import ml_collections
 
 from locvit.configs.common import complete_config
 from locvit.configs.reproduce_plans import KIT_H200
+from locvit.flops import xla_flops
 from locvit.run.bundle import training_length
+
+
+class ReproduceError(ValueError):
+  """A problem the user fixes (unknown plan, missing data, budget too small): one clear line."""
+
 
 EVALUATIONS_PER_RUN = 10  # the run's own curve, to read an ordering against
 CHECKPOINTS_PER_RUN = 50  # a run moved to another machine loses at most 2% of itself...
@@ -73,8 +79,8 @@ def protocol_config(
 
 def forward_flops(config: ml_collections.ConfigDict) -> tuple[float, int]:
   """(XLA's FLOP count of one image's forward pass, parameter count) of ``config``'s model, from
-  its lowering (attention written out, float32; compiled only where the backend counts nothing
-  before compiling, as XLA:GPU)."""
+  its lowering (attention written out, float32; ``locvit.flops.xla_flops``: compiled only where
+  the backend counts nothing before compiling, as XLA:GPU)."""
   import jax
   import jax.numpy as jnp
 
@@ -89,14 +95,14 @@ def forward_flops(config: ml_collections.ConfigDict) -> tuple[float, int]:
   image = jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32)
   variables = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), image)
   apply = jax.jit(lambda v, x: model.apply(v, x, train=False))
-  lowered = apply.lower(variables, image)
-  cost = lowered.cost_analysis()
-  cost = cost[0] if isinstance(cost, list) else cost
-  if not cost or "flops" not in cost:  # XLA:GPU counts only what it compiled
-    cost = lowered.compile().cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
+  flops = xla_flops(apply.lower(variables, image))
+  if math.isnan(flops):
+    raise ReproduceError(
+      f"XLA counts no FLOPs for {config.model.name}'s forward pass on {jax.default_backend()}: "
+      "estimate the plan with --estimate=probe"
+    )
   params = sum(math.prod(x.shape) for x in jax.tree.leaves(variables.get("params", {})))
-  return float(cost["flops"]), params
+  return flops, params
 
 
 @dataclasses.dataclass
@@ -115,20 +121,22 @@ def kit_estimate(kit: str, batch_size: int, flops_per_image: float) -> KitEstima
   compute_ms = 3 * flops_per_image * batch_size / (KIT_H200["compute_tflops"] * 1e12) * 1e3
   # The kit found these steps latency-bound: a step takes at least what the model's took,
   # whatever the batch, and at least what a measured training loop's took.
-  limits = {
-    f"the kit's {model['config']} step ({model['step_ms']} ms at batch {model['batch']})": model[
-      "step_ms"
-    ],
-    f"3 x {flops_per_image / 1e9:.2f} GFLOP/image at {KIT_H200['compute_tflops']:.0f} TFLOP/s": (
-      compute_ms
+  limits = [  # (step ms, why)
+    (
+      model["step_ms"],
+      f"the kit's {model['config']} step ({model['step_ms']} ms at batch {model['batch']})",
     ),
-  }
+    (
+      compute_ms,
+      f"3 x {flops_per_image / 1e9:.2f} GFLOP/image at {KIT_H200['compute_tflops']:.0f} TFLOP/s",
+    ),
+  ]
   if "loop_step_ms" in model:
-    loop = (
-      f"a GPU training loop's step ({model['loop_step_ms']:.1f} ms at batch {model['loop_batch']})"
+    loop_ms = model["loop_step_ms"]
+    limits.append(
+      (loop_ms, f"a GPU training loop's step ({loop_ms:.1f} ms at batch {model['loop_batch']})")
     )
-    limits[loop] = model["loop_step_ms"]
-  basis, step_ms = max(limits.items(), key=lambda item: item[1])
+  step_ms, basis = max(limits, key=lambda limit: limit[0])
   images_per_sec = batch_size / step_ms * 1e3
   if images_per_sec > model["fed_images_per_sec"]:
     images_per_sec = model["fed_images_per_sec"]
