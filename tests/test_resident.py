@@ -1,5 +1,6 @@
 """The training split on the device (data.train_split_on='device'): the host pipeline's batches,
-row for row, and the host-fed run bitwise, through K steps per dispatch, a stop and a resume."""
+row for row, and the host-fed run bitwise, through K steps per dispatch, a stop and a resume; on
+two processes, the losses and final evaluation of one host-fed process."""
 
 import os
 
