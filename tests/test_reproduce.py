@@ -405,6 +405,8 @@ def test_a_run_continues_on_another_machine_from_the_copied_workdir(tmp_path, ca
   # The workdir travels packed (its newest checkpoint only); the first machine is gone.
   assert rp.main(["smoke_protocol", f"--workdir={first}", f"--pack={tmp_path}/moved.tgz"]) == 0
   assert "1 checkpoint folders left out" in capsys.readouterr().out
+  assert rp.main(["smoke", f"--workdir={first}", f"--pack={tmp_path}/other.tgz"]) == 2
+  assert f"--pack: {first} holds plan 'smoke_protocol', not 'smoke'" in capsys.readouterr().err
   with tarfile.open(tmp_path / "moved.tgz") as archive:
     names = archive.getnames()
     archive.extractall(tmp_path / "machine2", filter="data")

@@ -725,12 +725,17 @@ def _cost(saved: dict[str, Any], row: str) -> dict[str, Any]:
   return {k: v for k, v in saved["rows"][row].items() if k != "steps"}
 
 
-def pack_workdir(workdir: str, path: str) -> int:
+def pack_workdir(name: str, workdir: str, path: str) -> int:
   """``--pack``: the plan's workdir as ``path``, with one line on what it holds."""
   from locvit.reproduce import pack
 
-  if not os.path.exists(os.path.join(workdir, "plan.json")):
+  path_json = os.path.join(workdir, "plan.json")
+  if not os.path.exists(path_json):
     raise ReproduceError(f"--pack: {workdir} holds no plan (no plan.json)")
+  with open(path_json) as f:
+    saved = json.load(f)["plan"]
+  if saved != name:
+    raise ReproduceError(f"--pack: {workdir} holds plan {saved!r}, not {name!r}")
   left_out = pack.pack(workdir, path)
   print(
     f"Packed {workdir} into {path} ({os.path.getsize(path) / 1e6:.1f} MB; "
@@ -820,7 +825,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workdir is None:
       raise ReproduceError("--workdir is required (except with --dry_run)")
     if args.pack:
-      return pack_workdir(args.workdir, args.pack)
+      return pack_workdir(args.plan, args.workdir, args.pack)
     if args.report:
       from locvit.reproduce import report as reproduce_report
 
