@@ -3,6 +3,7 @@ row for row, and the host-fed run bitwise, through K steps per dispatch, a stop 
 two processes, the losses and final evaluation of one host-fed process."""
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -150,3 +151,20 @@ def test_the_step_takes_the_split_as_an_argument_when_lowered_for(platform):
   signature = text[text.index("func.func public @main") :].split("{", 1)[0]
   assert "tensor<1437x8x8x1xui8>" in signature and "tensor<1437xi32>" in signature
   assert "dense<0> : tensor<1437" not in text and "callback" not in text.lower()
+
+
+def test_the_loop_rate_benchmark_runs_both_sides(tmp_path):
+  """benchmarks/loop_rate.py at toy sizes: the host-fed and the device-held loop, side by side."""
+  import subprocess
+  import sys
+
+  from tests.test_reproduce import _tiny_cifar
+
+  root = _tiny_cifar(tmp_path / "cifar", per_class=2)
+  command = [sys.executable, "benchmarks/loop_rate.py", f"--cifar_root={root}", "--host_only"]
+  command += ["--tiny", "--batch_size=8", "--steps=16", "--log_every=2"]
+  out = subprocess.run(command, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  for place in ("host", "device"):
+    row = rf"^{place} +1 +[\d.]+ +[\d.]+ +[\d,]+ +[\d.]+x$"  # K, start s, steps/s, img/s, ratio
+    assert re.search(row, out.stdout, re.M), out.stdout
