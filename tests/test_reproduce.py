@@ -346,7 +346,10 @@ def test_a_protocol_plan_that_does_not_fit_the_budget_is_refused(tmp_path, monke
   captured = capsys.readouterr()
   assert "Estimated wall time 60.6 minutes for 2 runs (seed 0)" in captured.out
   # The rate is the H200 training loop's measured step, longer than the kit's resident step.
-  assert "rate set by a GPU training loop's step (15.3 ms at batch 128)" in captured.out
+  assert (
+    "rate set by a GPU training loop's step (15.3 ms at batch 128, its training split fed by "
+    "the host)" in captured.out
+  )
   refusal = (
     "locvit.reproduce: error: plan 'gmm_table1_cifar10' needs an estimated 60.6 minutes for 2 "
     "runs but --minutes=10; give more --minutes, fewer --seeds, or --fraction (at most 0.152 of "
