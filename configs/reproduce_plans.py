@@ -68,12 +68,15 @@ KIT_H200 = {
 }
 
 # Paper-protocol rows train in bf16 compute (fp32 parameters), as the kit measured them (the
-# structured-init reference trains with AMP too), with the augmentation on the device.
-GPU_OVERRIDES = {"mixed_precision": True, "data.augment_on": "device"}
-# ...and, where the recipe's host ops draw nothing (a pad-crop recipe: not a random-resized crop,
-# whose box the host draws), with the decoded training split held on the device: the host sends
-# each step only its rows' indices (docs/benchmarks.md, "The training split on the device").
-SPLIT_ON_DEVICE = {**GPU_OVERRIDES, "data.train_split_on": "device"}
+# structured-init reference trains with AMP too), with the augmentation on the device and the
+# decoded training split held there: the host sends each step only its rows' indices, and a
+# random-resized crop's box is drawn in the step (docs/benchmarks.md, "The training split on the
+# device").
+GPU_OVERRIDES = {
+  "mixed_precision": True,
+  "data.augment_on": "device",
+  "data.train_split_on": "device",
+}
 
 PLANS = {
   "smoke": {
@@ -189,7 +192,7 @@ PLANS = {
         name: {
           "config": f"gmm_table1:vit,cifar10,{variant}",
           "data": "cifar10_image_folder",
-          "overrides": SPLIT_ON_DEVICE,
+          "overrides": GPU_OVERRIDES,
           "paper_top1": top1,
           "paper_epochs": 300,  # 100 official epochs x 3 passes
           "paper_train_examples": CIFAR10_TRAIN,
@@ -204,7 +207,7 @@ PLANS = {
         "config": "gmm_table1:vit,cifar10,gmm",
         "data": "cifar10_image_folder",
         "init": "impulse3",
-        "overrides": {**SPLIT_ON_DEVICE, "init.base": "keep"},  # only q/k change: the GMM init else
+        "overrides": {**GPU_OVERRIDES, "init.base": "keep"},  # only q/k change: the GMM init else
         "paper_top1": None,
         "paper_epochs": 300,
         "paper_train_examples": CIFAR10_TRAIN,
@@ -244,7 +247,7 @@ PLANS = {
       name: {
         "config": f"cordonnier_cifar10:{arg}",
         "data": "cifar10_image_folder",
-        "overrides": SPLIT_ON_DEVICE,
+        "overrides": GPU_OVERRIDES,
         "paper_top1": top1,
         "paper_epochs": 300,
         "paper_train_examples": CIFAR10_TRAIN,

@@ -143,3 +143,51 @@ def test_device_crop_lowers_for_accelerators_without_host_callbacks(platform):
   text = lowered.lower(lowering_platforms=(platform,)).as_text()
   assert "stablehlo.gather" in text and "custom_call" not in text
   assert "callback" not in text.lower()
+
+
+@pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])
+def test_a_box_drawn_on_the_device_is_resized_as_pillow_resizes_it(interpolation):
+  """Whole images (the training split on the device): the step draws each box and reads its taps
+  from ``resample.tap_tables``; the result is Pillow's resize of the cut box, bit for bit, in both
+  of Pillow's pass orders (a 64 x 40 image to 24 makes tall boxes that Pillow resizes height
+  first)."""
+  cfg = data_cfg(image_size=24, interpolation=interpolation)
+  for channels in (1, 3):
+    images = np.random.default_rng(channels).integers(0, 256, (64, 64, 40, channels), np.uint8)
+    key = jax.random.key(channels)
+    crop = jax.jit(lambda key, images: da.random_resized_crop(key, images, cfg))
+    got = np.asarray(crop(key, images))
+    scale, ratio = tuple(cfg.rrc_scale), tuple(cfg.rrc_ratio)
+    boxes = np.stack(da.random_resized_crop_boxes(key, 64, 64, 40, scale, ratio), axis=1)
+    for image, out, (left, top, w, h) in zip(images, got, boxes):
+      box = image[top : top + h, left : left + w]
+      np.testing.assert_array_equal(out, augment.resize(box, (24, 24), interpolation))
+    tall = [resample.vertical_first(h, w, 24, 24) for _, _, w, h in boxes]
+    assert 0 < sum(tall) < len(tall) or not resample.PILLOW_ORDERS_PASSES
+
+
+def test_device_boxes_follow_the_host_boxes_distribution():
+  """The device draw is timm's algorithm on another random stream: the same distribution of box
+  area, aspect and position (20,000 boxes each; the means within 4 standard errors), and the same
+  centre-crop fallback where no attempt fits."""
+  scale, ratio, n = (0.08, 1.0), (3 / 4, 4 / 3), 20_000
+  rng = np.random.default_rng(0)
+  host = np.array([augment.random_resized_crop_box(32, 32, rng, scale, ratio) for _ in range(n)])
+  host = np.stack([host[:, 0], host[:, 1], host[:, 2] - host[:, 0], host[:, 3] - host[:, 1]], 1)
+  device = np.stack(da.random_resized_crop_boxes(jax.random.key(0), n, 32, 32, scale, ratio), 1)
+  stats = lambda b: np.stack(
+    [b[:, 2] * b[:, 3] / 1024, np.log(b[:, 2] / b[:, 3]), b[:, 0], b[:, 1]]
+  )
+  for name, h, d in zip(("area", "log aspect", "left", "top"), stats(host), stats(device)):
+    se = np.sqrt(h.var() / n + d.var() / n)
+    assert abs(h.mean() - d.mean()) < 4 * se, (name, h.mean(), d.mean())
+  assert (device[:, 2] <= 32).all() and (device[:, 0] + device[:, 2] <= 32).all()
+  never_fits = da.random_resized_crop_boxes(jax.random.key(1), 4, 32, 8, (0.9, 1.0), (2.0, 3.0))
+  expected = augment.random_resized_crop_box(32, 8, None, (0.9, 1.0), (2.0, 3.0), attempts=0)
+  x0, y0, x1, y1 = expected
+  assert [np.asarray(v).tolist() for v in never_fits] == [
+    [x0] * 4,
+    [y0] * 4,
+    [x1 - x0] * 4,
+    [y1 - y0] * 4,
+  ]

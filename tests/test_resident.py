@@ -168,3 +168,13 @@ def test_the_loop_rate_benchmark_runs_both_sides(tmp_path):
   for place in ("host", "device"):
     row = rf"^{place} +1 +[\d.]+ +[\d.]+ +[\d,]+ +[\d.]+x$"  # K, start s, steps/s, img/s, ratio
     assert re.search(row, out.stdout, re.M), out.stdout
+
+
+def test_a_random_resized_crop_recipe_trains_with_the_split_on_the_device(tmp_path):
+  """rrc_flip: with whole images in the step, the step draws each crop box itself
+  (tests/test_device_resize.py: Pillow's resize of that box, timm's box distribution)."""
+  config = tiny_config(total_steps=2)
+  config.data.update(train_augment="rrc_flip", augment_on="device", train_split_on="device")
+  final = train.train_and_evaluate(config, str(tmp_path))
+  losses = [r["train/loss"] for r in read_metrics(tmp_path) if "train/loss" in r]
+  assert len(losses) == 2 and np.isfinite(losses).all() and np.isfinite(final["eval/loss"])

@@ -43,7 +43,7 @@ from locvit.choices import Errors
 from locvit.configs.defaults import erasing_config as default_erasing_config  # noqa: F401
 from locvit.configs.defaults import mixup_config as default_mixup_config  # noqa: F401
 from locvit.data import augment, device_autoaugment
-from locvit.data.resample import PRECISION_BITS
+from locvit.data.resample import PILLOW_ORDERS_PASSES, PRECISION_BITS, tap_tables
 
 Array = jax.Array
 MIXUP_MODES = ("batch", "elem")
@@ -127,10 +127,80 @@ def resize_from_taps(images: Array, taps: Array, transposed: Array) -> Array:
   return jax.vmap(one)(images, taps, transposed)
 
 
+def random_resized_crop_boxes(
+  key: Array,
+  count: int,
+  height: int,
+  width: int,
+  scale: tuple[float, float],
+  ratio: tuple[float, float],
+  attempts: int = 10,
+) -> tuple[Array, Array, Array, Array]:
+  """``count`` crop boxes ``(left, top, box_width, box_height)`` (int32) of a ``height x width``
+  image, drawn as ``augment.random_resized_crop_box`` draws one (timm's ``RandomResizedCrop``):
+  the first of ``attempts`` (area fraction in ``scale``, log-uniform aspect in ``ratio``) that
+  fits, else the centre crop clamped to ``ratio``. The same distribution, from a JAX key."""
+  area_key, ratio_key, top_key, left_key = jax.random.split(key, 4)
+  area = (
+    height
+    * width
+    * jax.random.uniform(area_key, (count, attempts), minval=scale[0], maxval=scale[1])
+  )
+  log_ratio = jax.random.uniform(
+    ratio_key, (count, attempts), minval=math.log(ratio[0]), maxval=math.log(ratio[1])
+  )
+  box_w = jnp.round(jnp.sqrt(area * jnp.exp(log_ratio))).astype(jnp.int32)
+  box_h = jnp.round(jnp.sqrt(area / jnp.exp(log_ratio))).astype(jnp.int32)
+  fits = (box_w > 0) & (box_w <= width) & (box_h > 0) & (box_h <= height)
+  first = jnp.argmax(fits, axis=1)[:, None]
+  box_w, box_h = (jnp.take_along_axis(x, first, axis=1)[:, 0] for x in (box_w, box_h))
+  top = jax.random.randint(top_key, (count,), 0, height - box_h + 1)
+  left = jax.random.randint(left_key, (count,), 0, width - box_w + 1)
+  x0, y0, x1, y1 = augment.random_resized_crop_box(height, width, None, scale, ratio, attempts=0)
+  fallback = ~fits.any(axis=1)
+  return (
+    jnp.where(fallback, x0, left),
+    jnp.where(fallback, y0, top),
+    jnp.where(fallback, x1 - x0, box_w),
+    jnp.where(fallback, y1 - y0, box_h),
+  )
+
+
+def random_resized_crop(key: Array, images: Array, data_config: Any) -> Array:
+  """A random-resized crop drawn here, for whole images (the training split on the device): each
+  example's box (``random_resized_crop_boxes``) resized to ``image_size`` with Pillow's taps for
+  its extents (``resample.tap_tables``, their first index shifted by the box's offset), in the
+  pass order Pillow would choose; equal to ``Image.resize`` of the cut box bit for bit."""
+  count, height, width = images.shape[:3]
+  size, interpolation = int(data_config.image_size), data_config.interpolation
+  by_height, by_width = (jnp.asarray(t) for t in tap_tables(height, width, size, interpolation))
+  scale, ratio = tuple(data_config.rrc_scale), tuple(data_config.rrc_ratio)
+  left, top, box_w, box_h = random_resized_crop_boxes(key, count, height, width, scale, ratio)
+  shrink = box_h - size
+  height_first = PILLOW_ORDERS_PASSES & (shrink > 0) & (shrink > 2 * (box_w - size))
+
+  def one(image, left, top, box_w, box_h, height_first):
+    along_w = by_width[box_w].at[:, 0].add(left)
+    along_h = by_height[box_h].at[:, 0].add(top)
+    image = image.astype(jnp.int32)
+    width_then_height = _resample_width(_resample_width(image, along_w).transpose(1, 0, 2), along_h)
+    height_then_width = _resample_width(
+      _resample_width(image.transpose(1, 0, 2), along_h).transpose(1, 0, 2), along_w
+    )
+    return jnp.where(height_first, height_then_width, width_then_height.transpose(1, 0, 2))
+
+  out = jax.vmap(one)(images, left, top, box_w, box_h, height_first)
+  return out.astype(jnp.uint8)
+
+
+def _random_resized_crop_op(key: Array, images: Array, cfg: Any, batch: dict[str, Array]) -> Array:
+  if "resize_taps" in batch:  # the host drew and cut the boxes
+    return resize_from_taps(images, batch["resize_taps"], batch["resize_transposed"])
+  return random_resized_crop(key, images, cfg)
+
+
 _RECIPE_OPS = {
-  "random_resized_crop": lambda key, images, cfg, batch: resize_from_taps(
-    images, batch["resize_taps"], batch["resize_transposed"]
-  ),
+  "random_resized_crop": _random_resized_crop_op,
   "pad_crop": lambda key, images, cfg, batch: pad_crop(key, images, int(cfg.crop_padding)),
   "hflip": lambda key, images, cfg, batch: random_flip(key, images),
   "auto_augment": lambda key, images, cfg, batch: device_autoaugment.auto_augment(key, images, cfg),

@@ -15,7 +15,9 @@ the crop box exactly as the host op does (``augment.random_resized_crop_box``, t
 from the same generator) and cuts it out with the taps of its width and height (``box_cutter``);
 the batch carries the boxes at the top-left of fixed ``data.rrc_canvas`` squares (``on_canvas``)
 and the device resizes them. A crop larger than the canvas is resized on the host instead and
-sent with identity taps, so every example is Pillow's output either way.
+sent with identity taps, so every example is Pillow's output either way. With the training split
+held on the device (``data.train_split_on='device'``) the step draws the box itself and reads its
+taps from ``tap_tables``: Pillow's output for that box, from another random stream.
 """
 
 from __future__ import annotations
@@ -82,6 +84,21 @@ def taps(in_size: int, out_size: int, interpolation: str, width: int) -> np.ndar
   out = np.concatenate([first[:, None], fixed], axis=1).astype(np.int32)
   out.setflags(write=False)
   return out
+
+
+def tap_tables(
+  height: int, width: int, size: int, interpolation: str
+) -> tuple[np.ndarray, np.ndarray]:
+  """``(by_height, by_width)``: ``taps(n, size, ...)`` for every box extent ``n`` of a
+  ``height x width`` image, as ``(height + 1, size, 1 + K)`` and ``(width + 1, size, 1 + K)``
+  int32 tables indexed by ``n`` (row 0 repeats row 1), K the largest window. A box drawn on the
+  device looks its taps up here and shifts their first index by its offset."""
+  width_k = tap_count(max(height, width), size, interpolation)
+  tables = []
+  for extent in (height, width):
+    rows = [taps(n, size, interpolation, width_k) for n in range(1, extent + 1)]
+    tables.append(np.stack(rows[:1] + rows))
+  return tables[0], tables[1]
 
 
 def canvas_size(data_config: Any) -> int:
