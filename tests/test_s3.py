@@ -130,7 +130,7 @@ def test_a_short_s3_outage_during_a_save_is_ridden_out_and_a_long_one_ends_the_r
   with s3_server() as s3:
     # A 14 s network outage after step 10, across the saves of step 20, under a 30 s limit: longer
     # than a call's own retries (botocore's 5 attempts, about 10 s; was: "saving a checkpoint to
-    # s3://.../checkpoints/best failed (EndpointConnectionError: ...)"). The run goes on.
+    # s3://.../checkpoints failed (EndpointConnectionError: ...)"). The run goes on.
     limit = "--config.bucket_timeout_seconds=30"
     short = [limit if a.startswith("--config.bucket_timeout") else a for a in OUTAGE_RUN]
     proc, out, err = _run_through_an_outage(
