@@ -2,7 +2,7 @@
 pipeline (``data.train_split_on='host'``) against held on the device (``'device'``), side by side.
 
   python benchmarks/loop_rate.py --cifar_root=CIFAR10_JPEG [--row=gmm_table1_cifar10:vit]
-      [--steps=1000] [--host_only] [--steps_per_dispatch=1,4] [--tiny]
+      [--steps=1000] [--host_only] [--steps_per_dispatch=1,4] [--tiny] [--batch_size=B]
 
 Each arm runs ``locvit.train.train_and_evaluate`` on the row's config (the plan's model, recipe,
 batch and data; no evaluation or checkpoint until the last step) for ``--steps`` steps in a
@@ -42,6 +42,7 @@ _FRACTION = flags.DEFINE_float("train_fraction", 1.0, "data.train_fraction of th
 _DISPATCH = flags.DEFINE_list("steps_per_dispatch", ["1"], "config.steps_per_dispatch values.")
 _HOST_ONLY = flags.DEFINE_bool("host_only", False, "Time the loop with a step that only reads.")
 _TINY = flags.DEFINE_bool("tiny", False, "One block of width 16 instead of the row's model.")
+_BATCH = flags.DEFINE_integer("batch_size", None, "Another batch size than the row's.")
 
 
 def arm_config(place: str, steps_per_dispatch: int):
@@ -53,6 +54,8 @@ def arm_config(place: str, steps_per_dispatch: int):
   config.total_steps, config.steps_per_dispatch = _STEPS.value, steps_per_dispatch
   config.log_every_steps, config.eval_every_steps = _LOG_EVERY.value, 0
   config.checkpoint_every_steps = 0
+  if _BATCH.value:
+    config.batch_size = config.eval_batch_size = _BATCH.value
   config.data.eval_split = f"test[:{config.batch_size}]"  # the final evaluation: one batch
   if _TINY.value:
     config.model.overrides.update(depth=1, embed_dim=16, num_heads=1)

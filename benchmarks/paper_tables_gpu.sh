@@ -4,7 +4,7 @@
 # normal, mimetic, impulse-3, one seed each), each at the largest fraction of the paper's
 # protocol that its budget fits (--fraction=fit, estimated from the accelerator kit's H200
 # figures so that no GPU time goes to probing). Every run stops cleanly (Ctrl-C: a checkpoint,
-# then the report) when its budget is spent, and the workdirs come back as tarball parts.
+# then the report) when its budget is spent, and the workdirs come back packed to continue.
 #
 # Needs, in the checkout on that machine: gpu_wheels/ (python benchmarks/gpu_wheels.py on a
 # machine with network; README, "Benchmark kit for a GPU machine without network") and CIFAR-10
@@ -15,11 +15,17 @@
 #   bash benchmarks/paper_tables_gpu.sh                # results under $OUT (default /tmp/out)
 #
 # Budgets (minutes, compilation included): GMM_MINUTES (default 5) and STRUCTINIT_MINUTES
-# (default 2.5); with setup the script takes about 8.5 minutes, at most 10 (a plan still running
-# 20 s after its budget gets Ctrl-C, and is killed 60 s later if the step it saves is still
-# compiling).
-# Continue a run elsewhere: unpack the parts (cat paper_tables.tgz.* | tar xz) and run the same
-# command with --workdir=paper_tables/PLAN (docs/results.md, "Paper protocols on one GPU").
+# (default 2.5), each plan's time on this machine. A new plan takes the largest fraction of the
+# paper's protocol that its budget fits; FRACTION=1 PLAN_MINUTES=M plans the whole protocol
+# (refused unless its estimate fits M minutes) and trains what this machine's budget allows, to
+# be continued on the next (a saved plan keeps its fraction). With setup the script takes about
+# 8.5 minutes, at most 10 (a plan still running 20 s after its budget gets Ctrl-C, and is killed
+# 60 s later if the step it saves is still compiling).
+# A run continues across machines: each plan's workdir comes back packed for it (python -m
+# locvit.reproduce PLAN --pack: each run's newest checkpoint, no best/) as parts PLAN.tgz.aa, ...
+# under $OUT; put them in paper_tables_carry/ of the checkout (git-ignored: carry it) and the next
+# run of this script unpacks them and continues each plan where it stopped (docs/results.md,
+# "Paper protocols on one GPU").
 set -euo pipefail
 
 OUT=${OUT:-/tmp/out}
@@ -40,6 +46,11 @@ if [ -z "${CIFAR10_ROOT:-}" ]; then
   export CIFAR10_ROOT=/tmp/cifar
 fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+for parts in paper_tables_carry/*.tgz.aa; do  # an earlier machine's workdirs: continue them
+  [ -e "$parts" ] || continue
+  cat "${parts%.aa}".* | tar -xz -C "$WORK"
+  echo "continuing $(basename "${parts%.tgz.aa}") from $parts" | tee -a "$OUT/device.txt"
+done
 
 # One plan within its budget; a run still going when the budget (plus 20 s of grace for the last
 # evaluation and save) is spent gets Ctrl-C, saves its step and leaves the plan resumable.
@@ -50,7 +61,7 @@ run_plan() {  # a plan given 0 minutes is skipped
   seconds=$(python3 -c "print(int($minutes * 60 + 20))")
   timeout --signal=INT --kill-after=60 "$seconds" \
     python3 -m locvit.reproduce "$plan" --workdir="$WORK/$plan" --seeds=1 \
-      --minutes="$minutes" --fraction=fit --estimate=kit || true
+      --minutes="${PLAN_MINUTES:-$minutes}" --fraction="${FRACTION:-fit}" --estimate=kit || true
   python3 -m locvit.reproduce "$plan" --workdir="$WORK/$plan" --report || true
 }
 
@@ -62,13 +73,12 @@ run_plan() {  # a plan given 0 minutes is skipped
 for plan in gmm_table1_cifar10 structinit_table2_cifar10; do
   cp "$WORK/$plan/results.md" "$OUT/$plan.md" 2>/dev/null || true
 done
-# The workdirs (checkpoints included, so an unfinished run continues elsewhere) in parts the
-# device tool brings back (at most 8 files of 16 MiB, 64 MiB in all): without the checkpoints
-# when they would not fit.
-tar -czf /tmp/paper_tables.tgz -C /tmp paper_tables
-if [ "$(stat -c %s /tmp/paper_tables.tgz)" -gt $((40 * 1024 * 1024)) ]; then
-  echo "workdirs too large to bring back whole: checkpoints left out" | tee -a "$OUT/log.txt"
-  tar -czf /tmp/paper_tables.tgz --exclude=checkpoints -C /tmp paper_tables
-fi
-split -b 15m /tmp/paper_tables.tgz "$OUT/paper_tables.tgz."
+# Each plan's workdir packed to continue elsewhere (each run's newest checkpoint, no best/), in
+# parts the device tool brings back (at most 8 files of 16 MiB, 64 MiB in all).
+for plan in gmm_table1_cifar10 structinit_table2_cifar10; do
+  [ -f "$WORK/$plan/plan.json" ] || continue
+  python3 -m locvit.reproduce "$plan" --workdir="$WORK/$plan" --pack="/tmp/$plan.tgz" \
+    | tee -a "$OUT/log.txt"
+  split -b 15m "/tmp/$plan.tgz" "$OUT/$plan.tgz."
+done
 ls -la "$OUT"

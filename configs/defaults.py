@@ -75,6 +75,8 @@ def data_config() -> ml_collections.ConfigDict:
       data.decoded_cache_mb and a recipe whose host ops draw nothing (set data.augment_on=
       'device' for the crop, flip and auto_augment). The batches are the host pipeline's, row for
       row, so a run is the same either way (bitwise on CPU) and resumes across the setting.
+      With several processes each one decodes and holds the whole split and sends its share of
+      each step's indices.
     decoded_cache_mb: memory budget (MB per process) for keeping a split's decoded images
       (``locvit.data.decoded``); a larger split keeps streaming. 0: always stream.
     num_threads: threads decoding/augmenting batches (grain ReadOptions.num_threads).

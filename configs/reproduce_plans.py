@@ -46,6 +46,7 @@ KIT_H200 = {
       # checkpoints every 128 steps), 8,359 img/s: a 15.3 ms step against 4.06 ms resident.
       "loop_step_ms": 128 / 8_359 * 1e3,
       "loop_batch": 128,
+      "loop_split_on": "host",  # data.train_split_on of that loop (the plans now hold it on device)
     },
     "structinit_small": {
       "config": "structinit_cifar10_small",

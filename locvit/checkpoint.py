@@ -235,6 +235,13 @@ class Checkpointer:
       self._best_score = None if meta is None else meta["metrics"][BEST_METRIC]
     return self._best_score
 
+  def set_best_score_to_beat(self, score: float) -> None:
+    """With nothing in ``DIR/best`` (a workdir moved without it), a new best must beat ``score``:
+    the best ``eval/top1`` the run recorded before, so ``DIR/best`` holds the run's best step or
+    nothing, never a worse one."""
+    if self.best_step() is None:
+      self._best_score = score
+
   def saved_meta(self, step: int | None = None) -> dict[str, Any] | None:
     """The ``meta`` JSON (step, config fingerprint, eval metrics) of ``step`` (default: latest),
     or None when nothing is saved."""
@@ -314,7 +321,8 @@ class Checkpointer:
 
   def check_best(self) -> None:
     """A damaged ``DIR/best`` never blocks training: it is moved to ``DIR/damaged/`` with a
-    warning, and the next evaluation saves a new best."""
+    warning, and the next evaluation that beats the best one logged saves a new best
+    (``train.keep_best_honest``)."""
     step = self.best_step()
     if step is None:
       return

@@ -78,6 +78,7 @@ def restore_or_initialise(run: bundle.Training) -> tuple[int, TrainState]:
     run_config.report_changed_hyperparameters(meta, config, run.workdir, start)
     run.writer.truncate_after(start)
     logging.info("Resumed from step %d in %s", start, run.workdir)
+    keep_best_honest(run, start)
   else:
     start = 0
     run.writer.truncate_after(-1)  # rows of an earlier attempt killed before its first checkpoint
@@ -89,6 +90,26 @@ def restore_or_initialise(run: bundle.Training) -> tuple[int, TrainState]:
     "%s: %.2fM parameters; %d steps", config.model.name, num_params / 1e6, run.total_steps
   )
   return start, state
+
+
+def keep_best_honest(run: bundle.Training, start: int) -> None:
+  """A resumed workdir without ``checkpoints/best`` (moved without it, as ``locvit.reproduce
+  --pack`` does) saves a new best only when it beats every evaluation logged up to ``start``."""
+  if run.checkpointer.best_step() is not None:
+    return
+  logged = [
+    row[ckpt_lib.BEST_METRIC]
+    for row in metrics_lib.read_metrics(run.workdir)
+    if row["step"] <= start and ckpt_lib.BEST_METRIC in row
+  ]
+  if logged:
+    run.checkpointer.set_best_score_to_beat(max(logged))
+    logging.warning(
+      "No best checkpoint in %s: the next one must beat %s %.4f, the best logged so far.",
+      run.workdir,
+      ckpt_lib.BEST_METRIC,
+      max(logged),
+    )
 
 
 def make_step_fn(run: bundle.Training) -> Callable:

@@ -547,8 +547,26 @@ def test_a_damaged_best_checkpoint_never_blocks_training(tmp_path, caplog):
   config.total_steps = 4
   train.train_and_evaluate(config, str(tmp_path))
   assert "The best checkpoint (step 2) is damaged: meta/metadata checksum mismatch." in caplog.text
-  assert os.listdir(tmp_path / "checkpoints" / "best") == ["4"]
+  # best/ then keeps step 4 only if it beats step 2's logged evaluation: the best, or nothing.
+  top1 = {r["step"]: r["eval/top1"] for r in read_metrics(tmp_path) if "eval/top1" in r}
+  kept = os.listdir(tmp_path / "checkpoints" / "best")
+  assert kept == (["4"] if top1[4] > top1[2] else []), top1
   assert os.listdir(tmp_path / "checkpoints" / "damaged") == ["best_2"]
+
+
+def test_a_workdir_moved_without_its_best_checkpoint_keeps_no_worse_best(tmp_path, caplog):
+  """best/ left behind (``locvit.reproduce --pack``): the continued run saves a best only when it
+  beats every evaluation logged (here a logged 1.0 that nothing beats)."""
+  config = tiny_config(total_steps=2, eval_every_steps=2)
+  train.train_and_evaluate(config, str(tmp_path))
+  shutil.rmtree(tmp_path / "checkpoints" / "best")
+  rows = read_metrics(tmp_path)
+  rows[-1]["eval/top1"] = 1.0
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  config.total_steps = 4
+  train.train_and_evaluate(config, str(tmp_path))
+  assert "the next one must beat eval/top1 1.0000, the best logged so far" in caplog.text
+  assert os.listdir(tmp_path / "checkpoints" / "best") == []
 
 
 # ------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 
 import numpy as np
@@ -345,7 +346,10 @@ def test_a_protocol_plan_that_does_not_fit_the_budget_is_refused(tmp_path, monke
   captured = capsys.readouterr()
   assert "Estimated wall time 60.6 minutes for 2 runs (seed 0)" in captured.out
   # The rate is the H200 training loop's measured step, longer than the kit's resident step.
-  assert "rate set by a GPU training loop's step (15.3 ms at batch 128)" in captured.out
+  assert (
+    "rate set by a GPU training loop's step (15.3 ms at batch 128, its training split fed by "
+    "the host)" in captured.out
+  )
   refusal = (
     "locvit.reproduce: error: plan 'gmm_table1_cifar10' needs an estimated 60.6 minutes for 2 "
     "runs but --minutes=10; give more --minutes, fewer --seeds, or --fraction (at most 0.152 of "
@@ -401,8 +405,18 @@ def test_a_run_continues_on_another_machine_from_the_copied_workdir(tmp_path, ca
   with sigterm_after_step(12, signal.SIGINT):  # the first machine stops mid-run
     assert rp.main(["smoke_protocol", f"--workdir={first}"]) == 130
   assert "on another machine, copy it there first" in capsys.readouterr().out
-  shutil.copytree(first, second)  # the workdir travels; the first machine is gone
+  # The workdir travels packed (its newest checkpoint only); the first machine is gone.
+  assert rp.main(["smoke_protocol", f"--workdir={first}", f"--pack={tmp_path}/moved.tgz"]) == 0
+  assert "1 checkpoint folders left out" in capsys.readouterr().out
+  assert rp.main(["smoke", f"--workdir={first}", f"--pack={tmp_path}/other.tgz"]) == 2
+  assert f"--pack: {first} holds plan 'smoke_protocol', not 'smoke'" in capsys.readouterr().err
+  with tarfile.open(tmp_path / "moved.tgz") as archive:
+    names = archive.getnames()
+    archive.extractall(tmp_path / "machine2", filter="data")
+  assert "first/depth1/seed0/checkpoints/13/checksums.json" in names
+  assert not [n for n in names if "/best/" in n]
   shutil.rmtree(first)
+  second = str(tmp_path / "machine2" / "first")
   assert rp.main(["smoke_protocol", f"--workdir={second}"]) == 0
   out = capsys.readouterr().out
   assert "0 of 1 runs finished" in out
@@ -411,6 +425,10 @@ def test_a_run_continues_on_another_machine_from_the_copied_workdir(tmp_path, ca
   assert 13 in resumed and resumed == sorted(set(resumed))  # continued after its checkpoint
   assert _trained(run_second) == _trained(run_whole)
   assert (steps, "eval/top1") in _trained(run_whole)
+  # best/ holds the run's best step or nothing: the one the whole run kept, unless that one was
+  # was evaluated on the first machine (up to step 13, its checkpoint) and so did not travel.
+  best = lambda run: next(iter(os.listdir(os.path.join(run, "checkpoints", "best"))), None)
+  assert best(run_second) == (best(run_whole) if int(best(run_whole)) > 13 else None)
   assert "| depth1 | - |" in pathlib.Path(second, "results.md").read_text()
   assert (
     "smoke test of a paper-protocol plan" in pathlib.Path(second, "results.md").read_text().lower()

@@ -2,6 +2,7 @@
 
   python -m locvit.reproduce PLAN --minutes=M --workdir=DIR [--seeds=K] [--report]
   python -m locvit.reproduce PLAN --dry_run [--estimate=probe] [--minutes=M] [--fraction=F]
+  python -m locvit.reproduce PLAN --workdir=DIR --pack=FILE
 
 A plan (``locvit.configs.reproduce_plans.PLANS``) names the rows of one table as shipped configs.
 The command measures each row's step rate here (a short probe run, compilation excluded), gives
@@ -16,8 +17,9 @@ end of the current step and leaves everything resumable. At the end (or with ``-
 Paper-protocol plans (``gmm_table1_cifar10``, ``structinit_table2_cifar10``,
 ``cordonnier_table1``; ``locvit.reproduce.protocol``) train every row at the paper's own length, or
 ``--fraction`` of it, and are refused when their estimate does not fit ``--minutes``. A run
-survives its machine: copy DIR to another machine and run the same command there; it continues
-from the last checkpoint. ``--dry_run`` prints the plan and its estimate and creates nothing.
+survives its machine: copy DIR to another machine (or ``--pack`` it: each run's newest checkpoint
+only) and run the same command there; it continues from the last checkpoint. ``--dry_run`` prints
+the plan and its estimate and creates nothing.
 """
 
 from __future__ import annotations
@@ -723,6 +725,27 @@ def _cost(saved: dict[str, Any], row: str) -> dict[str, Any]:
   return {k: v for k, v in saved["rows"][row].items() if k != "steps"}
 
 
+def pack_workdir(name: str, workdir: str, path: str) -> int:
+  """``--pack``: the plan's workdir as ``path``, with one line on what it holds."""
+  from locvit.reproduce import pack
+
+  path_json = os.path.join(workdir, "plan.json")
+  if not os.path.exists(path_json):
+    raise ReproduceError(f"--pack: {workdir} holds no plan (no plan.json)")
+  with open(path_json) as f:
+    saved = json.load(f)["plan"]
+  if saved != name:
+    raise ReproduceError(f"--pack: {workdir} holds plan {saved!r}, not {name!r}")
+  left_out = pack.pack(workdir, path)
+  print(
+    f"Packed {workdir} into {path} ({os.path.getsize(path) / 1e6:.1f} MB; "
+    f"{len(left_out)} checkpoint folders left out: best/ and steps older than each run's newest). "
+    f"On the next machine: tar xzf {os.path.basename(path)}, then the same command with "
+    f"--workdir={os.path.basename(os.path.abspath(workdir))}."
+  )
+  return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   """``python -m locvit.reproduce PLAN --minutes=M --workdir=DIR [--seeds=K] [--report]``, or
   ``PLAN --dry_run [--estimate=probe]``.
@@ -747,6 +770,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     "--seeds", type=int, default=None, help="seeds per row (default 2; protocol plans 1)"
   )
   parser.add_argument("--report", action="store_true", help="only write results.md/.json now")
+  parser.add_argument(
+    "--pack",
+    default=None,
+    metavar="FILE",
+    help="write --workdir as a .tar.gz to continue elsewhere: each run's newest checkpoint only, "
+    "no best/",
+  )
   parser.add_argument(
     "--dry_run", action="store_true", help="print the plan and its estimate; create nothing"
   )
@@ -794,6 +824,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       return 0
     if args.workdir is None:
       raise ReproduceError("--workdir is required (except with --dry_run)")
+    if args.pack:
+      return pack_workdir(args.plan, args.workdir, args.pack)
     if args.report:
       from locvit.reproduce import report as reproduce_report
 

@@ -134,7 +134,11 @@ def kit_estimate(kit: str, batch_size: int, flops_per_image: float) -> KitEstima
   if "loop_step_ms" in model:
     loop_ms = model["loop_step_ms"]
     limits.append(
-      (loop_ms, f"a GPU training loop's step ({loop_ms:.1f} ms at batch {model['loop_batch']})")
+      (
+        loop_ms,
+        f"a GPU training loop's step ({loop_ms:.1f} ms at batch {model['loop_batch']}, its "
+        f"training split fed by the {model['loop_split_on']})",
+      )
     )
   step_ms, basis = max(limits, key=lambda limit: limit[0])
   images_per_sec = batch_size / step_ms * 1e3
