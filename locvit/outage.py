@@ -9,8 +9,9 @@ that closed each in turn waited for each in turn. Instead, the process keeps one
   each failure (``failed``) and each answer (``answered``);
 - the first failure starts the deadline, ``limit`` seconds later
   (``config.bucket_timeout_seconds``); any answer before it clears it, so a shorter outage is
-  ridden out: by the clients' own retries, and, for writes that give up sooner (s3fs after about
-  10 s, gcsfs after about 30 s), by ``retrying``, which writes again once the bucket answers;
+  ridden out: by the clients' own retries (s3fs's made to span the limit,
+  ``locvit.paths.retry_s3_for``), and, for writes that give up sooner (gcsfs after about 30 s),
+  by ``retrying``, which writes again once the bucket answers;
 - when the deadline passes, the process prints one ``locvit: error:`` line (the bucket, what was
   being written, the steps already committed) and exits with status 2 at once, whatever thread is
   still waiting: a committed checkpoint is already safe, an uncommitted one is left as orbax left it

@@ -106,6 +106,46 @@ def s3_endpoint() -> str | None:
   return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
 
 
+# s3fs's wait after its try i fails (``s3fs.core._error_wrapper``), in seconds.
+def _s3fs_wait(i: int) -> float:
+  return min(0.1 * 1.7**i, 15.0)
+
+
+def s3fs_tries(seconds: float) -> int:
+  """How many tries of a call s3fs must make for its waits between them to span ``seconds``."""
+  tries, waited = 1, 0.0
+  while waited < seconds:
+    waited += _s3fs_wait(tries - 1)
+    tries += 1
+  return tries
+
+
+_S3FS_DEFAULTS: tuple[int, tuple] | None = None  # s3fs's own (retries, retryable errors)
+
+
+def retry_s3_for(seconds: float | None) -> None:
+  """Makes s3fs retry a call to a bucket that does not answer for ``seconds`` (None: as s3fs does
+  by default again). By default a call gives up after botocore's own 5 attempts, about 10 s:
+  s3fs retries timeouts and broken replies 5 times, but not botocore's connection errors
+  (``EndpointConnectionError``). A bucket workdir's outage is ended by ``locvit.outage``'s
+  deadline, ``config.bucket_timeout_seconds``, not by whichever call gave up first."""
+  global _S3FS_DEFAULTS
+  if seconds is None and _S3FS_DEFAULTS is None:
+    return
+  import s3fs.core
+  from botocore.exceptions import ConnectionError as BotocoreConnectionError
+
+  if _S3FS_DEFAULTS is None:
+    _S3FS_DEFAULTS = (s3fs.S3FileSystem.retries, s3fs.core.S3_RETRYABLE_ERRORS)
+  if seconds is None:
+    s3fs.S3FileSystem.retries, s3fs.core.S3_RETRYABLE_ERRORS = _S3FS_DEFAULTS
+    _S3FS_DEFAULTS = None
+    return
+  s3fs.S3FileSystem.retries = max(s3fs_tries(seconds), _S3FS_DEFAULTS[0])
+  if BotocoreConnectionError not in s3fs.core.S3_RETRYABLE_ERRORS:
+    s3fs.core.add_retryable_error(BotocoreConnectionError)
+
+
 def tensorstore_s3_spec(bucket: str, key_prefix: str) -> dict:
   """TensorStore's kvstore spec for ``s3://bucket/key_prefix``, at ``s3_endpoint()``.
 

@@ -392,10 +392,12 @@ def acquire_lock(workdir, bucket_timeout: float = LEASE_SECONDS) -> None:
     return
   if paths.scheme(key) in _LEASES:
     outage.start(os.fspath(paths.path(workdir)), bucket_timeout)
+    if paths.scheme(key) == "s3":  # s3fs gives up after about 10 s: the deadline decides instead
+      paths.retry_s3_for(bucket_timeout)
     try:
       _HELD[key] = _LEASES[paths.scheme(key)](workdir, epath.Path(key), bucket_timeout)
     except BaseException:
-      outage.stop()
+      _stop_watching()
       raise
   elif paths.is_object_store(key):
     raise WorkdirError(f"{workdir}: a workdir lock on {paths.scheme(key)}:// is not supported")
@@ -423,7 +425,12 @@ def release_lock(workdir) -> None:
       lock.release()
   finally:
     if isinstance(lock, _Lease):
-      outage.stop()
+      _stop_watching()
+
+
+def _stop_watching() -> None:
+  outage.stop()
+  paths.retry_s3_for(None)
 
 
 def claim(workdir, bucket_timeout: float = LEASE_SECONDS) -> None:

@@ -250,6 +250,22 @@ def _stop_after_step_10_is_committed(proc, server, prefix, listed=blobs):
   return seen, time.monotonic()
 
 
+def _run_through_an_outage(cwd, url, env_of, args, seconds, listed=blobs):
+  """Runs ``main`` with ``args`` (a ``--workdir`` under ``short``) through an ``Outage`` in front
+  of the server at ``url`` (``env_of``: its clients' environment, given a URL), cut for
+  ``seconds`` once step 10 is committed; returns the process, its stdout and stderr."""
+  outage = Outage(url)
+  try:
+    proc = _main(cwd, env_of(outage.url), *args)
+    _stop_after_step_10_is_committed(proc, outage, "short", listed)
+    time.sleep(seconds)
+    outage.start()
+    out, err = _finish(proc, 240)
+  finally:
+    outage.close()
+  return proc, out, err
+
+
 def _assert_gave_up_in_one_line(err, bucket, prefix, reason=r"[^)]*"):
   """``err`` is the one line of a run that gave up on ``bucket`` (``gs://B``) for ``reason`` after
   step 10 was committed under ``prefix``, and no traceback."""
@@ -276,15 +292,9 @@ def test_a_short_bucket_outage_is_ridden_out_and_a_long_one_ends_the_run_in_one_
   # A 4 s network outage after step 10: the clients' retries ride it out, the run finishes. (A
   # proxy cut rather than a server restart: fake-gcs-server forgets a resumable upload in flight
   # when restarted, which GCS does not.)
-  outage = Outage(server.url)
-  try:
-    proc = _main(tmp_path, client_env(outage.url), *OUTAGE_RUN, f"--workdir=gs://{BUCKET}/short")
-    _stop_after_step_10_is_committed(proc, outage, "short")
-    time.sleep(4)
-    outage.start()
-    out, err = _finish(proc, 240)
-  finally:
-    outage.close()
+  proc, out, err = _run_through_an_outage(
+    tmp_path, server.url, client_env, [*OUTAGE_RUN, f"--workdir=gs://{BUCKET}/short"], 4
+  )
   assert proc.returncode == 0, out + err
   assert "Final evaluation at step 20/20" in out
   reference = _train_losses("short")

@@ -10,13 +10,14 @@ import time
 
 import pytest
 
-from tests.s3_server import BUCKET, client, names, objects, s3_server
+from tests.s3_server import BUCKET, client, client_env, names, objects, s3_server
 from tests.test_bucket import (
   OUTAGE_LIMIT,
   OUTAGE_RUN,
   _assert_gave_up_in_one_line,
   _finish,
   _main,
+  _run_through_an_outage,
   _stop_after_step_10_is_committed,
 )
 
@@ -113,13 +114,35 @@ class _StopsWithTheRunPaused:
       os.kill(self.proc.pid, signal.SIGCONT)
 
 
+def _train_losses(prefix):
+  """(step, loss) of each training row of ``s3://BUCKET/prefix/metrics.jsonl``, in order."""
+  text = objects(f"{prefix}/metrics.jsonl")[f"{prefix}/metrics.jsonl"].decode()
+  rows = map(json.loads, text.splitlines())
+  return [(r["step"], r["train/loss"]) for r in rows if "train/loss" in r]
+
+
 @pytest.mark.slow
-def test_an_s3_bucket_that_goes_away_ends_the_run_in_one_line_and_the_same_command_resumes(
+def test_a_short_s3_outage_during_a_save_is_ridden_out_and_a_long_one_ends_the_run_in_one_line(
   tmp_path,
 ):
-  """tests/test_bucket.py's long outage, on S3: moto killed by pid after step 10 is committed."""
+  """tests/test_bucket.py's outages, on S3 (its own server: the module's is not stopped)."""
   workdir = f"--workdir=s3://{BUCKET}/long"
-  with s3_server() as s3:  # its own server: the module's is not stopped
+  with s3_server() as s3:
+    # A 14 s network outage after step 10, across the saves of step 20, under a 30 s limit: longer
+    # than a call's own retries (botocore's 5 attempts, about 10 s; was: "saving a checkpoint to
+    # s3://.../checkpoints failed (EndpointConnectionError: ...)"). The run goes on.
+    limit = "--config.bucket_timeout_seconds=30"
+    short = [limit if a.startswith("--config.bucket_timeout") else a for a in OUTAGE_RUN]
+    proc, out, err = _run_through_an_outage(
+      tmp_path, s3.url, client_env, [*short, f"--workdir=s3://{BUCKET}/short"], 14, names
+    )
+    assert proc.returncode == 0, out + err
+    assert "Final evaluation at step 20/20" in out and "locvit:" not in err, out + err
+    reference = _train_losses("short")
+    assert [step for step, _ in reference] == [1, 5, 10, 15, 20], reference  # each step once
+
+    # The bucket goes away for good after step 10 (moto killed by pid): exit 2 within the limit
+    # (plus a probe), one line, no traceback.
     proc = _main(tmp_path, s3.env, *OUTAGE_RUN, workdir)
     _, stopped = _stop_after_step_10_is_committed(
       proc, _StopsWithTheRunPaused(s3, proc), "long", names
@@ -133,7 +156,7 @@ def test_an_s3_bucket_that_goes_away_ends_the_run_in_one_line_and_the_same_comma
 
     # The bucket is back with the objects it had (``S3Server.start`` puts back what ``stop``
     # copied), step 20 as far as its save got (no commit_success.txt): the same command takes over
-    # the dead process's lease and resumes after step 10.
+    # the dead process's lease and resumes after step 10, and ends as the short outage's run did.
     s3.start()
     proc = _main(tmp_path, s3.env, *OUTAGE_RUN, workdir)
     out, err = _finish(proc, 240)
@@ -150,9 +173,8 @@ def test_an_s3_bucket_that_goes_away_ends_the_run_in_one_line_and_the_same_comma
     assert sorted(commits) == [
       f"long/checkpoints/{s}/commit_success.txt" for s in ("10", "20", "best/20")
     ]
-    rows = objects("long/metrics.jsonl")["long/metrics.jsonl"].decode().splitlines()
-    # each logged step once across the two runs
-    assert [json.loads(row)["step"] for row in rows if "train/loss" in row] == [1, 5, 10, 15, 20]
+    # each logged step once across the two runs, with the losses of the run that rode it out
+    assert _train_losses("long") == reference
 
 
 # Writes metrics.jsonl in s3://BUCKET/ride under a 30 s config.bucket_timeout_seconds: a row, then,
@@ -177,10 +199,11 @@ print("closed", flush=True)
 
 @pytest.mark.slow
 def test_a_metrics_write_rides_out_an_s3_outage_that_outlasts_s3fs_own_retries(tmp_path):
-  """s3fs gives up on a bucket that does not answer after about 10 s (botocore's own 5 attempts;
-  s3fs does not retry a connection error), raising "Could not connect to the endpoint URL": the
-  run ended with "writing .../metrics.jsonl failed", well within its bucket timeout. The write is
-  now made again once the bucket answers."""
+  """s3fs gave up on a bucket that does not answer after about 10 s (botocore's own 5 attempts;
+  s3fs does not retry a connection error by default), raising "Could not connect to the endpoint
+  URL": the run ended with "writing .../metrics.jsonl failed", well within its bucket timeout.
+  Now s3fs retries for the limit (``paths.retry_s3_for``), and a write that a client gives up on
+  sooner is made again once the bucket answers (``outage.retrying``)."""
   go = tmp_path / "go"
   with s3_server() as s3:
     proc = _main(tmp_path, s3.env, f"s3://{BUCKET}/ride", go, python_prefix=("-c", RIDE_OUT))
@@ -230,3 +253,37 @@ def test_the_s3_lease_is_refreshed_under_its_etag_and_never_deletes_another_runs
   finally:
     workdir.release_lock(directory)
   assert names("lease/") == []
+
+
+def test_s3fs_retries_a_bucket_that_does_not_answer_for_the_runs_limit_and_as_before_after():
+  """s3fs's own retry loop (``_error_wrapper``) and backoff, its waits recorded, not slept: while
+  a run holds an s3:// workdir, a refused connection is tried again for at least
+  ``bucket_timeout_seconds`` (60 here); after it, once, as s3fs does by default."""
+  import asyncio
+  from unittest import mock
+
+  import s3fs.core
+  from botocore.exceptions import EndpointConnectionError
+
+  from locvit import paths
+
+  def waits_of_a_refused_call() -> list[float]:
+    waits, tries = [], []
+
+    async def refused():
+      tries.append(len(waits))
+      raise EndpointConnectionError(endpoint_url="http://127.0.0.1:1")
+
+    async def wait(seconds):
+      waits.append(seconds)
+
+    with mock.patch.object(asyncio, "sleep", wait), pytest.raises(EndpointConnectionError):
+      asyncio.run(s3fs.core._error_wrapper(refused, retries=s3fs.S3FileSystem.retries))
+    return waits[: tries[-1]]  # the waits before the last try
+
+  paths.retry_s3_for(60)
+  try:
+    assert 60 <= sum(waits_of_a_refused_call()) < 60 + 15
+  finally:
+    paths.retry_s3_for(None)
+  assert waits_of_a_refused_call() == []
