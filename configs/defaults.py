@@ -62,7 +62,8 @@ def data_config() -> ml_collections.ConfigDict:
       ``locvit.data.device_autoaugment``) into the jitted train step
       (``locvit.data.device_augment``, per-example draws from the step's key); the host keeps
       the ops before them and the decode. A random-resized crop keeps its box draw and cut on
-      the host (the same boxes as 'host') and resizes on the device, equal to Pillow's bit for
+      the host (the same boxes as 'host'; with data.train_split_on='device' the step draws
+      them) and resizes on the device, equal to Pillow's bit for
       bit (``locvit.data.resample``). The device auto_augment ops agree with Pillow's within one
       grey level per pixel; its random stream differs from the host's, its distributions do
       not. 'host' runs every op on the host, timm's exact code path.
@@ -73,8 +74,10 @@ def data_config() -> ml_collections.ConfigDict:
       sends each step only its rows' indices: the step gathers its batch, so no host work or
       transfer paces a small-data step (``locvit.data.resident``). Needs a split that fits
       data.decoded_cache_mb and a recipe whose host ops draw nothing (set data.augment_on=
-      'device' for the crop, flip and auto_augment). The batches are the host pipeline's, row for
-      row, so a run is the same either way (bitwise on CPU) and resumes across the setting.
+      'device' for the crops, flip and auto_augment). The batches are the host pipeline's, row
+      for row, so a run is the same either way (bitwise on CPU) and resumes across the setting;
+      except that a random-resized crop's box is then drawn in the step (the same distribution,
+      another random stream).
       With several processes each one decodes and holds the whole split and sends its share of
       each step's indices.
     decoded_cache_mb: memory budget (MB per process) for keeping a split's decoded images
