@@ -345,6 +345,39 @@ def test_sigterm_in_start_up_and_a_second_ctrl_c_stop_with_one_line(tmp_path):
   assert "Traceback" not in err
 
 
+# The CLI, with SIGTERM sent the moment this process has created and locked DIR/lock, before it
+# has recorded the lock as its own: once, a stop landing there left the lock file behind.
+SIGTERM_WHILE_LOCKING = """
+import os, signal, sys
+from locvit import main, workdir
+
+lock = workdir._LocalLock.__init__
+
+def lock_then_stop(self, *args):
+  lock(self, *args)
+  os.kill(os.getpid(), signal.SIGTERM)
+
+workdir._LocalLock.__init__ = lock_then_stop
+sys.argv = ["locvit.main", *sys.argv[1:]]
+main.run()
+"""
+
+
+def test_a_stop_while_the_workdir_is_being_locked_leaves_no_lock(tmp_path):
+  workdir = tmp_path / "run"
+  command = [sys.executable, "-c", SIGTERM_WHILE_LOCKING, "--config=tests/configs/tiny.py"]
+  command.append(f"--workdir={workdir}")
+  proc = subprocess.run(command, cwd=ROOT, env=_env(1), capture_output=True, text=True, timeout=120)
+  stopped = (
+    f"the checkpoints committed in {workdir} are kept (the same command resumes from the newest)"
+  )
+  assert (proc.returncode, proc.stderr.splitlines()) == (
+    143,
+    [f"locvit: stopped by SIGTERM; {stopped}"],
+  )
+  assert not (workdir / "lock").exists()
+
+
 FULL_DISK = """
 mnt=$1 out=$2; shift 2
 mount -t tmpfs -o size=64m tmpfs "$mnt"

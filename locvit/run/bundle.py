@@ -32,6 +32,7 @@ from locvit.init import from_checkpoint
 from locvit.models.factory import build_model, check_attention_kernels
 from locvit.models.layers import check_patchable
 from locvit.models.registry import default_image_size
+from locvit.run import preemption
 from locvit.run import state as state_lib
 from locvit.run.step import NONFINITE_MODES
 
@@ -309,6 +310,13 @@ def _checked_setup(config, hooks):
   return run
 
 
+@preemption.defer_stops_in
+def _claim(workdir: str, bucket_timeout: float) -> None:
+  """``workdir_lib.claim`` as one piece: a stop that arrives while the lock is being taken is sent
+  again once it is (and the run's exit releases it), instead of leaving a lock file no one holds."""
+  workdir_lib.claim(workdir, bucket_timeout)
+
+
 def build_training(
   config: ml_collections.ConfigDict, workdir: str, **hooks: Callable | None
 ) -> Training:
@@ -318,11 +326,11 @@ def build_training(
   """
   run = _checked_setup(config, hooks)
   config = run.config
-  # The config is valid: only now create the workdir (writable, not in use). The config is kept
-  # (config.json) once the workdir's checkpoint has accepted it (train.restore_or_initialise).
-  workdir_lib.claim(workdir, config.bucket_timeout_seconds)
   run.workdir = workdir
   try:  # an error or a stop (SIGTERM, Ctrl-C) from here on releases the workdir, as the run would
+    # The config is valid: only now create the workdir (writable, not in use). The config is kept
+    # (config.json) once the workdir's checkpoint has accepted it (train.restore_or_initialise).
+    _claim(workdir, config.bucket_timeout_seconds)
     run.eval_batches = _eval_batches(config, run.eval_source)
     boxed_params, _ = sharding.model_variable_shapes(run.model, run.image_shape)
     run.schedule = optim.make_schedule(config, run.total_steps, run.steps_per_epoch)
