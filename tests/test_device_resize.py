@@ -139,10 +139,12 @@ def test_device_crop_lowers_for_accelerators_without_host_callbacks(platform):
     "resize_taps": jnp.zeros((4, 2, 16, width), jnp.int32),
     "resize_transposed": jnp.zeros((4,), bool),
   }
-  lowered = jax.jit(lambda k, b: da.recipe_ops(k, b, cfg)).trace(jax.random.key(0), batch)
-  text = lowered.lower(lowering_platforms=(platform,)).as_text()
-  assert "stablehlo.gather" in text and "custom_call" not in text
-  assert "callback" not in text.lower()
+  whole_images = {"image": batch["image"]}  # the training split on the device: boxes drawn here
+  for inputs in (batch, whole_images):
+    lowered = jax.jit(lambda k, b: da.recipe_ops(k, b, cfg)).trace(jax.random.key(0), inputs)
+    text = lowered.lower(lowering_platforms=(platform,)).as_text()
+    assert "stablehlo.gather" in text and "custom_call" not in text
+    assert "callback" not in text.lower()
 
 
 @pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])
