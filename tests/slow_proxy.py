@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -153,19 +154,29 @@ def timed_quickstart(env: dict, workdir: str, args, cwd: str) -> list[tuple[floa
   return lines
 
 
-def gaps_by_step(lines: list[tuple[float, str]]) -> dict[int, float]:
+_WAITED = re.compile(r"([\d.]+) s of it waiting for the previous save\)")
+
+
+def gaps_by_step(lines: list[tuple[float, str]], less_waiting: bool = False) -> dict[int, float]:
   """The seconds between each progress line (``step N/T ...``) and the one before, by the step
-  of the later line; the first line (which includes compilation) has none."""
-  progress = [
-    (t, int(line.split()[1].split("/")[0])) for t, line in lines if line.startswith("step ")
-  ]
-  return {b[1]: b[0] - a[0] for a, b in itertools.pairwise(progress)}
+  of the later line; the first line (which includes compilation) has none. ``less_waiting``:
+  less the time the line says a save waited for the previous one to be committed (orbax writes
+  one step at a time: through a slow bucket, saves closer together than a commit takes wait)."""
+  progress = []  # (the line's time less its stated wait, its time, its step)
+  for t, line in lines:
+    if line.startswith("step "):
+      waited = _WAITED.search(line) if less_waiting else None
+      step = int(line.split()[1].split("/")[0])
+      progress.append((t - float(waited[1]) if waited else t, t, step))
+  return {b[2]: b[0] - a[1] for a, b in itertools.pairwise(progress)}
 
 
-def progress_gaps(lines: list[tuple[float, str]]) -> tuple[float, int, float]:
+def progress_gaps(
+  lines: list[tuple[float, str]], less_waiting: bool = False
+) -> tuple[float, int, float]:
   """``(longest gap, the step whose line ended it, span)`` in seconds (``gaps_by_step``); the
   span is from the first progress line to the last."""
-  gaps = gaps_by_step(lines)
+  gaps = gaps_by_step(lines, less_waiting)
   step = max(gaps, key=gaps.get)
   return gaps[step], step, sum(gaps.values())
 
