@@ -86,10 +86,13 @@ def run_arm(place: str, steps_per_dispatch: int) -> dict[str, float]:
   epoch, and the whole run's images/s."""
   config = arm_config(place, steps_per_dispatch)
   written: list[tuple[int, float]] = []  # (step, time its row was written)
+  per_epoch: list[float] = []  # steps per epoch, from a training row's epoch
   write = metrics.MetricWriter.write
 
   def timed_write(self, step, record):
     written.append((step, time.perf_counter()))
+    if record.get("epoch"):
+      per_epoch.append(step / record["epoch"])
     return write(self, step, record)
 
   metrics.MetricWriter.write = timed_write
@@ -100,7 +103,7 @@ def run_arm(place: str, steps_per_dispatch: int) -> dict[str, float]:
   finally:
     metrics.MetricWriter.write = write
   wall = time.perf_counter() - start
-  steps_per_epoch = train.training_length(config, _epoch_examples(config))[1]
+  steps_per_epoch = round(per_epoch[-1])
   intervals = [
     (step - before) / (t - t_before)
     for (before, t_before), (step, t) in itertools.pairwise(written)
@@ -111,12 +114,6 @@ def run_arm(place: str, steps_per_dispatch: int) -> dict[str, float]:
     "steps_s": statistics.median(intervals) if intervals else float("nan"),
     "images_s": config.total_steps * config.batch_size / wall,
   }
-
-
-def _epoch_examples(config) -> int:
-  from locvit import data as data_lib
-
-  return len(data_lib.make_source(config.data, config.data.train_split))
 
 
 def main(argv):

@@ -178,12 +178,17 @@ def random_resized_crop(key: Array, images: Array, data_config: Any) -> Array:
   left, top, box_w, box_h = random_resized_crop_boxes(key, count, height, width, scale, ratio)
   shrink = box_h - size
   height_first = PILLOW_ORDERS_PASSES & (shrink > 0) & (shrink > 2 * (box_w - size))
+  # Pillow starts with the height only for a box taller than the output: never from images no
+  # taller than it (CIFAR at 32), which then skip that order's passes.
+  both_orders = PILLOW_ORDERS_PASSES and height > size
 
   def one(image, left, top, box_w, box_h, height_first):
     along_w = by_width[box_w].at[:, 0].add(left)
     along_h = by_height[box_h].at[:, 0].add(top)
     image = image.astype(jnp.int32)
     width_then_height = _resample_width(_resample_width(image, along_w).transpose(1, 0, 2), along_h)
+    if not both_orders:
+      return width_then_height.transpose(1, 0, 2)
     height_then_width = _resample_width(
       _resample_width(image.transpose(1, 0, 2), along_h).transpose(1, 0, 2), along_w
     )

@@ -61,8 +61,7 @@ def load_train_split(data_config: Any, source: Any) -> dict[str, np.ndarray]:
       images[i], labels[i] = image, example["label"]
 
   with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-    for done in pool.map(read, range(0, n, _CHUNK)):
-      del done  # re-raises a task's error
+    list(pool.map(read, range(0, n, _CHUNK)))  # re-raises a task's error
   return {"image": images, "label": labels}
 
 

@@ -33,9 +33,10 @@ def pack(workdir: str, path: str) -> list[str]:
       if os.path.basename(folder) == "checkpoints":
         newest = _newest_step(folder)
         keep = [] if newest is None else [str(newest)]
-        left_out += [os.path.relpath(os.path.join(folder, d), parent) for d in subfolders]
-        left_out = [p for p in left_out if os.path.basename(p) not in keep]
-        subfolders[:] = [d for d in subfolders if d in keep]
+        left_out += [
+          os.path.relpath(os.path.join(folder, d), parent) for d in subfolders if d not in keep
+        ]
+        subfolders[:] = keep
       for name in files:
         file = os.path.join(folder, name)
         archive.add(file, arcname=os.path.relpath(file, parent), recursive=False)

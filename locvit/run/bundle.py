@@ -186,19 +186,16 @@ class Training(Evaluation):
     """This process's training batches for steps ``start_step + 1, ...``: the position depends
     on the global step alone, so a run resumes on another process or device count. With the
     training split on the device, each batch is its rows' indices into it."""
-    make = data_lib.make_train_iterator
-    source: Any = self.train_source
-    if self.train_split:
-      make, source = data_lib.make_index_iterator, len(self.train_source)
-    return make(
-      self.config.data,
-      source,
+    position = dict(
       seed=self.config.seed,
       local_batch_size=self.config.batch_size // jax.process_count(),
       process_index=jax.process_index(),
       process_count=jax.process_count(),
       start_step=start_step,
     )
+    if self.train_split:
+      return data_lib.make_index_iterator(self.config.data, len(self.train_source), **position)
+    return data_lib.make_train_iterator(self.config.data, self.train_source, **position)
 
   @property
   def use_ema(self) -> bool:
