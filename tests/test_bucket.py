@@ -14,6 +14,7 @@ import pytest
 from tests.gcs_server import BUCKET, blobs, client_env, gcs_server
 from tests.slow_proxy import Outage, progress_gaps, slow_proxy, timed_quickstart
 from tests.test_cli import ROOT, _free_port
+from tests.test_faults import SIGTERM_WHILE_LOCKING
 
 RUN = "run"
 WORKDIR = f"gs://{BUCKET}/{RUN}"
@@ -196,6 +197,22 @@ def test_two_processes_save_to_a_bucket_and_one_process_resumes_on_half_the_devi
   steps = [r["step"] for r in _rows("topology") if "train/loss" in r]
   assert steps == list(range(1, 25)), steps
   assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stop_while_the_bucket_workdir_is_being_locked_leaves_no_lease(server, tmp_path):
+  """SIGTERM the moment the lease object exists, before the run records it: the run stops with
+  its one line and deletes the lease (tests/test_faults.py: the same on a local disk)."""
+  workdir = f"gs://{BUCKET}/locking"
+  prefix = ("-c", SIGTERM_WHILE_LOCKING)
+  proc = _main(
+    tmp_path, server.env, "--config=quickstart", f"--workdir={workdir}", python_prefix=prefix
+  )
+  _, err = _finish(proc, 120)
+  stopped = (
+    f"the checkpoints committed in {workdir} are kept (the same command resumes from the newest)"
+  )
+  assert (proc.returncode, err.splitlines()) == (143, [f"locvit: stopped by SIGTERM; {stopped}"])
+  assert "locking/lock" not in blobs("locking")
 
 
 @pytest.mark.slow

@@ -345,19 +345,21 @@ def test_sigterm_in_start_up_and_a_second_ctrl_c_stop_with_one_line(tmp_path):
   assert "Traceback" not in err
 
 
-# The CLI, with SIGTERM sent the moment this process has created and locked DIR/lock, before it
-# has recorded the lock as its own: once, a stop landing there left the lock file behind.
+# The CLI, with SIGTERM sent the moment this process has created and locked DIR/lock (a file, or a
+# lease object in a bucket), before it has recorded the lock as its own: once, a stop landing
+# there left the lock behind.
 SIGTERM_WHILE_LOCKING = """
 import os, signal, sys
 from locvit import main, workdir
 
-lock = workdir._LocalLock.__init__
+def then_stop(lock):
+  def lock_then_stop(self, *args):
+    lock(self, *args)
+    os.kill(os.getpid(), signal.SIGTERM)
+  return lock_then_stop
 
-def lock_then_stop(self, *args):
-  lock(self, *args)
-  os.kill(os.getpid(), signal.SIGTERM)
-
-workdir._LocalLock.__init__ = lock_then_stop
+for kind in (workdir._LocalLock, workdir._Lease):
+  kind.__init__ = then_stop(kind.__init__)
 sys.argv = ["locvit.main", *sys.argv[1:]]
 main.run()
 """
