@@ -3,7 +3,7 @@
 
 Each run keeps everything but its checkpoints, and of those only the newest committed step: the
 one it resumes from. ``best/`` (a second whole state) and the older steps stay behind, so an
-unfinished GMM-ViT d9 run travels as its parameters and AdamW moments (about 32 MB) instead of
+unfinished GMM-ViT d9 run travels as its parameters and AdamW moments (30 MB) instead of
 three to five copies of them: what a machine reached through a size-limited transfer can take.
 A run continued without ``best/`` saves a new best only when it beats every evaluation it logged
 (``locvit.train.keep_best_honest``), so ``best/`` never holds a worse step than one it had.
