@@ -183,7 +183,7 @@ RIDE_OUT = """
 import os, sys, time
 from locvit import metrics, workdir
 directory, go = sys.argv[1:]
-workdir.acquire_lock(directory, 30)
+workdir.claim(directory, 30)
 writer = metrics.MetricWriter(directory)
 writer.write(1, {"train/loss": 1.0})
 writer.flush()
