@@ -431,18 +431,20 @@ def test_a_lease_that_cannot_be_released_is_reported_after_the_runs_own_error(se
   ), cause.__notes__
 
 
-def test_gcsfs_retries_a_bucket_that_does_not_answer_for_the_runs_limit_and_as_before_after():
+def test_gcsfs_retries_a_bucket_that_does_not_answer_for_the_runs_limit_on_every_process(server):
   """A gcsfs call to a port that refuses connections, through gcsfs's own retry loop
-  (``retry_request``), its waits recorded, not slept: while a run holds a gs:// workdir
-  (``paths.retry_gcs_for``), it is tried again for at least ``bucket_timeout_seconds`` (60 here);
-  after it, 6 tries, 31 to 36 s, as gcsfs does by default."""
+  (``retry_request``), its waits recorded, not slept. Once ``claim`` has run on a process other
+  than 0 (which writes its own ``array_metadatas/process_N`` through gcsfs during a save, and
+  holds no lease), it is tried again for at least ``bucket_timeout_seconds`` (60 here); after
+  ``release_lock``, 6 tries, 31 to 36 s, as gcsfs does by default."""
   import asyncio
   from unittest import mock
 
   import aiohttp
   import gcsfs
+  import jax
 
-  from locvit import paths
+  from locvit import workdir as workdir_lib
 
   fs = gcsfs.GCSFileSystem(endpoint_url=f"http://127.0.0.1:{_free_port()}", token="anon")
 
@@ -456,14 +458,17 @@ def test_gcsfs_retries_a_bucket_that_does_not_answer_for_the_runs_limit_and_as_b
       fs.call("GET", "b/{}/o", BUCKET)
     return waits
 
-  paths.retry_gcs_for(60)
+  workdir = f"gs://{BUCKET}/process-1"
+  with mock.patch.object(jax, "process_index", return_value=1):
+    workdir_lib.claim(workdir, 60)
   try:
     waits = waits_of_a_refused_call()
   finally:
-    paths.retry_gcs_for(None)
+    workdir_lib.release_lock(workdir)
   assert 60 <= sum(waits) < 60 + 33, waits
   waits = waits_of_a_refused_call()
   assert len(waits) == 5 and 31 <= sum(waits) < 36, waits
+  assert blobs("process-1") == {}  # process 0 alone writes the workdir's lock and probes
 
 
 @pytest.mark.parametrize("value", [0.5, 7200])

@@ -255,17 +255,20 @@ def test_the_s3_lease_is_refreshed_under_its_etag_and_never_deletes_another_runs
   assert names("lease/") == []
 
 
-def test_s3fs_retries_a_bucket_that_does_not_answer_for_the_runs_limit_and_as_before_after():
-  """s3fs's own retry loop (``_error_wrapper``) and backoff, its waits recorded, not slept: while
-  a run holds an s3:// workdir, a refused connection is tried again for at least
-  ``bucket_timeout_seconds`` (60 here); after it, once, as s3fs does by default."""
+def test_s3fs_retries_a_bucket_that_does_not_answer_for_the_runs_limit_on_every_process():
+  """s3fs's own retry loop (``_error_wrapper``) and backoff, its waits recorded, not slept: once
+  ``claim`` has run on a process other than 0 (which writes its own
+  ``array_metadatas/process_N`` through s3fs during a save, and holds no lease), a refused
+  connection is tried again for at least ``bucket_timeout_seconds`` (60 here); after
+  ``release_lock``, once, as s3fs does by default."""
   import asyncio
   from unittest import mock
 
+  import jax
   import s3fs.core
   from botocore.exceptions import EndpointConnectionError
 
-  from locvit import paths
+  from locvit import workdir
 
   def waits_of_a_refused_call() -> list[float]:
     waits, tries = [], []
@@ -281,9 +284,11 @@ def test_s3fs_retries_a_bucket_that_does_not_answer_for_the_runs_limit_and_as_be
       asyncio.run(s3fs.core._error_wrapper(refused, retries=s3fs.S3FileSystem.retries))
     return waits[: tries[-1]]  # the waits before the last try
 
-  paths.retry_s3_for(60)
+  directory = f"s3://{BUCKET}/process-1"
+  with mock.patch.object(jax, "process_index", return_value=1):
+    workdir.claim(directory, 60)
   try:
     assert 60 <= sum(waits_of_a_refused_call()) < 60 + 15
   finally:
-    paths.retry_s3_for(None)
+    workdir.release_lock(directory)
   assert waits_of_a_refused_call() == []
