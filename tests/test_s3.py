@@ -14,6 +14,7 @@ from tests.s3_server import BUCKET, client, client_env, names, objects, s3_serve
 from tests.test_bucket import (
   OUTAGE_LIMIT,
   OUTAGE_RUN,
+  STEP_20_SAVE,
   _assert_gave_up_in_one_line,
   _finish,
   _main,
@@ -128,13 +129,15 @@ def test_a_short_s3_outage_during_a_save_is_ridden_out_and_a_long_one_ends_the_r
   """tests/test_bucket.py's outages, on S3 (its own server: the module's is not stopped)."""
   workdir = f"--workdir=s3://{BUCKET}/long"
   with s3_server() as s3:
-    # A 14 s network outage after step 10, across the saves of step 20, under a 30 s limit: longer
-    # than a call's own retries (botocore's 5 attempts, about 10 s; was: "saving a checkpoint to
-    # s3://.../checkpoints failed (EndpointConnectionError: ...)"). The run goes on.
+    # A 14 s network outage from the first write of step 20's save, across the saves of step 20,
+    # under a 30 s limit: longer than a call's own retries (botocore's 5 attempts, about 10 s; was:
+    # "saving a checkpoint to s3://.../checkpoints failed (EndpointConnectionError: ...)"). The
+    # run goes on.
     limit = "--config.bucket_timeout_seconds=30"
     short = [limit if a.startswith("--config.bucket_timeout") else a for a in OUTAGE_RUN]
+    workdir_short = f"--workdir=s3://{BUCKET}/short"
     proc, out, err = _run_through_an_outage(
-      tmp_path, s3.url, client_env, [*short, f"--workdir=s3://{BUCKET}/short"], 14, names
+      tmp_path, s3.url, client_env, [*short, workdir_short], 14, names, cut_at=STEP_20_SAVE
     )
     assert proc.returncode == 0, out + err
     assert "Final evaluation at step 20/20" in out and "locvit:" not in err, out + err
