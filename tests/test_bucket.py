@@ -337,7 +337,8 @@ def test_a_short_bucket_outage_is_ridden_out_and_a_long_one_ends_the_run_in_one_
     cut_at=STEP_20_SAVE,
   )
   assert proc.returncode == 0, out + err
-  assert "Final evaluation at step 20/20" in out and "locvit:" not in err, out + err
+  assert "Final evaluation at step 20/20" in out, out + err
+  assert "locvit:" not in err and "Traceback" not in err, err  # gcsfs logs a call out of tries
   reference = _train_losses("short")
   assert sorted(reference) == [1, 5, 10, 15, 20], reference
   assert [r["step"] for r in _rows("short") if "train/loss" in r] == [1, 5, 10, 15, 20]
