@@ -12,9 +12,9 @@
 # Call L is the training loop itself (benchmarks/loop_rate.py) on the rows of L_ROWS (default
 # gmm_table1_cifar10's ViT row at batch 128, 2,000 steps, and structinit_table2_cifar10's
 # trunc-normal row at batch 512, 600 steps) from the CIFAR-10 JPEG folders ($CIFAR10_ROOT, else
-# data/cifar10-jpeg.tar.gz unpacked to /tmp/cifar), the training split fed by the host pipeline
-# beside held on the device (data.train_split_on): the loop's steps/s against the kit's resident
-# steps.
+# data/cifar10-jpeg.tar.gz unpacked to /tmp/cifar: benchmarks/gpu_machine.sh), the training
+# split fed by the host pipeline beside held on the device (data.train_split_on): the loop's
+# steps/s against the kit's resident steps.
 # The other calls are benchmarks/accelerator.py, Table 1 only (synthetic batch resident on the GPU), within
 # TOTAL_S seconds together (default 540), each also within its own cap (CAP below), so a slow one
 # cannot take the others' time. In each call every row's sides compile in 8 threads before any is
@@ -42,9 +42,8 @@ A_VARIANTS=${A_VARIANTS:-default,k4,flat_opt}
 export L_ROWS=${L_ROWS:-gmm_table1_cifar10:vit@2000 structinit_table2_cifar10:trunc_normal@600}
 start=$SECONDS
 mkdir -p "$OUT/profiles"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/locvit-site \
-  "$WHEELS"/*.whl || exit 2
-export PYTHONPATH=$PWD:/tmp/locvit-site PYTHONUNBUFFERED=1
+source benchmarks/gpu_machine.sh
+install_wheels "$WHEELS" || exit 2
 # timm and locvit share the GPU: JAX takes memory as it needs it rather than 75% up front.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/device.txt" 2>&1
@@ -56,12 +55,6 @@ echo "checkout ${LOCVIT_COMMIT:-$(git describe --always --abbrev=7 --dirty=" wit
 # Call L, per row of L_ROWS (PLAN:ROW@STEPS): two compilations of about 35 s, a 50,000-image
 # decode and 2 x STEPS steps (the host-fed structured-init row runs about 21 steps/s).
 declare -A CAP=([L]=260 [S]=90 [A]=200 [B]=200 [C]=150 [D]=200 [E]=220)
-
-cifar_root() {  # the CIFAR-10 JPEG folders: $CIFAR10_ROOT, else the carried tarball, unpacked once
-  if [ -n "${CIFAR10_ROOT:-}" ]; then echo "$CIFAR10_ROOT"; return; fi
-  [ -d /tmp/cifar/train ] || { mkdir -p /tmp/cifar && tar -xzf data/cifar10-jpeg.tar.gz -C /tmp/cifar; }
-  echo /tmp/cifar
-}
 
 call() {  # call NAME: run it, limited to its cap and to the time left
   local name=$1 left=$((TOTAL_S - (SECONDS - start)))
@@ -78,8 +71,9 @@ call() {  # call NAME: run it, limited to its cap and to the time left
   local kit=(timeout "$left" python3 benchmarks/accelerator.py --tables=1 --steps=10 --rounds=3
     --warmup=3 --compile_threads=8 --profile_dir="$OUT/profiles/$name")
   case $name in
-    L) root=$(cifar_root) timeout "$left" bash -c 'for row in $L_ROWS; do
-         python3 benchmarks/loop_rate.py --cifar_root="$root" --row="${row%@*}" --steps="${row#*@}"
+    L) use_cifar10 && timeout "$left" bash -c 'for row in $L_ROWS; do
+         python3 benchmarks/loop_rate.py --cifar_root="$CIFAR10_ROOT" --row="${row%@*}" \
+           --steps="${row#*@}"
          done' ;;
     S) timeout "$left" python3 benchmarks/cudnn_shapes.py ;;
     A) "${kit[@]}" --only="GMM-ViT d9,ViT d9" --variants="$A_VARIANTS" --profile=2 ;;
