@@ -139,7 +139,8 @@ def test_config_mistake_is_one_line_and_creates_no_workdir(tmp_path, args, line)
 
 def test_every_config_mistake_is_listed_at_once_before_anything_is_built(tmp_path):
   """One pass over the config: the run's numbers, the model name, the data, recipe and optimizer
-  blocks, a line each, then exit 2 with no workdir."""
+  blocks, the kernels, the mesh layout and the init block, a line each, then exit 2 with no
+  workdir (an unknown init or layout used to fail after the workdir was written)."""
   workdir = tmp_path / "run"
   rc, out, err = _run(
     QUICKSTART,
@@ -150,11 +151,14 @@ def test_every_config_mistake_is_listed_at_once_before_anything_is_built(tmp_pat
     "--config.data.train_fraction=0",
     "--config.mixup.prob=2.0",
     "--config.optimizer.name=adamv",
+    "--config.attention_implementation=cudnnn",
+    "--config.mesh.layout=dpp",
+    "--config.init.name=impuls",
     timeout=120,
   )
   assert rc == 2 and out == "", (out, err)
   assert err.splitlines() == [
-    "locvit: error: 6 errors in the config:",
+    "locvit: error: 9 errors in the config:",
     "  --config.batch_size=0: must be a positive integer",
     "  unknown model 'deit_tiny_patch2_3'; did you mean deit_tiny_patch2_32 or "
     "deit_tiny_patch4_32 or deit_tiny_patch8_64? `python -m locvit.main --list_models='PATTERN'` "
@@ -163,6 +167,11 @@ def test_every_config_mistake_is_listed_at_once_before_anything_is_built(tmp_pat
     "  data.train_fraction=0.0 must be a number in (0.0, 1.0]",
     "  mixup.prob=2.0 must be a probability in [0, 1]",
     "  optimizer.name='adamv' is not one of ['adamw', 'sgd']; did you mean adamw?",
+    "  --config.attention_implementation='cudnnn' is not one of [None, 'xla', 'cudnn', "
+    "'cpu_kernels', 'einsum']; did you mean cudnn?",
+    "  mesh.layout='dpp' is not one of ['dp', 'fsdp', 'tp']; did you mean dp?",
+    "  init.name='impuls' is not one of ['none', 'trunc_normal', 'kaiming_uniform', 'mimetic', "
+    "'impulse']; did you mean impulse?",
   ]
   assert not workdir.exists()
 

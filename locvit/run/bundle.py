@@ -22,13 +22,13 @@ from absl import logging
 
 from locvit import checkpoint as ckpt_lib
 from locvit import data as data_lib
-from locvit import distill, optim, paths, sharding, xla_options
+from locvit import distill, ops, optim, paths, sharding, xla_options
 from locvit import metrics as metrics_lib
 from locvit import workdir as workdir_lib
 from locvit.choices import Errors, check_choice
 from locvit.configs.common import complete_config
 from locvit.data import device_augment, resident
-from locvit.init import from_checkpoint
+from locvit.init import check_init_config, from_checkpoint
 from locvit.models.factory import build_model, check_attention_kernels
 from locvit.models.layers import check_patchable
 from locvit.models.registry import default_image_size
@@ -76,6 +76,15 @@ def config_errors(config: ml_collections.ConfigDict) -> list[str]:
   errors.check(validate_recipe, config, config.data.num_classes, check_classes=known)
   errors.check(optim.validate, config)
   errors.check(check_choice, "--config.xla_options", config.xla_options, xla_options.CHOICES)
+  errors.check(
+    check_choice,
+    "--config.attention_implementation",
+    config.attention_implementation,
+    ops.IMPLEMENTATIONS,
+  )
+  errors.check(check_choice, "mesh.layout", config.mesh.layout, sorted(sharding.LAYOUTS))
+  if config.init is not None:
+    errors.check(check_init_config, config.init)
   return errors.messages
 
 
