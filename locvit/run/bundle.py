@@ -282,6 +282,12 @@ def _checked_setup(config, hooks):
   train_source = data_lib.make_source(config.data, config.data.train_split)
   eval_source = data_lib.make_source(config.data, config.data.eval_split)
   data_lib.check_same_classes(train_source, eval_source)
+  if train_source.num_classes < 2:  # one logit: the loss is 0 from the first step
+    where = config.data.root if config.data.source == "image_folder" else config.data.name
+    raise ValueError(
+      f"{where} has one class in {config.data.train_split!r} ({train_source.class_names[0]}): a "
+      "classifier needs at least 2, one folder per class: ROOT/<split>/<class_name>/*.jpg"
+    )
   num_classes = config.data.num_classes or train_source.num_classes
   validate_recipe(config, num_classes)
   optim.validate(config)
