@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import difflib
 import importlib
 import json
 import math
@@ -64,7 +65,9 @@ def get_plan(name: str) -> dict[str, Any]:
   An unknown name raises ``ReproduceError`` listing the valid names.
   """
   if name not in PLANS:
-    raise ReproduceError(f"unknown plan {name!r}; valid plans: {', '.join(sorted(PLANS))}")
+    close = difflib.get_close_matches(name, PLANS, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise ReproduceError(f"unknown plan {name!r}; {hint}valid plans: {', '.join(sorted(PLANS))}")
   return PLANS[name]
 
 
