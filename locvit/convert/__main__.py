@@ -25,6 +25,8 @@ from typing import Any
 from locvit.convert.checkpoint import read_state_dict, save_converted
 from locvit.convert.timm import ConversionError, from_timm, resolve_model_name
 
+PROG = "locvit.convert"  # its error lines, as locvit.main's "locvit: error: ..."
+
 
 def parse_override(text: str) -> tuple[str, Any]:
   """``'depth=6'`` -> ``('depth', 6)``; a value that is not a Python literal stays a string."""
@@ -64,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
   )
   args = parser.parse_args(argv)
   if os.path.exists(args.output) and not args.force:
-    print(f"error: {args.output} already exists (pass --force to overwrite).", file=sys.stderr)
+    message = f"{args.output} already exists (pass --force to overwrite)."
+    print(f"{PROG}: error: {message}", file=sys.stderr)
     return 1
   try:
     name = resolve_model_name(args.model)
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
       name, read_state_dict(args.input), num_classes=args.num_classes, **overrides
     )
   except (ConversionError, ValueError, TypeError, ImportError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
+    print(f"{PROG}: error: {e}", file=sys.stderr)
     return 1
   path = save_converted(
     args.output,
