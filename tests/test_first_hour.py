@@ -154,11 +154,13 @@ def test_every_config_mistake_is_listed_at_once_before_anything_is_built(tmp_pat
     "--config.attention_implementation=cudnnn",
     "--config.mesh.layout=dpp",
     "--config.init.name=impuls",
+    "--config.analysis.locality=True",
+    "--config.analysis.locality_mode=faithfull",
     timeout=120,
   )
   assert rc == 2 and out == "", (out, err)
   assert err.splitlines() == [
-    "locvit: error: 9 errors in the config:",
+    "locvit: error: 10 errors in the config:",
     "  --config.batch_size=0: must be a positive integer",
     "  unknown model 'deit_tiny_patch2_3'; did you mean deit_tiny_patch2_32 or "
     "deit_tiny_patch4_32 or deit_tiny_patch8_64? `python -m locvit.main --list_models='PATTERN'` "
@@ -172,6 +174,8 @@ def test_every_config_mistake_is_listed_at_once_before_anything_is_built(tmp_pat
     "  mesh.layout='dpp' is not one of ['dp', 'fsdp', 'tp']; did you mean dp?",
     "  init.name='impuls' is not one of ['none', 'trunc_normal', 'kaiming_uniform', 'mimetic', "
     "'impulse']; did you mean impulse?",
+    "  analysis.locality_mode='faithfull' is not one of ['per_layer', 'faithful']; did you mean "
+    "faithful?",
   ]
   assert not workdir.exists()
 

@@ -25,6 +25,7 @@ from locvit import data as data_lib
 from locvit import distill, ops, optim, paths, sharding, xla_options
 from locvit import metrics as metrics_lib
 from locvit import workdir as workdir_lib
+from locvit.analysis.locality import MODES as LOCALITY_MODES
 from locvit.choices import Errors, check_choice
 from locvit.configs.common import complete_config
 from locvit.data import device_augment, resident
@@ -85,6 +86,9 @@ def config_errors(config: ml_collections.ConfigDict) -> list[str]:
   errors.check(check_choice, "mesh.layout", config.mesh.layout, sorted(sharding.LAYOUTS))
   if config.init is not None:
     errors.check(check_init_config, config.init)
+  if config.analysis is not None and config.analysis.locality:
+    mode = config.analysis.locality_mode
+    errors.check(check_choice, "analysis.locality_mode", mode, LOCALITY_MODES)
   return errors.messages
 
 
@@ -309,6 +313,10 @@ def _checked_setup(config, hooks):
       f"{len(train_source)}, or more data."
     )
   run.total_steps, run.steps_per_epoch = training_length(config, len(train_source))
+  boxed_params, _ = sharding.model_variable_shapes(model, image_shape)  # abstract, no compute
+  run.schedule = optim.make_schedule(config, run.total_steps, run.steps_per_epoch)
+  # config.freeze's patterns are matched against the parameters here, before the workdir.
+  run.tx = optim.make_optimizer(config, nn.meta.unbox(boxed_params), run.schedule)
   if config.data.train_split_on == "device":  # decoded before the workdir: its errors first
     load_start = time.perf_counter()
     split = resident.load_train_split(config.data, train_source)
@@ -344,9 +352,6 @@ def build_training(
     # (config.json) once the workdir's checkpoint has accepted it (train.restore_or_initialise).
     _claim(workdir, config.bucket_timeout_seconds)
     run.eval_batches = _eval_batches(config, run.eval_source)
-    boxed_params, _ = sharding.model_variable_shapes(run.model, run.image_shape)
-    run.schedule = optim.make_schedule(config, run.total_steps, run.steps_per_epoch)
-    run.tx = optim.make_optimizer(config, nn.meta.unbox(boxed_params), run.schedule)
     run.layout = state_lib.state_layout(
       run.model, run.image_shape, run.tx, run.mesh, run.rules, ema=run.use_ema
     )
