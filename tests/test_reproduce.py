@@ -299,6 +299,12 @@ def test_missing_cifar_fails_in_seconds_with_instructions(tmp_path, monkeypatch,
     "locvit.reproduce: error: unknown plan 'structinit_tabl2_cifar10'; did you mean "
     "structinit_table2_cifar10? " + plans
   )
+  with pytest.raises(SystemExit) as usage:  # argparse's mistakes: one line too, not the usage
+    rp.main(["gmm", "--dry_run", "--estimate=prob"])
+  assert usage.value.code == 2 and capsys.readouterr().err == (
+    "locvit.reproduce: error: argument --estimate: invalid choice: 'prob' (choose from 'probe', "
+    "'kit')\n"
+  )
   assert time.perf_counter() - start < 30 and not os.path.exists(workdir)
 
 

@@ -29,6 +29,7 @@ from matplotlib import patches
 from matplotlib.figure import Figure
 
 from locvit.analysis.plots import save
+from locvit.choices import ArgumentParser
 from locvit.data import augment
 from locvit.init.apply import INIT_NAMES, apply_init, init_config
 from locvit.models import apply_with_intermediates, block_attention_maps, create_model
@@ -153,12 +154,10 @@ def load_images(source: Any, count: int, mean, std) -> np.ndarray:
 def main(argv: Sequence[str] | None = None) -> int:
   """Command-line entry point (see the module docstring); prints the path of every PNG written.
   A wrong name or layer, or a missing folder, is one ``error:`` line and exit status 2."""
-  import argparse
-
   from locvit.data import ImageFolderSource
   from locvit.data.config import CIFAR10_MEAN, CIFAR10_STD
 
-  parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+  parser = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
   parser.add_argument("--model", default="structvit_tiny_patch2_32", help="a registered model")
   parser.add_argument(
     "--inits", default="impulse,mimetic,trunc_normal", help=f"comma-separated, of {INIT_NAMES}"

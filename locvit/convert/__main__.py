@@ -22,6 +22,7 @@ import os
 import sys
 from typing import Any
 
+from locvit.choices import ArgumentParser
 from locvit.convert.checkpoint import read_state_dict, save_converted
 from locvit.convert.timm import ConversionError, from_timm, resolve_model_name
 
@@ -41,9 +42,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
   """Runs the converter; returns the process exit code (0, or 1 with the error on stderr)."""
-  parser = argparse.ArgumentParser(
-    prog="python -m locvit.convert", description=__doc__.split("\n")[0]
-  )
+  parser = ArgumentParser(prog="python -m locvit.convert", description=__doc__.split("\n")[0])
   parser.add_argument(
     "--model",
     required=True,

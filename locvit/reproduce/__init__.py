@@ -43,6 +43,7 @@ import ml_collections
 
 from locvit import cpu_malloc
 from locvit import metrics as metrics_lib
+from locvit.choices import ArgumentParser
 from locvit.configs.common import complete_config
 from locvit.configs.reproduce_plans import KIT_H200, PLANS
 from locvit.data.config import parse_split
@@ -755,11 +756,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   Returns the exit status.
   """
-  import argparse
-
-  parser = argparse.ArgumentParser(
-    prog="python -m locvit.reproduce", description=__doc__.split("\n\n")[0]
-  )
+  parser = ArgumentParser(prog="python -m locvit.reproduce", description=__doc__.split("\n\n")[0])
   parser.add_argument("plan", help=f"one of: {', '.join(sorted(PLANS))}")
   parser.add_argument("--workdir", default=None, help="required except with --dry_run")
   parser.add_argument(
