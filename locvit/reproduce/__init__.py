@@ -12,7 +12,7 @@ the runs seed by seed, alternating rows (so a cut-short budget still leaves pair
 run is an ordinary locvit workdir, ``DIR/ROW/seedK``. ``DIR/plan.json`` keeps the plan: running the
 command again skips finished runs and resumes interrupted ones. Ctrl-C saves a checkpoint at the
 end of the current step and leaves everything resumable. At the end (or with ``--report``) DIR gets
-``results.md`` and ``results.json`` (``locvit.reproduce_report``).
+``results.md`` and ``results.json`` (``locvit.reproduce.report``).
 
 Paper-protocol plans (``gmm_table1_cifar10``, ``structinit_table2_cifar10``,
 ``cordonnier_table1``; ``locvit.reproduce.protocol``) train every row at the paper's own length, or
