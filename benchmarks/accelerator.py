@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import importlib
@@ -56,6 +57,7 @@ import importlib.util
 import os
 import statistics
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -82,6 +84,7 @@ from locvit.configs import (
 )
 from locvit.configs.common import base_config, complete_config
 from locvit.configs.recipes import deit_recipe
+from locvit.data import device_augment as device_augment_ops
 from locvit.flops import xla_flops
 from locvit.models.convit import convit_overrides
 from locvit.models.factory import check_attention_kernels
@@ -153,10 +156,14 @@ VARIANTS = {
   "default": {},
   "cudnn": {"attention_implementation": "cudnn"},
   "gpu_tuned": {"xla_options": "gpu_tuned"},
+  "graphs": {"xla_options": "gpu_graphs"},  # gpu_tuned with loops and conditionals in the graphs
   "tuned+cudnn": {"xla_options": "gpu_tuned", "attention_implementation": "cudnn"},
   "fp32": {"mixed_precision": False},
   "k4": {"steps_per_dispatch": 4},  # four optimizer steps per dispatch (a lax.scan)
   "flat_opt": {"optimizer": {"flatten": True}},  # the update on one flat vector (optax.flatten)
+  # Mixup/CutMix's lam drawn as before, by jax.random.beta: rejection loops whose every test of
+  # their condition the GPU answers to the host (locvit draws it with no loop: symmetric_beta).
+  "beta_loops": {},
 }
 TORCH_SIDES = ("eager", "compile")
 # --smoke: two blocks per model (one GPSA, one MHSA for ConViT), so compilation stays short.
@@ -309,8 +316,30 @@ def compile_loop_step(config, image_size: int, num_classes: int, variant: str) -
   batches = [_synthetic_batch(config.batch_size, image_size, num_classes)] * k
   options = xla_options.compiler_options(setting, jax.default_backend())
   health = train.initial_health()
-  compiled = step.lower(state, batches, (), health).compile(options)
-  return CompiledStep(compiled, state, batches, health, k)
+  with _tracing(variant):
+    lowered = step.lower(state, batches, (), health)
+  return CompiledStep(lowered.compile(options), state, batches, health, k)
+
+
+_TRACING = threading.Lock()  # sides compile in threads; one traces at a time (see _tracing)
+
+
+@contextlib.contextmanager
+def _tracing(variant: str):
+  """One side's tracing at a time; for 'beta_loops' with the mixing's lam drawn by
+  ``jax.random.beta``, as locvit drew it before ``device_augment.symmetric_beta``."""
+  with _TRACING:
+    if variant != "beta_loops":
+      yield
+      return
+    loop_free = device_augment_ops.symmetric_beta
+    device_augment_ops.symmetric_beta = lambda key, alpha, shape: jax.random.beta(
+      key, alpha, alpha, shape
+    )
+    try:
+      yield
+    finally:
+      device_augment_ops.symmetric_beta = loop_free
 
 
 def jax_runner(config, image_size: int, num_classes: int, variant: str) -> Runner:

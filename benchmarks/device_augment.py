@@ -57,7 +57,7 @@ import numpy as np
 from PIL import Image
 
 from locvit import data as data_lib
-from locvit import optim, sharding, train
+from locvit import optim, sharding, train, xla_options
 from locvit.configs.common import base_config
 from locvit.configs.gmm_table1 import get_config
 from locvit.configs.recipes import deit_recipe
@@ -236,14 +236,18 @@ def deit_batches(config, batch_size: int, num_classes: int) -> dict[str, dict]:
 
 def deit_step_seconds(model: str, batch_size: int, steps: int, rounds: int) -> dict[str, float]:
   """Median seconds per DeiT-recipe step at 224 on a resident batch: the model only, and the
-  device path with RandAugment's ops selected per example ('select') or grouped by op."""
+  device path with RandAugment's ops selected per example ('select') or grouped by op; the
+  model only and the grouped path also compiled with XLA's ``gpu_graphs`` options (the grouped
+  path's loop and op choice evaluated on the device)."""
   from accelerator import _state_and_step  # the kit's step on one device (it imports this file)
 
   num_classes, arms = 1000, {}
-  for name, kind, how in [
-    ("model only", "model only", None),
-    ("device path, select", "device path", "select"),
-    ("device path, grouped", "device path", "grouped"),
+  for name, kind, how, setting in [
+    ("model only", "model only", None, "none"),
+    ("device path, select", "device path", "select", "none"),
+    ("device path, grouped", "device path", "grouped", "none"),
+    ("model only, graphs", "model only", None, "gpu_graphs"),
+    ("grouped, graphs", "device path", "grouped", "gpu_graphs"),
   ]:
     config = deit_recipe(base_config())
     config.model.name, config.batch_size = model, batch_size
@@ -252,13 +256,15 @@ def deit_step_seconds(model: str, batch_size: int, steps: int, rounds: int) -> d
     config.data.image_size, config.data.rrc_canvas = 224, 352
     batch = jax.device_put(deit_batches(config, batch_size, num_classes)[kind])
     state, step = _state_and_step(config, (224, 224, 3), num_classes)
+    options = xla_options.compiler_options(setting, jax.default_backend())
     # The dispatch is chosen while the step is traced: force this arm's.
     with mock.patch.object(device_autoaugment, "dispatch", return_value=how):
-      arms[name] = [step.lower(state, batch), state, batch]
-  # The three compilations (about a minute each at 224 on an H200) run side by side.
+      arms[name] = [step.lower(state, batch), state, batch, options]
+  # The compilations (about a minute each at 224 on an H200) run side by side.
   with concurrent.futures.ThreadPoolExecutor(len(arms)) as pool:
-    for arm, compiled in zip(arms.values(), pool.map(lambda a: a[0].compile(), arms.values())):
-      arm[0] = compiled
+    compiled = pool.map(lambda arm: arm[0].compile(arm[3]), arms.values())
+    for arm, step in zip(arms.values(), compiled):
+      arm[0] = step
   times: dict[str, list[float]] = {name: [] for name in arms}
   for r in range(rounds + 1):  # round 0 warms up
     for name, arm in arms.items():
@@ -280,6 +286,8 @@ def print_deit_step(model: str, batch_size: int, steps: int, rounds: int) -> Non
     print(f"{name:22s} {1e3 * sec:9.1f} ms/step {ratio:7.2f}x the model's")
   cost = seconds["device path, grouped"] / seconds["model only"]
   print(f"device path (grouped) / model only = {cost:.3f}x (goal on a GPU <= 1.25x)")
+  cost = seconds["grouped, graphs"] / seconds["model only, graphs"]
+  print(f"under gpu_graphs, grouped / model only = {cost:.3f}x")
 
 
 def main() -> None:

@@ -4,47 +4,49 @@
 #   python benchmarks/gpu_wheels.py                          # on a machine with network, once
 #   OUT=RESULTS_DIR bash benchmarks/kit_gpu.sh [WHEELS_DIR]  # on the GPU machine, in the checkout
 #
-# CALLS (default "L S B E A C D") picks the calls and their order (the H200 run of call A is in
-# docs/benchmarks.md, so the calls it could not reach come first); A_VARIANTS (default
-# "default,k4,flat_opt") the sides of call A; LOCVIT_COMMIT names the checkout in device.txt (the
-# GPU machine's copy may carry another commit's git metadata).
+# CALLS (default "A E L S B C D") picks the calls and their order (A first: the candidates
+# against the kernel-count bound that the H200's first profile found, docs/benchmarks.md);
+# A_VARIANTS (default "default,beta_loops,flat_opt,graphs") the sides of call A; LOCVIT_COMMIT
+# names the checkout in device.txt (the GPU machine's copy may carry another commit's git
+# metadata).
 #
 # Call L is the training loop itself (benchmarks/loop_rate.py) on the rows of L_ROWS (default
 # gmm_table1_cifar10's ViT row at batch 128, 2,000 steps, and structinit_table2_cifar10's
 # trunc-normal row at batch 512, 600 steps) from the CIFAR-10 JPEG folders ($CIFAR10_ROOT, else
-# data/cifar10-jpeg.tar.gz unpacked to /tmp/cifar), the training split fed by the host pipeline
-# beside held on the device (data.train_split_on): the loop's steps/s against the kit's resident
-# steps.
-# The other calls are benchmarks/accelerator.py, Table 1 only (synthetic batch resident on the GPU), within
-# TOTAL_S seconds together (default 540), each also within its own cap (CAP below), so a slow one
-# cannot take the others' time. In each call every row's sides compile in 8 threads before any is
+# data/cifar10-jpeg.tar.gz unpacked to /tmp/cifar: benchmarks/gpu_machine.sh), the training
+# split fed by the host pipeline beside held on the device (data.train_split_on): the loop's
+# steps/s against the kit's resident steps.
+# The other calls are benchmarks/accelerator.py, Table 1 only (synthetic batch resident on the
+# GPU), within TOTAL_S seconds together (default 540), each also within its own cap (CAP below),
+# so a slow one cannot take the others' time. In each call every row's sides compile in 8 threads before any is
 # timed; then 3 interleaved rounds of 10 steps and a profile (Table 1p) of 2 steps per locvit side:
 #   S. benchmarks/cudnn_shapes.py: which shapes JAX's cuDNN attention takes here, against the rule
 #      locvit refuses 'cudnn' by (exit 1 if locvit lets through one that JAX refuses);
-#   A. GMM-ViT d9 and ViT d9 at batch 128 (GMM's paper): locvit's default step ("before") beside
-#      the candidates in A_VARIANTS ("after"; gpu_tuned, cudnn and tuned+cudnn measured, no gain);
+#   A. GMM-ViT d9 and ViT d9 at batch 128 (GMM's paper): locvit's default step beside the sides
+#      of A_VARIANTS: beta_loops (Mixup's lam drawn by jax.random.beta's loops, as before),
+#      flat_opt (the optimizer on one vector), graphs (XLA's gpu_graphs options); gpu_tuned,
+#      cudnn, tuned+cudnn and k4 were measured, no gain;
 #   B. DeiT-S and ConViT-S at 224, batch 256: locvit beside timm eager and timm under
 #      torch.compile;
 #   C. ConViT-Ti CIFAR at 512 and 128, the structured-init ViT-T/2 at 512;
 #   D. DeiT-S and ConViT-S at 224, batch 512, as B;
 #   E. the DeiT recipe's step at 224, batch 128 (benchmarks/device_augment.py --deit_step): model
 #      only, beside the device path with RandAugment per-example select and grouped by op (goal:
-#      grouped <= 1.25x model only; the three steps compile side by side), then the augmentation
-#      alone at 32x32, batch 512.
+#      grouped <= 1.25x model only), and the model only and grouped under gpu_graphs (the five
+#      steps compile side by side), then the augmentation alone at 32x32, batch 512.
 # Results under $OUT: device.txt (nvidia-smi, versions), kit_A.log ... kit_E.log, and
 # profiles.tar.gz (the .xplane.pb traces; left out, with a note in device.txt, over 15 MB).
 set -uo pipefail
 OUT=${OUT:-/tmp/kit_gpu}
 WHEELS=${1:-gpu_wheels}
 TOTAL_S=${TOTAL_S:-540}
-CALLS=${CALLS:-L S B E A C D}
-A_VARIANTS=${A_VARIANTS:-default,k4,flat_opt}
+CALLS=${CALLS:-A E L S B C D}
+A_VARIANTS=${A_VARIANTS:-default,beta_loops,flat_opt,graphs}
 export L_ROWS=${L_ROWS:-gmm_table1_cifar10:vit@2000 structinit_table2_cifar10:trunc_normal@600}
 start=$SECONDS
 mkdir -p "$OUT/profiles"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/locvit-site \
-  "$WHEELS"/*.whl || exit 2
-export PYTHONPATH=$PWD:/tmp/locvit-site PYTHONUNBUFFERED=1
+source benchmarks/gpu_machine.sh
+install_wheels "$WHEELS" || exit 2
 # timm and locvit share the GPU: JAX takes memory as it needs it rather than 75% up front.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/device.txt" 2>&1
@@ -52,16 +54,11 @@ echo "checkout ${LOCVIT_COMMIT:-$(git describe --always --abbrev=7 --dirty=" wit
   >>"$OUT/device.txt" 2>&1
 
 # Each call's cap (s), from what the calls took on an H200 (docs/benchmarks.md, "Issue 29's
-# profile"): ten 32x32 sides with profiles took 294 s; 224 sides compile in about a minute each.
+# profile"): ten 32x32 sides with 5-call profiles took 294 s (A now runs eight, 2-call
+# profiles); 224 sides compile in about a minute each, side by side.
 # Call L, per row of L_ROWS (PLAN:ROW@STEPS): two compilations of about 35 s, a 50,000-image
 # decode and 2 x STEPS steps (the host-fed structured-init row runs about 21 steps/s).
-declare -A CAP=([L]=260 [S]=90 [A]=200 [B]=200 [C]=150 [D]=200 [E]=220)
-
-cifar_root() {  # the CIFAR-10 JPEG folders: $CIFAR10_ROOT, else the carried tarball, unpacked once
-  if [ -n "${CIFAR10_ROOT:-}" ]; then echo "$CIFAR10_ROOT"; return; fi
-  [ -d /tmp/cifar/train ] || { mkdir -p /tmp/cifar && tar -xzf data/cifar10-jpeg.tar.gz -C /tmp/cifar; }
-  echo /tmp/cifar
-}
+declare -A CAP=([L]=260 [S]=90 [A]=230 [B]=200 [C]=150 [D]=200 [E]=220)
 
 call() {  # call NAME: run it, limited to its cap and to the time left
   local name=$1 left=$((TOTAL_S - (SECONDS - start)))
@@ -78,8 +75,9 @@ call() {  # call NAME: run it, limited to its cap and to the time left
   local kit=(timeout "$left" python3 benchmarks/accelerator.py --tables=1 --steps=10 --rounds=3
     --warmup=3 --compile_threads=8 --profile_dir="$OUT/profiles/$name")
   case $name in
-    L) root=$(cifar_root) timeout "$left" bash -c 'for row in $L_ROWS; do
-         python3 benchmarks/loop_rate.py --cifar_root="$root" --row="${row%@*}" --steps="${row#*@}"
+    L) use_cifar10 && timeout "$left" bash -c 'for row in $L_ROWS; do
+         python3 benchmarks/loop_rate.py --cifar_root="$CIFAR10_ROOT" --row="${row%@*}" \
+           --steps="${row#*@}"
          done' ;;
     S) timeout "$left" python3 benchmarks/cudnn_shapes.py ;;
     A) "${kit[@]}" --only="GMM-ViT d9,ViT d9" --variants="$A_VARIANTS" --profile=2 ;;

@@ -10,7 +10,7 @@
 # machine with network; README, "Benchmark kit for a GPU machine without network") and CIFAR-10
 # as JPEG folders (ROOT/{train,test}/<class>/*.jpg, docs/data_preparation.md): $CIFAR10_ROOT if
 # set, else the tarball $CIFAR10_TARBALL (default data/cifar10-jpeg.tar.gz, git-ignored: carry
-# it) unpacked to /tmp/cifar. Run from the checkout's root:
+# it) unpacked to /tmp/cifar (benchmarks/gpu_machine.sh). Run from the checkout's root:
 #
 #   bash benchmarks/paper_tables_gpu.sh                # results under $OUT (default /tmp/out)
 #
@@ -33,18 +33,11 @@ GMM_MINUTES=${GMM_MINUTES:-5}
 STRUCTINIT_MINUTES=${STRUCTINIT_MINUTES:-2.5}
 WORK=/tmp/paper_tables
 mkdir -p "$OUT" "$WORK"
-export PYTHONUNBUFFERED=1 JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache
+export JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache
 
-# locvit's dependencies beyond the GPU image, from the wheels that travelled with the checkout.
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/locvit-site \
-  gpu_wheels/*.whl
-export PYTHONPATH=$PWD:/tmp/locvit-site
-
-if [ -z "${CIFAR10_ROOT:-}" ]; then
-  mkdir -p /tmp/cifar
-  tar -xzf "${CIFAR10_TARBALL:-data/cifar10-jpeg.tar.gz}" -C /tmp/cifar
-  export CIFAR10_ROOT=/tmp/cifar
-fi
+source benchmarks/gpu_machine.sh
+install_wheels gpu_wheels
+use_cifar10
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 for parts in paper_tables_carry/*.tgz.aa; do  # an earlier machine's workdirs: continue them
   [ -e "$parts" ] || continue

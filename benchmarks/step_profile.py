@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -34,6 +35,10 @@ import jax
 
 DISPATCH = "locvit-kit-dispatch"  # the host annotation around each step's call
 TOP_OPS = 5
+LONG_GAP_US = 10.0  # longer than a kernel launch: the device waited for the host
+LONGEST_GAPS = 3
+# CUPTI's names for a copy from the device to the host (a while loop's condition, a value read).
+DEVICE_TO_HOST = re.compile(r"memcpy ?d(to|2)h|device ?-?> ?(host|pinned)", re.IGNORECASE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +59,11 @@ class Summary:
   median_gap_us: float  # the median gap between consecutive (merged) op intervals
   dispatch_ms: float  # per step: the host's call, median
   top: tuple[tuple[str, float, float], ...]  # (op name, count per step, ms per step)
+  long_gaps_per_step: float = 0.0  # gaps over LONG_GAP_US
+  long_gaps_ms: float = 0.0  # per step: their total
+  # the LONGEST_GAPS longest gaps of the trace: (us, the op before, the op after)
+  longest_gaps: tuple[tuple[float, str, str], ...] = ()
+  device_to_host_per_step: float = 0.0  # copies to the host
 
 
 def device_ops(profile) -> tuple[str, list[Op]]:
@@ -107,6 +117,18 @@ def merged(ops: list[Op]) -> list[tuple[float, float]]:
   return [(start, end) for start, end in intervals]
 
 
+def gaps_between(ops: list[Op]) -> list[tuple[float, str, str]]:
+  """Each time (us) inside the ops' span with no op running, with the op whose end began it and
+  the op whose start ended it (``ops`` sorted by start)."""
+  gaps, end, last = [], None, ""
+  for op in ops:
+    if end is not None and op.start_ns > end:
+      gaps.append(((op.start_ns - end) / 1e3, last, op.name))
+    if end is None or op.end_ns >= end:
+      end, last = op.end_ns, op.name
+  return gaps
+
+
 def summarise(profile, steps: int, wall_s: float, steps_per_call: int = 1) -> Summary:
   """Per-step figures of a trace of ``steps`` steps, ``steps_per_call`` per host dispatch."""
   platform, ops = device_ops(profile)
@@ -121,6 +143,7 @@ def summarise(profile, steps: int, wall_s: float, steps_per_call: int = 1) -> Su
     by_name[op.name].append(op.end_ns - op.start_ns)
   top = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:TOP_OPS]
   dispatch = host_events(profile, DISPATCH)
+  long_gaps = [gap for gap in gaps_between(ops) if gap[0] > LONG_GAP_US]
   return Summary(
     steps=steps,
     platform=platform,
@@ -131,6 +154,10 @@ def summarise(profile, steps: int, wall_s: float, steps_per_call: int = 1) -> Su
     median_gap_us=statistics.median(gaps) / 1e3 if gaps else 0.0,
     dispatch_ms=statistics.median(dispatch) / 1e6 / steps_per_call if dispatch else float("nan"),
     top=tuple((name, len(d) / steps, sum(d) / 1e6 / steps) for name, d in top),
+    long_gaps_per_step=len(long_gaps) / steps,
+    long_gaps_ms=sum(gap[0] for gap in long_gaps) / 1e3 / steps,
+    longest_gaps=tuple(sorted(gaps_between(ops), key=lambda gap: -gap[0])[:LONGEST_GAPS]),
+    device_to_host_per_step=sum(bool(DEVICE_TO_HOST.search(op.name)) for op in ops) / steps,
   )
 
 
@@ -180,6 +207,13 @@ def print_summary(label: str, summary: Summary) -> None:
   for name, count, ms in s.top:
     share = 100 * ms / s.busy_ms if s.busy_ms else 0.0
     print(f"    {ms:8.3f} ms {share:4.0f}% x{count:<5.0f} {name[:90]}", flush=True)
+  print(
+    f"    gaps over {LONG_GAP_US:.0f} us: {s.long_gaps_per_step:.1f} per step, "
+    f"{s.long_gaps_ms:.3f} ms; copies to the host: {s.device_to_host_per_step:.1f} per step",
+    flush=True,
+  )
+  for us, before, after in s.longest_gaps:
+    print(f"    gap {us:8.1f} us after {before[:45]} before {after[:45]}", flush=True)
 
 
 HEADER = (
@@ -190,5 +224,7 @@ LEGEND = (
   "Per step: ops/st = device ops (GPU kernels and copies; XLA:CPU thunks on CPU); wall = host\n"
   "clock; busy = union of the ops' intervals (busy % = of wall); gaps = time between ops inside\n"
   "the ops' span; gap us = median gap; disp. = the host's dispatch call (median). Under each row\n"
-  "the top ops by time: ms per step, share of busy time, count per step, name."
+  "the top ops by time: ms per step, share of busy time, count per step, name; the gaps over\n"
+  f"{LONG_GAP_US:.0f} us (the device waited for the host) and the copies to the host, per step;\n"
+  "the trace's longest gaps, with the ops on either side."
 )

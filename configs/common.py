@@ -44,7 +44,8 @@ def base_config() -> ml_collections.ConfigDict:
   # 'cudnn' or 'cpu_kernels' (locvit.ops; 'einsum' is accepted as its alias).
   c.attention_implementation = ml_collections.config_dict.placeholder(str)
   # XLA options for the training step's compilation, one setting (locvit.xla_options): 'none'
-  # (XLA's defaults), 'gpu_tuned' or 'auto' ('gpu_tuned' on a GPU). Hardware only, like the above.
+  # (XLA's defaults), 'gpu_tuned', 'gpu_graphs' or 'auto' ('gpu_tuned' on a GPU). Hardware only,
+  # like the above.
   c.xla_options = "none"
 
   c.data = defaults.data_config()

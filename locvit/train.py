@@ -167,12 +167,25 @@ class RunAhead:
     self._in_flight.append(output)
 
 
+def is_log_step(config, step: int, total_steps: int) -> bool:
+  """Whether the loop logs ``step``'s training row: every ``log_every_steps``, the first step and
+  the last."""
+  every = config.log_every_steps
+  return bool(every and step % every == 0) or step in (1, total_steps)
+
+
+def is_save_step(config, step: int, total_steps: int) -> bool:
+  """Whether the loop saves ``step`` (besides a stop request's step): every
+  ``checkpoint_every_steps``, and the last step."""
+  every = config.checkpoint_every_steps
+  return bool(every and step % every == 0) or step == total_steps
+
+
 def host_step(config, step: int, start: int, total_steps: int) -> bool:
-  """Whether the loop acts on ``step`` on the host: logs it, saves it or evaluates it (the first
-  step after ``start``, the last, and the ``*_every_steps`` multiples)."""
-  if step in (start + 1, total_steps) or is_evaluation_step(config, step, total_steps):
-    return True
-  return any(n and step % n == 0 for n in (config.log_every_steps, config.checkpoint_every_steps))
+  """Whether the loop acts on ``step`` on the host: the first step after ``start`` (a progress
+  line), and the steps it logs, saves or evaluates."""
+  rules = (is_log_step, is_save_step, is_evaluation_step)
+  return step == start + 1 or any(rule(config, step, total_steps) for rule in rules)
 
 
 def dispatch_end(config, done: int, start: int, total_steps: int) -> int:
@@ -349,8 +362,6 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
   )
   analysis = AnalysisHooks(run, state, start)
   progress = metrics_lib.Progress(total_steps, config.batch_size, start)
-  log_every = config.log_every_steps
-  ckpt_every = config.checkpoint_every_steps
   final = {}
   monitor = HealthMonitor(config)
   meta = run_config.checkpoint_meta(config, run.num_classes)
@@ -382,7 +393,7 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
 
       run.checkpointer.check_for_errors(step)  # an async save that failed stops the run here
       record = {}
-      on_grid = step % log_every == 0 or last or step == 1
+      on_grid = is_log_step(config, step, total_steps)
       if on_grid or step == start + 1:  # a resumed run's first step: a progress line only
         monitor.check(health, step)
         workdir_lib.check_lock(run.workdir)
@@ -390,7 +401,7 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
         # The rows of an uninterrupted run: a point one step after the resume would draw the
         # noise of a single batch as a jump in the loss curve.
         record.update(train_row if on_grid else {})
-      save = (ckpt_every and step % ckpt_every == 0) or last or preempted
+      save = is_save_step(config, step, total_steps) or preempted
       if save:
         monitor.check(health, step)
       # A step's metrics row is durable before the checkpoint that covers it: a resumed run starts

@@ -9,6 +9,9 @@ Settings:
 - ``gpu_tuned``: the candidates for a step bound by kernel launches and the gaps between kernels
   (a CIFAR model at batch 128-512 on one H100/H200; docs/benchmarks.md, "Accelerator kit"):
   ``GPU_TUNED`` below, each with why.
+- ``gpu_graphs``: ``gpu_tuned`` with loops and conditionals in the command buffers too
+  (``GPU_GRAPHS``): without it each test of a ``while`` loop's condition and each branch choice
+  is a copy to the host and a wait for the device, and cuts the step's CUDA graphs apart.
 - ``auto``: ``gpu_tuned`` where the step compiles for a GPU, ``none`` elsewhere.
 
 Which settings help is for the accelerator kit to show on a GPU (``benchmarks/accelerator.py
@@ -33,7 +36,17 @@ GPU_TUNED = {
   # ...for every run of captured ops, however short (XLA's default leaves runs under 5 ops out).
   "xla_gpu_graph_min_graph_size": 1,
 }
-SETTINGS: dict[str, dict[str, Any]] = {"none": {}, "gpu_tuned": GPU_TUNED}
+GPU_GRAPHS = {
+  **GPU_TUNED,
+  # Loops and conditionals as CUDA graph conditional nodes, evaluated on the device (a data-
+  # dependent loop: device RandAugment grouped by op, jax.random's rejection samplers).
+  "xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUDNN,CUSTOM_CALL,WHILE,CONDITIONAL",
+}
+SETTINGS: dict[str, dict[str, Any]] = {
+  "none": {},
+  "gpu_tuned": GPU_TUNED,
+  "gpu_graphs": GPU_GRAPHS,
+}
 CHOICES = ("auto", *SETTINGS)
 
 

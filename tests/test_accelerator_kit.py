@@ -156,9 +156,31 @@ def test_profile_summary_of_a_gpu_trace():
     ("MemcpyD2H", 0.5, 0.001),
     ("loop_fusion", 0.5, 0.0005),
   )
+  # The gaps, longest first, with the ops on either side; none over 10 us; one copy to the host.
+  assert summary.longest_gaps == ((3.0, "loop_fusion", "gemm"), (1.0, "MemcpyD2H", "loop_fusion"))
+  assert (summary.long_gaps_per_step, summary.long_gaps_ms) == (0.0, 0.0)
+  assert summary.device_to_host_per_step == 0.5
 
 
-def test_gpu_tuned_compiler_options_are_valid_xla_options():
+def test_the_beta_loops_side_draws_lam_with_jax_random_beta_and_the_default_without_a_loop():
+  from locvit import train
+
+  accelerator = _benchmarks_module("accelerator")
+
+  def lowered_for_a_gpu(variant):
+    config = accelerator.complete_config(accelerator._config_32("GMM-ViT d9", 2, True))
+    state, step = accelerator._state_and_step(config, (32, 32, 3), 10, loop=True)
+    batches = [accelerator._synthetic_batch(2, 32, 10)]
+    with accelerator._tracing(variant):
+      traced = step.trace(state, batches, (), train.initial_health())
+    return traced.lower(lowering_platforms=("cuda",)).as_text()
+
+  assert "stablehlo.while" in lowered_for_a_gpu("beta_loops")
+  assert "stablehlo.while" not in lowered_for_a_gpu("default")  # and the patch is undone
+
+
+@pytest.mark.parametrize("setting", ["gpu_tuned", "gpu_graphs"])
+def test_gpu_compiler_options_are_valid_xla_options(setting):
   import jax
   import jax.numpy as jnp
 
@@ -166,7 +188,7 @@ def test_gpu_tuned_compiler_options_are_valid_xla_options():
 
   assert xla_options.resolve("auto", "gpu") == "gpu_tuned"
   assert xla_options.compiler_options("auto", "cpu") == {}
-  options = xla_options.compiler_options("gpu_tuned", "gpu")
+  options = xla_options.compiler_options(setting, "gpu")
   # This jaxlib refuses an unknown option or value when compiling, for any backend.
   lowered = jax.jit(lambda x: x * 2).lower(jnp.ones(2))
   assert lowered.compile(options)(jnp.ones(2)).tolist() == [2.0, 2.0]
@@ -174,7 +196,7 @@ def test_gpu_tuned_compiler_options_are_valid_xla_options():
   assert jax.jit(lambda x: x * 3, compiler_options=options)(jnp.ones(2)).tolist() == [3.0, 3.0]
   with pytest.raises(Exception, match="'BOGUS' is not a valid enum value"):
     lowered.compile({**options, "xla_gpu_enable_command_buffer": "FUSION,BOGUS"})
-  choices = r"\['auto', 'none', 'gpu_tuned'\]"
+  choices = r"\['auto', 'none', 'gpu_tuned', 'gpu_graphs'\]"
   with pytest.raises(ValueError, match=rf"^xla_options='fast' is not one of {choices}$"):
     xla_options.resolve("fast", "gpu")
 

@@ -126,6 +126,31 @@ def test_cutmix_pastes_one_box_and_lam_is_the_area_kept():
   assert 0.15 < np.mean(seen_fractions) < 0.6  # Beta(1, 1) area, less what the border clips
 
 
+@pytest.mark.parametrize("alpha", [0.3, 0.5, 0.8, 1.0, 2.0])
+def test_symmetric_beta_draws_beta_alpha_alpha(alpha):
+  from scipy import stats
+
+  draws = np.asarray(da.symmetric_beta(jax.random.key(7), alpha, (20_000,)), np.float64)
+  assert draws.min() >= 0 and draws.max() <= 1
+  assert stats.kstest(draws, stats.beta(alpha, alpha).cdf).pvalue > 1e-3
+  # The test tells neighbouring concentrations apart at this sample size.
+  assert stats.kstest(draws, stats.beta(alpha * 1.25, alpha * 1.25).cdf).pvalue < 1e-6
+
+
+def test_the_mixing_draw_has_no_loop_for_a_gpu_to_wait_on():
+  """Lowered for a GPU, DeiT's Mixup 0.8 / CutMix 1.0 draw lam with no while loop (each test of
+  a loop's condition is a copy to the host and a wait there); an alpha below 1/2 keeps
+  ``jax.random.beta``'s rejection loop."""
+
+  def lowered(mixup_alpha):
+    cfg = mixup_cfg(mixup_alpha=mixup_alpha, cutmix_alpha=1.0)
+    mix = jax.jit(lambda key, x: da.mix_batch(key, x, LABELS, cfg, K, 0.1))
+    return mix.trace(jax.random.key(0), images()).lower(lowering_platforms=("cuda",)).as_text()
+
+  assert "stablehlo.while" not in lowered(0.8)
+  assert "stablehlo.while" in lowered(0.3)
+
+
 def test_switch_probability_and_elementwise_mode():
   x = constant_batch()
   both = mixup_cfg(mixup_alpha=1.0, cutmix_alpha=1.0, switch_prob=0.5)

@@ -89,8 +89,8 @@ FIELDS = (
     ([QUICKSTART, "--config.batch_size=0"], "--config.batch_size=0: must be a positive integer"),
     (
       [QUICKSTART, "--config.xla_options=gpu_tune"],
-      "--config.xla_options='gpu_tune' is not one of ['auto', 'none', 'gpu_tuned']; did you mean "
-      "gpu_tuned?",
+      "--config.xla_options='gpu_tune' is not one of ['auto', 'none', 'gpu_tuned', 'gpu_graphs']; "
+      "did you mean gpu_tuned?",
     ),
     (
       [QUICKSTART, "--config.model.overrides.depth=0"],

@@ -354,20 +354,44 @@ def soft_targets(labels: Array, num_classes: int, label_smoothing: float) -> Arr
   return one_hot * (1.0 - label_smoothing) + label_smoothing / num_classes
 
 
+def symmetric_beta(key: Array, alpha: float, shape: tuple[int, ...]) -> Array:
+  """Draws of Beta(alpha, alpha), the distribution of Mixup's and CutMix's lam.
+
+  For alpha >= 1/2, Ulrich's construction (Ulrich 1984, "Computer generation of distributions on
+  the m-sphere"), with no loop: with U, V uniform on [0, 1),
+
+      lam = (1 + sqrt(1 - U ** (2 / (2 alpha - 1))) * cos(2 pi V)) / 2
+
+  (the first coordinate of a point of the unit disc whose squared radius follows
+  Beta(1, alpha - 1/2); at alpha = 1/2, radius 1: the arcsine law). ``jax.random.beta`` draws
+  with a rejection loop, and on a GPU each test of such a loop's condition is a copy to the host
+  and a wait for the device, several per step. Below 1/2 this falls back to
+  ``jax.random.beta`` (same distribution, with its loops).
+  """
+  if alpha < 0.5:
+    return jax.random.beta(key, alpha, alpha, shape)
+  k_radius, k_angle = jax.random.split(key)
+  angle = jnp.cos(2.0 * jnp.pi * jax.random.uniform(k_angle, shape))
+  if alpha == 0.5:
+    return 0.5 + 0.5 * angle
+  fall_off = jax.random.uniform(k_radius, shape) ** (2.0 / (2.0 * alpha - 1.0))
+  return 0.5 + 0.5 * jnp.sqrt(1.0 - fall_off) * angle
+
+
 def _sample_lam(key: Array, mixup: Any, shape: tuple[int, ...]) -> tuple[Array, Array]:
-  """(lam, use_cutmix) per timm's ``_params_per_batch`` / ``_params_per_elem``."""
+  """(lam, use_cutmix) per timm's ``_params_per_batch`` / ``_params_per_elem``; a lam whose
+  alpha is 0 is never drawn (its kind is never chosen)."""
   k_switch, k_mix, k_cut, k_apply = jax.random.split(key, 4)
   if mixup.mixup_alpha > 0 and mixup.cutmix_alpha > 0:
     use_cutmix = jax.random.uniform(k_switch, shape) < mixup.switch_prob
+    lam_mix = symmetric_beta(k_mix, mixup.mixup_alpha, shape)
+    lam = jnp.where(use_cutmix, symmetric_beta(k_cut, mixup.cutmix_alpha, shape), lam_mix)
+  elif mixup.cutmix_alpha > 0:
+    use_cutmix = jnp.full(shape, True)
+    lam = symmetric_beta(k_cut, mixup.cutmix_alpha, shape)
   else:
-    use_cutmix = jnp.full(shape, mixup.cutmix_alpha > 0)
-  lam_mix = jax.random.beta(
-    k_mix, max(mixup.mixup_alpha, 1e-3), max(mixup.mixup_alpha, 1e-3), shape
-  )
-  lam_cut = jax.random.beta(
-    k_cut, max(mixup.cutmix_alpha, 1e-3), max(mixup.cutmix_alpha, 1e-3), shape
-  )
-  lam = jnp.where(use_cutmix, lam_cut, lam_mix)
+    use_cutmix = jnp.full(shape, False)
+    lam = symmetric_beta(k_mix, mixup.mixup_alpha, shape)
   apply = jax.random.uniform(k_apply, shape) < mixup.prob
   return jnp.where(apply, lam, 1.0), use_cutmix & apply
 
