@@ -208,18 +208,54 @@ def resolve_config_argv(argv: Sequence[str]) -> list[str]:
   return [argv[0], f"--config={_saved_config(saved)}", *argv[1:]]
 
 
-def _explain_override(argv: Sequence[str]) -> str | None:
-  """The first ``--config.A.B=V`` naming a field the config lacks, as a one-line message."""
+def _config_as_loaded(argv: Sequence[str]) -> ml_collections.ConfigDict | None:
+  """The resolved ``--config`` as config_flags loads it, before the overrides; None if it fails
+  (config_flags then reports the config's own error)."""
   _, value = _flag_value(argv, "config")
   if value is None:
     return None
   path, _, arg = value.partition(":")
-  try:  # the config as config_flags loads it, before the overrides
-    spec = importlib.util.spec_from_file_location("locvit_config_to_explain", path)
+  try:
+    spec = importlib.util.spec_from_file_location("locvit_config_as_loaded", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    config = module.get_config(*([arg] if arg else []))
-  except Exception:  # the config's own error is reported instead
+    return module.get_config(*([arg] if arg else []))
+  except Exception:
+    return None
+
+
+_MODEL_OVERRIDE = re.compile(r"--?config\.model\.overrides\.(\w+)=(.*)")
+_added_model_overrides: dict[str, object] = {}
+
+
+def _literal(text: str) -> object:
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text  # a string: --config.model.overrides.pool=gap
+
+
+def _split_model_overrides(argv: Sequence[str]) -> list[str]:
+  """``argv`` less the ``--config.model.overrides.NAME=VALUE`` flags whose NAME the config's
+  ``model.overrides`` does not set (config_flags overrides only fields a config has), which are
+  kept in ``_added_model_overrides`` as Python literals (else strings) for ``the_config``; names
+  the model lacks are refused by ``check_config``."""
+  config, kept = None, []
+  for arg in argv:
+    match = _MODEL_OVERRIDE.fullmatch(arg)
+    if match:
+      config = config or _config_as_loaded(argv)
+      if config is not None and match.group(1) not in (config.model.overrides or {}):
+        _added_model_overrides[match.group(1)] = _literal(match.group(2))
+        continue
+    kept.append(arg)
+  return kept
+
+
+def _explain_override(argv: Sequence[str]) -> str | None:
+  """The first ``--config.A.B=V`` naming a field the config lacks, as a one-line message."""
+  config = _config_as_loaded(argv)
+  if config is None:
     return None
   for flag in argv:
     match = re.fullmatch(r"--?config\.([\w.]+)(=.*)?", flag)
@@ -245,7 +281,7 @@ def _parse_flags(argv: Sequence[str]) -> list[str]:
     workdir = _flag_value(argv, "workdir")[1]
     if workdir:  # a bucket workdir without its client library: one line, before anything
       paths.check_client(workdir)
-    sys.argv = resolve_config_argv(argv)
+    sys.argv = _split_model_overrides(resolve_config_argv(argv))
     return flags.FLAGS(sys.argv)
   except Exception as e:
     if "--traceback" in argv:
@@ -281,11 +317,16 @@ def _exit_with_error(message: str, notes: Sequence[str] = ()) -> None:
 
 
 def the_config() -> ml_collections.ConfigDict:
-  """``--config`` with its overrides, reading its data as ``--data`` says, if given."""
+  """``--config`` with its overrides (``model.overrides`` fields the config does not set
+  included), reading its data as ``--data`` says, if given."""
+  config = _CONFIG.value
+  if _added_model_overrides:
+    with config.unlocked():
+      config.model.overrides = {**(config.model.overrides or {}), **_added_model_overrides}
   if _DATA.value is None:
-    return _CONFIG.value
+    return config
   try:
-    return datasets.apply_data_flag(_CONFIG.value, _DATA.value)
+    return datasets.apply_data_flag(config, _DATA.value)
   except ValueError as e:
     raise ConfigError(str(e)) from None
 

@@ -69,11 +69,14 @@ def test_print_config_shows_the_resolved_config_and_creates_nothing(tmp_path):
     f"--workdir={workdir}",
     "--config.total_steps=7",
     "--config.model.overrides.depth=2",
+    "--config.model.overrides.mlp_ratio=2.0",  # a model field the config does not set
     "--print_config",
   )
   assert (rc, err) == (0, "")
   expected = quickstart.get_config()
   expected.total_steps, expected.model.overrides.depth = 7, 2
+  with expected.unlocked():
+    expected.model.overrides.mlp_ratio = 2.0
   assert out == expected.to_json_best_effort(indent=2, sort_keys=True) + "\n"
   assert json.loads(out)["data"]["name"] == "digits"  # not "cifar10" beside source "digits"
   assert not workdir.exists()

@@ -82,9 +82,8 @@ FIELDS = (
       f"--config.zzz=1: config has no field 'zzz'; fields: {FIELDS}",
     ),
     (
-      [QUICKSTART, "--config.model.overrides.dept=3"],
-      "--config.model.overrides.dept=3: config.model.overrides has no field 'dept'; did you mean "
-      "depth?",
+      [QUICKSTART, "--config.model.overrides.dept=3"],  # any model field may be given
+      "model.overrides.dept: deit_tiny_patch2_32 has no field 'dept'; did you mean depth?",
     ),
     ([QUICKSTART, "--config.batch_size=0"], "--config.batch_size=0: must be a positive integer"),
     (

@@ -32,7 +32,7 @@ from locvit.data import device_augment, resident
 from locvit.init import check_init_config, from_checkpoint
 from locvit.models.factory import build_model, check_attention_kernels
 from locvit.models.layers import check_patchable
-from locvit.models.registry import default_image_size
+from locvit.models.registry import check_overrides, default_image_size
 from locvit.run import preemption
 from locvit.run import state as state_lib
 from locvit.run.step import NONFINITE_MODES
@@ -72,6 +72,7 @@ def config_errors(config: ml_collections.ConfigDict) -> list[str]:
       f"--config.num_epochs={config.num_epochs}: must be > 0 (or set --config.total_steps)"
     )
   errors.check(default_image_size, config.model.name)  # an unknown name, with close matches
+  errors.check(check_overrides, config.model.name, config.model.overrides or {})
   errors.check(data_lib.validate_data_config, config.data)
   known = config.data.num_classes is not None  # else the data source tells, once it is read
   errors.check(validate_recipe, config, config.data.num_classes, check_classes=known)
