@@ -241,6 +241,7 @@ def _split_model_overrides(argv: Sequence[str]) -> list[str]:
   kept in ``_added_model_overrides`` as Python literals (else strings) for ``the_config``; names
   the model lacks are refused by ``check_config``."""
   config, kept = None, []
+  _added_model_overrides.clear()  # one command line per process, but main.run() may run again
   for arg in argv:
     match = _MODEL_OVERRIDE.fullmatch(arg)
     if match:
