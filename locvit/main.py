@@ -317,13 +317,18 @@ def _exit_with_error(message: str, notes: Sequence[str] = ()) -> None:
   _exit(2)
 
 
-def the_config() -> ml_collections.ConfigDict:
-  """``--config`` with its overrides (``model.overrides`` fields the config does not set
-  included), reading its data as ``--data`` says, if given."""
-  config = _CONFIG.value
+def add_model_overrides(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """``config`` with the command line's ``model.overrides`` fields it does not set."""
   if _added_model_overrides:
     with config.unlocked():
       config.model.overrides = {**(config.model.overrides or {}), **_added_model_overrides}
+  return config
+
+
+def the_config() -> ml_collections.ConfigDict:
+  """``--config`` with its overrides (``model.overrides`` fields the config does not set
+  included), reading its data as ``--data`` says, if given."""
+  config = add_model_overrides(_CONFIG.value)
   if _DATA.value is None:
     return config
   try:
