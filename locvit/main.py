@@ -372,7 +372,13 @@ def _answer_what_is_there() -> bool:
   if _LIST_MODELS.value is not None:
     from locvit.models import list_models
 
-    print("\n".join(list_models(_LIST_MODELS.value or None)), flush=True)  # bare: all
+    names = list_models(_LIST_MODELS.value or None)  # bare: all
+    if not names:  # was an empty line
+      raise ConfigError(
+        f"--list_models={_LIST_MODELS.value}: no registered model matches; `--list_models` alone "
+        f"lists the {len(list_models())} names (globs: 'convit*', '*_patch4_32')"
+      )
+    print("\n".join(names), flush=True)
   if _LIST_CONFIGS.value:
     print(list_configs_text(), flush=True)
   if _PRINT_CONFIG.value:

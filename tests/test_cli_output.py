@@ -39,6 +39,12 @@ def test_list_models_takes_a_glob():
   rc, out, err = run_main("--list_models=*_tiny_plus_patch4_32")
   assert (rc, err) == (0, "")
   assert out == "convit_tiny_plus_patch4_32\ndeit_tiny_plus_patch4_32\n"
+  rc, out, err = run_main("--list_models=convitt*")  # was an empty line and exit 0
+  assert (rc, out) == (2, "")
+  assert err == (
+    "locvit: error: --list_models=convitt*: no registered model matches; `--list_models` alone "
+    f"lists the {len(list_models())} names (globs: 'convit*', '*_patch4_32')\n"
+  )
 
 
 def test_list_models_alone_lists_every_model():
