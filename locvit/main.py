@@ -290,7 +290,11 @@ def _parse_flags(argv: Sequence[str]) -> list[str]:
     last_line = str(e).strip().splitlines()[-1]
     if "Error whilst parsing config file" in str(e):  # get_config raised: its message, no stack
       given = _flag_value(argv, "config")[1]
-      message = (f"--config={given}: " if given else "") + re.sub(r"^\w+: ", "", last_line)
+      reason = re.sub(r"^\w+: ", "", last_line)
+      if given and reason.startswith("get_config() takes 0 positional arguments"):
+        name = os.path.basename(given.partition(":")[0]).removesuffix(".py")
+        reason = f"{name} takes no argument (`--list_configs` shows each config's arguments)"
+      message = (f"--config={given}: " if given else "") + reason
     elif isinstance(e, ConfigError | flags.Error | paths.PathError):
       message = str(e)
     else:  # e.g. ml_collections' AttributeError for an override naming no field

@@ -110,6 +110,11 @@ FIELDS = (
       "vit, swin, cait, pit, t2t",
     ),
     (
+      ["--config=quickstart:digits"],  # was: get_config() takes 0 positional arguments but 1 ...
+      "--config=quickstart:digits: quickstart takes no argument (`--list_configs` shows each "
+      "config's arguments)",
+    ),
+    (
       [],
       "no --config given and {workdir}/config.json does not exist (no run saved its config)",
     ),
@@ -124,6 +129,7 @@ FIELDS = (
     "bad_value",
     "no_file",
     "bad_arg",
+    "no_arg",
     "none",
   ],
 )
