@@ -160,7 +160,7 @@ def resolve_config(value: str) -> str:
   config loader for a ``config.json`` or a workdir holding one. Raises ``ConfigError`` otherwise."""
   path, sep, arg = value.partition(":")
   if os.path.isdir(path) and os.path.isfile(run_config.path(path)):
-    path = run_config.path(path)
+    path = str(run_config.path(path))  # an epath.Path: no endswith
   if path.endswith(".json") and os.path.isfile(path):
     if sep:
       raise ConfigError(f"--config={value}: a saved config.json takes no ':ARG'")

@@ -277,6 +277,13 @@ def test_unwritable_workdir_fails_at_start_naming_the_path(tmp_path, unwritable)
 # The run's config is kept in the workdir and used by --mode=eval with only --workdir
 
 
+def test_config_may_name_a_runs_workdir_or_its_config_json(tmp_path):
+  (tmp_path / "config.json").write_text("{}")  # resolving reads only the file's name
+  saved = main.resolve_config(str(tmp_path / "config.json"))
+  assert saved == f"{os.path.abspath(run_config.__file__)}:{tmp_path / 'config.json'}"
+  assert main.resolve_config(str(tmp_path)) == saved  # was: 'PosixGPath' has no 'endswith'
+
+
 def test_saved_config_round_trips_every_shipped_config(tmp_path):
   """Types JSON drops (tuples, typed None placeholders) come back, so overrides still parse."""
   for name in main.shipped_config_names():
