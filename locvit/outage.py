@@ -9,9 +9,12 @@ that closed each in turn waited for each in turn. Instead, the process keeps one
   each failure (``failed``) and each answer (``answered``);
 - the first failure starts the deadline, ``limit`` seconds later
   (``config.bucket_timeout_seconds``); any answer before it clears it, so a shorter outage is
-  ridden out: by the clients' own retries (s3fs's made to span the limit,
-  ``locvit.paths.retry_s3_for``), and, for writes that give up sooner (gcsfs after about 30 s),
-  by ``retrying``, which writes again once the bucket answers;
+  ridden out: by the clients' own retries, made to span the limit on every process of the run
+  (by default s3fs gives up after about 10 s, gcsfs after 31 to 36 s;
+  ``locvit.paths.retry_bucket_for``, set by ``locvit.workdir.claim``: each process writes its
+  own part of a checkpoint through them, orbax's ``state/array_metadatas/process_N``), and, for a
+  whole-object write that a client gives up on sooner anyway, by ``retrying``, which writes
+  again once the bucket answers;
 - when the deadline passes, the process prints one ``locvit: error:`` line (the bucket, what was
   being written, the steps already committed) and exits with status 2 at once, whatever thread is
   still waiting: a committed checkpoint is already safe, an uncommitted one is left as orbax left it

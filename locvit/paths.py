@@ -111,13 +111,42 @@ def _s3fs_wait(i: int) -> float:
   return min(0.1 * 1.7**i, 15.0)
 
 
-def s3fs_tries(seconds: float) -> int:
-  """How many tries of a call s3fs must make for its waits between them to span ``seconds``."""
+# gcsfs's wait after its try i fails (``gcsfs.retry.retry_request``), at least: 2**i s plus up to
+# 1 s at random, at most 32 s.
+def _gcsfs_wait(i: int) -> float:
+  return min(2.0**i, 32.0)
+
+
+def _tries_spanning(seconds: float, wait) -> int:
   tries, waited = 1, 0.0
   while waited < seconds:
-    waited += _s3fs_wait(tries - 1)
+    waited += wait(tries - 1)
     tries += 1
   return tries
+
+
+def s3fs_tries(seconds: float) -> int:
+  """How many tries of a call s3fs must make for its waits between them to span ``seconds``."""
+  return _tries_spanning(seconds, _s3fs_wait)
+
+
+def gcsfs_tries(seconds: float) -> int:
+  """How many tries of a call gcsfs must make for its waits between them to span ``seconds``."""
+  return _tries_spanning(seconds, _gcsfs_wait)
+
+
+def retry_bucket_for(workdir: str | os.PathLike, seconds: float | None) -> None:
+  """Makes the client of ``workdir``'s object store (s3fs, gcsfs) retry a call to a bucket that
+  does not answer for ``seconds`` (a no-op for a local path); None: every client retries as by
+  default again. Every process of a run needs it: each writes its own part of a checkpoint
+  through the client (orbax's ``state/array_metadatas/process_N``)."""
+  if seconds is None:
+    retry_s3_for(None)
+    retry_gcs_for(None)
+  elif scheme(workdir) == "s3":
+    retry_s3_for(seconds)
+  elif scheme(workdir) == "gs":
+    retry_gcs_for(seconds)
 
 
 _S3FS_DEFAULTS: tuple[int, tuple] | None = None  # s3fs's own (retries, retryable errors)
@@ -144,6 +173,31 @@ def retry_s3_for(seconds: float | None) -> None:
   s3fs.S3FileSystem.retries = max(s3fs_tries(seconds), _S3FS_DEFAULTS[0])
   if BotocoreConnectionError not in s3fs.core.S3_RETRYABLE_ERRORS:
     s3fs.core.add_retryable_error(BotocoreConnectionError)
+
+
+_GCSFS_REQUEST = None  # gcsfs's own ``GCSFileSystem._request`` while another replaces it
+
+
+def retry_gcs_for(seconds: float | None) -> None:
+  """Makes gcsfs retry a call to a bucket that does not answer for ``seconds`` (None: as gcsfs
+  does by default again). By default a call gives up after 6 tries, 31 to 36 s (its waits: 1, 2,
+  4, 8 and 16 s, each plus up to 1 s). Its ``GCSFileSystem.retries`` is read only once, when its
+  retry decorator wraps the request method at class definition, so the method is wrapped again,
+  by gcsfs's own ``retry_request`` (same waits, same retryable errors), with more tries: every
+  gcsfs call of every instance, orbax's writes included, goes through it."""
+  global _GCSFS_REQUEST
+  if seconds is None and _GCSFS_REQUEST is None:
+    return
+  import gcsfs.retry
+  from gcsfs.core import GCSFileSystem
+
+  if _GCSFS_REQUEST is None:
+    _GCSFS_REQUEST = GCSFileSystem._request
+  if seconds is None:
+    GCSFileSystem._request, _GCSFS_REQUEST = _GCSFS_REQUEST, None
+    return
+  tries = max(gcsfs_tries(seconds), GCSFileSystem.retries)
+  GCSFileSystem._request = gcsfs.retry.retry_request(retries=tries)(_GCSFS_REQUEST.__wrapped__)
 
 
 def tensorstore_s3_spec(bucket: str, key_prefix: str) -> dict:

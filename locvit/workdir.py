@@ -392,12 +392,10 @@ def acquire_lock(workdir, bucket_timeout: float = LEASE_SECONDS) -> None:
     return
   if paths.scheme(key) in _LEASES:
     outage.start(os.fspath(paths.path(workdir)), bucket_timeout)
-    if paths.scheme(key) == "s3":  # s3fs gives up after about 10 s: the deadline decides instead
-      paths.retry_s3_for(bucket_timeout)
     try:
       _HELD[key] = _LEASES[paths.scheme(key)](workdir, epath.Path(key), bucket_timeout)
     except BaseException:
-      _stop_watching()
+      outage.stop()
       raise
   elif paths.is_object_store(key):
     raise WorkdirError(f"{workdir}: a workdir lock on {paths.scheme(key)}:// is not supported")
@@ -418,25 +416,28 @@ def check_lock(workdir) -> None:
 
 
 def release_lock(workdir) -> None:
-  """Releases the lock taken by ``acquire_lock`` (a no-op when this process holds none)."""
+  """Releases the lock taken by ``acquire_lock`` (a no-op when this process holds none), and, on
+  every process, puts back the storage clients' own retries (``claim``)."""
   lock = _HELD.pop(_lock_key(workdir), None)
   try:
     if lock is not None:
       lock.release()
   finally:
     if isinstance(lock, _Lease):
-      _stop_watching()
-
-
-def _stop_watching() -> None:
-  outage.stop()
-  paths.retry_s3_for(None)
+      outage.stop()
+    paths.retry_bucket_for(workdir, None)
 
 
 def claim(workdir, bucket_timeout: float = LEASE_SECONDS) -> None:
   """Start-up of a training run: on process 0, checks that ``DIR`` and ``DIR/checkpoints`` are
   writable and locks ``DIR`` (``acquire_lock``); every process then raises the same
   ``WorkdirError`` if that failed.
+
+  On a bucket, every process's storage client then retries a bucket that does not answer for
+  ``bucket_timeout`` seconds (``paths.retry_bucket_for``; s3fs gives up after about 10 s, gcsfs
+  after about 30 s): a shorter outage is ridden out, during a checkpoint save too, and process
+  0's deadline (``locvit.outage``), not whichever call gave up first, ends a longer one.
+  ``release_lock`` puts the clients' own retries back.
   """
   error = None
   if jax.process_index() == 0:
@@ -452,3 +453,4 @@ def claim(workdir, bucket_timeout: float = LEASE_SECONDS) -> None:
       error = WorkdirError(f"process 0 could not claim workdir {workdir} (see its error)")
   if error is not None:
     raise error
+  paths.retry_bucket_for(workdir, bucket_timeout)

@@ -1,9 +1,10 @@
 """A slow bucket for tests and benchmarks: a TCP proxy on loopback that holds each HTTP request
 for a fixed delay before passing it on (a far region, a congested link).
 
-Run as ``python -m tests.slow_proxy TARGET_PORT DELAY_S [PORT]`` (prints ``port N`` once
+Run as ``python -m tests.slow_proxy TARGET_PORT DELAY_S [PORT [CUT_AT]]`` (prints ``port N`` once
 listening), or use ``slow_proxy(target_url, delay)`` to get the proxy's URL for as long as the
-block runs; ``Outage`` makes a network outage in front of a server that keeps running. A
+block runs; ``Outage`` makes a network outage in front of a server that keeps running, begun by
+the test or by the first request that names a given object. A
 request is the first bytes a client sends after the server's last reply on that connection, so
 keep-alive connections are held once per request, not once per connection.
 
@@ -16,6 +17,7 @@ import contextlib
 import itertools
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -27,15 +29,16 @@ import time
 _DOWN = threading.Event()
 
 
-def _pipe(source: socket.socket, target: socket.socket, delay: float, turn: list, side: str):
+def _pipe(source: socket.socket, target: socket.socket, delay: float, turn: list, side: str, cut):
   """Copies ``source`` to ``target`` (``side``: who sends, 'client' or 'server'); a client chunk
-  after a server reply starts a request, which ``delay`` holds and an outage refuses. A request
-  already sent is answered: GCS answers a retried upload whose reply was lost, fake-gcs-server
-  does not (404), so cutting a reply would test the emulator rather than locvit."""
+  after a server reply starts a request, which ``delay`` holds and an outage refuses (``cut``:
+  whether it begins one). A request already sent is answered: GCS answers a retried upload whose
+  reply was lost, fake-gcs-server does not (404), so cutting a reply would test the emulator
+  rather than locvit."""
   with contextlib.suppress(OSError):
     while chunk := source.recv(1 << 16):
       if side == "client" and turn[0] != "client":
-        if _DOWN.is_set():
+        if _DOWN.is_set() or cut(chunk):
           break
         if delay:
           time.sleep(delay)
@@ -46,12 +49,27 @@ def _pipe(source: socket.socket, target: socket.socket, delay: float, turn: list
       sock.shutdown(socket.SHUT_RDWR)
 
 
-def serve(target_port: int, delay: float, ready=print, port: int = 0) -> None:
+def serve(
+  target_port: int, delay: float, ready=print, port: int = 0, cut_at: bytes | None = None
+) -> None:
   """Accepts connections on ``port`` (0: any) forever, each piped to ``127.0.0.1:target_port``
   with ``delay``. SIGUSR1 takes it down (connections refused, open ones closed at their next
-  request), SIGUSR2 brings it back on the same port; each prints ``down`` / ``up``."""
+  request), SIGUSR2 brings it back on the same port; each prints ``down`` / ``up``. The first
+  request that matches the regex ``cut_at`` (its first chunk: request line and headers) is
+  refused and takes it down too, as SIGUSR1 does."""
   listener = [socket.create_server(("127.0.0.1", port))]
   port = listener[0].getsockname()[1]
+  pending_cut = [re.compile(cut_at) if cut_at else None]
+  cut_lock = threading.Lock()
+
+  def cut(chunk: bytes) -> bool:
+    with cut_lock:
+      if pending_cut[0] is None or not pending_cut[0].search(chunk):
+        return False
+      pending_cut[0] = None
+    _DOWN.set()  # this request and any other from now on; the main thread closes the listener
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+    return True
 
   def down(*_):
     _DOWN.set()
@@ -75,12 +93,15 @@ def serve(target_port: int, delay: float, ready=print, port: int = 0) -> None:
     server = socket.create_connection(("127.0.0.1", target_port))
     turn = ["server"]
     for args in ((client, server, delay, turn, "client"), (server, client, 0.0, turn, "server")):
-      threading.Thread(target=_pipe, args=args, daemon=True).start()
+      threading.Thread(target=_pipe, args=(*args, cut), daemon=True).start()
 
 
-def _start(target_url: str, delay: float, port: int = 0) -> tuple[subprocess.Popen, int]:
+def _start(
+  target_url: str, delay: float, port: int = 0, cut_at: str | None = None
+) -> tuple[subprocess.Popen, int]:
   target_port = int(target_url.rsplit(":", 1)[1].strip("/"))
   command = [sys.executable, "-m", "tests.slow_proxy", str(target_port), str(delay), str(port)]
+  command += [cut_at] if cut_at else []
   proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
   line = proc.stdout.readline()
   if not line.startswith("port "):
@@ -108,11 +129,21 @@ class Outage:
   """A network outage in front of a server that keeps running: ``url`` reaches ``target_url``
   through a proxy that ``stop`` takes down (new connections refused, open ones closed at their
   next request, replies to requests already sent delivered) and ``start`` brings back on the same
-  port; ``close`` ends the proxy (by pid)."""
+  port; ``close`` ends the proxy (by pid). With ``cut_at`` (a regex), the first request that
+  matches it takes the proxy down as ``stop`` does (``wait_for_cut``)."""
 
-  def __init__(self, target_url: str):
-    self.proc, port = _start(target_url, 0.0)
+  def __init__(self, target_url: str, cut_at: str | None = None):
+    self.proc, port = _start(target_url, 0.0, cut_at=cut_at)
     self.url = f"http://127.0.0.1:{port}"
+
+  def wait_for_cut(self, timeout: float) -> bool:
+    """Whether a request matching ``cut_at`` took the proxy down within ``timeout`` seconds."""
+    if not select.select([self.proc.stdout], [], [], timeout)[0]:
+      return False
+    line = self.proc.stdout.readline().strip()
+    if line != "down":
+      raise RuntimeError(f"the outage proxy said {line!r}, not 'down'")
+    return True
 
   def _signal(self, signum: int, answer: str) -> None:
     self.proc.send_signal(signum)
@@ -183,4 +214,6 @@ def progress_gaps(
 
 if __name__ == "__main__":
   port = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-  serve(int(sys.argv[1]), float(sys.argv[2]), ready=lambda line: print(line, flush=True), port=port)
+  cut_at = sys.argv[4].encode() if len(sys.argv) > 4 else None
+  ready = lambda line: print(line, flush=True)
+  serve(int(sys.argv[1]), float(sys.argv[2]), ready=ready, port=port, cut_at=cut_at)

@@ -270,14 +270,18 @@ def _stop_after_step_10_is_committed(proc, server, prefix, listed=blobs):
   return seen, time.monotonic()
 
 
-def _run_through_an_outage(cwd, url, env_of, args, seconds, listed=blobs):
+def _run_through_an_outage(cwd, url, env_of, args, seconds, listed=blobs, cut_at=None):
   """Runs ``main`` with ``args`` (a ``--workdir`` under ``short``) through an ``Outage`` in front
   of the server at ``url`` (``env_of``: its clients' environment, given a URL), cut for
-  ``seconds`` once step 10 is committed; returns the process, its stdout and stderr."""
-  outage = Outage(url)
+  ``seconds`` once step 10 is committed, or, with ``cut_at``, from the first request that matches
+  it; returns the process, its stdout and stderr."""
+  outage = Outage(url, cut_at)
   try:
     proc = _main(cwd, env_of(outage.url), *args)
-    _stop_after_step_10_is_committed(proc, outage, "short", listed)
+    if cut_at is None:
+      _stop_after_step_10_is_committed(proc, outage, "short", listed)
+    elif not outage.wait_for_cut(240):
+      raise AssertionError(f"no request matched {cut_at!r}:\n" + "\n".join(_finish(proc, 60)))
     time.sleep(seconds)
     outage.start()
     out, err = _finish(proc, 240)
@@ -305,20 +309,39 @@ def _train_losses(prefix):
   return {r["step"]: r["train/loss"] for r in _rows(prefix) if "train/loss" in r}
 
 
+# Longer than gcsfs's own retries of a call (6 tries, 31 to 36 s), and shorter than the limit.
+SAVE_OUTAGE_SECONDS, SAVE_OUTAGE_LIMIT = 40, 60
+# The first request that names an object of step 20 under ``short`` (gcsfs and TensorStore quote
+# the slashes of a GCS object name; S3 requests name the key as a path).
+STEP_20_SAVE = r"short(/|%2F)checkpoints(/|%2F)20(/|%2F)"
+
+
 @pytest.mark.slow
 def test_a_short_bucket_outage_is_ridden_out_and_a_long_one_ends_the_run_in_one_line(
   server, tmp_path
 ):
-  # A 4 s network outage after step 10: the clients' retries ride it out, the run finishes. (A
-  # proxy cut rather than a server restart: fake-gcs-server forgets a resumable upload in flight
-  # when restarted, which GCS does not.)
+  # A network outage from the first write of step 20's checkpoint save (the first request naming
+  # an object of it), longer than gcsfs's own retries, under a longer limit: the run goes on and
+  # ends as without it (was: "saving a checkpoint to gs://.../checkpoints failed (Connect call
+  # failed ('127.0.0.1', PORT)); stopped at step 20", orbax's writes through gcsfs giving up after
+  # 31-36 s). A proxy cut rather than a server restart: fake-gcs-server forgets a resumable upload
+  # in flight when restarted, which GCS does not.
+  limit = f"--config.bucket_timeout_seconds={SAVE_OUTAGE_LIMIT}"
+  args = [limit if a.startswith("--config.bucket_timeout") else a for a in OUTAGE_RUN]
   proc, out, err = _run_through_an_outage(
-    tmp_path, server.url, client_env, [*OUTAGE_RUN, f"--workdir=gs://{BUCKET}/short"], 4
+    tmp_path,
+    server.url,
+    client_env,
+    [*args, f"--workdir=gs://{BUCKET}/short"],
+    SAVE_OUTAGE_SECONDS,
+    cut_at=STEP_20_SAVE,
   )
   assert proc.returncode == 0, out + err
-  assert "Final evaluation at step 20/20" in out
+  assert "Final evaluation at step 20/20" in out, out + err
+  assert "locvit:" not in err and "Traceback" not in err, err  # gcsfs logs a call out of tries
   reference = _train_losses("short")
   assert sorted(reference) == [1, 5, 10, 15, 20], reference
+  assert [r["step"] for r in _rows("short") if "train/loss" in r] == [1, 5, 10, 15, 20]
 
   # The bucket goes away for good after step 10: exit 2 within the limit (plus a probe), one line
   # naming the bucket, what failed and the committed step; no traceback.
@@ -410,6 +433,46 @@ def test_a_lease_that_cannot_be_released_is_reported_after_the_runs_own_error(se
     r"in \d+ s, at \d\d:\d\d:\d\d UTC, and a later run can then take it over",
     cause.__notes__[0],
   ), cause.__notes__
+
+
+def test_gcsfs_retries_a_bucket_that_does_not_answer_for_the_runs_limit_on_every_process(server):
+  """A gcsfs call to a port that refuses connections, through gcsfs's own retry loop
+  (``retry_request``), its waits recorded, not slept. Once ``claim`` has run on a process other
+  than 0 (which writes its own ``array_metadatas/process_N`` through gcsfs during a save, and
+  holds no lease), it is tried again for at least ``bucket_timeout_seconds`` (60 here); after
+  ``release_lock``, 6 tries, 31 to 36 s, as gcsfs does by default."""
+  import asyncio
+  from unittest import mock
+
+  import aiohttp
+  import gcsfs
+  import jax
+
+  from locvit import workdir as workdir_lib
+
+  fs = gcsfs.GCSFileSystem(endpoint_url=f"http://127.0.0.1:{_free_port()}", token="anon")
+
+  def waits_of_a_refused_call() -> list[float]:
+    waits = []
+
+    async def wait(seconds):
+      waits.append(seconds)
+
+    with mock.patch.object(asyncio, "sleep", wait), pytest.raises(aiohttp.ClientConnectorError):
+      fs.call("GET", "b/{}/o", BUCKET)
+    return waits
+
+  workdir = f"gs://{BUCKET}/process-1"
+  with mock.patch.object(jax, "process_index", return_value=1):
+    workdir_lib.claim(workdir, 60)
+  try:
+    waits = waits_of_a_refused_call()
+  finally:
+    workdir_lib.release_lock(workdir)
+  assert 60 <= sum(waits) < 60 + 33, waits
+  waits = waits_of_a_refused_call()
+  assert len(waits) == 5 and 31 <= sum(waits) < 36, waits
+  assert blobs("process-1") == {}  # process 0 alone writes the workdir's lock and probes
 
 
 @pytest.mark.parametrize("value", [0.5, 7200])

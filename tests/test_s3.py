@@ -14,6 +14,7 @@ from tests.s3_server import BUCKET, client, client_env, names, objects, s3_serve
 from tests.test_bucket import (
   OUTAGE_LIMIT,
   OUTAGE_RUN,
+  STEP_20_SAVE,
   _assert_gave_up_in_one_line,
   _finish,
   _main,
@@ -128,13 +129,15 @@ def test_a_short_s3_outage_during_a_save_is_ridden_out_and_a_long_one_ends_the_r
   """tests/test_bucket.py's outages, on S3 (its own server: the module's is not stopped)."""
   workdir = f"--workdir=s3://{BUCKET}/long"
   with s3_server() as s3:
-    # A 14 s network outage after step 10, across the saves of step 20, under a 30 s limit: longer
-    # than a call's own retries (botocore's 5 attempts, about 10 s; was: "saving a checkpoint to
-    # s3://.../checkpoints failed (EndpointConnectionError: ...)"). The run goes on.
+    # A 14 s network outage from the first write of step 20's save, across the saves of step 20,
+    # under a 30 s limit: longer than a call's own retries (botocore's 5 attempts, about 10 s; was:
+    # "saving a checkpoint to s3://.../checkpoints failed (EndpointConnectionError: ...)"). The
+    # run goes on.
     limit = "--config.bucket_timeout_seconds=30"
     short = [limit if a.startswith("--config.bucket_timeout") else a for a in OUTAGE_RUN]
+    workdir_short = f"--workdir=s3://{BUCKET}/short"
     proc, out, err = _run_through_an_outage(
-      tmp_path, s3.url, client_env, [*short, f"--workdir=s3://{BUCKET}/short"], 14, names
+      tmp_path, s3.url, client_env, [*short, workdir_short], 14, names, cut_at=STEP_20_SAVE
     )
     assert proc.returncode == 0, out + err
     assert "Final evaluation at step 20/20" in out and "locvit:" not in err, out + err
@@ -183,7 +186,7 @@ RIDE_OUT = """
 import os, sys, time
 from locvit import metrics, workdir
 directory, go = sys.argv[1:]
-workdir.acquire_lock(directory, 30)
+workdir.claim(directory, 30)
 writer = metrics.MetricWriter(directory)
 writer.write(1, {"train/loss": 1.0})
 writer.flush()
@@ -255,17 +258,20 @@ def test_the_s3_lease_is_refreshed_under_its_etag_and_never_deletes_another_runs
   assert names("lease/") == []
 
 
-def test_s3fs_retries_a_bucket_that_does_not_answer_for_the_runs_limit_and_as_before_after():
-  """s3fs's own retry loop (``_error_wrapper``) and backoff, its waits recorded, not slept: while
-  a run holds an s3:// workdir, a refused connection is tried again for at least
-  ``bucket_timeout_seconds`` (60 here); after it, once, as s3fs does by default."""
+def test_s3fs_retries_a_bucket_that_does_not_answer_for_the_runs_limit_on_every_process():
+  """s3fs's own retry loop (``_error_wrapper``) and backoff, its waits recorded, not slept: once
+  ``claim`` has run on a process other than 0 (which writes its own
+  ``array_metadatas/process_N`` through s3fs during a save, and holds no lease), a refused
+  connection is tried again for at least ``bucket_timeout_seconds`` (60 here); after
+  ``release_lock``, once, as s3fs does by default."""
   import asyncio
   from unittest import mock
 
+  import jax
   import s3fs.core
   from botocore.exceptions import EndpointConnectionError
 
-  from locvit import paths
+  from locvit import workdir
 
   def waits_of_a_refused_call() -> list[float]:
     waits, tries = [], []
@@ -281,9 +287,11 @@ def test_s3fs_retries_a_bucket_that_does_not_answer_for_the_runs_limit_and_as_be
       asyncio.run(s3fs.core._error_wrapper(refused, retries=s3fs.S3FileSystem.retries))
     return waits[: tries[-1]]  # the waits before the last try
 
-  paths.retry_s3_for(60)
+  directory = f"s3://{BUCKET}/process-1"
+  with mock.patch.object(jax, "process_index", return_value=1):
+    workdir.claim(directory, 60)
   try:
     assert 60 <= sum(waits_of_a_refused_call()) < 60 + 15
   finally:
-    paths.retry_s3_for(None)
+    workdir.release_lock(directory)
   assert waits_of_a_refused_call() == []
