@@ -802,7 +802,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     default="image_folder",
     help="CIFAR-10 from $CIFAR10_ROOT (default) or from TFDS",
   )
-  parser.add_argument("--tfds_data_dir", default=None)
+  parser.add_argument(
+    "--tfds_data_dir",
+    default=None,
+    help="with --data=tfds: the data_dir CIFAR-10 was prepared in (default: TFDS's own)",
+  )
   args = parser.parse_args(argv)
   if argv is None:  # the command line, as locvit.main: TCMalloc where installed (README, "On CPU")
     cpu_malloc.reexec_with("auto")
