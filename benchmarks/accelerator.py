@@ -14,9 +14,9 @@ Three tables, one run, one device (``jax.devices()[0]``):
    step under each ``--variants`` setting (``VARIANTS``: the default, XLA's ``gpu_tuned`` and
    ``gpu_graphs`` compiler options of ``locvit.xla_options``, cuDNN attention, fp32, K steps per
    dispatch, the flat optimizer, the old lam draw, ``model_only``: the work timm's side does)
-   and, where ``torch``
-   imports and timm has the model, timm's same model (``timm.create_model``, bf16 autocast on
-   CUDA, AdamW, label smoothing 0.1) eager and under ``torch.compile`` (``--torch``). Each side
+   and, where ``torch`` imports and timm has the model, timm's same model
+   (``timm.create_model``, bf16 autocast on CUDA, AdamW, label smoothing 0.1) eager and under
+   ``torch.compile`` (``--torch``). Each side
    dispatches ``--steps`` steps back to back and waits for the last (as a training loop does):
    step time, images/s, MFU and the step time against locvit's default. MFU = model FLOPs
    (XLA's count of the lowered step, ``model_flops``) / step time / the chip's dense bf16 peak
