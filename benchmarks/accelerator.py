@@ -270,7 +270,9 @@ def model_flops(config, state, batch, num_classes: int) -> float:
   written_out.attention_implementation = "xla"
   image_shape = batch["image"].shape[1:]
   _, step = _state_and_step(written_out, image_shape, num_classes, state)
-  return xla_flops(step.lower(state, batch))
+  with _tracing("default"):
+    lowered = step.lower(state, batch)
+  return xla_flops(lowered)
 
 
 def _synthetic_batch(batch_size: int, image_size: int, num_classes: int) -> dict:

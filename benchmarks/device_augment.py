@@ -263,8 +263,8 @@ def deit_step_seconds(model: str, batch_size: int, steps: int, rounds: int) -> d
   # The compilations (about a minute each at 224 on an H200) run side by side.
   with concurrent.futures.ThreadPoolExecutor(len(arms)) as pool:
     compiled = pool.map(lambda arm: arm[0].compile(arm[3]), arms.values())
-    for arm, step in zip(arms.values(), compiled):
-      arm[0] = step
+    for arm, executable in zip(arms.values(), compiled):
+      arm[0] = executable
   times: dict[str, list[float]] = {name: [] for name in arms}
   for r in range(rounds + 1):  # round 0 warms up
     for name, arm in arms.items():

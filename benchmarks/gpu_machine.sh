@@ -14,9 +14,10 @@ install_wheels() {
 # git-ignored) unpacked to /tmp/cifar once per machine.
 use_cifar10() {
   if [ -z "${CIFAR10_ROOT:-}" ]; then
-    if [ ! -d /tmp/cifar/train ]; then
-      mkdir -p /tmp/cifar && tar -xzf "${CIFAR10_TARBALL:-data/cifar10-jpeg.tar.gz}" -C /tmp/cifar \
-        || return 2
+    if [ ! -d /tmp/cifar/train ]; then  # unpacked whole, then moved: never half a folder
+      rm -rf /tmp/cifar.part && mkdir -p /tmp/cifar.part \
+        && tar -xzf "${CIFAR10_TARBALL:-data/cifar10-jpeg.tar.gz}" -C /tmp/cifar.part \
+        && rm -rf /tmp/cifar && mv /tmp/cifar.part /tmp/cifar || return 2
     fi
     export CIFAR10_ROOT=/tmp/cifar
   fi

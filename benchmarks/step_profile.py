@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import re
 import statistics
 import time
@@ -137,13 +136,13 @@ def summarise(profile, steps: int, wall_s: float, steps_per_call: int = 1) -> Su
   intervals = merged(ops)
   busy = sum(end - start for start, end in intervals)
   span = intervals[-1][1] - intervals[0][0]
-  gaps = [b[0] - a[1] for a, b in itertools.pairwise(intervals)]
+  between = gaps_between(ops)  # (us, op before, op after)
   by_name: dict[str, list[float]] = collections.defaultdict(list)
   for op in ops:
     by_name[op.name].append(op.end_ns - op.start_ns)
   top = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:TOP_OPS]
   dispatch = host_events(profile, DISPATCH)
-  long_gaps = [gap for gap in gaps_between(ops) if gap[0] > LONG_GAP_US]
+  long_gaps = [gap for gap in between if gap[0] > LONG_GAP_US]
   return Summary(
     steps=steps,
     platform=platform,
@@ -151,12 +150,12 @@ def summarise(profile, steps: int, wall_s: float, steps_per_call: int = 1) -> Su
     wall_ms=1e3 * wall_s / steps,
     busy_ms=busy / 1e6 / steps,
     between_ops_ms=(span - busy) / 1e6 / steps,
-    median_gap_us=statistics.median(gaps) / 1e3 if gaps else 0.0,
+    median_gap_us=statistics.median(gap[0] for gap in between) if between else 0.0,
     dispatch_ms=statistics.median(dispatch) / 1e6 / steps_per_call if dispatch else float("nan"),
     top=tuple((name, len(d) / steps, sum(d) / 1e6 / steps) for name, d in top),
     long_gaps_per_step=len(long_gaps) / steps,
     long_gaps_ms=sum(gap[0] for gap in long_gaps) / 1e3 / steps,
-    longest_gaps=tuple(sorted(gaps_between(ops), key=lambda gap: -gap[0])[:LONGEST_GAPS]),
+    longest_gaps=tuple(sorted(between, key=lambda gap: -gap[0])[:LONGEST_GAPS]),
     device_to_host_per_step=sum(bool(DEVICE_TO_HOST.search(op.name)) for op in ops) / steps,
   )
 

@@ -36,8 +36,8 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.model = ml_collections.ConfigDict()
   c.model.name = "deit_tiny_patch4_32"
-  # Module fields to override, e.g. depth=6. A ConfigDict so `--config.model.overrides.depth=6`
-  # works for fields a config sets.
+  # Module fields to override, e.g. depth=6. `--config.model.overrides.FIELD=VALUE` sets any field
+  # of the model, whether a config sets it or not (locvit.main adds the ones it does not).
   c.model.overrides = ml_collections.ConfigDict()
   # The attention kernels, a hardware choice kept out of the model's identity (resuming with
   # another value is allowed): None (CPU code paths on CPU, JAX's choice elsewhere), 'xla',

@@ -16,6 +16,7 @@ their slice on either source.
 from __future__ import annotations
 
 import copy
+import difflib
 import os
 import re
 from typing import NamedTuple
@@ -157,6 +158,12 @@ def parse_data_flag(value: str) -> tuple[str, str | None]:
     return "image_folder", where
   if not value:
     raise ValueError("--data= is empty; give --data=image_folder:DIR, --data=DIR or --data=tfds")
+  close = difflib.get_close_matches(source, ("image_folder", "tfds"), n=1)
+  if where and close and not os.path.exists(value):  # tfsd:DIR is a typo, not a folder
+    raise ValueError(
+      f"--data={value}: {source!r} is not a source; did you mean {close[0]}? "
+      "Give --data=image_folder:DIR, --data=DIR or --data=tfds[:DATA_DIR]"
+    )
   return "image_folder", value
 
 

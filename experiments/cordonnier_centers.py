@@ -1,7 +1,7 @@
 """Attention centres of a quadratic SA run over training (Cordonnier et al., Fig. 3), from its
 checkpoints, plus the numbers that say whether the centres formed a grid around the query.
 
-  python experiments/cordonnier_centers.py --workdir=RUN/work \\
+  python experiments/cordonnier_centers.py --workdir=RUN \\
     [--config=configs/cordonnier_cifar10_small.py:quadratic] [--out_prefix=docs/figures/NAME]
 
 Writes ``<out_prefix>_centers.png`` (rows: steps, columns: layers; per head its 50% mass contour

@@ -1,8 +1,8 @@
 """Learned GMM and ELM masks of the reduced CIFAR-10 runs (Li & Zhang, Figs. 3-4) and the
 parameter counts of the three models, from their final checkpoints.
 
-  python experiments/gmm_masks.py --vit_workdir=RUN_V/work --elm_workdir=RUN_E/work \\
-    --gmm_workdir=RUN_G/work [--config=configs/gmm_cifar10_small.py] [--layers=0,5]
+  python experiments/gmm_masks.py --vit_workdir=RUN_V --elm_workdir=RUN_E \\
+    --gmm_workdir=RUN_G [--config=configs/gmm_cifar10_small.py] [--layers=0,5]
 
 Writes ``<out_prefix>_{gmm,elm}_layer<i>.png`` (``locvit.analysis.masks.plot_mask_table``: per
 head the raw 64 x 64 mask and its per-query unfolding) for the chosen layers, and prints

@@ -1,11 +1,13 @@
 """One form for every "not one of" error (the value, the valid choices and the closest one), and
-`Errors`, which gathers a config's every mistake so that they are reported at once."""
+`Errors`, which gathers a config's every mistake so that they are reported at once; the command
+lines' `ArgumentParser`, whose mistakes are one line too."""
 
 from __future__ import annotations
 
+import argparse
 import difflib
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NoReturn
 
 
 def check_choice(field: str, value: Any, choices: Iterable[Any]) -> None:
@@ -43,3 +45,13 @@ class Errors:
     """Raises the kept lines as one ``ValueError``; nothing when there are none."""
     if self.messages:
       raise ValueError("\n".join(self.messages))
+
+
+class ArgumentParser(argparse.ArgumentParser):
+  """``argparse.ArgumentParser`` whose usage mistakes are one line and exit status 2,
+  ``locvit.reproduce: error: argument --estimate: invalid choice: ...`` (``prog`` without its
+  ``python -m``), as ``locvit.main`` prints ``locvit: error: ...``; argparse printed the usage
+  block first."""
+
+  def error(self, message: str) -> NoReturn:
+    self.exit(2, f"{self.prog.removeprefix('python -m ')}: error: {message}\n")

@@ -160,7 +160,7 @@ def resolve_config(value: str) -> str:
   config loader for a ``config.json`` or a workdir holding one. Raises ``ConfigError`` otherwise."""
   path, sep, arg = value.partition(":")
   if os.path.isdir(path) and os.path.isfile(run_config.path(path)):
-    path = run_config.path(path)
+    path = str(run_config.path(path))  # an epath.Path: no endswith
   if path.endswith(".json") and os.path.isfile(path):
     if sep:
       raise ConfigError(f"--config={value}: a saved config.json takes no ':ARG'")
@@ -208,18 +208,55 @@ def resolve_config_argv(argv: Sequence[str]) -> list[str]:
   return [argv[0], f"--config={_saved_config(saved)}", *argv[1:]]
 
 
-def _explain_override(argv: Sequence[str]) -> str | None:
-  """The first ``--config.A.B=V`` naming a field the config lacks, as a one-line message."""
+def _config_as_loaded(argv: Sequence[str]) -> ml_collections.ConfigDict | None:
+  """The resolved ``--config`` as config_flags loads it, before the overrides; None if it fails
+  (config_flags then reports the config's own error)."""
   _, value = _flag_value(argv, "config")
   if value is None:
     return None
   path, _, arg = value.partition(":")
-  try:  # the config as config_flags loads it, before the overrides
-    spec = importlib.util.spec_from_file_location("locvit_config_to_explain", path)
+  try:
+    spec = importlib.util.spec_from_file_location("locvit_config_as_loaded", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    config = module.get_config(*([arg] if arg else []))
-  except Exception:  # the config's own error is reported instead
+    return module.get_config(*([arg] if arg else []))
+  except Exception:
+    return None
+
+
+_MODEL_OVERRIDE = re.compile(r"--?config\.model\.overrides\.(\w+)=(.*)")
+_added_model_overrides: dict[str, object] = {}
+
+
+def _literal(text: str) -> object:
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text  # a string: --config.model.overrides.pool=gap
+
+
+def _split_model_overrides(argv: Sequence[str]) -> list[str]:
+  """``argv`` less the ``--config.model.overrides.NAME=VALUE`` flags whose NAME the config's
+  ``model.overrides`` does not set (config_flags overrides only fields a config has), which are
+  kept in ``_added_model_overrides`` as Python literals (else strings) for ``the_config``; names
+  the model lacks are refused by ``check_config``."""
+  config, kept = None, []
+  _added_model_overrides.clear()  # one command line per process, but main.run() may run again
+  for arg in argv:
+    match = _MODEL_OVERRIDE.fullmatch(arg)
+    if match:
+      config = config or _config_as_loaded(argv)
+      if config is not None and match.group(1) not in (config.model.overrides or {}):
+        _added_model_overrides[match.group(1)] = _literal(match.group(2))
+        continue
+    kept.append(arg)
+  return kept
+
+
+def _explain_override(argv: Sequence[str]) -> str | None:
+  """The first ``--config.A.B=V`` naming a field the config lacks, as a one-line message."""
+  config = _config_as_loaded(argv)
+  if config is None:
     return None
   for flag in argv:
     match = re.fullmatch(r"--?config\.([\w.]+)(=.*)?", flag)
@@ -245,7 +282,7 @@ def _parse_flags(argv: Sequence[str]) -> list[str]:
     workdir = _flag_value(argv, "workdir")[1]
     if workdir:  # a bucket workdir without its client library: one line, before anything
       paths.check_client(workdir)
-    sys.argv = resolve_config_argv(argv)
+    sys.argv = _split_model_overrides(resolve_config_argv(argv))
     return flags.FLAGS(sys.argv)
   except Exception as e:
     if "--traceback" in argv:
@@ -253,7 +290,11 @@ def _parse_flags(argv: Sequence[str]) -> list[str]:
     last_line = str(e).strip().splitlines()[-1]
     if "Error whilst parsing config file" in str(e):  # get_config raised: its message, no stack
       given = _flag_value(argv, "config")[1]
-      message = (f"--config={given}: " if given else "") + re.sub(r"^\w+: ", "", last_line)
+      reason = re.sub(r"^\w+: ", "", last_line)
+      if given and reason.startswith("get_config() takes 0 positional arguments"):
+        name = os.path.basename(given.partition(":")[0]).removesuffix(".py")
+        reason = f"{name} takes no argument (`--list_configs` shows each config's arguments)"
+      message = (f"--config={given}: " if given else "") + reason
     elif isinstance(e, ConfigError | flags.Error | paths.PathError):
       message = str(e)
     else:  # e.g. ml_collections' AttributeError for an override naming no field
@@ -280,12 +321,22 @@ def _exit_with_error(message: str, notes: Sequence[str] = ()) -> None:
   _exit(2)
 
 
+def add_model_overrides(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """``config`` with the command line's ``model.overrides`` fields it does not set."""
+  if _added_model_overrides:
+    with config.unlocked():
+      config.model.overrides = {**(config.model.overrides or {}), **_added_model_overrides}
+  return config
+
+
 def the_config() -> ml_collections.ConfigDict:
-  """``--config`` with its overrides, reading its data as ``--data`` says, if given."""
+  """``--config`` with its overrides (``model.overrides`` fields the config does not set
+  included), reading its data as ``--data`` says, if given."""
+  config = add_model_overrides(_CONFIG.value)
   if _DATA.value is None:
-    return _CONFIG.value
+    return config
   try:
-    return datasets.apply_data_flag(_CONFIG.value, _DATA.value)
+    return datasets.apply_data_flag(config, _DATA.value)
   except ValueError as e:
     raise ConfigError(str(e)) from None
 
@@ -325,7 +376,13 @@ def _answer_what_is_there() -> bool:
   if _LIST_MODELS.value is not None:
     from locvit.models import list_models
 
-    print("\n".join(list_models(_LIST_MODELS.value or None)), flush=True)  # bare: all
+    names = list_models(_LIST_MODELS.value or None)  # bare: all
+    if not names:  # was an empty line
+      raise ConfigError(
+        f"--list_models={_LIST_MODELS.value}: no registered model matches; `--list_models` alone "
+        f"lists the {len(list_models())} names (globs: 'convit*', '*_patch4_32')"
+      )
+    print("\n".join(names), flush=True)
   if _LIST_CONFIGS.value:
     print(list_configs_text(), flush=True)
   if _PRINT_CONFIG.value:

@@ -21,6 +21,7 @@ Everything is driven by the config:
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable
 from typing import Any
@@ -86,8 +87,12 @@ def freeze_labels(params: Any, patterns: tuple[str, ...]) -> Any:
     p.pattern for p in compiled if not any(p.search("/".join(k)) for k in _paths(params))
   ]
   if unmatched:
-    valid = sorted({"/".join(k) for k in _paths(params)})[:20]
-    raise ValueError(f"freeze patterns {unmatched} match no parameter. Examples of paths: {valid}")
+    paths = sorted({"/".join(k) for k in _paths(params)})
+    close = sorted({m for p in unmatched for m in difflib.get_close_matches(p, paths, n=3)})
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    raise ValueError(
+      f"freeze patterns {unmatched} match no parameter; {hint}Examples of paths: {paths[:20]}"
+    )
   return labels
 
 

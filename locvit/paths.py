@@ -112,7 +112,7 @@ def _s3fs_wait(i: int) -> float:
 
 
 # gcsfs's wait after its try i fails (``gcsfs.retry.retry_request``), at least: 2**i s plus up to
-# 1 s at random, at most 32 s.
+# 1 s at random, at most 32 s in all.
 def _gcsfs_wait(i: int) -> float:
   return min(2.0**i, 32.0)
 
@@ -135,18 +135,49 @@ def gcsfs_tries(seconds: float) -> int:
   return _tries_spanning(seconds, _gcsfs_wait)
 
 
-def retry_bucket_for(workdir: str | os.PathLike, seconds: float | None) -> None:
-  """Makes the client of ``workdir``'s object store (s3fs, gcsfs) retry a call to a bucket that
-  does not answer for ``seconds`` (a no-op for a local path); None: every client retries as by
-  default again. Every process of a run needs it: each writes its own part of a checkpoint
-  through the client (orbax's ``state/array_metadatas/process_N``)."""
-  if seconds is None:
-    retry_s3_for(None)
-    retry_gcs_for(None)
-  elif scheme(workdir) == "s3":
-    retry_s3_for(seconds)
-  elif scheme(workdir) == "gs":
-    retry_gcs_for(seconds)
+_UNSET = object()
+_EPATH_USE_TF_BEFORE: object = _UNSET  # EPATH_USE_TF as it was before use_bucket_clients
+
+
+def use_bucket_clients(workdir: str | os.PathLike, seconds: float) -> None:
+  """For a run on ``workdir``, when it is a bucket: its reads and writes through etils (orbax's
+  metadata, locvit's metrics and manifests) go through gcsfs or s3fs, the clients locvit's bucket
+  tests run, even where TensorFlow is installed (etils would pick ``tf.io.gfile`` then: on Colab,
+  for one; ``EPATH_USE_TF``, etils' own switch, read at every path operation), and those clients
+  retry a bucket that does not answer for ``seconds``. A no-op for a local path;
+  ``restore_bucket_clients`` undoes it. Every process of a run needs it: each writes its own part
+  of a checkpoint through the client (orbax's ``state/array_metadatas/process_N``)."""
+  global _EPATH_USE_TF_BEFORE
+  store = scheme(workdir)
+  if store not in ("gs", "s3"):
+    return
+  if _EPATH_USE_TF_BEFORE is _UNSET:
+    _EPATH_USE_TF_BEFORE = os.environ.get("EPATH_USE_TF")
+  os.environ["EPATH_USE_TF"] = "false"
+  _forget_etils_tf_check()
+  (retry_gcs_for if store == "gs" else retry_s3_for)(seconds)
+
+
+def _forget_etils_tf_check() -> None:
+  """etils checks once per process whether to use TensorFlow (a cached check that reads
+  ``EPATH_USE_TF``): forgotten, the variable as it is now decides the next path operation."""
+  from etils.epath import gpath
+
+  getattr(gpath._is_tf_installed, "cache_clear", lambda: None)()
+
+
+def restore_bucket_clients() -> None:
+  """Undoes ``use_bucket_clients``: etils' choice of client and the clients' own retries."""
+  global _EPATH_USE_TF_BEFORE
+  if _EPATH_USE_TF_BEFORE is not _UNSET:
+    if _EPATH_USE_TF_BEFORE is None:
+      os.environ.pop("EPATH_USE_TF", None)
+    else:
+      os.environ["EPATH_USE_TF"] = _EPATH_USE_TF_BEFORE
+    _EPATH_USE_TF_BEFORE = _UNSET
+    _forget_etils_tf_check()
+  retry_s3_for(None)
+  retry_gcs_for(None)
 
 
 _S3FS_DEFAULTS: tuple[int, tuple] | None = None  # s3fs's own (retries, retryable errors)
@@ -192,6 +223,8 @@ def retry_gcs_for(seconds: float | None) -> None:
   from gcsfs.core import GCSFileSystem
 
   if _GCSFS_REQUEST is None:
+    if not hasattr(GCSFileSystem._request, "__wrapped__"):  # gcsfs is pinned; say what changed
+      raise RuntimeError("gcsfs's GCSFileSystem._request is no longer its retry decorator's")
     _GCSFS_REQUEST = GCSFileSystem._request
   if seconds is None:
     GCSFileSystem._request, _GCSFS_REQUEST = _GCSFS_REQUEST, None

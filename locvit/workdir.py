@@ -417,7 +417,8 @@ def check_lock(workdir) -> None:
 
 def release_lock(workdir) -> None:
   """Releases the lock taken by ``acquire_lock`` (a no-op when this process holds none), and, on
-  every process, puts back the storage clients' own retries (``claim``)."""
+  every process, puts back etils' choice of storage client and the clients' own retries
+  (``claim``)."""
   lock = _HELD.pop(_lock_key(workdir), None)
   try:
     if lock is not None:
@@ -425,7 +426,7 @@ def release_lock(workdir) -> None:
   finally:
     if isinstance(lock, _Lease):
       outage.stop()
-    paths.retry_bucket_for(workdir, None)
+    paths.restore_bucket_clients()
 
 
 def claim(workdir, bucket_timeout: float = LEASE_SECONDS) -> None:
@@ -433,12 +434,14 @@ def claim(workdir, bucket_timeout: float = LEASE_SECONDS) -> None:
   writable and locks ``DIR`` (``acquire_lock``); every process then raises the same
   ``WorkdirError`` if that failed.
 
-  On a bucket, every process's storage client then retries a bucket that does not answer for
-  ``bucket_timeout`` seconds (``paths.retry_bucket_for``; s3fs gives up after about 10 s, gcsfs
-  after about 30 s): a shorter outage is ridden out, during a checkpoint save too, and process
-  0's deadline (``locvit.outage``), not whichever call gave up first, ends a longer one.
-  ``release_lock`` puts the clients' own retries back.
+  On a bucket, every process first routes the bucket through gcsfs or s3fs (also where
+  TensorFlow is installed), and those clients retry a bucket that does not answer for
+  ``bucket_timeout`` seconds (``paths.use_bucket_clients``; s3fs gives up after about 10 s,
+  gcsfs after about 30 s): a shorter outage is ridden out, during a checkpoint save too, and
+  process 0's deadline (``locvit.outage``), not whichever call gave up first, ends a longer one.
+  ``release_lock`` puts both back, also when the claim fails.
   """
+  paths.use_bucket_clients(workdir, bucket_timeout)
   error = None
   if jax.process_index() == 0:
     try:
@@ -453,4 +456,3 @@ def claim(workdir, bucket_timeout: float = LEASE_SECONDS) -> None:
       error = WorkdirError(f"process 0 could not claim workdir {workdir} (see its error)")
   if error is not None:
     raise error
-  paths.retry_bucket_for(workdir, bucket_timeout)

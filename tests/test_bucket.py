@@ -483,6 +483,34 @@ def test_gcsfs_retries_a_bucket_that_does_not_answer_for_the_runs_limit_on_every
   assert blobs("process-1") == {}  # process 0 alone writes the workdir's lock and probes
 
 
+def test_a_bucket_run_goes_through_gcsfs_also_where_tensorflow_imports(tmp_path, monkeypatch):
+  """etils sends gs:// through ``tf.io.gfile`` when TensorFlow imports (Colab has it): a run's
+  claim routes its bucket through gcsfs, the client whose retries it sets and these tests run,
+  on every process; ``release_lock`` puts etils' choice back."""
+  from unittest import mock
+
+  import jax
+  from etils import epath
+  from etils.epath import backend
+
+  from locvit import workdir as workdir_lib
+
+  (tmp_path / "tensorflow").mkdir()
+  (tmp_path / "tensorflow" / "__init__.py").write_text("")  # found, never imported
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.delenv("EPATH_USE_TF", raising=False)
+  workdir = f"gs://{BUCKET}/process-1"
+  assert epath.Path(workdir)._backend is backend.tf_backend
+  with mock.patch.object(jax, "process_index", return_value=1):
+    workdir_lib.claim(workdir, 60)
+  try:
+    assert epath.Path(workdir)._backend is backend.fsspec_backend
+  finally:
+    workdir_lib.release_lock(workdir)
+  assert epath.Path(workdir)._backend is backend.tf_backend
+  assert "EPATH_USE_TF" not in os.environ
+
+
 @pytest.mark.parametrize("value", [0.5, 7200])
 def test_a_bucket_timeout_outside_its_range_is_one_config_error(value):
   from locvit.configs.common import base_config

@@ -39,6 +39,12 @@ def test_list_models_takes_a_glob():
   rc, out, err = run_main("--list_models=*_tiny_plus_patch4_32")
   assert (rc, err) == (0, "")
   assert out == "convit_tiny_plus_patch4_32\ndeit_tiny_plus_patch4_32\n"
+  rc, out, err = run_main("--list_models=convitt*")  # was an empty line and exit 0
+  assert (rc, out) == (2, "")
+  assert err == (
+    "locvit: error: --list_models=convitt*: no registered model matches; `--list_models` alone "
+    f"lists the {len(list_models())} names (globs: 'convit*', '*_patch4_32')\n"
+  )
 
 
 def test_list_models_alone_lists_every_model():
@@ -69,11 +75,14 @@ def test_print_config_shows_the_resolved_config_and_creates_nothing(tmp_path):
     f"--workdir={workdir}",
     "--config.total_steps=7",
     "--config.model.overrides.depth=2",
+    "--config.model.overrides.mlp_ratio=2.0",  # a model field the config does not set
     "--print_config",
   )
   assert (rc, err) == (0, "")
   expected = quickstart.get_config()
   expected.total_steps, expected.model.overrides.depth = 7, 2
+  with expected.unlocked():
+    expected.model.overrides.mlp_ratio = 2.0
   assert out == expected.to_json_best_effort(indent=2, sort_keys=True) + "\n"
   assert json.loads(out)["data"]["name"] == "digits"  # not "cifar10" beside source "digits"
   assert not workdir.exists()

@@ -158,6 +158,11 @@ def test_cli_round_trip(tr, tmp_path, capsys):
   assert "--force" in capsys.readouterr().err
   assert cli_main(["--model=deit_tiny", f"--input={weights}", f"--output={tmp_path / 'x'}"]) == 1
   assert "missing key(s)" in capsys.readouterr().err
+  assert cli_main(["--model=convit_tinyy", f"--input={weights}", f"--output={tmp_path / 'z'}"]) == 1
+  assert capsys.readouterr().err == (
+    "locvit.convert: error: Cannot convert 'convit_tinyy': not a supported model; did you mean "
+    f"convit_tiny? Supported: {supported_models()}.\n"
+  )
 
 
 def test_safetensors_without_package(tmp_path, monkeypatch):

@@ -87,12 +87,18 @@ def test_a_variable_or_data_flag_reads_an_image_folder(monkeypatch, module, arg,
     assert back.data.to_dict() == dict(from_tfds.data.to_dict(), data_dir="/tfds")
 
 
-def test_data_flag_keeps_a_split_slice_and_refuses_an_empty_folder():
+def test_data_flag_keeps_a_split_slice_and_refuses_an_empty_folder_or_a_misspelt_source():
   config = gmm_table1.get_config("vit,cifar10,gmm")
   config.data.eval_split = "test[:500]"
   assert datasets.apply_data_flag(config, "/d").data.eval_split == "test[:500]"
   with pytest.raises(ValueError, match=r"^--data=image_folder needs its folder: "):
     datasets.apply_data_flag(config, "image_folder")
+  with pytest.raises(ValueError) as typo:  # was read as a folder named 'tfsd:/data'
+    datasets.apply_data_flag(config, "tfsd:/data")
+  assert str(typo.value) == (
+    "--data=tfsd:/data: 'tfsd' is not a source; did you mean tfds? Give "
+    "--data=image_folder:DIR, --data=DIR or --data=tfds[:DATA_DIR]"
+  )
 
 
 def test_a_missing_tfds_dataset_names_both_ways(tmp_path):
@@ -121,6 +127,23 @@ def test_gmm_table1_trains_from_the_image_folder_in_cifar10_root(monkeypatch, tm
   assert saved["mean"] == list(gmm_table1.get_config().data.mean)  # the paper's normalisation
   metrics = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
   assert (json.loads(metrics[-1])["step"], result["eval/num_examples"]) == (2, 8)
+
+
+def test_a_folder_of_one_class_is_refused_before_the_workdir(tmp_path):
+  """A one-class folder trained to loss 0 and top-1 1.0 (one logit), or a 10-way head on one
+  label: refused, naming the folder and its class."""
+  from locvit import train
+
+  root = image_folder(tmp_path / "cats", {"train": {"cat": 4}, "test": {"cat": 2}})
+  config = datasets.apply_data_flag(gmm_table1.get_config("vit,cifar10,gmm"), str(root))
+  config.batch_size = 4
+  with pytest.raises(ValueError) as refused:
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert str(refused.value) == (
+    f"{root} has one class in 'train' (cat): a classifier needs at least 2, one folder per "
+    "class: ROOT/<split>/<class_name>/*.jpg"
+  )
+  assert not (tmp_path / "run").exists()
 
 
 def test_data_flag_on_the_command_line(tmp_path):

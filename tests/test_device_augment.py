@@ -137,6 +137,19 @@ def test_symmetric_beta_draws_beta_alpha_alpha(alpha):
   assert stats.kstest(draws, stats.beta(alpha * 1.25, alpha * 1.25).cdf).pvalue < 1e-6
 
 
+def test_each_kind_of_mix_draws_its_own_lam_and_cutmix_is_chosen_at_switch_prob():
+  """'elem' mode with Mixup and CutMix told apart (alphas 0.5 and 4): CutMix for a quarter of the
+  examples at switch_prob 0.25, and each kind's lam from its own Beta(alpha, alpha)."""
+  from scipy import stats
+
+  cfg = mixup_cfg(mixup_alpha=0.5, cutmix_alpha=4.0, switch_prob=0.25, mode="elem")
+  lam, use_cutmix = map(np.asarray, da._sample_lam(jax.random.key(3), cfg, (8_000,)))
+  assert abs(use_cutmix.mean() - 0.25) < 0.02
+  assert stats.kstest(lam[use_cutmix], stats.beta(4.0, 4.0).cdf).pvalue > 1e-3
+  assert stats.kstest(lam[~use_cutmix], stats.beta(0.5, 0.5).cdf).pvalue > 1e-3
+  assert stats.kstest(lam[~use_cutmix], stats.beta(4.0, 4.0).cdf).pvalue < 1e-6  # told apart
+
+
 def test_the_mixing_draw_has_no_loop_for_a_gpu_to_wait_on():
   """Lowered for a GPU, DeiT's Mixup 0.8 / CutMix 1.0 draw lam with no while loop (each test of
   a loop's condition is a copy to the host and a wait there); an alpha below 1/2 keeps

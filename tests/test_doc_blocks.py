@@ -19,8 +19,9 @@ Bash commands, line by line (``\\`` continuations joined, ``for`` loops expanded
   ``torch.save``, standing in for timm's pretrained download.
 - ``python -m locvit.data.throughput`` (optionally under ``taskset``): its flags parse (it reads a
   dataset for minutes).
-- ``python benchmarks/X.py`` / ``experiments/X.py``: the script exists (they run for minutes; their
-  importability is tested on its own).
+- ``python benchmarks/X.py`` / ``experiments/X.py``: the script exists and defines each flag given
+  (they run for minutes; their importability is tested on its own), and a ``--*workdir=W`` it
+  reads is one a ``locvit.main`` command above it in that file trains.
 - ``--data=...`` is applied as ``python -m locvit.main`` applies it; ``VAR=VALUE command`` sets
   VAR for that command only.
 - Installs (pip, venv, tfds), the whole test suite, ``LD_PRELOAD``/``GLIBC_TUNABLES`` examples
@@ -32,6 +33,8 @@ Runtime: ~1 min on 2 busy cores, mostly compiling ConViT-Ti at 224x224 and at 32
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import itertools
 import os
 import pathlib
@@ -98,14 +101,27 @@ def load_config(argv: list[str]):
   """The config ``python -m locvit.main argv`` would run, overrides applied (no workdir made)."""
   config_args = [a for a in argv if a.startswith("--config")]
   config_args = main_lib.resolve_config_argv(["locvit", *config_args])
+  config_args = main_lib._split_model_overrides(config_args)  # fields the config does not set
   values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=config_args)
   values(config_args)
-  config = values.config
+  config = main_lib.add_model_overrides(values.config)
   for value in [a.partition("=")[2] for a in argv if a.startswith("--data=")]:
     config = datasets.apply_data_flag(config, value)  # as main_lib.the_config does
   main_lib.check_config(config)
   return config
+
+
+def script_flags(path: pathlib.Path) -> set[str]:
+  """The flags a script defines (absl ``DEFINE_*("name"`` or argparse ``add_argument("--name"``),
+  its sibling modules' included (``from run_utils import ...``)."""
+  text = path.read_text()
+  names = set(re.findall(r"DEFINE_\w+\(\s*[\"'](\w+)[\"']", text))
+  names |= set(re.findall(r"add_argument\(\s*[\"']--([\w-]+)[\"']", text))
+  for module in re.findall(r"^from (\w+) import", text, re.M):
+    if (path.parent / f"{module}.py").is_file():
+      names |= script_flags(path.parent / f"{module}.py")
+  return names
 
 
 def test_every_python_block_runs(tmp_path, monkeypatch):
@@ -129,6 +145,7 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
   monkeypatch.setenv("HOME", str(tmp_path))
   checked = {"config": 0, "prepare": 0, "convert": 0, "script": 0, "not run": 0}
   checked["reproduce"] = 0
+  trained = set()  # (file, --workdir) of each locvit.main training command, in order
   for name, command in commands():
     command = os.path.expandvars(command)
     argv = shlex.split(command)
@@ -154,6 +171,7 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
     elif argv[:3] == ["python", "-m", "locvit.main"]:
       if any(a.startswith("--config=") for a in argv):
         assert load_config(argv[3:]) is not None, where
+        trained |= {(name, a.partition("=")[2]) for a in argv if a.startswith("--workdir=")}
         checked["config"] += 1
       else:
         checked["not run"] += 1  # eval/analyze of a run's DIR, or --list_* (test_cli_output.py)
@@ -179,6 +197,13 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
       ("benchmarks/", "experiments/")
     ):
       assert (ROOT / argv[1]).is_file(), where
+      if argv[1].endswith(".py"):
+        given = {a[2:].partition("=")[0].split(".")[0] for a in argv[2:] if a.startswith("--")}
+        assert given <= script_flags(ROOT / argv[1]), (where, given - script_flags(ROOT / argv[1]))
+        for arg in argv[2:]:  # a run's figures read the workdir that run trained
+          key, _, value = arg.partition("=")
+          if key.endswith("workdir") and not re.search(r"[A-Z]{2}", value):
+            assert (name, value) in trained, (where, value)
       checked["script"] += 1
     else:
       pytest.fail(f"no runner or stand-in for {where}")
@@ -189,3 +214,77 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
         monkeypatch.setenv(key, value)
   assert checked["config"] >= 20 and checked["prepare"] >= 3 and checked["convert"] == 1, checked
   assert checked["reproduce"] >= 1, checked
+
+
+# Printed as mistakes: the one-line errors they give are shown beside them (docs/reliability.md).
+SHOWN_MISTAKES = {"bach_size", "zzz", "configs/quickstrt.py"}
+
+
+def config_field_exists(path: str) -> bool:
+  """``a.b.c`` is a field of the base config (every init scheme's block for ``init.*``), or under
+  ``model.overrides`` (a model's own fields)."""
+  from locvit.configs import defaults
+  from locvit.configs.common import base_config, complete_config
+
+  if path.startswith("model.overrides."):
+    return True
+  if path.startswith("init."):
+    return any(path[5:] in defaults.init_config(name) for name in defaults.INIT_NAMES)
+  node = complete_config(base_config())
+  for part in path.split("."):
+    if not hasattr(node, "keys") or part not in node:
+      return False
+    node = node[part]
+  return True
+
+
+def python_name_exists(dotted: str) -> bool:
+  """``locvit.a.b.C``: the longest importable module prefix, then attributes."""
+  parts = dotted.split(".")
+  for i in range(len(parts), 0, -1):
+    try:
+      spec = importlib.util.find_spec(".".join(parts[:i]))
+    except ModuleNotFoundError:  # a.b.c where a.b is a module, not a package
+      spec = None
+    if spec is not None:
+      obj = importlib.import_module(".".join(parts[:i]))
+      for attr in parts[i:]:
+        if not hasattr(obj, attr):
+          return False
+        obj = getattr(obj, attr)
+      return True
+  return False
+
+
+def test_every_printed_path_module_and_name_exists():
+  """README.md and docs/*.md (benchmarks.md: its commands only) name files of the repository
+  (``tests/X.py::test``: the test too), ``python -m`` modules, ``locvit.a.b`` names and
+  ``--config.FIELD`` fields that exist as printed."""
+  missing = []
+  for path in DOCS:
+    text = path.read_text()
+    if path.name == "benchmarks.md":
+      text = "\n".join(c for n, c in commands() if n == path.name)
+    for match in re.finditer(
+      r"(?<![\w/.$~])((?:locvit|configs|tests|benchmarks|experiments|docs|colabs|ci)/[\w/.-]*\w)"
+      r"(::\w+)?(\*?)",
+      text,
+    ):
+      file, test, star = match.groups()
+      if star or "NAME" in file or file in SHOWN_MISTAKES:  # a glob, a placeholder
+        continue
+      prefix_of = list((ROOT / file).parent.glob(file.split("/")[-1] + "_*"))  # figures' prefix
+      if not (ROOT / file).exists() and not prefix_of:
+        missing.append(f"{path.name}: no file {file}")
+      elif test and not re.search(rf"def {test[2:]}\b", (ROOT / file).read_text()):
+        missing.append(f"{path.name}: no test {file}{test}")
+    for module in re.findall(r"python3? -m (locvit[\w.]*)", text):
+      if importlib.util.find_spec(module) is None:
+        missing.append(f"{path.name}: no module {module}")
+    for dotted in re.findall(r"(?<![\w/.])(locvit(?:\.\w+)+)", text):
+      if not python_name_exists(dotted):
+        missing.append(f"{path.name}: no name {dotted}")
+    for field in re.findall(r"--config\.([\w.]+)=", text):
+      if field not in SHOWN_MISTAKES | {"FIELD"} and not config_field_exists(field):
+        missing.append(f"{path.name}: no config field {field}")
+  assert not missing, "\n".join(missing)

@@ -82,9 +82,8 @@ FIELDS = (
       f"--config.zzz=1: config has no field 'zzz'; fields: {FIELDS}",
     ),
     (
-      [QUICKSTART, "--config.model.overrides.dept=3"],
-      "--config.model.overrides.dept=3: config.model.overrides has no field 'dept'; did you mean "
-      "depth?",
+      [QUICKSTART, "--config.model.overrides.dept=3"],  # any model field may be given
+      "model.overrides.dept: deit_tiny_patch2_32 has no field 'dept'; did you mean depth?",
     ),
     ([QUICKSTART, "--config.batch_size=0"], "--config.batch_size=0: must be a positive integer"),
     (
@@ -111,6 +110,11 @@ FIELDS = (
       "vit, swin, cait, pit, t2t",
     ),
     (
+      ["--config=quickstart:digits"],  # was: get_config() takes 0 positional arguments but 1 ...
+      "--config=quickstart:digits: quickstart takes no argument (`--list_configs` shows each "
+      "config's arguments)",
+    ),
+    (
       [],
       "no --config given and {workdir}/config.json does not exist (no run saved its config)",
     ),
@@ -125,6 +129,7 @@ FIELDS = (
     "bad_value",
     "no_file",
     "bad_arg",
+    "no_arg",
     "none",
   ],
 )
@@ -139,7 +144,8 @@ def test_config_mistake_is_one_line_and_creates_no_workdir(tmp_path, args, line)
 
 def test_every_config_mistake_is_listed_at_once_before_anything_is_built(tmp_path):
   """One pass over the config: the run's numbers, the model name, the data, recipe and optimizer
-  blocks, a line each, then exit 2 with no workdir."""
+  blocks, the kernels, the mesh layout and the init block, a line each, then exit 2 with no
+  workdir (an unknown init or layout used to fail after the workdir was written)."""
   workdir = tmp_path / "run"
   rc, out, err = _run(
     QUICKSTART,
@@ -150,11 +156,16 @@ def test_every_config_mistake_is_listed_at_once_before_anything_is_built(tmp_pat
     "--config.data.train_fraction=0",
     "--config.mixup.prob=2.0",
     "--config.optimizer.name=adamv",
+    "--config.attention_implementation=cudnnn",
+    "--config.mesh.layout=dpp",
+    "--config.init.name=impuls",
+    "--config.analysis.locality=True",
+    "--config.analysis.locality_mode=faithfull",
     timeout=120,
   )
   assert rc == 2 and out == "", (out, err)
   assert err.splitlines() == [
-    "locvit: error: 6 errors in the config:",
+    "locvit: error: 10 errors in the config:",
     "  --config.batch_size=0: must be a positive integer",
     "  unknown model 'deit_tiny_patch2_3'; did you mean deit_tiny_patch2_32 or "
     "deit_tiny_patch4_32 or deit_tiny_patch8_64? `python -m locvit.main --list_models='PATTERN'` "
@@ -163,6 +174,13 @@ def test_every_config_mistake_is_listed_at_once_before_anything_is_built(tmp_pat
     "  data.train_fraction=0.0 must be a number in (0.0, 1.0]",
     "  mixup.prob=2.0 must be a probability in [0, 1]",
     "  optimizer.name='adamv' is not one of ['adamw', 'sgd']; did you mean adamw?",
+    "  --config.attention_implementation='cudnnn' is not one of [None, 'xla', 'cudnn', "
+    "'cpu_kernels', 'einsum']; did you mean cudnn?",
+    "  mesh.layout='dpp' is not one of ['dp', 'fsdp', 'tp']; did you mean dp?",
+    "  init.name='impuls' is not one of ['none', 'trunc_normal', 'kaiming_uniform', 'mimetic', "
+    "'impulse']; did you mean impulse?",
+    "  analysis.locality_mode='faithfull' is not one of ['per_layer', 'faithful']; did you mean "
+    "faithful?",
   ]
   assert not workdir.exists()
 
@@ -257,6 +275,13 @@ def test_unwritable_workdir_fails_at_start_naming_the_path(tmp_path, unwritable)
 
 # ------------------------------------------------------------------------------------------------
 # The run's config is kept in the workdir and used by --mode=eval with only --workdir
+
+
+def test_config_may_name_a_runs_workdir_or_its_config_json(tmp_path):
+  (tmp_path / "config.json").write_text("{}")  # resolving reads only the file's name
+  saved = main.resolve_config(str(tmp_path / "config.json"))
+  assert saved == f"{os.path.abspath(run_config.__file__)}:{tmp_path / 'config.json'}"
+  assert main.resolve_config(str(tmp_path)) == saved  # was: 'PosixGPath' has no 'endswith'
 
 
 def test_saved_config_round_trips_every_shipped_config(tmp_path):

@@ -286,6 +286,16 @@ def test_convit_overrides_layers_and_locality():
   assert convit_layers(3, 5) == ("gpsa",) * 3 + ("mhsa",) * 2
   with pytest.raises(ValueError, match="local_up_to_layer"):
     convit_layers(7, 6)
+  with pytest.raises(ValueError) as depth_alone:  # was one line, then the next at the next try
+    create_model("convit_tiny_patch4_32", depth=2)
+  assert str(depth_alone.value).splitlines() == [
+    "class_token_layer=10 must be in [0, 2].",
+    "layer_attention has 12 entries for depth=2.",
+    "depth, layer_attention (a kind per block) and class_token_layer go together: for depth 2, "
+    "--config.model.overrides.class_token_layer=1 --config.model.overrides.layer_attention="
+    "\"('gpsa', 'mhsa')\" (in Python: locvit.models.convit_overrides(local_up_to_layer, "
+    "depth)).",
+  ]
   model = create_model(
     "convit_tiny_patch4_32",
     num_classes=10,

@@ -500,6 +500,23 @@ def test_attention_map_pngs(tmp_path):
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_init_maps_command_line_mistakes_are_one_line(tmp_path, capsys):
+  from locvit.analysis import init_maps
+
+  argv = [f"--image_folder={tmp_path / 'none'}", f"--out={tmp_path / 'maps'}"]
+  assert init_maps.main(["--inits=mimetc", *argv]) == 2  # was a traceback
+  assert capsys.readouterr().err == (
+    "locvit.analysis.init_maps: error: Unknown init 'mimetc'. Valid names: ['none', "
+    "'trunc_normal', 'kaiming_uniform', 'mimetic', 'impulse'].\n"
+  )
+  assert init_maps.main(["--inits=mimetic", *argv]) == 2
+  assert capsys.readouterr().err == (
+    f"locvit.analysis.init_maps: error: image folder root '{tmp_path / 'none'}' does not exist; "
+    "expected ROOT/<split>/<class_name>/*.{jpg,jpeg,png} (e.g. ROOT/train/cat/0001.jpg)\n"
+  )
+  assert not (tmp_path / "maps").exists()
+
+
 def test_the_solver_batching_follows_the_models_resolved_kernel_setting():
   """No backend check in the solver: the CPU code paths (resolved once by create_model) pick
   lax.map, any other setting vmap."""

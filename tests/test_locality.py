@@ -497,8 +497,18 @@ def test_analyze_rejects_bad_layers_and_queries(trained, tmp_path):
     analyze_lib.analyze(config, workdir, str(tmp_path), layers=(5,))
   with pytest.raises(ValueError, match=r"query=\(4, 0\) must be a \(row, col\) patch of the 4x4"):
     analyze_lib.analyze(config, workdir, str(tmp_path), query=(4, 0))
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  with pytest.raises(FileNotFoundError) as no_run:  # an empty or mistyped workdir
+    analyze_lib.analyze(config, str(empty))
+  assert str(no_run.value) == (
+    f"{empty} holds no run: no metrics.jsonl, no checkpoints/ (--mode=analyze draws the "
+    "figures of a training run's --workdir)"
+  )
+  assert os.listdir(empty) == []  # was: a warning about locality records, then an error
+  (empty / "metrics.jsonl").write_text("")
   with pytest.raises(FileNotFoundError, match="No checkpoint found"):
-    analyze_lib.analyze(config, str(tmp_path), str(tmp_path))
+    analyze_lib.analyze(config, str(empty), str(tmp_path))
 
 
 def test_eval_refuses_another_models_checkpoint_before_the_model_warns(trained):

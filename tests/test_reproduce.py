@@ -291,8 +291,19 @@ def test_missing_cifar_fails_in_seconds_with_instructions(tmp_path, monkeypatch,
   (tmp_path / "test").mkdir()
   rp.check_data(config, "vit")
   assert rp.main(["convit", "--workdir", workdir]) == 2
-  assert "unknown plan 'convit'; valid plans: convit_sample_efficiency, cordonnier" in (
-    capsys.readouterr().err
+  plans = "valid plans: convit_sample_efficiency, cordonnier, cordonnier_table1, gmm, "
+  plans += "gmm_table1_cifar10, smoke, smoke_protocol, structinit, structinit_table2_cifar10\n"
+  assert capsys.readouterr().err == "locvit.reproduce: error: unknown plan 'convit'; " + plans
+  assert rp.main(["structinit_tabl2_cifar10", "--dry_run"]) == 2  # a typo: the close name
+  assert capsys.readouterr().err == (
+    "locvit.reproduce: error: unknown plan 'structinit_tabl2_cifar10'; did you mean "
+    "structinit_table2_cifar10? " + plans
+  )
+  with pytest.raises(SystemExit) as usage:  # argparse's mistakes: one line too, not the usage
+    rp.main(["gmm", "--dry_run", "--estimate=prob"])
+  assert usage.value.code == 2 and capsys.readouterr().err == (
+    "locvit.reproduce: error: argument --estimate: invalid choice: 'prob' (choose from 'probe', "
+    "'kit')\n"
   )
   assert time.perf_counter() - start < 30 and not os.path.exists(workdir)
 

@@ -338,8 +338,11 @@ def test_misspelled_config_field_names_valid_ones(tmp_path):
 
 
 def test_train_params_with_unknown_freeze_pattern(tmp_path):
-  config = tiny_config(freeze=("no_such_param",))
-  _fails(config, tmp_path, "match no parameter")
+  """Refused before the workdir exists (was: after it, leaving DIR/checkpoints behind)."""
+  config = tiny_config(freeze=("pos_embedd",))
+  fragment = "freeze patterns ['pos_embedd'] match no parameter; did you mean pos_embed? Examples "
+  _fails(config, tmp_path / "run", fragment + "of paths: ['blocks_0/attn/proj/bias', ")
+  assert not (tmp_path / "run").exists()
 
 
 def test_config_init_is_applied_to_a_fresh_run(tmp_path):

@@ -261,9 +261,15 @@ def analyze(
     query: ``(row, col)`` query patch; default ``config.analysis.query`` or the centre patch.
     step: checkpoint step for the maps; default the latest.
   """
+  run = paths.path(workdir)
+  if not (run / metrics_lib.METRICS).exists() and not (run / "checkpoints").exists():
+    raise FileNotFoundError(  # was a warning about locality records first, then this
+      f"{workdir} holds no run: no {metrics_lib.METRICS}, no checkpoints/ (--mode=analyze draws "
+      "the figures of a training run's --workdir)"
+    )
   config = complete_config(config)  # fields the config lacks (an older config.json) as defaults
   analysis = _analysis_config(config)
-  output_dir = output_dir or paths.path(workdir) / "analysis"
+  output_dir = output_dir or run / "analysis"
   curves = training_curves(workdir, output_dir, title=config.model.name)  # any model
   if not evaluated(workdir):
     logging.warning(

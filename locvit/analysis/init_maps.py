@@ -18,6 +18,7 @@ strengthens the main diagonal, and random inits show no pattern.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,9 +29,12 @@ from matplotlib import patches
 from matplotlib.figure import Figure
 
 from locvit.analysis.plots import save
+from locvit.choices import ArgumentParser
 from locvit.data import augment
-from locvit.init.apply import apply_init, init_config
+from locvit.init.apply import INIT_NAMES, apply_init, init_config
 from locvit.models import apply_with_intermediates, block_attention_maps, create_model
+
+PROG = "python -m locvit.analysis.init_maps"
 
 
 def intermediates_fn(model: nn.Module):
@@ -147,35 +151,42 @@ def load_images(source: Any, count: int, mean, std) -> np.ndarray:
   return augment.normalize_batch(raw, tuple(mean), tuple(std)).astype(np.float32)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-  """Command-line entry point (see the module docstring); prints the path of every PNG written."""
-  import argparse
-
+def main(argv: Sequence[str] | None = None) -> int:
+  """Command-line entry point (see the module docstring); prints the path of every PNG written.
+  A wrong name or layer, or a missing folder, is one ``error:`` line and exit status 2."""
   from locvit.data import ImageFolderSource
   from locvit.data.config import CIFAR10_MEAN, CIFAR10_STD
 
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--model", default="structvit_tiny_patch2_32")
-  parser.add_argument("--inits", default="impulse,mimetic,trunc_normal")
+  parser = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+  parser.add_argument("--model", default="structvit_tiny_patch2_32", help="a registered model")
+  parser.add_argument(
+    "--inits", default="impulse,mimetic,trunc_normal", help=f"comma-separated, of {INIT_NAMES}"
+  )
   parser.add_argument("--image_folder", required=True, help="ROOT/<split>/<class>/*.jpg")
   parser.add_argument("--split", default="train")
-  parser.add_argument("--num_images", type=int, default=256)
-  parser.add_argument("--layers", default="0,5,11")
-  parser.add_argument("--zoom", type=int, default=48)
-  parser.add_argument("--filter_size", type=int, default=3)
-  parser.add_argument("--mode", default="same")
-  parser.add_argument("--out", required=True)
+  parser.add_argument("--num_images", type=int, default=256, help="images averaged over")
+  parser.add_argument("--layers", default="0,5,11", help="comma-separated layer indices")
+  parser.add_argument("--zoom", type=int, default=48, help="side of the zoomed upper-left block")
+  parser.add_argument("--filter_size", type=int, default=3, help="impulse: the kernel's side")
+  parser.add_argument("--mode", default="same", help="impulse: 'same' or 'different'")
+  parser.add_argument("--out", required=True, help="directory of the PNGs")
   args = parser.parse_args(argv)
-  source = ImageFolderSource(args.image_folder, args.split)
-  images = load_images(source, args.num_images, CIFAR10_MEAN, CIFAR10_STD)
-  inits = {}
-  for name in args.inits.split(","):
-    extra = dict(filter_size=args.filter_size, mode=args.mode) if name == "impulse" else {}
-    inits[name] = init_config(name, **extra)
-  layers = [int(x) for x in args.layers.split(",")]
-  for path in compare_inits(args.model, inits, images, args.out, layers=layers, zoom=args.zoom):
+  try:
+    inits = {}
+    for name in args.inits.split(","):
+      extra = dict(filter_size=args.filter_size, mode=args.mode) if name == "impulse" else {}
+      inits[name] = init_config(name, **extra)
+    source = ImageFolderSource(args.image_folder, args.split)
+    images = load_images(source, args.num_images, CIFAR10_MEAN, CIFAR10_STD)
+    layers = [int(x) for x in args.layers.split(",")]
+    paths = compare_inits(args.model, inits, images, args.out, layers=layers, zoom=args.zoom)
+  except (ValueError, FileNotFoundError) as e:  # a wrong name or layer, a missing folder
+    print(f"locvit.analysis.init_maps: error: {e}", file=sys.stderr)
+    return 2
+  for path in paths:
     print(path)
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -22,8 +22,11 @@ import os
 import sys
 from typing import Any
 
+from locvit.choices import ArgumentParser
 from locvit.convert.checkpoint import read_state_dict, save_converted
 from locvit.convert.timm import ConversionError, from_timm, resolve_model_name
+
+PROG = "locvit.convert"  # its error lines, as locvit.main's "locvit: error: ..."
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -39,9 +42,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
   """Runs the converter; returns the process exit code (0, or 1 with the error on stderr)."""
-  parser = argparse.ArgumentParser(
-    prog="python -m locvit.convert", description=__doc__.split("\n")[0]
-  )
+  parser = ArgumentParser(prog="python -m locvit.convert", description=__doc__.split("\n")[0])
   parser.add_argument(
     "--model",
     required=True,
@@ -64,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
   )
   args = parser.parse_args(argv)
   if os.path.exists(args.output) and not args.force:
-    print(f"error: {args.output} already exists (pass --force to overwrite).", file=sys.stderr)
+    message = f"{args.output} already exists (pass --force to overwrite)."
+    print(f"{PROG}: error: {message}", file=sys.stderr)
     return 1
   try:
     name = resolve_model_name(args.model)
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
       name, read_state_dict(args.input), num_classes=args.num_classes, **overrides
     )
   except (ConversionError, ValueError, TypeError, ImportError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
+    print(f"{PROG}: error: {e}", file=sys.stderr)
     return 1
   path = save_converted(
     args.output,

@@ -18,6 +18,7 @@ Torch is optional: NumPy arrays are accepted, torch tensors are converted when p
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from collections.abc import Mapping
@@ -47,8 +48,10 @@ def resolve_model_name(model_name: str) -> str:
   """Maps a timm name (optionally with a ``.pretrained_tag``) to a registered locvit name."""
   name = model_name.split(".", 1)[0]
   if name not in supported_models():
+    close = difflib.get_close_matches(name, supported_models(), n=1)
+    hint = f"; did you mean {close[0]}?" if close else "."
     raise ValueError(
-      f"Cannot convert {model_name!r}: not a supported model. Supported: {supported_models()}."
+      f"Cannot convert {model_name!r}: not a supported model{hint} Supported: {supported_models()}."
     )
   return name
 

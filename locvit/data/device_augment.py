@@ -357,25 +357,27 @@ def soft_targets(labels: Array, num_classes: int, label_smoothing: float) -> Arr
 def symmetric_beta(key: Array, alpha: float, shape: tuple[int, ...]) -> Array:
   """Draws of Beta(alpha, alpha), the distribution of Mixup's and CutMix's lam.
 
-  For alpha >= 1/2, Ulrich's construction (Ulrich 1984, "Computer generation of distributions on
+  For alpha > 1/2, Ulrich's construction (Ulrich 1984, "Computer generation of distributions on
   the m-sphere"), with no loop: with U, V uniform on [0, 1),
 
       lam = (1 + sqrt(1 - U ** (2 / (2 alpha - 1))) * cos(2 pi V)) / 2
 
-  (the first coordinate of a point of the unit disc whose squared radius follows
-  Beta(1, alpha - 1/2); at alpha = 1/2, radius 1: the arcsine law). ``jax.random.beta`` draws
-  with a rejection loop, and on a GPU each test of such a loop's condition is a copy to the host
-  and a wait for the device, several per step. Below 1/2 this falls back to
-  ``jax.random.beta`` (same distribution, with its loops).
+  A point of the unit disc at a uniform angle whose squared radius R^2 = 1 - U^(2/(2 alpha - 1))
+  follows Beta(1, alpha - 1/2) has density proportional to (1 - r^2)^(alpha - 3/2); its first
+  coordinate then has density proportional to (1 - x^2)^(alpha - 1), which is 2 lam - 1 for lam
+  ~ Beta(alpha, alpha). At alpha = 1/2, the limit, the radius is 1 (the arcsine law).
+  ``jax.random.beta`` draws with a rejection loop, and on a GPU each test of such a loop's
+  condition is a copy to the host and a wait for the device, several per step. Below 1/2 this
+  falls back to ``jax.random.beta`` (same distribution, with its loops).
   """
   if alpha < 0.5:
     return jax.random.beta(key, alpha, alpha, shape)
   k_radius, k_angle = jax.random.split(key)
-  angle = jnp.cos(2.0 * jnp.pi * jax.random.uniform(k_angle, shape))
+  cos_angle = jnp.cos(2.0 * jnp.pi * jax.random.uniform(k_angle, shape))
   if alpha == 0.5:
-    return 0.5 + 0.5 * angle
-  fall_off = jax.random.uniform(k_radius, shape) ** (2.0 / (2.0 * alpha - 1.0))
-  return 0.5 + 0.5 * jnp.sqrt(1.0 - fall_off) * angle
+    return 0.5 + 0.5 * cos_angle
+  radius_squared = 1.0 - jax.random.uniform(k_radius, shape) ** (2.0 / (2.0 * alpha - 1.0))
+  return 0.5 + 0.5 * jnp.sqrt(radius_squared) * cos_angle
 
 
 def _sample_lam(key: Array, mixup: Any, shape: tuple[int, ...]) -> tuple[Array, Array]:

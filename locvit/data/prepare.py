@@ -16,7 +16,6 @@ run leaves no half-written split behind.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import io
@@ -29,6 +28,8 @@ import urllib.request
 import numpy as np
 from etils import epath
 from PIL import Image
+
+from locvit.choices import ArgumentParser
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,9 +158,9 @@ def convert(dataset: str, archive_path: epath.Path, out: epath.Path, image_forma
   return counts
 
 
-def parser() -> argparse.ArgumentParser:
+def parser() -> ArgumentParser:
   """The command line of ``python -m locvit.data.prepare``."""
-  parser = argparse.ArgumentParser(
+  parser = ArgumentParser(
     prog="python -m locvit.data.prepare",
     description="Prepare CIFAR-10/100 image folders (DIR/{train,test}/<class>/) from the official "
     "archive, checked against its published MD5.",

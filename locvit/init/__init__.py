@@ -9,7 +9,14 @@
 - ``layout``: where a backbone's q/k/v/proj kernels live (``AttentionLayout``, ``LAYOUTS``).
 """
 
-from locvit.init.apply import INIT_NAMES, apply_init, init_config, token_grid, write_impulse
+from locvit.init.apply import (
+  INIT_NAMES,
+  apply_init,
+  check_init_config,
+  init_config,
+  token_grid,
+  write_impulse,
+)
 from locvit.init.baselines import apply_baseline, kaiming_uniform, trunc_normal
 from locvit.init.impulse import ImpulseSolution, SolverConfig, solve_impulse, solver_config
 from locvit.init.layout import LAYOUTS, AttentionLayout, find_qk_kernels, get_layout
@@ -27,6 +34,7 @@ __all__ = [
   "apply_baseline",
   "apply_init",
   "apply_mimetic",
+  "check_init_config",
   "find_qk_kernels",
   "get_layout",
   "impulse_attention_matrix",

@@ -29,11 +29,13 @@ import numpy as np
 from absl import logging
 
 from locvit.attention import TokenGrid
+from locvit.choices import Errors, check_choice
 from locvit.configs import defaults
 from locvit.configs.defaults import DEFAULT_CACHE_DIR, INIT_NAMES  # noqa: F401  (re-exported)
 from locvit.init.baselines import BASES, apply_baseline
-from locvit.init.impulse import solve_impulse, solver_config
+from locvit.init.impulse import MODES, solve_impulse, solver_config
 from locvit.init.layout import (
+  LAYOUTS,
   AttentionLayout,
   attention_dims,
   find_qk_kernels,
@@ -53,6 +55,26 @@ def init_config(name: str = "impulse", **overrides: Any) -> ml_collections.Confi
   if name == "impulse":
     solver_config(cfg)
   return cfg
+
+
+def check_init_config(init_cfg: Mapping[str, Any]) -> None:
+  """The choices of an init block (``name``; for mimetic and impulse ``base``, ``qk_layout``,
+  ``vproj``, ``mode``, the ``solver`` preset), every wrong one a line, before a run builds
+  anything. What needs the model (its kernels, its token grid) is checked by ``apply_init``."""
+  errors = Errors()
+  name = init_cfg.get("name", "none")
+  errors.check(check_choice, "init.name", name, INIT_NAMES)
+  if name in ("mimetic", "impulse"):
+    cfg = _with_defaults(init_cfg)
+    errors.check(check_choice, "init.base", cfg["base"], BASES)
+    if not isinstance(cfg["qk_layout"], AttentionLayout):
+      errors.check(check_choice, "init.qk_layout", cfg["qk_layout"], sorted(LAYOUTS))
+    if name == "mimetic":
+      errors.check(check_choice, "init.vproj", cfg["vproj"], VPROJ_MODES)
+    else:
+      errors.check(check_choice, "init.mode", cfg["mode"], MODES)
+      errors.check(solver_config, cfg)
+  errors.raise_all()
 
 
 def token_grid(model: nn.Module, image_size: int | tuple[int, int]) -> TokenGrid:
@@ -178,8 +200,7 @@ def _with_defaults(init_cfg: Mapping[str, Any]) -> dict[str, Any]:
   absent); a block without ``cache_dir`` solves without a cache."""
   given = dict(init_cfg)
   name = given.setdefault("name", "none")
-  if name not in INIT_NAMES:
-    raise ValueError(f"Unknown init {name!r}. Valid names: {list(INIT_NAMES)}.")
+  check_choice("init.name", name, INIT_NAMES)
   full = defaults.init_config(name).to_dict()
   if "cache_dir" in full:
     full["cache_dir"] = None
@@ -190,15 +211,13 @@ def _structured(name: str, init_cfg: Mapping, values: Any, model, image_size, se
   """Mimetic or impulse on unboxed ``values``: ``(new values, impulse solution or None)``."""
 
   base = init_cfg["base"]
-  if base not in BASES:
-    raise ValueError(f"init.base={base!r} is not one of {list(BASES)}.")
+  check_choice("init.base", base, BASES)
   layout = get_layout(init_cfg["qk_layout"], init_cfg["qk_pattern"])
   find_qk_kernels(flatten(values), layout)  # fail before any work on an unknown backbone
   values = apply_baseline(base, values, seed)
   if name == "mimetic":
     vproj = init_cfg["vproj"]
-    if vproj not in VPROJ_MODES:
-      raise ValueError(f"init.vproj={vproj!r} is not one of {VPROJ_MODES}.")
+    check_choice("init.vproj", vproj, VPROJ_MODES)
     values = apply_mimetic(
       values,
       layout,

@@ -95,6 +95,26 @@ def default_image_size(name: str) -> int:
   return _DEFAULT_IMAGE_SIZE[name]
 
 
+def _fields(model: nn.Module) -> set[str]:
+  return {f.name for f in dataclasses.fields(model)} - {"parent", "name"}
+
+
+def check_overrides(name: str, overrides: Any) -> None:
+  """Raises ``ValueError``, a line per name of ``overrides`` that is not a field of the registered
+  model ``name`` (``model.overrides.dept: deit_tiny_patch2_32 has no field 'dept'; did you mean
+  depth?``); nothing for an unknown model (``create_model`` names it)."""
+  if name not in _MODELS:
+    return
+  fields = sorted(_fields(_MODELS[name](1)))
+  lines = []
+  for bad in sorted(set(overrides) - set(fields)):
+    close = difflib.get_close_matches(bad, fields, n=3)
+    hint = f"did you mean {' or '.join(close)}?" if close else f"fields: {', '.join(fields)}"
+    lines.append(f"model.overrides.{bad}: {name} has no field {bad!r}; {hint}")
+  if lines:
+    raise ValueError("\n".join(lines))
+
+
 def create_model(name: str, num_classes: int = 1000, **overrides: Any) -> nn.Module:
   """Builds a registered model; ``overrides`` replace fields of the module (e.g. ``depth=6``).
 
@@ -104,10 +124,8 @@ def create_model(name: str, num_classes: int = 1000, **overrides: Any) -> nn.Mod
   if name not in _MODELS:
     raise _unknown(name)
   model = _MODELS[name](num_classes)
-  fields = {f.name for f in dataclasses.fields(model)} - {"parent", "name"}
-  bad = sorted(set(overrides) - fields)
-  if bad:
-    raise ValueError(f"Model {name!r} has no fields {bad}. Valid fields: {sorted(fields)}.")
+  fields = _fields(model)
+  check_overrides(name, overrides)
   if "attention_implementation" in fields:
     implementation = overrides.get("attention_implementation", model.attention_implementation)
     overrides["attention_implementation"] = resolve_implementation(implementation)

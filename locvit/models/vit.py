@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from locvit.attention import list_attention
+from locvit.choices import Errors
 from locvit.models.layers import (
   Block,
   class_token,
@@ -96,13 +97,22 @@ class VisionTransformer(nn.Module):
         f"distilled=True needs pool='token' and num_classes > 0 (got pool={self.pool!r}, "
         f"num_classes={self.num_classes}): the distillation token has its own classifier head."
       )
+    depth_errors = Errors()  # a new depth alone: both lines at once, and what to set
     if not 0 <= self.class_token_layer <= self.depth:
-      raise ValueError(f"class_token_layer={self.class_token_layer} must be in [0, {self.depth}].")
+      depth_errors.add(f"class_token_layer={self.class_token_layer} must be in [0, {self.depth}].")
+    if self.layer_attention is not None and len(self.layer_attention) != self.depth:
+      depth_errors.add(
+        f"layer_attention has {len(self.layer_attention)} entries for depth={self.depth}."
+      )
+    if depth_errors.messages:
+      depth_errors.add(
+        "depth, layer_attention (a kind per block) and class_token_layer go together: for depth 2, "
+        "--config.model.overrides.class_token_layer=1 --config.model.overrides.layer_attention="
+        "\"('gpsa', 'mhsa')\" (in Python: locvit.models.convit_overrides(local_up_to_layer, "
+        "depth))."
+      )
+      depth_errors.raise_all()
     if self.layer_attention is not None:
-      if len(self.layer_attention) != self.depth:
-        raise ValueError(
-          f"layer_attention has {len(self.layer_attention)} entries for depth={self.depth}."
-        )
       unknown = sorted(set(self.layer_attention) - set(list_attention()))
       if unknown:
         raise ValueError(f"Unknown attention kinds {unknown}. Valid kinds: {list_attention()}.")

@@ -12,7 +12,7 @@ the runs seed by seed, alternating rows (so a cut-short budget still leaves pair
 run is an ordinary locvit workdir, ``DIR/ROW/seedK``. ``DIR/plan.json`` keeps the plan: running the
 command again skips finished runs and resumes interrupted ones. Ctrl-C saves a checkpoint at the
 end of the current step and leaves everything resumable. At the end (or with ``--report``) DIR gets
-``results.md`` and ``results.json`` (``locvit.reproduce_report``).
+``results.md`` and ``results.json`` (``locvit.reproduce.report``).
 
 Paper-protocol plans (``gmm_table1_cifar10``, ``structinit_table2_cifar10``,
 ``cordonnier_table1``; ``locvit.reproduce.protocol``) train every row at the paper's own length, or
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import difflib
 import importlib
 import json
 import math
@@ -42,6 +43,7 @@ import ml_collections
 
 from locvit import cpu_malloc
 from locvit import metrics as metrics_lib
+from locvit.choices import ArgumentParser
 from locvit.configs.common import complete_config
 from locvit.configs.reproduce_plans import KIT_H200, PLANS
 from locvit.data.config import parse_split
@@ -64,7 +66,9 @@ def get_plan(name: str) -> dict[str, Any]:
   An unknown name raises ``ReproduceError`` listing the valid names.
   """
   if name not in PLANS:
-    raise ReproduceError(f"unknown plan {name!r}; valid plans: {', '.join(sorted(PLANS))}")
+    close = difflib.get_close_matches(name, PLANS, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise ReproduceError(f"unknown plan {name!r}; {hint}valid plans: {', '.join(sorted(PLANS))}")
   return PLANS[name]
 
 
@@ -752,11 +756,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   Returns the exit status.
   """
-  import argparse
-
-  parser = argparse.ArgumentParser(
-    prog="python -m locvit.reproduce", description=__doc__.split("\n\n")[0]
-  )
+  parser = ArgumentParser(prog="python -m locvit.reproduce", description=__doc__.split("\n\n")[0])
   parser.add_argument("plan", help=f"one of: {', '.join(sorted(PLANS))}")
   parser.add_argument("--workdir", default=None, help="required except with --dry_run")
   parser.add_argument(
@@ -802,7 +802,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     default="image_folder",
     help="CIFAR-10 from $CIFAR10_ROOT (default) or from TFDS",
   )
-  parser.add_argument("--tfds_data_dir", default=None)
+  parser.add_argument(
+    "--tfds_data_dir",
+    default=None,
+    help="with --data=tfds: the data_dir CIFAR-10 was prepared in (default: TFDS's own)",
+  )
   args = parser.parse_args(argv)
   if argv is None:  # the command line, as locvit.main: TCMalloc where installed (README, "On CPU")
     cpu_malloc.reexec_with("auto")

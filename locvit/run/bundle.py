@@ -22,16 +22,17 @@ from absl import logging
 
 from locvit import checkpoint as ckpt_lib
 from locvit import data as data_lib
-from locvit import distill, optim, paths, sharding, xla_options
+from locvit import distill, ops, optim, paths, sharding, xla_options
 from locvit import metrics as metrics_lib
 from locvit import workdir as workdir_lib
+from locvit.analysis.locality import MODES as LOCALITY_MODES
 from locvit.choices import Errors, check_choice
 from locvit.configs.common import complete_config
 from locvit.data import device_augment, resident
-from locvit.init import from_checkpoint
+from locvit.init import check_init_config, from_checkpoint
 from locvit.models.factory import build_model, check_attention_kernels
 from locvit.models.layers import check_patchable
-from locvit.models.registry import default_image_size
+from locvit.models.registry import check_overrides, default_image_size
 from locvit.run import preemption
 from locvit.run import state as state_lib
 from locvit.run.step import NONFINITE_MODES
@@ -71,11 +72,24 @@ def config_errors(config: ml_collections.ConfigDict) -> list[str]:
       f"--config.num_epochs={config.num_epochs}: must be > 0 (or set --config.total_steps)"
     )
   errors.check(default_image_size, config.model.name)  # an unknown name, with close matches
+  errors.check(check_overrides, config.model.name, config.model.overrides or {})
   errors.check(data_lib.validate_data_config, config.data)
   known = config.data.num_classes is not None  # else the data source tells, once it is read
   errors.check(validate_recipe, config, config.data.num_classes, check_classes=known)
   errors.check(optim.validate, config)
   errors.check(check_choice, "--config.xla_options", config.xla_options, xla_options.CHOICES)
+  errors.check(
+    check_choice,
+    "--config.attention_implementation",
+    config.attention_implementation,
+    ops.IMPLEMENTATIONS,
+  )
+  errors.check(check_choice, "mesh.layout", config.mesh.layout, sorted(sharding.LAYOUTS))
+  if config.init is not None:
+    errors.check(check_init_config, config.init)
+  if config.analysis is not None and config.analysis.locality:
+    mode = config.analysis.locality_mode
+    errors.check(check_choice, "analysis.locality_mode", mode, LOCALITY_MODES)
   return errors.messages
 
 
@@ -273,6 +287,12 @@ def _checked_setup(config, hooks):
   train_source = data_lib.make_source(config.data, config.data.train_split)
   eval_source = data_lib.make_source(config.data, config.data.eval_split)
   data_lib.check_same_classes(train_source, eval_source)
+  if train_source.num_classes < 2:  # one logit: the loss is 0 from the first step
+    where = config.data.root if config.data.source == "image_folder" else config.data.name
+    raise ValueError(
+      f"{where} has one class in {config.data.train_split!r} ({train_source.class_names[0]}): a "
+      "classifier needs at least 2, one folder per class: ROOT/<split>/<class_name>/*.jpg"
+    )
   num_classes = config.data.num_classes or train_source.num_classes
   validate_recipe(config, num_classes)
   optim.validate(config)
@@ -294,6 +314,10 @@ def _checked_setup(config, hooks):
       f"{len(train_source)}, or more data."
     )
   run.total_steps, run.steps_per_epoch = training_length(config, len(train_source))
+  boxed_params, _ = sharding.model_variable_shapes(model, image_shape)  # abstract, no compute
+  run.schedule = optim.make_schedule(config, run.total_steps, run.steps_per_epoch)
+  # config.freeze's patterns are matched against the parameters here, before the workdir.
+  run.tx = optim.make_optimizer(config, nn.meta.unbox(boxed_params), run.schedule)
   if config.data.train_split_on == "device":  # decoded before the workdir: its errors first
     load_start = time.perf_counter()
     split = resident.load_train_split(config.data, train_source)
@@ -329,9 +353,6 @@ def build_training(
     # (config.json) once the workdir's checkpoint has accepted it (train.restore_or_initialise).
     _claim(workdir, config.bucket_timeout_seconds)
     run.eval_batches = _eval_batches(config, run.eval_source)
-    boxed_params, _ = sharding.model_variable_shapes(run.model, run.image_shape)
-    run.schedule = optim.make_schedule(config, run.total_steps, run.steps_per_epoch)
-    run.tx = optim.make_optimizer(config, nn.meta.unbox(boxed_params), run.schedule)
     run.layout = state_lib.state_layout(
       run.model, run.image_shape, run.tx, run.mesh, run.rules, ema=run.use_ema
     )
