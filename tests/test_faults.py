@@ -420,6 +420,24 @@ def test_a_disk_that_fills_mid_run_stops_it_with_one_line_and_the_resume_loses_n
   assert [r["step"] for r in rows if "train/loss" in r] == list(range(1, 41))
 
 
+def test_a_save_whose_peer_process_stopped_names_that_not_the_collective():
+  """Process 0's save after process 1 died (the two-process bucket outage without the clients'
+  retries): the line says another process stopped, not only that Gloo lost a connection."""
+  from unittest import mock
+
+  gloo = RuntimeError(
+    "UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:547] Connection "
+    "closed by peer [127.0.0.1]:40569"
+  )
+  with mock.patch.object(jax, "process_count", return_value=2):
+    assert ckpt_lib._save_failure(gloo) == (
+      "another process of this run stopped during the save; its own error says why: "
+      "RuntimeError: UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:547]"
+      " Connection closed by peer [127.0.0.1]:40569"
+    )
+  assert ckpt_lib._save_failure(gloo).startswith("RuntimeError: UNKNOWN: Gloo")  # one process
+
+
 def test_a_full_disk_at_start_is_one_line_and_leaves_nothing_behind(tmp_path):
   if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode:
     pytest.skip("no user and mount namespaces: a small file system cannot be mounted")
