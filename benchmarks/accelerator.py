@@ -11,10 +11,12 @@ Three tables, one run, one device (``jax.devices()[0]``):
    DeiT-Ti/S at 224 (bf16 compute, fp32 parameters: ``config.mixed_precision``, the DeiT recipe)
    at batch 128, DeiT-S and ConViT-S also at 256 and 512, and the CIFAR small-data models at 32
    at their papers' batch sizes. Per row, side by side and interleaved round by round: locvit's
-   step under each ``--variants`` setting (``VARIANTS``: the default, XLA's ``gpu_tuned``
-   compiler options of ``locvit.xla_options``, cuDNN attention, fp32) and, where ``torch``
-   imports and timm has the model, timm's same model (``timm.create_model``, bf16 autocast on
-   CUDA, AdamW, label smoothing 0.1) eager and under ``torch.compile`` (``--torch``). Each side
+   step under each ``--variants`` setting (``VARIANTS``: the default, XLA's ``gpu_tuned`` and
+   ``gpu_graphs`` compiler options of ``locvit.xla_options``, cuDNN attention, fp32, K steps per
+   dispatch, the flat optimizer, the old lam draw, ``model_only``: the work timm's side does)
+   and, where ``torch`` imports and timm has the model, timm's same model
+   (``timm.create_model``, bf16 autocast on CUDA, AdamW, label smoothing 0.1) eager and under
+   ``torch.compile`` (``--torch``). Each side
    dispatches ``--steps`` steps back to back and waits for the last (as a training loop does):
    step time, images/s, MFU and the step time against locvit's default. MFU = model FLOPs
    (XLA's count of the lowered step, ``model_flops``) / step time / the chip's dense bf16 peak
@@ -164,6 +166,12 @@ VARIANTS = {
   # Mixup/CutMix's lam drawn as before, by jax.random.beta: rejection loops whose every test of
   # their condition the GPU answers to the host (locvit draws it with no loop: symmetric_beta).
   "beta_loops": {},
+  # The work timm's side does (model, label-smoothed loss, AdamW): the recipe's Mixup/CutMix and
+  # random erasing off, which the default step runs on the device and timm's side leaves out.
+  "model_only": {
+    "mixup": {"mixup_alpha": 0.0, "cutmix_alpha": 0.0},
+    "random_erasing": {"prob": 0.0},
+  },
 }
 TORCH_SIDES = ("eager", "compile")
 # --smoke: two blocks per model (one GPSA, one MHSA for ConViT), so compilation stays short.

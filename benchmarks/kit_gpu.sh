@@ -26,8 +26,8 @@
 #      of A_VARIANTS: beta_loops (Mixup's lam drawn by jax.random.beta's loops, as before),
 #      flat_opt (the optimizer on one vector), graphs (XLA's gpu_graphs options); gpu_tuned,
 #      cudnn, tuned+cudnn and k4 were measured, no gain;
-#   B. DeiT-S and ConViT-S at 224, batch 256: locvit beside timm eager and timm under
-#      torch.compile;
+#   B. DeiT-S and ConViT-S at 224, batch 256: locvit (the recipe's step, and model_only: the work
+#      timm's side does) beside timm eager and timm under torch.compile;
 #   C. ConViT-Ti CIFAR at 512 and 128, the structured-init ViT-T/2 at 512;
 #   D. DeiT-S and ConViT-S at 224, batch 512, as B;
 #   E. the DeiT recipe's step at 224, batch 128 (benchmarks/device_augment.py --deit_step): model
@@ -81,9 +81,11 @@ call() {  # call NAME: run it, limited to its cap and to the time left
          done' ;;
     S) timeout "$left" python3 benchmarks/cudnn_shapes.py ;;
     A) "${kit[@]}" --only="GMM-ViT d9,ViT d9" --variants="$A_VARIANTS" --profile=2 ;;
-    B) "${kit[@]}" --only="deit_small b256,convit_small b256" --variants=default --profile=2 ;;
+    B) "${kit[@]}" --only="deit_small b256,convit_small b256" --variants=default,model_only \
+         --profile=2 ;;
     C) "${kit[@]}" --only="ConViT-Ti CIFAR,StructInit" --variants=default --profile=2 ;;
-    D) "${kit[@]}" --only="deit_small b512,convit_small b512" --variants=default --profile=2 ;;
+    D) "${kit[@]}" --only="deit_small b512,convit_small b512" --variants=default,model_only \
+         --profile=2 ;;
     E) timeout "$left" bash -c 'python3 benchmarks/device_augment.py \
          --deit_step=deit_small_patch16_224 --deit_step_batch=128 --steps=10 --rounds=3 --all_cores &&
          python3 benchmarks/device_augment.py --dispatch_only --dispatch_batch=512 --rounds=3 \

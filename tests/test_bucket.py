@@ -154,6 +154,26 @@ def test_a_missing_client_library_is_one_line_before_anything_is_created(server,
   assert list(tmp_path.iterdir()) == []
 
 
+TINY = f"--config={os.path.join(ROOT, 'tests', 'configs', 'tiny.py')}"
+
+
+def _two_processes(cwd, env, args):
+  """Processes 0 and 1 of one run (``main`` with ``args``), 4 devices each."""
+  port = _free_port()
+  return [
+    _main(
+      cwd,
+      env,
+      *args,
+      f"--coordinator_address=localhost:{port}",
+      "--num_processes=2",
+      f"--process_id={i}",
+      devices=4,
+    )
+    for i in range(2)
+  ]
+
+
 @pytest.mark.slow
 def test_two_processes_save_to_a_bucket_and_one_process_resumes_on_half_the_devices(
   server, tmp_path
@@ -162,24 +182,12 @@ def test_two_processes_save_to_a_bucket_and_one_process_resumes_on_half_the_devi
   on both; 1 process x 4 devices resumes from the bucket and logs each later step once."""
   workdir = f"gs://{BUCKET}/topology"
   tiny = [
-    f"--config={os.path.join(ROOT, 'tests', 'configs', 'tiny.py')}",
+    TINY,
     "--config.total_steps=24",
     "--config.checkpoint_every_steps=4",
     f"--workdir={workdir}",
   ]
-  port = _free_port()
-  procs = [
-    _main(
-      tmp_path,
-      server.env,
-      *tiny,
-      f"--coordinator_address=localhost:{port}",
-      "--num_processes=2",
-      f"--process_id={i}",
-      devices=4,
-    )
-    for i in range(2)
-  ]
+  procs = _two_processes(tmp_path, server.env, tiny)
   for line in procs[0].stdout:
     if line.startswith("step 10/24"):
       procs[1].send_signal(signal.SIGTERM)
@@ -514,3 +522,41 @@ def test_a_bucket_timeout_outside_its_range_is_one_config_error(value):
     f"--config.bucket_timeout_seconds={float(value)}: must be a number of seconds in [1, 3600] "
     "(how long a bucket workdir may not answer before the run ends)"
   ]
+
+
+@pytest.mark.slow
+def test_two_processes_ride_out_an_outage_during_a_save(server, tmp_path):
+  """Two processes, each writing its own part of a checkpoint through gcsfs (orbax's
+  ``array_metadatas/process_N``), through an outage from the first request of step 4's save,
+  longer than gcsfs's own retries and shorter than the limit: both end as without it (was, with
+  gcsfs's own retries on process 1: its save failed with "saving a checkpoint to gs://.../checkpoints
+  failed (Connect call failed ...)", and process 0's with "Gloo AllGather failed ... Connection
+  closed by peer"; both exited 2 with step 4 uncommitted)."""
+  outage = Outage(server.url, cut_at=r"mp-outage(/|%2F)checkpoints(/|%2F)4(/|%2F)")
+  tiny = [
+    TINY,
+    "--config.total_steps=4",
+    "--config.checkpoint_every_steps=2",
+    f"--config.bucket_timeout_seconds={SAVE_OUTAGE_LIMIT}",
+    f"--workdir=gs://{BUCKET}/mp-outage",
+  ]
+  try:
+    procs = _two_processes(tmp_path, client_env(outage.url), tiny)
+    assert outage.wait_for_cut(240), [_finish(p, 60) for p in procs]
+    time.sleep(SAVE_OUTAGE_SECONDS)
+    outage.start()
+    ends = [_finish(p, 240) for p in procs]
+  finally:
+    outage.close()
+  report = "".join(
+    f"process {i} ({p.returncode}):\n{out}{err[-3000:]}\n"
+    for i, (p, (out, err)) in enumerate(zip(procs, ends, strict=True))
+  )
+  assert [p.returncode for p in procs] == [0, 0], report
+  assert not any("locvit:" in err or "Traceback" in err for _, err in ends), report
+  assert [r["step"] for r in _rows("mp-outage") if "train/loss" in r] == [1, 2, 3, 4]
+  names = blobs("mp-outage/checkpoints/")
+  for step in (2, 4):
+    done = ["commit_success.txt", *(f"state/array_metadatas/process_{i}" for i in range(2))]
+    missing = [n for n in done if f"mp-outage/checkpoints/{step}/{n}" not in names]
+    assert not missing, (step, missing, sorted(names))
