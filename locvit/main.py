@@ -417,8 +417,6 @@ def main(argv):
   active = [mode for mode in ("tcmalloc", "retain") if cpu_malloc.is_active(mode)]
   if active:
     logging.info("cpu_malloc: %s", active[0])
-  elif jax.default_backend() == "cpu" and _MODE.value == "train" and not cpu_malloc.find_tcmalloc():
-    print(CPU_MALLOC_HINT, flush=True)  # stdout, once: the re-run process above does not get here
   if _MODE.value == "analyze":  # PNG figures of a run: nonlocality, gates, attention maps
     from locvit.analysis.analyze import analyze
 
@@ -440,7 +438,11 @@ def main(argv):
   if not _TRACEBACK.value:
     _report_failed_saves_once()
 
-  result = train.train_and_evaluate(config, _WORKDIR.value, **training_hooks())
+  on_setup = None  # the note, on stdout once (the re-run process above does not get here)...
+  if jax.default_backend() == "cpu" and not active and not cpu_malloc.find_tcmalloc():
+    # ... once the run's setup has passed its checks: a setup error comes alone
+    on_setup = functools.partial(print, CPU_MALLOC_HINT, flush=True)
+  result = train.train_and_evaluate(config, _WORKDIR.value, **training_hooks(), on_setup=on_setup)
   if result.get("preempted"):
     sys.exit(0)
 

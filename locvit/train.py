@@ -328,18 +328,22 @@ def train_and_evaluate(
   *,
   make_locality_logger: Callable | None = None,
   make_center_plotter: Callable | None = None,
+  on_setup: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
   """Trains per ``config``, resuming from ``workdir`` if it holds a checkpoint.
 
   The optional analysis hooks (``locvit.analysis.hooks.training_hooks()``) run at each evaluation
   when ``config.analysis`` asks: ``make_locality_logger(config, model, mesh, eval_source)``
   returns ``fn(params) -> metrics`` or None, ``make_center_plotter(config, params, workdir)``
-  returns ``fn(step, params)``.
+  returns ``fn(step, params)``. ``on_setup()`` runs once the config and data have passed their
+  checks and the workdir is claimed, before the state is restored or initialised.
 
   Returns the final evaluation metrics (plus ``preempted=True`` if stopped by SIGTERM).
   """
   hooks = dict(make_locality_logger=make_locality_logger, make_center_plotter=make_center_plotter)
   with bundle.build_training(config, workdir, **hooks) as run:
+    if on_setup is not None:
+      on_setup()
     run.checkpointer.check_best()
     with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
       start, state = restore_or_initialise(run)

@@ -56,6 +56,8 @@ def check_writable(directory: str | os.PathLike) -> None:
   directory = paths.path(directory)
   probe = directory / f".write_probe.{socket.gethostname()}.{os.getpid()}"
   created = not directory.exists()
+  if not created and not directory.is_dir():  # was mkdir's "File exists"
+    raise WorkdirError(f"cannot write to {directory}: it is a file, not a directory")
   try:
     directory.mkdir(parents=True, exist_ok=True)
     probe.write_bytes(b"locvit write probe\n" * 64)

@@ -158,3 +158,29 @@ def test_an_enum_typo_gets_its_close_match_before_anything_else(tmp_path):
   # The config is refused before a run starts: no CPU TCMalloc note either (tests/test_cli.py
   # has it once in a run that trains).
   assert out == ""
+
+
+@pytest.mark.parametrize(
+  "args, line",
+  [
+    (
+      ["--config.batch_size=5000"],
+      "batch_size=5000 is larger than the 1437 training examples of DigitsSource(split='train', "
+      "n=1437): a step needs a whole batch; use --config.batch_size of at most 1437, or more data.",
+    ),
+    (
+      ["--data={tmp_path}/missing"],
+      "image folder root '{tmp_path}/missing' does not exist; expected "
+      "ROOT/<split>/<class_name>/*.{{jpg,jpeg,png}} (e.g. ROOT/train/cat/0001.jpg)",
+    ),
+  ],
+  ids=["batch_too_large", "missing_data_folder"],
+)
+def test_a_setup_error_comes_alone_without_the_cpu_malloc_note(tmp_path, args, line):
+  """The run's setup (data, batch, freeze patterns) refuses it before the CPU TCMalloc note,
+  which a run that trains prints (tests/test_cli.py)."""
+  args = [arg.format(tmp_path=tmp_path) for arg in args]
+  rc, out, err = run_main("--config=quickstart", f"--workdir={tmp_path / 'run'}", *args)
+  assert (rc, out) == (2, "")
+  assert err == f"locvit: error: {line.format(tmp_path=tmp_path)}\n"
+  assert not (tmp_path / "run").exists()

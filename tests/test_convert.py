@@ -154,15 +154,32 @@ def test_cli_round_trip(tr, tmp_path, capsys):
   logits = jax.jit(create_model("convit_tiny").apply)(variables, x)
   np.testing.assert_allclose(logits, torch_logits(model_t, x), atol=1e-4, rtol=0)
   # Existing output needs --force; a mismatched model fails with the key report.
-  assert cli_main(["--model=convit_tiny", f"--input={weights}", f"--output={out}"]) == 1
+  assert cli_main(["--model=convit_tiny", f"--input={weights}", f"--output={out}"]) == 2
   assert "--force" in capsys.readouterr().err
-  assert cli_main(["--model=deit_tiny", f"--input={weights}", f"--output={tmp_path / 'x'}"]) == 1
+  assert cli_main(["--model=deit_tiny", f"--input={weights}", f"--output={tmp_path / 'x'}"]) == 2
   assert "missing key(s)" in capsys.readouterr().err
-  assert cli_main(["--model=convit_tinyy", f"--input={weights}", f"--output={tmp_path / 'z'}"]) == 1
+  assert cli_main(["--model=convit_tinyy", f"--input={weights}", f"--output={tmp_path / 'z'}"]) == 2
   assert capsys.readouterr().err == (
     "locvit.convert: error: Cannot convert 'convit_tinyy': not a supported model; did you mean "
     f"convit_tiny? Supported: {supported_models()}.\n"
   )
+
+
+def test_cli_errors_are_one_line_with_exit_status_2(tmp_path, capsys):
+  """As locvit.main's: the error line, exit 2, nothing written (no PyTorch needed)."""
+  existing = tmp_path / "flax"
+  existing.mkdir()
+  argv = ["--model=convit_tiny", f"--input={tmp_path / 'weights.pth'}"]
+  assert cli_main([*argv, f"--output={existing}"]) == 2
+  assert capsys.readouterr() == (
+    "",
+    f"locvit.convert: error: {existing} already exists (pass --force to overwrite).\n",
+  )
+  assert cli_main([*argv, f"--output={tmp_path / 'new'}"]) == 2  # the missing input
+  assert capsys.readouterr().err == (
+    f"locvit.convert: error: [Errno 2] No such file or directory: '{tmp_path / 'weights.pth'}'\n"
+  )
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["flax"]
 
 
 def test_safetensors_without_package(tmp_path, monkeypatch):
@@ -183,7 +200,7 @@ def test_cli_npz_input_and_overrides(tr, tmp_path, capsys):
   logits = create_model("deit_tiny_patch4_32", depth=1).apply(load_converted(out), x)
   np.testing.assert_allclose(logits, torch_logits(model_t, x), atol=1e-4, rtol=0)
   # Without the override the key report names the missing blocks; a malformed override fails.
-  assert cli_main([*argv[:2], f"--output={tmp_path / 'y'}"]) == 1
+  assert cli_main([*argv[:2], f"--output={tmp_path / 'y'}"]) == 2
   assert "missing key(s)" in capsys.readouterr().err
   with pytest.raises(SystemExit):
     cli_main([*argv, "--override", "depth"])

@@ -7,6 +7,7 @@ import collections
 import hashlib
 import importlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -101,9 +102,11 @@ def test_data_flag_keeps_a_split_slice_and_refuses_an_empty_folder_or_a_misspelt
   )
 
 
-def test_a_missing_tfds_dataset_names_both_ways(tmp_path):
+def test_a_missing_tfds_dataset_names_both_ways(tmp_path, caplog):
   with pytest.raises(D.DatasetNotPreparedError) as e:
     D.TfdsSource("cifar10", "train", str(tmp_path))
+  warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+  assert warnings == []  # was TFDS's "Variant folder ... has no dataset_info.json" first
   assert f"tfds build cifar10 --data_dir={tmp_path} --file_format=array_record" in str(e.value)
   assert str(e.value).splitlines()[-1] == (
     "Or read an image folder DIR/train/<class>/*.jpg, DIR/test/<class>/*.jpg instead with "

@@ -273,6 +273,17 @@ def test_unwritable_workdir_fails_at_start_naming_the_path(tmp_path, unwritable)
   assert not (workdir / "metrics.jsonl").exists()
 
 
+def test_a_workdir_that_is_a_file_is_named_as_one(tmp_path):
+  workdir = tmp_path / "run"
+  workdir.write_text("notes")
+  rc, out, err = _run(QUICKSTART, f"--workdir={workdir}", timeout=120)
+  assert (rc, out) == (2, ""), err  # was: "cannot write to W: File exists"
+  assert err.splitlines() == [
+    f"locvit: error: cannot write to {workdir}: it is a file, not a directory"
+  ]
+  assert os.listdir(tmp_path) == ["run"] and workdir.read_text() == "notes"
+
+
 # ------------------------------------------------------------------------------------------------
 # The run's config is kept in the workdir and used by --mode=eval with only --workdir
 

@@ -282,7 +282,7 @@ def test_missing_cifar_fails_in_seconds_with_instructions(tmp_path, monkeypatch,
   (tmp_path / "train").mkdir()
   assert rp.main(["gmm", "--minutes=60", f"--workdir={workdir}"]) == 2
   assert capsys.readouterr().err == (
-    f"locvit.reproduce: error: row 'vit': no test folder in CIFAR10_ROOT={tmp_path}. Prepare "
+    f"locvit.reproduce: error: row 'vit': no test folder in {tmp_path}. Prepare "
     "CIFAR-10 as described in docs/data_preparation.md (DIR/train/<class>/*.jpg, "
     "DIR/test/<class>/*.jpg).\n"
   )
@@ -310,6 +310,36 @@ def test_missing_cifar_fails_in_seconds_with_instructions(tmp_path, monkeypatch,
 
 # ------------------------------------------------------------------------------------------------
 # Paper-protocol plans
+
+
+def test_data_takes_locvit_mains_forms(tmp_path, monkeypatch, capsys):
+  """``--data=image_folder:DIR`` and ``--data=tfds:DATA_DIR``, as locvit.main's (was: argparse's
+  invalid choice), checked before anything is created."""
+  monkeypatch.delenv("CIFAR10_ROOT", raising=False)
+  workdir, folder, tfds_dir = tmp_path / "w", tmp_path / "cifar", tmp_path / "tfds"
+  (folder / "train").mkdir(parents=True)
+  run = ["gmm", "--minutes=60", f"--workdir={workdir}"]
+  assert rp.main([*run, f"--data=image_folder:{folder}"]) == 2
+  assert capsys.readouterr().err == (
+    f"locvit.reproduce: error: row 'vit': no test folder in {folder}. Prepare CIFAR-10 as "
+    "described in docs/data_preparation.md (DIR/train/<class>/*.jpg, DIR/test/<class>/*.jpg).\n"
+  )
+  assert rp.main([*run, f"--data=tfds:{tfds_dir}"]) == 2
+  assert capsys.readouterr().err.startswith(
+    "locvit.reproduce: error: row 'vit': TFDS dataset 'cifar10' is not prepared: looked for "
+    f"'{tfds_dir / 'cifar10'}/"
+  )
+  assert rp.main([*run, "--data=tfsd:/data"]) == 2
+  assert capsys.readouterr().err == (
+    "locvit.reproduce: error: --data=tfsd:/data: 'tfsd' is not a source; did you mean tfds? Give "
+    "--data=image_folder:DIR, --data=DIR or --data=tfds[:DATA_DIR]\n"
+  )
+  assert rp.main([*run, "--data=tfds:/a", "--tfds_data_dir=/b"]) == 2  # which one?
+  assert capsys.readouterr().err == (
+    "locvit.reproduce: error: --tfds_data_dir goes with --data=tfds only; give --data=tfds:/b "
+    "instead\n"
+  )
+  assert not workdir.exists()
 
 
 def _collapsed(text):

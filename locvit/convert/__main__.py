@@ -41,7 +41,8 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-  """Runs the converter; returns the process exit code (0, or 1 with the error on stderr)."""
+  """Runs the converter; returns the process exit code (0, or 2 with the error on stderr, as
+  locvit.main's)."""
   parser = ArgumentParser(prog="python -m locvit.convert", description=__doc__.split("\n")[0])
   parser.add_argument(
     "--model",
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
   if os.path.exists(args.output) and not args.force:
     message = f"{args.output} already exists (pass --force to overwrite)."
     print(f"{PROG}: error: {message}", file=sys.stderr)
-    return 1
+    return 2
   try:
     name = resolve_model_name(args.model)
     overrides = dict(args.override)
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     )
   except (ConversionError, ValueError, TypeError, ImportError, FileNotFoundError) as e:
     print(f"{PROG}: error: {e}", file=sys.stderr)
-    return 1
+    return 2
   path = save_converted(
     args.output,
     variables,

@@ -358,7 +358,8 @@ class TfdsSource:
       # retry for minutes) to download.
       self._ds = builder.as_data_source(split=split)
     except Exception as e:
-      if not builder.is_prepared():
+      # builder.is_prepared()'s test, without the absl warning it logs before our error
+      if not (builder.data_path / "dataset_info.json").exists():
         raise DatasetNotPreparedError(
           f"TFDS dataset {name!r} is not prepared: looked for {where!r} (data_dir="
           f"{root_dir!r}) and found no prepared version {builder.version}. "

@@ -44,6 +44,7 @@ import ml_collections
 from locvit import cpu_malloc
 from locvit import metrics as metrics_lib
 from locvit.choices import ArgumentParser
+from locvit.configs import datasets
 from locvit.configs.common import complete_config
 from locvit.configs.reproduce_plans import KIT_H200, PLANS
 from locvit.data.config import parse_split
@@ -144,7 +145,7 @@ def check_data(config: ml_collections.ConfigDict, row_name: str) -> None:
     missing = [s for s in folders if not os.path.isdir(f"{root}/{s}")]
     if missing:
       raise ReproduceError(
-        f"row {row_name!r}: no {' or '.join(missing)} folder in CIFAR10_ROOT={root}. Prepare "
+        f"row {row_name!r}: no {' or '.join(missing)} folder in {root}. Prepare "
         f"CIFAR-10 as described in {DATA_HELP} (DIR/train/<class>/*.jpg, DIR/test/<class>/*.jpg)."
       )
   elif data.source == "tfds":
@@ -155,15 +156,6 @@ def check_data(config: ml_collections.ConfigDict, row_name: str) -> None:
         TfdsSource(data.name, split, data.data_dir)
       except DatasetNotPreparedError as e:
         raise ReproduceError(f"row {row_name!r}: {e}") from e
-
-
-def use_tfds(config: ml_collections.ConfigDict, data_dir: str | None) -> None:
-  """Reads a CIFAR-10 image-folder row from TFDS's ``cifar10`` instead."""
-  if config.data.source == "image_folder":
-    config.data.source = "tfds"
-    config.data.name = "cifar10"
-    config.data.data_dir = data_dir
-    config.data.train_split, config.data.eval_split = "train", "test"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -582,11 +574,25 @@ def run_config(plan, saved, configs, row: str, seed: int) -> ml_collections.Conf
 def plan_configs(
   plan: dict[str, Any], rows: Sequence[str], data: str, tfds_data_dir: str | None
 ) -> dict[str, ml_collections.ConfigDict]:
-  """The configs of ``rows``, reading CIFAR-10 from TFDS when ``data`` is 'tfds'."""
+  """The configs of ``rows``. ``data`` reads their CIFAR-10 image-folder rows from elsewhere, as
+  locvit.main's ``--data`` does (``tfds[:DATA_DIR]``, ``image_folder:DIR`` or ``DIR``);
+  'image_folder' keeps ``$CIFAR10_ROOT``. ``tfds_data_dir`` is ``tfds``'s DATA_DIR given apart."""
   configs = {row: row_config(plan["rows"][row]) for row in rows}
-  if data == "tfds":
-    for config in configs.values():
-      use_tfds(config, tfds_data_dir)
+  if tfds_data_dir is not None:
+    if data != "tfds":
+      raise ReproduceError(
+        f"--tfds_data_dir goes with --data=tfds only; give --data=tfds:{tfds_data_dir} instead"
+      )
+    data = f"tfds:{tfds_data_dir}"
+  if data == "image_folder":
+    return configs
+  try:
+    datasets.parse_data_flag(data)  # refused even where no row reads an image folder
+    for row, config in configs.items():
+      if config.data.source == "image_folder":
+        configs[row] = datasets.apply_data_flag(config, data)
+  except ValueError as e:
+    raise ReproduceError(str(e)) from None
   return configs
 
 
@@ -798,14 +804,15 @@ def main(argv: Sequence[str] | None = None) -> int:
   )
   parser.add_argument(
     "--data",
-    choices=("image_folder", "tfds"),
     default="image_folder",
-    help="CIFAR-10 from $CIFAR10_ROOT (default) or from TFDS",
+    help="where CIFAR-10 is read from, as locvit.main's --data: 'image_folder' ($CIFAR10_ROOT, "
+    "the default), 'image_folder:DIR' (or DIR), 'tfds' or 'tfds:DATA_DIR'",
   )
   parser.add_argument(
     "--tfds_data_dir",
     default=None,
-    help="with --data=tfds: the data_dir CIFAR-10 was prepared in (default: TFDS's own)",
+    help="with --data=tfds: the data_dir CIFAR-10 was prepared in (default: TFDS's own); the "
+    "same as --data=tfds:DATA_DIR",
   )
   args = parser.parse_args(argv)
   if argv is None:  # the command line, as locvit.main: TCMalloc where installed (README, "On CPU")
