@@ -54,4 +54,5 @@ class ArgumentParser(argparse.ArgumentParser):
   block first."""
 
   def error(self, message: str) -> NoReturn:
+    """Prints ``PROG: error: MESSAGE`` on one line and exits with status 2."""
     self.exit(2, f"{self.prog.removeprefix('python -m ')}: error: {message}\n")
