@@ -224,33 +224,70 @@ def _config_as_loaded(argv: Sequence[str]) -> ml_collections.ConfigDict | None:
     return None
 
 
-_MODEL_OVERRIDE = re.compile(r"--?config\.model\.overrides\.(\w+)=(.*)")
-_added_model_overrides: dict[str, object] = {}
+# --config.model.overrides.FIELD[=VALUE] and --noconfig.model.overrides.FIELD (a bool's False)
+_MODEL_OVERRIDE = re.compile(r"--?(no)?config\.model\.overrides\.(\w+)(?:=(.*))?", re.DOTALL)
 
 
-def _literal(text: str) -> object:
-  try:
-    return ast.literal_eval(text)
-  except (ValueError, SyntaxError):
-    return text  # a string: --config.model.overrides.pool=gap
-
-
-def _split_model_overrides(argv: Sequence[str]) -> list[str]:
-  """``argv`` less the ``--config.model.overrides.NAME=VALUE`` flags whose NAME the config's
-  ``model.overrides`` does not set (config_flags overrides only fields a config has), which are
-  kept in ``_added_model_overrides`` as Python literals (else strings) for ``the_config``; names
-  the model lacks are refused by ``check_config``."""
-  config, kept = None, []
-  _added_model_overrides.clear()  # one command line per process, but main.run() may run again
-  for arg in argv:
-    match = _MODEL_OVERRIDE.fullmatch(arg)
+def _model_name(argv: Sequence[str], config: ml_collections.ConfigDict) -> str:
+  """The model ``argv`` runs: its last ``--config.model.name``, else the config's."""
+  name = config.model.name
+  for i, arg in enumerate(argv):
+    match = re.fullmatch(r"--?config\.model\.name(=(.*))?", arg, re.DOTALL)
     if match:
-      config = config or _config_as_loaded(argv)
-      if config is not None and match.group(1) not in (config.model.overrides or {}):
-        _added_model_overrides[match.group(1)] = _literal(match.group(2))
-        continue
-    kept.append(arg)
-  return kept
+      name = match.group(2) if match.group(1) else next(iter(argv[i + 1 :]), name)
+  return name
+
+
+def split_model_overrides(argv: Sequence[str]) -> tuple[list[str], dict[str, object]]:
+  """(``argv`` less its ``--config.model.overrides.FIELD`` flags, {FIELD: value}): config_flags
+  overrides only the fields a config has, and reads a value by the type of the config's, so every
+  model field is read here by its type in the model (``registry.parse_override``: ``false`` is
+  False). As absl's flags: ``=VALUE`` or the next argument, a bool bare (True) or with the prefix
+  ``no`` (False). A name or value the model does not take raises ``ConfigError``. ``argv`` stays
+  whole if the config does not load (config_flags then reports why)."""
+  if not any(_MODEL_OVERRIDE.fullmatch(arg) for arg in argv):
+    return list(argv), {}
+  config = _config_as_loaded(argv)  # once, not per flag
+  if config is None:
+    return list(argv), {}
+  from locvit.models import registry  # the model stack: only for a command line that needs it
+
+  name = _model_name(argv, config)
+  kept, added = [], {}
+  rest = iter(argv)
+  for arg in rest:
+    match = _MODEL_OVERRIDE.fullmatch(arg)
+    if arg == "--":  # absl's end of flags
+      return [*kept, arg, *rest], added
+    if not match:
+      kept.append(arg)
+      continue
+    negated, field, text = match.groups()
+    try:
+      if text is None and registry.boolean_override(name, field):
+        text = "false" if negated else "true"
+      elif negated or text is None:
+        registry.check_overrides(name, [field])  # a field the model lacks: that line first
+        if negated:
+          raise ConfigError(f"{arg}: the prefix 'no' is for bool fields; {field} is not one")
+        text = next(rest, None)
+        if text is None:
+          raise ConfigError(f"{arg}: needs a value ({arg}=VALUE)")
+      added[field] = registry.parse_override(name, field, text)
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
+  return kept, added
+
+
+def command_line_config(argv: Sequence[str]) -> ml_collections.ConfigDict:
+  """The config ``python -m locvit.main ARGV...`` runs (``argv[0]`` the program), as ``the_config``
+  gives it: flagfiles read, ``--config`` resolved, overrides and ``--data`` applied; flags other
+  than ``--config*`` and ``--data`` are ignored. Unchecked (``check_config``); nothing created."""
+  argv, added = _config_argv(argv)
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv, lock_config=True)
+  values(argv, known_only=True)
+  return _with_data(add_model_overrides(values.config, added), _flag_value(argv, "data")[1])
 
 
 def _explain_override(argv: Sequence[str]) -> str | None:
@@ -275,15 +312,25 @@ def _explain_override(argv: Sequence[str]) -> str | None:
   return None
 
 
+def _config_argv(argv: Sequence[str]) -> tuple[list[str], dict[str, object]]:
+  """(``argv`` with its flagfiles read and ``--config`` resolved, less the model overrides; the
+  model overrides: ``split_model_overrides``)."""
+  argv = flags.FLAGS.read_flags_from_files(argv, force_gnu=False)  # as config_flags reads them
+  return split_model_overrides(resolve_config_argv(argv))
+
+
 def _parse_flags(argv: Sequence[str]) -> list[str]:
-  """absl's flag parsing, with config and flag mistakes as one line on stderr (exit 2)."""
+  """absl's flag parsing, with config and flag mistakes as one line on stderr (exit 2). The model
+  overrides (``split_model_overrides``) join ``--config`` here: ``FLAGS.config`` is the whole."""
   argv = ["--list_models=" if arg in ("--list_models", "-list_models") else arg for arg in argv]
   try:
     workdir = _flag_value(argv, "workdir")[1]
     if workdir:  # a bucket workdir without its client library: one line, before anything
       paths.check_client(workdir)
-    sys.argv = _split_model_overrides(resolve_config_argv(argv))
-    return flags.FLAGS(sys.argv)
+    sys.argv, added = _config_argv(argv)
+    rest = flags.FLAGS(sys.argv)
+    add_model_overrides(_CONFIG.value, added)
+    return rest
   except Exception as e:
     if "--traceback" in argv:
       raise
@@ -321,24 +368,29 @@ def _exit_with_error(message: str, notes: Sequence[str] = ()) -> None:
   _exit(2)
 
 
-def add_model_overrides(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """``config`` with the command line's ``model.overrides`` fields it does not set."""
-  if _added_model_overrides:
+def add_model_overrides(
+  config: ml_collections.ConfigDict, added: dict[str, object]
+) -> ml_collections.ConfigDict:
+  """``config`` (changed in place) with the fields ``added`` in its ``model.overrides``."""
+  if added:
     with config.unlocked():
-      config.model.overrides = {**(config.model.overrides or {}), **_added_model_overrides}
+      config.model.overrides = {**(config.model.overrides or {}), **added}
   return config
 
 
-def the_config() -> ml_collections.ConfigDict:
-  """``--config`` with its overrides (``model.overrides`` fields the config does not set
-  included), reading its data as ``--data`` says, if given."""
-  config = add_model_overrides(_CONFIG.value)
-  if _DATA.value is None:
+def _with_data(config: ml_collections.ConfigDict, data: str | None) -> ml_collections.ConfigDict:
+  """``config`` reading its data as ``--data`` says, if given."""
+  if data is None:
     return config
   try:
-    return datasets.apply_data_flag(config, _DATA.value)
+    return datasets.apply_data_flag(config, data)
   except ValueError as e:
     raise ConfigError(str(e)) from None
+
+
+def the_config() -> ml_collections.ConfigDict:
+  """``--config`` with its overrides, reading its data as ``--data`` says, if given."""
+  return _with_data(_CONFIG.value, _DATA.value)
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:

@@ -70,19 +70,23 @@ def test_list_configs_names_each_shipped_config_with_its_arguments_and_summary()
 
 def test_print_config_shows_the_resolved_config_and_creates_nothing(tmp_path):
   workdir = tmp_path / "run"
+  flagfile = tmp_path / "flags"  # model fields the config does not set, read by their types
+  flagfile.write_text("--config.model.overrides.qkv_bias=false\n--config.model.overrides.remat\n")
   rc, out, err = run_main(
     "--config=quickstart",
     f"--workdir={workdir}",
     "--config.total_steps=7",
-    "--config.model.overrides.depth=2",
-    "--config.model.overrides.mlp_ratio=2.0",  # a model field the config does not set
+    "--config.model.overrides.depth",
+    "2",
+    "--config.model.overrides.mlp_ratio=2",  # a float field: 2.0
+    f"--flagfile={flagfile}",
     "--print_config",
   )
   assert (rc, err) == (0, "")
   expected = quickstart.get_config()
   expected.total_steps, expected.model.overrides.depth = 7, 2
   with expected.unlocked():
-    expected.model.overrides.mlp_ratio = 2.0
+    expected.model.overrides.update(mlp_ratio=2.0, qkv_bias=False, remat=True)
   assert out == expected.to_json_best_effort(indent=2, sort_keys=True) + "\n"
   assert json.loads(out)["data"]["name"] == "digits"  # not "cifar10" beside source "digits"
   assert not workdir.exists()

@@ -205,3 +205,9 @@ def test_cli_npz_input_and_overrides(tr, tmp_path, capsys):
   with pytest.raises(SystemExit):
     cli_main([*argv, "--override", "depth"])
   assert "must look like FIELD=VALUE" in capsys.readouterr().err
+  argv[2] = f"--output={tmp_path / 'z'}"
+  assert cli_main([*argv, "--override", "qkv_bias=maybe"]) == 2  # read by the field's type
+  assert capsys.readouterr().err == (
+    "locvit.convert: error: model.overrides.qkv_bias=maybe: deit_tiny_patch4_32's qkv_bias takes "
+    "a bool (true or false, 1 or 0)\n"
+  )

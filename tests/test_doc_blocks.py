@@ -43,11 +43,8 @@ import shlex
 
 import pytest
 import torch
-from absl import flags
-from ml_collections import config_flags
 
 from locvit import main as main_lib
-from locvit.configs import datasets
 from locvit.configs.reproduce_plans import PLANS
 from locvit.convert import __main__ as convert_cli
 from locvit.data import list_recipes, prepare, throughput
@@ -99,15 +96,7 @@ def commands() -> list[tuple[str, str]]:
 
 def load_config(argv: list[str]):
   """The config ``python -m locvit.main argv`` would run, overrides applied (no workdir made)."""
-  config_args = [a for a in argv if a.startswith("--config")]
-  config_args = main_lib.resolve_config_argv(["locvit", *config_args])
-  config_args = main_lib._split_model_overrides(config_args)  # fields the config does not set
-  values = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=config_args)
-  values(config_args)
-  config = main_lib.add_model_overrides(values.config)
-  for value in [a.partition("=")[2] for a in argv if a.startswith("--data=")]:
-    config = datasets.apply_data_flag(config, value)  # as main_lib.the_config does
+  config = main_lib.command_line_config(["locvit", *argv])
   main_lib.check_config(config)
   return config
 

@@ -96,6 +96,19 @@ FIELDS = (
       "--config.model.overrides.depth=0: must be > 0",
     ),
     (
+      [QUICKSTART, "--config.model.overrides.mlp_ratio=2x"],  # was int()'s error and a traceback
+      "model.overrides.mlp_ratio=2x: deit_tiny_patch2_32's mlp_ratio takes a float",
+    ),
+    (
+      [QUICKSTART, "--config.model.overrides.num_classes=3"],  # was create_model's TypeError
+      "model.overrides.num_classes: the class count is the data's; set it with "
+      "--config.data.num_classes",
+    ),
+    (
+      [QUICKSTART, "--noconfig.model.overrides.depth"],
+      "--noconfig.model.overrides.depth: the prefix 'no' is for bool fields; depth is not one",
+    ),
+    (
       [QUICKSTART, "--config.batch_size=abc"],
       "flag --config.batch_size=abc: invalid literal for int() with base 10: 'abc'",
     ),
@@ -126,6 +139,9 @@ FIELDS = (
     "zero_batch",
     "xla_options",
     "zero_depth",
+    "override_type",
+    "override_num_classes",
+    "override_no_prefix",
     "bad_value",
     "no_file",
     "bad_arg",
@@ -140,6 +156,30 @@ def test_config_mistake_is_one_line_and_creates_no_workdir(tmp_path, args, line)
   assert err.splitlines() == ["locvit: error: " + line.format(workdir=workdir)]
   assert out == ""
   assert not workdir.exists()
+
+
+def test_model_overrides_take_absls_forms_and_load_the_config_once(tmp_path):
+  calls = tmp_path / "calls"
+  failing = tmp_path / "failing.py"
+  failing.write_text(
+    f"def get_config():\n  open({str(calls)!r}, 'a').write('.')\n  raise ValueError('no')\n"
+  )
+  argv = ["locvit", f"--config={failing}", *[f"--config.model.overrides.depth={d}" for d in "123"]]
+  assert main.split_model_overrides(argv) == (argv, {})  # config_flags then reports the config's
+  assert calls.read_text() == "."  # was once per override flag
+  config = f"--config={ROOT}/configs/quickstart.py"
+  argv = [
+    "locvit",
+    config,
+    "--config.model.overrides.depth",  # the value in the next argument
+    "2",
+    "--config.model.overrides.remat",  # a bare bool: True
+    "--noconfig.model.overrides.qkv_bias",
+    "--",
+    "--config.model.overrides.depth=3",  # after '--': not a flag
+  ]
+  added = {"depth": 2, "remat": True, "qkv_bias": False}
+  assert main.split_model_overrides(argv) == (["locvit", config, *argv[-2:]], added)
 
 
 def test_every_config_mistake_is_listed_at_once_before_anything_is_built(tmp_path):

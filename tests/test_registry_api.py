@@ -54,3 +54,37 @@ def test_an_unknown_model_shows_its_close_matches_only():
     "unknown model 'convit_tinny'; did you mean convit_tiny or convit_tiny_plus or deit_tiny? "
     f"`python -m locvit.main --list_models='PATTERN'` lists the {n} names"
   )
+
+
+def test_parse_override_reads_the_text_by_the_fields_type():
+  from locvit.models.registry import parse_override
+
+  name = "deit_tiny_patch2_32"
+  read = {
+    ("qkv_bias", "false"): False,  # was the truthy string 'false'
+    ("qkv_bias", "TRUE"): True,
+    ("remat", "0"): False,
+    ("depth", "6"): 6,
+    ("pool", "gap"): "gap",
+    ("layer_attention", "['mhsa', 'mhsa']"): ("mhsa", "mhsa"),
+    ("layer_attention", "None"): None,
+    ("attention_implementation", "xla"): "xla",
+  }
+  for (field, text), value in read.items():
+    assert parse_override(name, field, text) == value
+  mlp_ratio = parse_override(name, "mlp_ratio", "2")  # an int for a float field: a float
+  assert (mlp_ratio, type(mlp_ratio)) == (2.0, float)
+  refused = {
+    ("mlp_ratio", "2x"): "takes a float",
+    ("depth", "4.0"): "takes an int",
+    ("qkv_bias", "maybe"): "takes a bool (true or false, 1 or 0)",
+    ("pool", "mean"): "takes one of token, gap",
+    ("layer_attention", "mhsa"): "takes a tuple of strings (a list or tuple literal) or None",
+    ("layer_attention", "[1]"): "takes a tuple of strings (a list or tuple literal) or None",
+  }
+  for (field, text), expected in refused.items():
+    with pytest.raises(ValueError) as error:
+      parse_override(name, field, text)
+    assert str(error.value) == f"model.overrides.{field}={text}: {name}'s {field} {expected}"
+  with pytest.raises(ValueError, match=r"^model.overrides.dept: .* did you mean depth\?$"):
+    parse_override(name, "dept", "3")

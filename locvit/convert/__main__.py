@@ -4,10 +4,12 @@ r"""Command line: convert a timm / official ConViT or DeiT checkpoint to a Flax 
   python -m locvit.convert --model=deit_small --input=model.safetensors --output=DIR \
     --num_classes=100
   python -m locvit.convert --model=convit_tiny_patch4_32 --input=weights.npz --output=DIR \
-    --num_classes=10 --override depth=6 --override local_up_to_layer=4
+    --num_classes=10 --override depth=3 --override class_token_layer=2 \
+    --override "layer_attention=('gpsa', 'gpsa', 'mhsa')"   # convit_overrides(2, depth=3)
 
 ``--override FIELD=VALUE`` (repeatable) passes the module fields the checkpoint was trained with
-to ``create_model`` (values are Python literals). Inputs: ``.pth``/``.pt``/``.bin`` (torch),
+to ``create_model``, each value read by the field's type (``qkv_bias=false``, ``mlp_ratio=3``,
+``layer_attention="('gpsa', 'mhsa')"``). Inputs: ``.pth``/``.pt``/``.bin`` (torch),
 ``.safetensors`` or ``.npz`` (NumPy arrays keyed by the timm names, no PyTorch needed).
 
 Restore with ``locvit.convert.load_converted(DIR)`` and use it with
@@ -17,27 +19,26 @@ Restore with ``locvit.convert.load_converted(DIR)`` and use it with
 from __future__ import annotations
 
 import argparse
-import ast
 import os
 import sys
-from typing import Any
 
 from locvit.choices import ArgumentParser
 from locvit.convert.checkpoint import read_state_dict, save_converted
 from locvit.convert.timm import ConversionError, from_timm, resolve_model_name
+from locvit.models.registry import parse_override
 
 PROG = "locvit.convert"  # its error lines, as locvit.main's "locvit: error: ..."
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-  """``'depth=6'`` -> ``('depth', 6)``; a value that is not a Python literal stays a string."""
+def split_override(text: str) -> tuple[str, str]:
+  """``'depth=6'`` -> ``('depth', '6')``; the value is read by the field's type once the model is
+  known (``registry.parse_override``: ``qkv_bias=false`` is False)."""
   field, sep, value = text.partition("=")
   if not sep or not field.isidentifier():
     raise argparse.ArgumentTypeError(f"--override {text!r} must look like FIELD=VALUE")
-  try:
-    return field, ast.literal_eval(value)
-  except (ValueError, SyntaxError):
-    return field, value
+  if field == "num_classes":  # create_model's own argument
+    raise argparse.ArgumentTypeError(f"--override {text!r}: give the class count as --num_classes")
+  return field, value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument(
     "--override",
     action="append",
-    type=parse_override,
+    type=split_override,
     default=[],
     metavar="FIELD=VALUE",
     help="a create_model field the checkpoint was trained with (repeatable), e.g. depth=6",
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     return 2
   try:
     name = resolve_model_name(args.model)
-    overrides = dict(args.override)
+    overrides = {field: parse_override(name, field, text) for field, text in args.override}
     variables = from_timm(
       name, read_state_dict(args.input), num_classes=args.num_classes, **overrides
     )

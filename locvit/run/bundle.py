@@ -72,7 +72,12 @@ def config_errors(config: ml_collections.ConfigDict) -> list[str]:
       f"--config.num_epochs={config.num_epochs}: must be > 0 (or set --config.total_steps)"
     )
   errors.check(default_image_size, config.model.name)  # an unknown name, with close matches
-  errors.check(check_overrides, config.model.name, config.model.overrides or {})
+  errors.check(check_overrides, config.model.name, overrides)
+  if "num_classes" in overrides:  # create_model's own argument, from the data
+    errors.add(
+      "model.overrides.num_classes: the class count is the data's; set it with "
+      "--config.data.num_classes"
+    )
   errors.check(data_lib.validate_data_config, config.data)
   known = config.data.num_classes is not None  # else the data source tells, once it is read
   errors.check(validate_recipe, config, config.data.num_classes, check_classes=known)
