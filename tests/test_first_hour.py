@@ -353,14 +353,17 @@ def test_eval_with_only_workdir_uses_the_runs_config_and_overrides(tmp_path):
     QUICKSTART,
     f"--workdir={workdir}",
     override,
+    "--config.model.overrides.qkv_bias=false",  # a field the config does not set
     "--config.total_steps=30",
     "--config.eval_every_steps=0",
   )
   assert rc == 0, (out, err)
   saved = json.loads((workdir / "config.json").read_text())
   assert saved["config"]["model"]["overrides"]["depth"] == 2
+  assert saved["config"]["model"]["overrides"]["qkv_bias"] is False  # was the string 'false'
   assert saved["command"].endswith(
-    f"--workdir={workdir} {override} --config.total_steps=30 --config.eval_every_steps=0"
+    f"--workdir={workdir} {override} --config.model.overrides.qkv_bias=false "
+    "--config.total_steps=30 --config.eval_every_steps=0"
   )
 
   metrics = (workdir / "metrics.jsonl").read_text()
