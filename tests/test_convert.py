@@ -205,6 +205,11 @@ def test_cli_npz_input_and_overrides(tr, tmp_path, capsys):
   with pytest.raises(SystemExit):
     cli_main([*argv, "--override", "depth"])
   assert "must look like FIELD=VALUE" in capsys.readouterr().err
+  with pytest.raises(SystemExit):  # was create_model's TypeError: multiple values
+    cli_main([*argv, "--override", "num_classes=3"])
+  assert capsys.readouterr().err.endswith(
+    "--override 'num_classes=3': give the class count as --num_classes\n"
+  )
   argv[2] = f"--output={tmp_path / 'z'}"
   assert cli_main([*argv, "--override", "qkv_bias=maybe"]) == 2  # read by the field's type
   assert capsys.readouterr().err == (
