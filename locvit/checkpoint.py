@@ -48,25 +48,28 @@ def _one_line(error: BaseException) -> str:
   return f"{type(error).__name__}: {text[0][:200] if text else ''}"
 
 
-# A save's exchange between the run's processes failed: the collective lost a peer process.
-_PEER_LOST = re.compile(r"\b(Gloo|NCCL|AllGather|AllReduce|barrier)\b", re.IGNORECASE)
+# A save's exchange between the run's processes failed: a peer process stopped or is late.
+_PEER_LOST = re.compile(
+  r"Gloo \w+ failed|NCCL error|Connection closed by peer|Barrier timed out", re.IGNORECASE
+)
 
 
 def _save_failure(error: BaseException) -> str:
   """The cause of a failed write: the OS error TensorStore names at the end of its message
   (``... [os_error_code='28']``: "No space left on device"); in a run of several processes, a
-  collective that failed as another process stopped ("Gloo AllGather failed ... Connection
-  closed by peer") says so, since that process's own error is the cause; else the first line."""
-  if jax.process_count() > 1 and _PEER_LOST.search(str(error)):
-    return (
-      "another process of this run stopped during the save; its own error says why: "
-      + _one_line(error)
-    )
+  collective of the save that failed as another process stopped or fell behind ("Gloo AllGather
+  failed ... Connection closed by peer") says so, since that process's own error is the cause;
+  else the first line."""
   code = re.search(r"\[os_error_code='(\d+)'\]", str(error))
   if code:
     return os.strerror(int(code.group(1)))
   if isinstance(error, OSError) and error.strerror:
     return error.strerror
+  if jax.process_count() > 1 and _PEER_LOST.search(str(error)):
+    return (
+      "another process of this run did not reach the save's exchange (it stopped, or is late); "
+      "its own output says why: " + _one_line(error)
+    )
   return _one_line(error)
 
 

@@ -28,14 +28,16 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from locvit.choices import check_choice
+
 Array = jax.Array
 IMPLEMENTATIONS = (None, "xla", "cudnn", "cpu_kernels", "einsum")  # einsum: cpu_kernels' alias
 
 
 def check_implementation(implementation: str | None) -> None:
-  """Raises ValueError naming the valid choices for an unknown ``implementation``."""
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}.")
+  """Raises ValueError naming the valid choices (and a close one) for an unknown
+  ``implementation``."""
+  check_choice("implementation", implementation, IMPLEMENTATIONS)
 
 
 def resolve_implementation(implementation: str | None) -> str | None:

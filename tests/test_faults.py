@@ -422,19 +422,24 @@ def test_a_disk_that_fills_mid_run_stops_it_with_one_line_and_the_resume_loses_n
 
 def test_a_save_whose_peer_process_stopped_names_that_not_the_collective():
   """Process 0's save after process 1 died (the two-process bucket outage without the clients'
-  retries): the line says another process stopped, not only that Gloo lost a connection."""
+  retries): the line says another process did not reach the exchange, not only that Gloo lost a
+  connection; a path that merely names a collective is not mistaken for one."""
   from unittest import mock
 
   gloo = RuntimeError(
     "UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:547] Connection "
     "closed by peer [127.0.0.1]:40569"
   )
+  full = RuntimeError("Error writing /data/gloo-barrier-runs/ckpt/4: [os_error_code='28']")
   with mock.patch.object(jax, "process_count", return_value=2):
     assert ckpt_lib._save_failure(gloo) == (
-      "another process of this run stopped during the save; its own error says why: "
-      "RuntimeError: UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:547]"
-      " Connection closed by peer [127.0.0.1]:40569"
+      "another process of this run did not reach the save's exchange (it stopped, or is late); "
+      "its own output says why: RuntimeError: UNKNOWN: Gloo AllGather failed: "
+      "[external/gloo/gloo/transport/tcp/pair.cc:547] Connection closed by peer [127.0.0.1]:40569"
     )
+    assert ckpt_lib._save_failure(full) == "No space left on device"
+    path_only = RuntimeError("Error writing /runs/nccl-barrier/ckpt/4: permission denied")
+    assert ckpt_lib._save_failure(path_only).startswith("RuntimeError: Error writing")
   assert ckpt_lib._save_failure(gloo).startswith("RuntimeError: UNKNOWN: Gloo")  # one process
 
 

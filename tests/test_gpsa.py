@@ -287,14 +287,19 @@ def test_convit_overrides_layers_and_locality():
   with pytest.raises(ValueError, match="local_up_to_layer"):
     convit_layers(7, 6)
   with pytest.raises(ValueError) as depth_alone:  # was one line, then the next at the next try
-    create_model("convit_tiny_patch4_32", depth=2)
+    create_model("convit_tiny_patch4_32", depth=4)
   assert str(depth_alone.value).splitlines() == [
-    "class_token_layer=10 must be in [0, 2].",
-    "layer_attention has 12 entries for depth=2.",
-    "depth, layer_attention (a kind per block) and class_token_layer go together: for depth 2, "
-    "--config.model.overrides.class_token_layer=1 --config.model.overrides.layer_attention="
-    "\"('gpsa', 'mhsa')\" (in Python: locvit.models.convit_overrides(local_up_to_layer, "
-    "depth)).",
+    "class_token_layer=10 must be in [0, 4].",
+    "layer_attention has 12 entries for depth=4.",
+    "depth, layer_attention (a kind per block) and class_token_layer go together: give all three "
+    "for depth=4 (for a ConViT, locvit.models.convit_overrides(local_up_to_layer, 4) returns the "
+    "other two).",
+  ]
+  with pytest.raises(ValueError) as no_kinds:  # a model without per-block kinds
+    create_model("deit_tiny_patch16_224", class_token_layer=20)
+  assert str(no_kinds.value).splitlines() == [
+    "class_token_layer=20 must be in [0, 12].",
+    "depth and class_token_layer go together: give class_token_layer in [0, 12].",
   ]
   model = create_model(
     "convit_tiny_patch4_32",

@@ -336,8 +336,8 @@ def test_data_takes_locvit_mains_forms(tmp_path, monkeypatch, capsys):
   )
   assert rp.main([*run, "--data=tfds:/a", "--tfds_data_dir=/b"]) == 2  # which one?
   assert capsys.readouterr().err == (
-    "locvit.reproduce: error: --tfds_data_dir goes with --data=tfds only; give --data=tfds:/b "
-    "instead\n"
+    "locvit.reproduce: error: --tfds_data_dir goes with --data=tfds only (given --data=tfds:/a); "
+    "give the data one way: --data=tfds:/b, or --data=tfds:/a alone\n"
   )
   assert not workdir.exists()
 

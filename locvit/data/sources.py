@@ -359,7 +359,7 @@ class TfdsSource:
       self._ds = builder.as_data_source(split=split)
     except Exception as e:
       # builder.is_prepared()'s test, without the absl warning it logs before our error
-      if not (builder.data_path / "dataset_info.json").exists():
+      if not (builder.data_path / tfds.core.constants.DATASET_INFO_FILENAME).exists():
         raise DatasetNotPreparedError(
           f"TFDS dataset {name!r} is not prepared: looked for {where!r} (data_dir="
           f"{root_dir!r}) and found no prepared version {builder.version}. "

@@ -105,12 +105,22 @@ class VisionTransformer(nn.Module):
         f"layer_attention has {len(self.layer_attention)} entries for depth={self.depth}."
       )
     if depth_errors.messages:
-      depth_errors.add(
-        "depth, layer_attention (a kind per block) and class_token_layer go together: for depth 2, "
-        "--config.model.overrides.class_token_layer=1 --config.model.overrides.layer_attention="
-        "\"('gpsa', 'mhsa')\" (in Python: locvit.models.convit_overrides(local_up_to_layer, "
-        "depth))."
-      )
+      if self.layer_attention is None:
+        depth_errors.add(
+          f"depth and class_token_layer go together: give class_token_layer in [0, {self.depth}]."
+        )
+      else:
+        convit = "gpsa" in self.layer_attention
+        depth_errors.add(
+          "depth, layer_attention (a kind per block) and class_token_layer go together: give "
+          f"all three for depth={self.depth}"
+          + (
+            f" (for a ConViT, locvit.models.convit_overrides(local_up_to_layer, {self.depth}) "
+            "returns the other two)."
+            if convit
+            else "."
+          )
+        )
       depth_errors.raise_all()
     if self.layer_attention is not None:
       unknown = sorted(set(self.layer_attention) - set(list_attention()))

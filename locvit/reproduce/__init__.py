@@ -581,7 +581,8 @@ def plan_configs(
   if tfds_data_dir is not None:
     if data != "tfds":
       raise ReproduceError(
-        f"--tfds_data_dir goes with --data=tfds only; give --data=tfds:{tfds_data_dir} instead"
+        f"--tfds_data_dir goes with --data=tfds only (given --data={data}); give the data one "
+        f"way: --data=tfds:{tfds_data_dir}, or --data={data} alone"
       )
     data = f"tfds:{tfds_data_dir}"
   if data == "image_folder":

@@ -293,10 +293,13 @@ def _checked_setup(config, hooks):
   eval_source = data_lib.make_source(config.data, config.data.eval_split)
   data_lib.check_same_classes(train_source, eval_source)
   if train_source.num_classes < 2:  # one logit: the loss is 0 from the first step
-    where = config.data.root if config.data.source == "image_folder" else config.data.name
+    folders = config.data.source == "image_folder"
+    classes = ", ".join(train_source.class_names) or "none"
+    count = "one class" if train_source.num_classes == 1 else "no class"
     raise ValueError(
-      f"{where} has one class in {config.data.train_split!r} ({train_source.class_names[0]}): a "
-      "classifier needs at least 2, one folder per class: ROOT/<split>/<class_name>/*.jpg"
+      f"{config.data.root if folders else config.data.name} has {count} in "
+      f"{config.data.train_split!r} ({classes}): a classifier needs at least 2"
+      + (", one folder per class: ROOT/<split>/<class_name>/*.jpg" if folders else "")
     )
   num_classes = config.data.num_classes or train_source.num_classes
   validate_recipe(config, num_classes)
