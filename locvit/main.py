@@ -48,13 +48,19 @@ from locvit.run import preemption
 
 MODES = ("train", "eval", "analyze")
 
-_CONFIG = config_flags.DEFINE_config_file(
-  "config",
-  None,
-  "A config file, the name of a shipped config (e.g. convit_s), or a run's config.json. "
-  "Default: the config saved in --workdir.",
-  lock_config=True,
-)
+try:  # config_flags reads sys.argv's --flagfile here, when the flag is defined
+  _CONFIG = config_flags.DEFINE_config_file(
+    "config",
+    None,
+    "A config file, the name of a shipped config (e.g. convit_s), or a run's config.json. "
+    "Default: the config saved in --workdir.",
+    lock_config=True,
+  )
+except flags.CantOpenFlagFileError as e:
+  if __name__ != "__main__":
+    raise
+  print(f"locvit: error: {str(e).removeprefix('ERROR:: ')}", file=sys.stderr)
+  sys.exit(2)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
 _DATA = flags.DEFINE_string(
   "data",

@@ -131,6 +131,10 @@ FIELDS = (
       [],
       "no --config given and {workdir}/config.json does not exist (no run saved its config)",
     ),
+    (
+      [QUICKSTART, "--flagfile=/no/such/flags"],  # was a traceback from config_flags' import
+      "Unable to open flagfile: [Errno 2] No such file or directory: '/no/such/flags'",
+    ),
   ],
   ids=[
     "misspelt",
@@ -147,6 +151,7 @@ FIELDS = (
     "bad_arg",
     "no_arg",
     "none",
+    "no_flagfile",
   ],
 )
 def test_config_mistake_is_one_line_and_creates_no_workdir(tmp_path, args, line):
