@@ -31,7 +31,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
 import ml_collections
@@ -182,15 +182,21 @@ def resolve_config(value: str) -> str:
   raise ConfigError(f"--config={value}: no such file, and no shipped config {name!r}; {hint}")
 
 
-def _flag_value(argv: Sequence[str], name: str) -> tuple[int, str | None]:
-  """(index, value) of ``--name=value`` / ``--name value`` in ``argv``, or (-1, None)."""
+def _flag_values(argv: Sequence[str], name: str) -> Iterator[tuple[int, str | None]]:
+  """(index, value) of each ``--name=value`` / ``--name value`` in ``argv``, in order."""
   for i, arg in enumerate(argv):
-    match = re.fullmatch(rf"--?{name}(=(.*))?", arg)
+    match = re.fullmatch(rf"--?{re.escape(name)}(=(.*))?", arg, re.DOTALL)
     if match:
       if match.group(1) is not None:
-        return i, match.group(2)
-      return i, argv[i + 1] if i + 1 < len(argv) else None
-  return -1, None
+        yield i, match.group(2)
+      else:
+        yield i, argv[i + 1] if i + 1 < len(argv) else None
+
+
+def _flag_value(argv: Sequence[str], name: str) -> tuple[int, str | None]:
+  """(index, value) of the first ``--name=value`` / ``--name value`` in ``argv``, or (-1,
+  None)."""
+  return next(_flag_values(argv, name), (-1, None))
 
 
 def resolve_config_argv(argv: Sequence[str]) -> list[str]:
@@ -236,12 +242,8 @@ _MODEL_OVERRIDE = re.compile(r"--?(no)?config\.model\.overrides\.(\w+)(?:=(.*))?
 
 def _model_name(argv: Sequence[str], config: ml_collections.ConfigDict) -> str:
   """The model ``argv`` runs: its last ``--config.model.name``, else the config's."""
-  name = config.model.name
-  for i, arg in enumerate(argv):
-    match = re.fullmatch(r"--?config\.model\.name(=(.*))?", arg, re.DOTALL)
-    if match:
-      name = match.group(2) if match.group(1) else next(iter(argv[i + 1 :]), name)
-  return name
+  values = [value for _, value in _flag_values(argv, "config.model.name") if value is not None]
+  return values[-1] if values else config.model.name
 
 
 def split_model_overrides(argv: Sequence[str]) -> tuple[list[str], dict[str, object]]:
