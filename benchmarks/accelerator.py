@@ -173,6 +173,9 @@ VARIANTS = {
     "random_erasing": {"prob": 0.0},
   },
 }
+# Compiling for a GPU that is not attached, XLA cannot autotune its Triton GEMMs, and for some
+# shapes finds no tiling at all (ViT d9's 8320x192 projection): cuBLAS takes every GEMM.
+DEVICELESS_GPU_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
 TORCH_SIDES = ("eager", "compile")
 # --smoke: two blocks per model (one GPSA, one MHSA for ConViT), so compilation stays short.
 SMOKE_DEPTH = 2
@@ -313,21 +316,39 @@ class CompiledStep:
   steps_per_call: int
 
 
-def compile_loop_step(config, image_size: int, num_classes: int, variant: str) -> CompiledStep:
+def compile_loop_step(
+  config, image_size: int, num_classes: int, variant: str, device=None
+) -> CompiledStep:
   """The training loop's step for ``config`` changed by ``VARIANTS[variant]``, compiled with the
   variant's XLA options, and its arguments: a resident synthetic batch (``steps_per_dispatch``
-  times over for K steps a call)."""
+  times over for K steps a call).
+
+  ``device``: a compile-only device (``jax.experimental.topologies``: XLA's compilation for a
+  chip that is not attached), for which the step is compiled from its arguments' shapes alone;
+  the kernel setting JAX would choose there (``attention_implementation=None`` is 'xla' off the
+  CPU) is set explicitly, since the host's backend would resolve None to the CPU's. Such a
+  step can be read (``compiled.as_text()``), not run."""
   fields = dict(VARIANTS[variant])
   setting = fields.pop("xla_options", "none")
   config = complete_config(config)  # a copy, with every field (steps_per_dispatch...)
   config.update(fields)
+  if device is not None and config.attention_implementation is None:
+    config.attention_implementation = "xla"
   state, step = _state_and_step(config, (image_size, image_size, 3), num_classes, loop=True)
   k = config.steps_per_dispatch
   batches = [_synthetic_batch(config.batch_size, image_size, num_classes)] * k
-  options = xla_options.compiler_options(setting, jax.default_backend())
   health = train.initial_health()
+  args = (state, batches, (), health)
+  if device is None:
+    options = xla_options.compiler_options(setting, jax.default_backend())
+  else:
+    place = jax.sharding.SingleDeviceSharding(device)
+    args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=place), args)
+    options = xla_options.compiler_options(setting, device.platform)
+    if device.platform == "gpu":
+      options |= DEVICELESS_GPU_OPTIONS
   with _tracing(variant):
-    lowered = step.lower(state, batches, (), health)
+    lowered = step.lower(*args)
   return CompiledStep(lowered.compile(options), state, batches, health, k)
 
 

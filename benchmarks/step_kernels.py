@@ -2,6 +2,7 @@
 
   python benchmarks/step_kernels.py [--rows="GMM-ViT d9,ViT d9"] [--batch=128]
       [--variants=default,flat_opt] [--fp32] [--time=5]
+  python benchmarks/step_kernels.py --gpu=h200 [--rows=...] [--variants=...]   # no GPU needed
   python benchmarks/step_kernels.py --smoke     # two blocks, batch 2, fp32: under a minute
 
 Compiles the step ``benchmarks/accelerator.py`` times (``compile_loop_step``: the training loop's
@@ -9,17 +10,27 @@ step with the non-finite guard, bf16 compute unless ``--fp32``; a CIFAR row of
 ``accelerator.MODELS_32``) under each ``--variants`` setting (``accelerator.VARIANTS``) for this
 host's backend, and counts the top-level instructions of the optimised HLO's entry computation
 that run as kernels (XLA:CPU: thunks): everything but parameters, constants, tuples,
-get-tuple-element and bitcasts; a ``while`` or ``call`` counts once, whatever its body runs.
+get-tuple-element and bitcasts; the kernels of a ``call`` (XLA:GPU's command buffers) count
+where they run; a ``while`` counts once, and its body's kernels (run once per iteration) are
+printed on their own line.
 Each is put in a category by its source stack (the HLO's ``StackFrames``): its innermost frame
 in ``locvit/run/step.py`` says whether it came from the model (forward; backward when its
 ``op_name`` holds ``transpose(``), the optimizer (``tx.update``, ``apply_updates``), the weight
 EMA, the metrics, the input augmentation and random keys, or the non-finite guard; XLA's own
 instructions carry no source (on XLA:CPU: copies of constants, and under bf16 compute the
-float32 converts around its float32-only kernels). A fusion carries its root's source. XLA:CPU
-fuses differently from XLA:GPU: the counts on CPU indicate, they are not the GPU's.
+float32 converts around its float32-only kernels). A fusion carries its root's source.
+
+``--gpu=h100|h200``: XLA:GPU's own kernels, on any host, with no GPU: the step is compiled for a
+compile-only NVIDIA device (XLA's deviceless compilation, ``jax.experimental.topologies``) whose
+description is ``benchmarks/gpu_targets/NAME.txtpb``. It needs jax's CUDA plugin at jax's
+version (``pip install jax-cuda12-plugin==V jax-cuda12-pjrt==V``; no driver or CUDA libraries).
+Without the chip XLA cannot autotune, so every GEMM goes to cuBLAS
+(``accelerator.DEVICELESS_GPU_OPTIONS``): on a GPU the autotuner may pick a Triton GEMM instead
+for some. XLA:CPU fuses differently from XLA:GPU: the CPU's counts indicate, ``--gpu``'s are the
+GPU compiler's.
 
 ``--time=N``: also N rounds of 3 steps of each variant, interleaved (``accelerator``'s timing):
-the median step time, side by side.
+the median step time, side by side (not with ``--gpu``).
 """
 
 from __future__ import annotations
@@ -27,10 +38,10 @@ from __future__ import annotations
 import argparse
 import collections
 import linecache
+import os
 import re
-
-import accelerator
-import jax
+import sys
+from pathlib import Path
 
 # Entry instructions that are not kernels.
 NOT_KERNELS = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast")
@@ -56,6 +67,8 @@ CATEGORIES = (
   NO_SOURCE,
 )
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%\S+ = .*? ([a-z][\w-]*)\(")
+LOOP_BODIES = "in loop bodies (per iteration)"
+GPU_TARGETS = Path(__file__).resolve().parent / "gpu_targets"
 
 
 def _section(hlo: str, name: str) -> dict[int, str]:
@@ -108,23 +121,63 @@ def category(op_name: str, stack: list[tuple[str, str, int]]) -> str:
   return next((name for name, keys in TRAIN_STEP_LINES if any(k in text for k in keys)), OTHER)
 
 
+def computations(hlo: str) -> dict[str, list[str]]:
+  """The optimised HLO text's computations: name -> instruction lines; the entry's is 'ENTRY'."""
+  out = {}
+  for match in re.finditer(r"^(ENTRY )?%(\S+) .*\{\n((?:.*\n)*?)\}$", hlo, re.M):
+    out["ENTRY" if match.group(1) else match.group(2)] = match.group(3).splitlines()
+  return out
+
+
 def kernel_counts(hlo: str) -> collections.Counter:
   """Kernel-like instructions of ``hlo``'s (optimised HLO text) entry computation, by
-  ``category``; also by opcode under the key ``('opcode', NAME)``."""
+  ``category``, the kernels of its ``call``s included; also by opcode under the key
+  ``('opcode', NAME)``, and the kernels of ``while`` bodies under ``LOOP_BODIES``."""
   frames = stacks(hlo)
-  entry = hlo[hlo.index("\nENTRY ") :]
-  entry = entry[: entry.index("\n}")]
+  bodies = computations(hlo)
   counts = collections.Counter()
-  for line in entry.splitlines()[1:]:
-    match = _INSTRUCTION.match(line)
-    if not match or match.group(1) in NOT_KERNELS:
-      continue
-    op_name = re.search(r'op_name="([^"]*)"', line)
-    frame = re.search(r"stack_frame_id=(\d+)", line)
-    stack = frames.get(int(frame.group(1)), []) if frame else []
-    counts[category(op_name.group(1) if op_name else "", stack)] += 1
-    counts[("opcode", match.group(1))] += 1
+
+  def count(name: str, key: str | None) -> None:
+    for line in bodies.get(name, ()):
+      match = _INSTRUCTION.match(line)
+      if not match or match.group(1) in NOT_KERNELS:
+        continue
+      called = re.search(r"to_apply=%([\w.-]+)", line)
+      if match.group(1) == "call" and called:
+        count(called.group(1), key)
+        continue
+      op_name = re.search(r'op_name="([^"]*)"', line)
+      frame = re.search(r"stack_frame_id=(\d+)", line)
+      stack = frames.get(int(frame.group(1)), []) if frame else []
+      counts[key or category(op_name.group(1) if op_name else "", stack)] += 1
+      counts[("opcode", match.group(1))] += key is None
+      if match.group(1) == "while":
+        for part in ("condition", "body"):
+          count(re.search(rf"{part}=%([\w.-]+)", line).group(1), LOOP_BODIES)
+
+  count("ENTRY", None)
   return counts
+
+
+def compile_only_gpu(name: str):
+  """A compile-only device for the GPU described in ``GPU_TARGETS/NAME.txtpb``; exits with the
+  install line when jax's CUDA plugin is missing."""
+  # The plugin checks the CUDA libraries it would run with; compiling needs none of them.
+  os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  import jax
+  from jax.experimental import topologies
+
+  try:
+    topology = topologies.get_topology_desc(
+      name, "cuda", target_config=(GPU_TARGETS / f"{name}.txtpb").read_text(), topology="1x1x1"
+    )
+  except NotImplementedError:
+    sys.exit(
+      "step_kernels.py: error: --gpu needs jax's CUDA plugin, which is not installed: pip install"
+      f" jax-cuda12-plugin=={jax.__version__} jax-cuda12-pjrt=={jax.__version__}"
+    )
+  return topology.devices[0]
 
 
 def main() -> None:
@@ -135,7 +188,17 @@ def main() -> None:
   parser.add_argument("--time", type=int, default=0, help="rounds of 3 timed steps per variant")
   parser.add_argument("--smoke", action="store_true", help="two blocks, batch 2, fp32")
   parser.add_argument("--fp32", action="store_true", help="float32 compute (no bf16 converts)")
+  targets = sorted(path.stem for path in GPU_TARGETS.glob("*.txtpb"))
+  parser.add_argument(
+    "--gpu", choices=targets, help="compile for this NVIDIA GPU, without one (XLA:GPU's kernels)"
+  )
   args = parser.parse_args()
+  if args.gpu and args.time:
+    parser.error("--time runs the steps: it needs the chip they are compiled for, not --gpu")
+  compile_only = compile_only_gpu(args.gpu) if args.gpu else None
+  import accelerator  # after compile_only_gpu: jax's backends initialise on import
+  import jax
+
   variants = args.variants.split(",")
   labels = args.rows.split(",")
   bad = [v for v in variants if v not in accelerator.VARIANTS]
@@ -146,24 +209,27 @@ def main() -> None:
       f"{tuple(accelerator.VARIANTS)}"
     )
   batch = 2 if args.smoke else args.batch
-  device = jax.devices()[0]
+  device = compile_only or jax.devices()[0]
   compute = "fp32" if args.smoke or args.fp32 else "bf16"
   print(
-    f"Top-level kernels of the compiled training step, batch {batch}, {compute} compute, on"
-    f" {device.platform} ({device.device_kind}){', smoke sizes' if args.smoke else ''}"
+    f"Kernels of the compiled training step, batch {batch}, {compute} compute, on"
+    f" {device.platform} ({device.device_kind}{', compile-only' if compile_only else ''})"
+    f"{', smoke sizes' if args.smoke else ''}"
   )
   for label in labels:
     config = accelerator._config_32(label, batch, args.smoke)
     config.mixed_precision = config.mixed_precision and not args.fp32
-    steps = {v: accelerator.compile_loop_step(config, 32, 10, v) for v in variants}
+    steps = {v: accelerator.compile_loop_step(config, 32, 10, v, compile_only) for v in variants}
     counts = {v: kernel_counts(step.compiled.as_text()) for v, step in steps.items()}
     print(f"\n{label} b{batch}")
     print(f"  {'category':<30}" + "".join(f" {v:>10}" for v in variants))
     for name in CATEGORIES:
       if any(counts[v][name] for v in variants):
         print(f"  {name:<30}" + "".join(f" {counts[v][name]:>10}" for v in variants))
-    totals = {v: sum(n for k, n in counts[v].items() if isinstance(k, str)) for v in variants}
+    totals = {v: sum(counts[v][name] for name in CATEGORIES) for v in variants}
     print(f"  {'total':<30}" + "".join(f" {totals[v]:>10}" for v in variants))
+    if any(counts[v][LOOP_BODIES] for v in variants):
+      print(f"  {LOOP_BODIES:<30}" + "".join(f" {counts[v][LOOP_BODIES]:>10}" for v in variants))
     opcodes = sorted({k for v in variants for k in counts[v] if isinstance(k, tuple)})
     print(
       "  by opcode: "
@@ -178,7 +244,10 @@ def main() -> None:
       print(
         "  step ms: " + ", ".join(f"{v} {1e3 * t:.1f} ({t / base:.2f}x)" for v, t in times.items())
       )
-  print("\nA while or call counts once. XLA:CPU's fusion is not XLA:GPU's: an indication only.")
+  if compile_only:
+    print("\nXLA:GPU's compilation without the chip: every GEMM a cuBLAS call (no autotuning).")
+  else:
+    print("\nXLA:CPU's fusion is not XLA:GPU's (--gpu counts those): an indication only.")
 
 
 if __name__ == "__main__":

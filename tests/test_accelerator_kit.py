@@ -302,3 +302,45 @@ StackFrames
     "no source (XLA's own)": 1,
   }
   assert counts[("opcode", "fusion")] == 3 and counts[("opcode", "copy")] == 1
+
+
+def test_step_kernels_counts_kernels_inside_command_buffers_and_loop_bodies_apart():
+  step_kernels = _benchmarks_module("step_kernels")
+  # XLA:GPU's command buffer is a `call`: its kernels run where it is; a while's body runs per
+  # iteration, so its kernels are counted apart from the step's.
+  hlo = """HloModule jit_step
+%command_buffer (p.0: f32[2]) -> f32[2] {
+  %p.0 = f32[2]{0} parameter(0)
+  %fusion.1 = f32[2]{0} fusion(%p.0), kind=kLoop, metadata={op_name="jit(s)/jvp(ViT)/mul"}
+  ROOT %fusion.2 = f32[2]{0} fusion(%fusion.1), kind=kLoop, metadata={op_name="jit(s)/jvp(ViT)/add"}
+}
+
+%body (t.0: (s32[], f32[2])) -> (s32[], f32[2]) {
+  %t.0 = (s32[], f32[2]{0}) parameter(0)
+  %gte.1 = f32[2]{0} get-tuple-element(%t.0), index=1
+  %fusion.3 = f32[2]{0} fusion(%gte.1), kind=kLoop
+  %fusion.4 = s32[] fusion(%t.0), kind=kLoop
+  ROOT %tuple.5 = (s32[], f32[2]{0}) tuple(%fusion.4, %fusion.3)
+}
+
+%cond (t.1: (s32[], f32[2])) -> pred[] {
+  %t.1 = (s32[], f32[2]{0}) parameter(0)
+  ROOT %fusion.6 = pred[] fusion(%t.1), kind=kLoop
+}
+
+ENTRY %main (p.1: f32[2]) -> f32[2] {
+  %p.1 = f32[2]{0} parameter(0)
+  %call.7 = f32[2]{0} call(%p.1), to_apply=%command_buffer
+  %tuple.8 = (s32[], f32[2]{0}) tuple(%p.1, %call.7)
+  %while.9 = (s32[], f32[2]{0}) while(%tuple.8), condition=%cond, body=%body
+  ROOT %gte.10 = f32[2]{0} get-tuple-element(%while.9), index=1
+}
+"""
+  counts = step_kernels.kernel_counts(hlo)
+  assert {k: n for k, n in counts.items() if isinstance(k, str)} == {
+    "model forward": 2,  # the command buffer's two fusions
+    "no source (XLA's own)": 1,  # the while
+    step_kernels.LOOP_BODIES: 3,  # its body's two fusions and its condition's one
+  }
+  assert counts[("opcode", "fusion")] == 2 and counts[("opcode", "while")] == 1
+  assert ("opcode", "call") not in counts
