@@ -1,7 +1,7 @@
 """How the compiled training step's kernels split between the model and the optimizer.
 
   python benchmarks/step_kernels.py [--rows="GMM-ViT d9,ViT d9"] [--batch=128]
-      [--variants=default,flat_opt] [--fp32] [--time=5]
+      [--variants=default,flat_opt] [--fp32] [--time=5] [--dump=DIR]
   python benchmarks/step_kernels.py --gpu=h200 [--rows=...] [--variants=...]   # no GPU needed
   python benchmarks/step_kernels.py --smoke     # two blocks, batch 2, fp32: under a minute
 
@@ -192,6 +192,7 @@ def main() -> None:
   parser.add_argument(
     "--gpu", choices=targets, help="compile for this NVIDIA GPU, without one (XLA:GPU's kernels)"
   )
+  parser.add_argument("--dump", help="also write each step's optimised HLO text to this folder")
   args = parser.parse_args()
   if args.gpu and args.time:
     parser.error("--time runs the steps: it needs the chip they are compiled for, not --gpu")
@@ -220,7 +221,13 @@ def main() -> None:
     config = accelerator._config_32(label, batch, args.smoke)
     config.mixed_precision = config.mixed_precision and not args.fp32
     steps = {v: accelerator.compile_loop_step(config, 32, 10, v, compile_only) for v in variants}
-    counts = {v: kernel_counts(step.compiled.as_text()) for v, step in steps.items()}
+    texts = {v: step.compiled.as_text() for v, step in steps.items()}
+    counts = {v: kernel_counts(text) for v, text in texts.items()}
+    if args.dump:
+      Path(args.dump).mkdir(parents=True, exist_ok=True)
+      for v, text in texts.items():
+        name = f"{label}_b{batch}_{v}{'_' + args.gpu if args.gpu else ''}.hlo.txt"
+        (Path(args.dump) / name.replace(" ", "_")).write_text(text)
     print(f"\n{label} b{batch}")
     print(f"  {'category':<30}" + "".join(f" {v:>10}" for v in variants))
     for name in CATEGORIES:
