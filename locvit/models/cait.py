@@ -95,7 +95,9 @@ class TalkingHeadsAttention(Attention):
   def _terms(self, grid: TokenGrid | None) -> tuple[Term, ...]:
     if self.attention != "mhsa" and grid is None:
       raise ValueError("A CaiT mask applies to self-attention on a token grid only.")
-    return mask_terms(self.attention, self.num_heads, grid, self.attention_kwargs)
+    return mask_terms(
+      self.attention, self.num_heads, grid, self.attention_kwargs, self.implementation
+    )
 
   def _mix(self, name: str) -> Array:
     """An ``(H, H)`` head-mixing matrix, ``N(0, 1)`` at init as in the official code."""
