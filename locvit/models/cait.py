@@ -90,7 +90,7 @@ class TalkingHeadsAttention(Attention):
     kv = self._kernel(
       x if context is None else context, (2, heads, head_dim), (None, "heads", "kv"), "kv"
     )
-    return q, kv[:, :, 0], kv[:, :, 1]
+    return (q, *projections.split_projections(kv, self.implementation))
 
   def _terms(self, grid: TokenGrid | None) -> tuple[Term, ...]:
     if self.attention != "mhsa" and grid is None:
