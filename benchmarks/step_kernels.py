@@ -159,6 +159,14 @@ def kernel_counts(hlo: str) -> collections.Counter:
   return counts
 
 
+def listed_kernels(hlo: str) -> str:
+  """The kernels an optimised HLO lists, ``'N'``, or ``'N+M'`` with M in a pass of its loops'
+  bodies: what a profile's count of kernels per step is compared with."""
+  counts = kernel_counts(hlo)
+  outside = sum(counts[name] for name in CATEGORIES)
+  return f"{outside}+{counts[LOOP_BODIES]}" if counts[LOOP_BODIES] else str(outside)
+
+
 def compile_only_gpu(name: str):
   """A compile-only device for the GPU described in ``GPU_TARGETS/NAME.txtpb``; exits with the
   install line when jax's CUDA plugin is missing."""
