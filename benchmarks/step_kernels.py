@@ -7,12 +7,12 @@
 
 Compiles the step ``benchmarks/accelerator.py`` times (``compile_loop_step``: the training loop's
 step with the non-finite guard, bf16 compute unless ``--fp32``; a CIFAR row of
-``accelerator.MODELS_32``) under each ``--variants`` setting (``accelerator.VARIANTS``) for this
-host's backend, and counts the top-level instructions of the optimised HLO's entry computation
-that run as kernels (XLA:CPU: thunks): everything but parameters, constants, tuples,
-get-tuple-element and bitcasts; the kernels of a ``call`` (XLA:GPU's command buffers) count
-where they run; a ``while`` counts once, and its body's kernels (run once per iteration) are
-printed on their own line.
+``accelerator.MODELS_32``, or a model of ``accelerator.MODELS_224`` with the DeiT recipe at 224)
+under each ``--variants`` setting (``accelerator.VARIANTS``) for this host's backend, and counts
+the top-level instructions of the optimised HLO's entry computation that run as kernels
+(XLA:CPU: thunks): everything but parameters, constants, tuples, get-tuple-element and bitcasts;
+the kernels of a ``call`` (XLA:GPU's command buffers) count where they run; a ``while`` counts
+once, and its body's kernels (run once per iteration) are printed on their own line.
 Each is put in a category by its source stack (the HLO's ``StackFrames``): its innermost frame
 in ``locvit/run/step.py`` says whether it came from the model (forward; backward when its
 ``op_name`` holds ``transpose(``), the optimizer (``tx.update``, ``apply_updates``), the weight
@@ -190,7 +190,9 @@ def compile_only_gpu(name: str):
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--rows", default="GMM-ViT d9,ViT d9", help="accelerator.MODELS_32 labels")
+  parser.add_argument(
+    "--rows", default="GMM-ViT d9,ViT d9", help="accelerator.MODELS_32 labels, MODELS_224 names"
+  )
   parser.add_argument("--batch", type=int, default=128)
   parser.add_argument("--variants", default="default,flat_opt", help="accelerator.VARIANTS")
   parser.add_argument("--time", type=int, default=0, help="rounds of 3 timed steps per variant")
@@ -210,13 +212,11 @@ def main() -> None:
 
   variants = args.variants.split(",")
   labels = args.rows.split(",")
+  rows = (*accelerator.MODELS_32, *accelerator.MODELS_224)
   bad = [v for v in variants if v not in accelerator.VARIANTS]
-  bad += [r for r in labels if r not in accelerator.MODELS_32]
+  bad += [r for r in labels if r not in rows]
   if bad:
-    parser.error(
-      f"unknown {bad}; rows: {tuple(accelerator.MODELS_32)}, variants: "
-      f"{tuple(accelerator.VARIANTS)}"
-    )
+    parser.error(f"unknown {bad}; rows: {rows}, variants: {tuple(accelerator.VARIANTS)}")
   batch = 2 if args.smoke else args.batch
   device = compile_only or jax.devices()[0]
   compute = "fp32" if args.smoke or args.fp32 else "bf16"
@@ -226,9 +226,15 @@ def main() -> None:
     f"{', smoke sizes' if args.smoke else ''}"
   )
   for label in labels:
-    config = accelerator._config_32(label, batch, args.smoke)
+    if label in accelerator.MODELS_32:
+      config, size, classes = accelerator._config_32(label, batch, args.smoke), 32, 10
+    else:  # the DeiT recipe at 224 (32 under --smoke), as the kit's Table 1
+      config = accelerator._config_224(label, batch, args.smoke)
+      size, classes = (32 if args.smoke else 224), accelerator.NUM_CLASSES
     config.mixed_precision = config.mixed_precision and not args.fp32
-    steps = {v: accelerator.compile_loop_step(config, 32, 10, v, compile_only) for v in variants}
+    steps = {
+      v: accelerator.compile_loop_step(config, size, classes, v, compile_only) for v in variants
+    }
     texts = {v: step.compiled.as_text() for v, step in steps.items()}
     counts = {v: kernel_counts(text) for v, text in texts.items()}
     if args.dump:
