@@ -305,6 +305,11 @@ StackFrames
     "no source (XLA's own)": 1,
   }
   assert counts[("opcode", "fusion")] == 3 and counts[("opcode", "copy")] == 1
+  # What each kernel reads and writes, once: its f32[2] operand and result, 8 bytes each.
+  assert (
+    counts[("bytes", "model forward")] == 16
+    and step_kernels.array_bytes("(bf16[3,4], pred[5])") == 29
+  )
 
 
 def test_step_kernels_counts_kernels_inside_command_buffers_and_loop_bodies_apart():
