@@ -249,13 +249,16 @@ StackFrames
 
 def test_a_cudnn_side_cudnn_cannot_train_is_skipped_with_locvits_reason():
   """On a GPU the kit skips such a side with this line instead of compiling it (the H200 run got
-  JAX's NotImplementedError traceback for ViT d9's 65 tokens); the check itself runs anywhere."""
+  JAX's NotImplementedError traceback for ViT d9's 65 tokens, which locvit now pads to 66); the
+  check itself runs anywhere."""
   kit = _benchmarks_module("accelerator")
   vit = kit._config_32("ViT d9", 128, smoke=False)  # class token: 64 patches + 1
+  assert kit.cudnn_refusal(vit, 32, 10) is None
+  vit.mixed_precision = False
   assert kit.cudnn_refusal(vit, 32, 10) == (
-    "attention_implementation='cudnn': cuDNN's fused attention cannot take sequence length 65 in "
-    "training (it needs even lengths); use attention_implementation='xla' or None (JAX's choice: "
-    "XLA)"
+    "attention_implementation='cudnn': cuDNN's fused attention cannot take float32 inputs (it "
+    "needs bfloat16 or float16: mixed precision); use attention_implementation='xla' or None "
+    "(JAX's choice: XLA)"
   )
   assert kit.cudnn_refusal(kit._config_32("GMM-ViT d9", 128, smoke=False), 32, 10) is None
 
