@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from locvit import sharding
 from locvit.choices import Errors, check_choice
 
 # Parameter-name fragments never decayed under the 'intended' mask.
@@ -139,11 +140,26 @@ def make_schedule(
   return optax.join_schedules([ramp, after], [warmup])
 
 
+def replicated_parameters(config: ml_collections.ConfigDict) -> bool:
+  """Whether every parameter is whole on each device (no mesh rule but the batch's maps an axis):
+  concatenating the leaves then moves no data between devices."""
+  return all(axes is None for name, axes in sharding.logical_rules(config.mesh) if name != "batch")
+
+
 def gradient_norm(config: ml_collections.ConfigDict, grads: Any) -> jax.Array:
-  """The global norm of ``grads`` (the step's ``train/grad_norm``); with ``optimizer.flatten``,
-  the norm of the concatenation ``optax.flatten`` makes, which XLA then computes once for both
-  (and with clipping, the norm too) instead of once per leaf beside it."""
-  if config.optimizer.flatten:
+  """The global norm of ``grads`` (the step's ``train/grad_norm``).
+
+  Computed on the concatenation of the leaves: with ``optimizer.flatten``, the one
+  ``optax.flatten`` makes, which XLA then computes once for both (and with clipping, the norm
+  too); without, where the parameters are replicated and nothing clips (clipping's own norm is
+  then the metric's too), so that XLA:GPU does not fuse a squared-norm reduction into each
+  leaf's update, which turns every update into a reduction of its own and the norm into dozens
+  of partial sums (docs/benchmarks.md, "The optimizer's and metrics' kernels on XLA:GPU").
+  Equal to the per-leaf norm up to float rounding (the summation order)."""
+  concatenate = config.optimizer.flatten or (
+    replicated_parameters(config) and not config.grad_clip_norm
+  )
+  if concatenate:
     return optax.tree.norm(jnp.concatenate([jnp.reshape(g, [-1]) for g in jax.tree.leaves(grads)]))
   return optax.tree.norm(grads)
 

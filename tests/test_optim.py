@@ -229,3 +229,16 @@ def test_flat_optimizer_trains_as_the_per_parameter_one_and_refuses_the_others_c
     "  optimizer.flatten: checkpoint has False, config has True\n"
     "Use a fresh --workdir, or restore the original config values to resume."
   )
+
+
+def test_gradient_norm_sums_one_concatenation_where_parameters_are_replicated():
+  """train/grad_norm: the concatenation's norm (one reduction on XLA:GPU, not one fused into
+  each leaf's update) under 'dp' without clipping; per leaf under fsdp or beside clipping."""
+  grads = {"a": jnp.linspace(-1.0, 2.0, 7), "b": {"c": jnp.full((3, 5), 0.3)}}
+  per_leaf = optax.tree.norm(grads)
+  config = tiny_config()
+  for layout, clip, concatenates in [("dp", 0.0, True), ("fsdp", 0.0, False), ("dp", 1.0, False)]:
+    config.mesh.layout, config.grad_clip_norm = layout, clip
+    jaxpr = str(jax.make_jaxpr(lambda g: optim.gradient_norm(config, g))(grads))
+    assert ("concatenate" in jaxpr) == concatenates, (layout, clip)
+    np.testing.assert_allclose(optim.gradient_norm(config, grads), per_leaf, rtol=1e-6)
