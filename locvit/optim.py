@@ -178,6 +178,24 @@ def _with_params(inner: optax.GradientTransformation, fn: Callable[[Any], Any]):
   return optax.GradientTransformation(inner.init, update)
 
 
+def _shared_learning_rate(schedule: optax.Schedule) -> optax.Schedule:
+  """``schedule``'s value, the same float, read out of a 2-vector that XLA cannot fold away.
+
+  Every parameter leaf's update reads the learning rate. As a scalar, XLA:GPU's sibling
+  multi-output fusion does not count it as a shared operand (an effective scalar is not
+  profitable to share), and nothing else merges the updates (this XLA has no horizontal
+  fusion): one kernel per leaf. As an element of a vector behind an optimisation barrier (which
+  keeps the algebraic simplifier from slicing it back to the scalar), it is a shared operand,
+  and the updates of equal-shape leaves (the blocks') fuse into one kernel per shape
+  (docs/benchmarks.md, "The optimizer's and metrics' kernels on XLA:GPU")."""
+
+  def learning_rate(step):
+    value = jnp.asarray(schedule(step), jnp.float32)
+    return jax.lax.optimization_barrier(jnp.stack([value, jnp.zeros_like(value)]))[0]
+
+  return learning_rate
+
+
 def make_optimizer(
   config: ml_collections.ConfigDict, params: Any, schedule: optax.Schedule
 ) -> optax.GradientTransformation:
@@ -186,6 +204,7 @@ def make_optimizer(
   opt = config.optimizer
   check_choice("optimizer.name", opt.name, OPTIMIZERS)
   mask = decay_mask(params, opt.decay_mask)
+  schedule = _shared_learning_rate(schedule)
   # A flat vector has no per-leaf mask: the decay term (weight_decay * params, the only use of
   # the parameters in either chain) is given zeros for the parameters the mask spares instead.
   leaf_mask = None if opt.flatten else mask

@@ -242,3 +242,29 @@ def test_gradient_norm_sums_one_concatenation_where_parameters_are_replicated():
     jaxpr = str(jax.make_jaxpr(lambda g: optim.gradient_norm(config, g))(grads))
     assert ("concatenate" in jaxpr) == concatenates, (layout, clip)
     np.testing.assert_allclose(optim.gradient_norm(config, grads), per_leaf, rtol=1e-6)
+
+
+def test_the_learning_rate_read_from_a_vector_leaves_the_updates_bitwise_equal(monkeypatch):
+  """make_optimizer hands optax the learning rate as an element of a vector behind an
+  optimisation barrier (so that XLA:GPU fuses the equal-shape leaves' updates): the same
+  parameters and state, bit for bit, as the plain schedule gives."""
+  import flax.linen as nn
+
+  config = tiny_config(grad_clip_norm=0.5)
+  config.optimizer.weight_decay = 0.05
+  model = train.build_model(config, 10)
+  params = nn.meta.unbox(sharding.init_model_variables(model, (8, 8, 1), jax.random.key(0))[0])
+  schedule = optim.make_schedule(config, 6, 1)
+  txs = [optim.make_optimizer(config, params, schedule)]
+  monkeypatch.setattr(optim, "_shared_learning_rate", lambda s: s)
+  txs.append(optim.make_optimizer(config, params, schedule))
+  results = []
+  for tx in txs:
+    step = jax.jit(lambda p, s, g, tx=tx: tx.update(g, s, p))
+    p, s = params, tx.init(params)
+    for i in range(3):
+      grads = jax.tree.map(lambda x, i=i: jax.random.normal(jax.random.key(i), x.shape), p)
+      updates, s = step(p, s, grads)
+      p = optax.apply_updates(p, updates)
+    results.append((p, s))
+  jax.tree.map(np.testing.assert_array_equal, *results)
