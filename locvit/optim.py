@@ -204,7 +204,8 @@ def make_optimizer(
   opt = config.optimizer
   check_choice("optimizer.name", opt.name, OPTIMIZERS)
   mask = decay_mask(params, opt.decay_mask)
-  schedule = _shared_learning_rate(schedule)
+  if not opt.flatten:  # flat, the updates already share the flat vectors
+    schedule = _shared_learning_rate(schedule)
   # A flat vector has no per-leaf mask: the decay term (weight_decay * params, the only use of
   # the parameters in either chain) is given zeros for the parameters the mask spares instead.
   leaf_mask = None if opt.flatten else mask
