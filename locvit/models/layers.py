@@ -222,7 +222,7 @@ def _normalize_fwd(x, scale, bias, eps, dtype):
   # (x - mean) * rstd is also what the backward pass reads: XLA keeps it rather than the
   # statistics, so the forward pass is one normalisation kernel and one affine kernel.
   y = (x32 - mean) * rstd * scale.astype(jnp.float32) + bias.astype(jnp.float32)
-  return y.astype(dtype), (x, mean, rstd, scale)
+  return y.astype(dtype), (x, mean, rstd, scale, bias)
 
 
 def _normalize_bwd(eps, dtype, residuals, dy):
@@ -230,7 +230,7 @@ def _normalize_bwd(eps, dtype, residuals, dy):
   sums, which XLA fuses with ``dx`` into one kernel. The scale and bias gradients, sums of
   ``dy * xhat`` and ``dy`` over the rows, are one reduction of the two stacked, not two."""
   del eps, dtype
-  x, mean, rstd, scale = residuals
+  x, mean, rstd, scale, bias = residuals
   xhat = (x.astype(jnp.float32) - mean) * rstd
   dy = dy.astype(jnp.float32)
   g = dy * scale.astype(jnp.float32)
@@ -239,7 +239,7 @@ def _normalize_bwd(eps, dtype, residuals, dy):
   dx = rstd * (g - mean_g - xhat * mean_gx)
   rows = tuple(range(x.ndim - 1))
   dscale, dbias = jnp.sum(jnp.stack([dy * xhat, dy], axis=-2), axis=rows)
-  return dx.astype(x.dtype), dscale.astype(scale.dtype), dbias.astype(scale.dtype)
+  return dx.astype(x.dtype), dscale.astype(scale.dtype), dbias.astype(bias.dtype)
 
 
 normalize.defvjp(_normalize_fwd, _normalize_bwd)
