@@ -19,9 +19,11 @@ import pytest
 from locvit.analysis.masks import collect_mask_tables, plot_mask_tables, unfold_mask
 from locvit.attention import Attention, TokenGrid, get_attention, squared_distances
 from locvit.attention.masks import (
+  KERNELS,
   ElementwiseMask,
   GaussianMixtureMask,
   gaussian_base_table,
+  gaussian_mixture,
   mask_attention_kwargs,
   split_mask_options,
 )
@@ -137,14 +139,14 @@ def manual_attention(params, x, table, combine, num_prefix=0):
   return np.einsum("bnhd,hdc->bnc", y, params["proj"]["kernel"]) + params["proj"]["bias"], probs
 
 
-def gmm_attention(combine: str, **kwargs):
+def gmm_attention(combine: str, implementation: str | None = None, **kwargs):
   return get_attention("gmm")(
     num_heads=3,
     head_dim=8,
     qkv_bias=True,
     attn_drop=0.0,
     proj_drop=0.0,
-    implementation=None,
+    implementation=implementation,
     combine=combine,
     num_kernels=2,
     **kwargs,
@@ -199,15 +201,28 @@ def test_gmm_kind_equals_the_attention_seam_with_gradients(combine):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-def test_gmm_table_is_built_once_per_call_without_batch_dimension():
+@pytest.mark.parametrize(
+  "implementation, shape", [("cpu_kernels", "2,3,34,1"), (None, "2,3,64,64")]
+)
+def test_gmm_table_is_built_once_per_call_without_batch_dimension(implementation, shape):
   grid = TokenGrid(8, 8)
-  attn = gmm_attention("multiply")
+  attn = gmm_attention("multiply", implementation=implementation)
   x = jnp.zeros((7, 64, 24))
   variables = attn.init(jax.random.key(0), x, grid=grid)
   text = str(jax.make_jaxpr(lambda v: attn.apply(v, x, grid=grid))(variables))
   shapes = re.findall(r"f32\[([\d,]*)\] = pow ", text)
-  # One pow over (K, H, distinct distances): 34 distinct d^2 on 8x8, no batch dimension.
-  assert shapes == ["2,3,34"]
+  # One pow over (K, H, ...), no batch dimension: on the CPU code paths over the 34 distinct
+  # d^2 of 8x8 (then gathered), otherwise over the query-key pairs (fused on XLA:GPU).
+  assert shapes == [shape]
+
+
+def test_gmm_table_gathered_from_distinct_distances_is_the_full_table():
+  alpha = jax.random.normal(jax.random.key(0), (5, 3))
+  sigma = 10 + 10 * jax.random.normal(jax.random.key(1), (5, 3))
+  grid = TokenGrid(5, 7)
+  for kernel in KERNELS:
+    full, gathered = (gaussian_mixture(alpha, sigma, grid, kernel, g) for g in (False, True))
+    np.testing.assert_allclose(gathered, full, rtol=1e-6)
 
 
 def test_elm_starts_as_uniform_attention():

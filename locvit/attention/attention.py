@@ -33,7 +33,12 @@ import jax.numpy as jnp
 from locvit.attention import projections
 from locvit.attention.core import COMBINE_RULES, LogitsHook, Term, attend
 from locvit.attention.geometry import TokenGrid
-from locvit.attention.projections import output_projection, qkv_projection, trunc_normal
+from locvit.attention.projections import (
+  output_projection,
+  qkv_projection,
+  split_projections,
+  trunc_normal,
+)
 from locvit.ops import check_implementation
 
 Array = jax.Array
@@ -179,7 +184,7 @@ class Attention(AttentionLayer):
       raise ValueError(f"{type(self).__name__}'s fused qkv projection cannot read a context.")
     head_dim = projections.head_dim(x.shape[-1], self.num_heads, self.head_dim)
     qkv = qkv_projection(self.num_heads, head_dim, self.qkv_bias, **self._dense_kwargs())(x)
-    return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    return split_projections(qkv, self.implementation)
 
   def _hook(self) -> LogitsHook | None:
     return None

@@ -183,7 +183,7 @@ class GPSA(AttentionLayer):
     heads, head_dim = self.num_heads, projections.head_dim(dim, self.num_heads, self.head_dim)
 
     qk = self._dense((2, heads, head_dim), ("embed", None, "heads", "kv"), "qk")(x)
-    q, k = qk[:, :, 0], qk[:, :, 1]  # (B, N, H, Dh): BTNH layout
+    q, k = projections.split_projections(qk, self.implementation)  # (B, N, H, Dh): BTNH
     v = self._dense(
       (heads, head_dim),
       ("embed", "heads", "kv"),

@@ -54,6 +54,7 @@ from locvit.attention.attention import Attention, register_attention
 from locvit.attention.core import Term
 from locvit.attention.geometry import TokenGrid, squared_distances
 from locvit.attention.projections import normal_init, partitioned
+from locvit.ops import cpu_kernels
 
 Array = jax.Array
 Kernel = Literal["faithful", "intended"]
@@ -71,8 +72,8 @@ SIGMA_EPS = 1e-5  # the official code's epsilon in 1 / (sigma^2 + eps)
 def distance_levels(grid: TokenGrid) -> tuple[np.ndarray, np.ndarray]:
   """Distinct squared distances ``levels`` (D,) and ``index`` (N, N) with ``d2 = levels[index]``.
 
-  A GMM table only depends on ``d^2``, which takes few distinct values (34 on 8x8), so the
-  kernels are evaluated on ``(K, H, D)`` and gathered to ``(H, N, N)`` once per call.
+  A GMM table only depends on ``d^2``, which takes few distinct values (34 on 8x8), so on the
+  CPU code paths the kernels are evaluated on ``(K, H, D)`` and gathered to ``(H, N, N)``.
   """
   levels, index = np.unique(squared_distances(grid), return_inverse=True)
   levels = levels.astype(np.float32)
@@ -102,24 +103,30 @@ def gaussian_base_table(grid: TokenGrid) -> np.ndarray:
   return out
 
 
-def gaussian_mixture(alpha: Array, sigma: Array, grid: TokenGrid, kernel: Kernel) -> Array:
+def gaussian_mixture(
+  alpha: Array, sigma: Array, grid: TokenGrid, kernel: Kernel, gather: bool = False
+) -> Array:
   """GMM table ``(H, N, N)`` from ``alpha``, ``sigma`` of shape ``(K, H)`` (Li & Zhang Eq. 1 and
   Algorithm 1; the 'faithful' / 'intended' kernels are described in the module docstring).
 
-  Evaluated in float32 on the distinct distances of ``grid`` and gathered to the full table.
+  Evaluated in float32 on every query-key pair of ``grid``, or with ``gather`` on its distinct
+  distances and gathered to the full table: the same numbers, with ~100x fewer evaluations
+  (the CPU code paths' choice) but, on XLA:GPU, a gather kernel before and a scatter kernel after
+  that the elementwise table fuses without (docs/benchmarks.md, "A block's small kernels").
   """
   if kernel not in KERNELS:
     raise ValueError(f"GMM kernel={kernel!r} is not one of {KERNELS}.")
   levels, index = distance_levels(grid)
-  alpha = alpha.astype(jnp.float32)[..., None]
-  sigma2 = jnp.square(sigma.astype(jnp.float32))[..., None] + SIGMA_EPS
+  d2 = levels[:, None] if gather else levels[index]  # (D, 1) or (N, N)
+  alpha = alpha.astype(jnp.float32)[..., None, None]
+  sigma2 = jnp.square(sigma.astype(jnp.float32))[..., None, None] + SIGMA_EPS
   if kernel == "faithful":
     # jnp.power's gradient w.r.t. the exponent is 0 (not NaN) where the base is exactly 0.
-    per_kernel = jnp.power(jnp.asarray(faithful_base(levels)), 1.0 / sigma2)
+    per_kernel = jnp.power(jnp.asarray(faithful_base(d2)), 1.0 / sigma2)
   else:
-    per_kernel = jnp.exp(-jnp.asarray(levels) / (2.0 * sigma2))
-  per_head = jnp.sum(alpha * per_kernel, axis=0)  # (H, D)
-  return per_head[:, jnp.asarray(index)]
+    per_kernel = jnp.exp(-jnp.asarray(d2) / (2.0 * sigma2))
+  table = jnp.sum(alpha * per_kernel, axis=0)  # (H, D, 1) or (H, N, N)
+  return table[:, jnp.asarray(index), 0] if gather else table
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,6 +162,8 @@ class GaussianMixtureMask(nn.Module):
     alpha_std, sigma_mean, sigma_std: init ``alpha ~ N(0, alpha_std^2)``,
       ``sigma ~ N(sigma_mean, sigma_std^2)`` (Sec. 4.2: 2, 10, 10).
     allow_non_square: use the rectangular geometry on ``h != w`` grids instead of raising.
+    implementation: the model's kernel setting (``locvit.ops``); 'cpu_kernels' evaluates the
+      kernels on the grid's distinct distances (``gaussian_mixture``'s ``gather``).
 
   Parameters ``alpha`` and ``sigma`` have shape ``(K, H)``. The table is sown as the
   ``'table'`` intermediate when the caller collects intermediates.
@@ -168,6 +177,7 @@ class GaussianMixtureMask(nn.Module):
   sigma_std: float = 10.0
   allow_non_square: bool = False
   param_dtype: Any = jnp.float32
+  implementation: str | None = None
 
   def __post_init__(self):
     check_num_kernels(self.num_kernels)
@@ -189,7 +199,8 @@ class GaussianMixtureMask(nn.Module):
       shape,
       self.param_dtype,
     )
-    table = gaussian_mixture(alpha, sigma, grid, self.kernel)
+    gather = cpu_kernels(self.implementation)
+    table = gaussian_mixture(alpha, sigma, grid, self.kernel, gather)
     self.sow("intermediates", "table", table)
     return table
 
@@ -227,7 +238,8 @@ def mask_options(kind: str) -> tuple[str, ...]:
   if kind not in MASK_MODULES:
     raise ValueError(f"Unknown mask kind {kind!r}. Valid kinds: {MASK_KINDS}.")
   fields = {f.name for f in dataclasses.fields(MASK_MODULES[kind])}
-  return (*sorted(fields - {"num_heads", "param_dtype", "parent", "name"}), "combine")
+  internal = {"num_heads", "param_dtype", "implementation", "parent", "name"}
+  return (*sorted(fields - internal), "combine")
 
 
 def split_mask_options(kind: str, options: Mapping[str, Any] | None) -> tuple[dict, str]:
@@ -248,16 +260,23 @@ def split_mask_options(kind: str, options: Mapping[str, Any] | None) -> tuple[di
 
 
 def mask_terms(
-  kind: str, num_heads: int, grid: TokenGrid, options: Mapping[str, Any] | None = None
+  kind: str,
+  num_heads: int,
+  grid: TokenGrid,
+  options: Mapping[str, Any] | None = None,
+  implementation: str | None = None,
 ) -> tuple[Term, ...]:
   """The attention-core term of mask ``kind`` ('gmm' | 'elm') on ``grid``; ``()`` for 'mhsa'.
 
   For Swin's windows, CaiT's talking heads and T2T's token transformer; call it inside a compact
-  method: the mask module becomes the caller's child ``mask``.
+  method: the mask module becomes the caller's child ``mask``. ``implementation``: the caller's
+  kernel setting (``locvit.ops``).
   """
   if kind not in MASK_KINDS:
     return ()
   module_options, combine = split_mask_options(kind, options)
+  if kind == "gmm":
+    module_options["implementation"] = implementation
   mask = MASK_MODULES[kind](num_heads=num_heads, name="mask", **module_options)
   return (Term(mask(grid), combine),)
 
@@ -320,6 +339,7 @@ class GMMAttention(Attention):
       self.sigma_std,
       self.allow_non_square,
       self.param_dtype,
+      self.implementation,
       name="mask",
     )(_mask_grid(self.mask_kind, grid))
 

@@ -113,6 +113,23 @@ class DenseGeneral(nn.Module):
     return y
 
 
+def split_projections(fused: Array, implementation: str | None) -> tuple[Array, ...]:
+  """The ``(B, N, P, H, Dh)`` output of a fused projection (``qkv``, ``qk``, ``kv``) as its P
+  parts, each ``(B, N, H, Dh)`` (BTNH layout): the slices ``fused[:, :, i]``.
+
+  Under XLA's attention (implementation None or 'xla') they are taken from one transpose to
+  ``(P, B, H, N, Dh)``, the layout in which its batched matmuls (batch B and H) read them: XLA:GPU
+  then lays out the projection's output once for all P, where each slice otherwise costs a
+  transpose kernel of its own, forward and backward (docs/benchmarks.md, "A block's small
+  kernels"). Same values. The CPU code paths and cuDNN's kernel (which reads BTNH) take slices.
+  """
+  parts = range(fused.shape[2])
+  if cpu_kernels(implementation) or implementation == "cudnn":
+    return tuple(fused[:, :, i] for i in parts)
+  heads_major = jnp.transpose(fused, (2, 0, 3, 1, 4))
+  return tuple(jnp.swapaxes(heads_major[i], 1, 2) for i in parts)
+
+
 def qkv_projection(
   num_heads: int, head_dim: int, use_bias: bool = True, name: str = "qkv", **kwargs: Any
 ) -> DenseGeneral:

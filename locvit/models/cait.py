@@ -90,12 +90,14 @@ class TalkingHeadsAttention(Attention):
     kv = self._kernel(
       x if context is None else context, (2, heads, head_dim), (None, "heads", "kv"), "kv"
     )
-    return q, kv[:, :, 0], kv[:, :, 1]
+    return (q, *projections.split_projections(kv, self.implementation))
 
   def _terms(self, grid: TokenGrid | None) -> tuple[Term, ...]:
     if self.attention != "mhsa" and grid is None:
       raise ValueError("A CaiT mask applies to self-attention on a token grid only.")
-    return mask_terms(self.attention, self.num_heads, grid, self.attention_kwargs)
+    return mask_terms(
+      self.attention, self.num_heads, grid, self.attention_kwargs, self.implementation
+    )
 
   def _mix(self, name: str) -> Array:
     """An ``(H, H)`` head-mixing matrix, ``N(0, 1)`` at init as in the official code."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -271,6 +271,35 @@ def drop_path(rate: float) -> nn.Dropout:
   return nn.Dropout(rate, broadcast_dims=(1, 2))
 
 
+def drop_path_masks(
+  module: nn.Module, rates: Sequence[float], batch: int, train: bool
+) -> Array | None:
+  """Stochastic depth's keep masks of every block at once: ``(len(rates), 2, batch)`` booleans,
+  ``keep[i, j, b]`` True with probability ``1 - rates[i]``, for the two residual branches ``j``
+  of block ``i`` and example ``b``; None when nothing is dropped (eval, or every rate 0).
+
+  One draw from ``module.make_rng('dropout')`` in place of a ``drop_path`` per branch, each of
+  which derives its own key (a ``fold_in``): on XLA:GPU each ``nn.Dropout`` costs three small
+  kernels, this draw three for the whole model (docs/benchmarks.md, "A block's small kernels").
+  """
+  if not train or not any(rates):
+    return None
+  keep_prob = 1.0 - np.asarray(rates, np.float32)
+  shape = (len(rates), 2, batch)
+  return jax.random.bernoulli(module.make_rng("dropout"), keep_prob[:, None, None], shape)
+
+
+def drop_examples(y: Array, keep: Array, rate: float) -> Array:
+  """``drop_path(rate)`` with a given keep mask ``keep`` ``(B,)``: the examples it keeps scaled
+  by ``1 / (1 - rate)``, the others zero (``nn.Dropout``'s arithmetic)."""
+  if rate == 0.0:
+    return y
+  if rate == 1.0:
+    return jnp.zeros_like(y)
+  mask = jnp.broadcast_to(keep.reshape(-1, *(1,) * (y.ndim - 1)), y.shape)
+  return jax.lax.select(mask, y / (1.0 - rate), jnp.zeros_like(y))
+
+
 class AttentionSettings(nn.Module):
   """Keyword-only fields of a backbone's wrapper of the shared attention layer (Swin's windows):
   the attention kind's mask options, dropouts, dtypes and the kernel setting (``locvit.ops``)."""
@@ -356,14 +385,23 @@ class Block(BlockSettings):
 
   @nn.compact
   def __call__(
-    self, x: Array, grid: TokenGrid, num_prefix_tokens: int = 0, train: bool = False
+    self,
+    x: Array,
+    grid: TokenGrid,
+    num_prefix_tokens: int = 0,
+    train: bool = False,
+    keep: Array | None = None,
   ) -> Array:
+    """``keep``: the two branches' stochastic-depth masks ``(2, B)`` (``drop_path_masks``); None
+    draws them here, one ``drop_path`` per branch."""
     attn = self.registered_attention(
       num_heads=self.num_heads, head_dim=self.head_dim, qkv_bias=self.qkv_bias
     )
     branch = lambda y: attn(y, grid=grid, num_prefix_tokens=num_prefix_tokens, train=train)
-    x = pre_norm_residual(self, x, "norm1", branch, rate=self.drop_path, train=train)
-    x = mlp_residual(self, x, int(x.shape[-1] * self.mlp_ratio), rate=self.drop_path, train=train)
+    first, second = (None, None) if keep is None else keep
+    drops = dict(rate=self.drop_path, train=train)
+    x = pre_norm_residual(self, x, "norm1", branch, keep=first, **drops)
+    x = mlp_residual(self, x, int(x.shape[-1] * self.mlp_ratio), keep=second, **drops)
     return nn.with_logical_constraint(x, ("batch", "seq", "embed"))
 
 
@@ -421,16 +459,30 @@ def pre_norm_residual(
   *,
   rate: float,
   train: bool,
+  keep: Array | None = None,
 ) -> Array:
   """The pre-norm residual ``x + drop_path(branch(LN(x)))`` with the LayerNorm named ``norm``
-  (``block.norm_eps``, ``block.dtype``) and stochastic depth at ``rate``."""
+  (``block.norm_eps``, ``block.dtype``) and stochastic depth at ``rate``: with the keep mask
+  ``keep`` ``(B,)`` when given (``drop_path_masks``), else drawn by a ``drop_path``."""
   y = branch(layer_norm(block.norm_eps, block.dtype, norm)(x))
+  if keep is not None and train:
+    return x + drop_examples(y, keep, rate)
   return x + drop_path(rate)(y, deterministic=not train)
 
 
-def mlp_residual(block: nn.Module, x: Array, hidden_dim: int, *, rate: float, train: bool) -> Array:
-  """``x + drop_path(mlp(norm2(x)))``: the second half of every pre-norm block."""
+def mlp_residual(
+  block: nn.Module,
+  x: Array,
+  hidden_dim: int,
+  *,
+  rate: float,
+  train: bool,
+  keep: Array | None = None,
+) -> Array:
+  """``x + drop_path(mlp(norm2(x)))``: the second half of every pre-norm block (``keep`` as in
+  ``pre_norm_residual``)."""
   mlp = Mlp(
     hidden_dim, block.drop, block.dtype, block.param_dtype, block.implementation, name="mlp"
   )
-  return pre_norm_residual(block, x, "norm2", lambda y: mlp(y, train), rate=rate, train=train)
+  residual = dict(rate=rate, train=train, keep=keep)
+  return pre_norm_residual(block, x, "norm2", lambda y: mlp(y, train), **residual)

@@ -129,7 +129,9 @@ class WindowAttention(AttentionSettings):
     layer = Attention(self.num_heads, qkv_bias=self.qkv_bias, **self.layer_fields())
     nn.share_scope(self, layer)  # its qkv / proj stay this module's parameters (checkpoints)
     grid = TokenGrid(self.window, self.window)
-    terms = mask_terms(self.attention, self.num_heads, grid, self.attention_kwargs)
+    terms = mask_terms(
+      self.attention, self.num_heads, grid, self.attention_kwargs, self.implementation
+    )
     size = 2 * self.window - 1
     table = self.param(
       "relative_position_bias_table",

@@ -83,7 +83,7 @@ class TokenTransformer(BlockSettings):
       param_dtype=self.param_dtype,
     )
     nn.share_scope(self, attn)  # qkv / proj / mask stay t2t_i's parameters (checkpoints)
-    terms = mask_terms(self.attention, 1, grid, self.attention_kwargs)
+    terms = mask_terms(self.attention, 1, grid, self.attention_kwargs, self.implementation)
     x = attn(layer_norm(self.norm_eps, self.dtype, "norm1")(x), grid=grid, terms=terms, train=train)
     hidden = int(self.token_dim * self.mlp_ratio)
     mlp = Mlp(hidden, 0.0, self.dtype, self.param_dtype, self.implementation, name="mlp")

@@ -23,6 +23,7 @@ from locvit.models.layers import (
   class_token,
   classifier_head,
   classify,
+  drop_path_masks,
   embed_patches,
   layer_norm,
   learned_position_embedding,
@@ -175,6 +176,8 @@ class VisionTransformer(nn.Module):
     # The grid, prefix count and train flag are Python values: static under remat (0 is self).
     block_cls = nn.remat(Block, static_argnums=(2, 3, 4)) if self.remat else Block
     kinds = self.layer_attention or ("mhsa",) * self.depth
+    rates = [self.drop_path_rate * i / max(self.depth - 1, 1) for i in range(self.depth)]
+    keep = drop_path_masks(self, rates, x.shape[0], train)
     for i in range(self.depth):
       if use_cls and i == self.class_token_layer and i > 0:
         x = self._add_class_token(x)
@@ -189,12 +192,12 @@ class VisionTransformer(nn.Module):
         implementation=self.attention_implementation,
         drop=self.drop_rate,
         attn_drop=self.attn_drop_rate,
-        drop_path=self.drop_path_rate * i / max(self.depth - 1, 1),
+        drop_path=rates[i],
         norm_eps=self.norm_eps,
         dtype=self.dtype,
         param_dtype=self.param_dtype,
         name=f"blocks_{i}",
-      )(x, grid, num_prefix, train)
+      )(x, grid, num_prefix, train, None if keep is None else keep[i])
       self.sow("intermediates", f"block_{i}", x)
 
     if use_cls and self.class_token_layer == self.depth:
