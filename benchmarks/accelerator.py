@@ -72,6 +72,7 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 import numpy as np
+import step_kernels
 import step_profile
 from device_augment import deit_jpeg_folder
 
@@ -303,6 +304,7 @@ class Runner:
   compile_s: float | None = None
   profile: bool = False  # locvit's steps are profiled under --profile
   steps_per_call: int = 1  # optimizer steps one run() dispatches
+  listed_kernels: str = "-"  # the compiled step's kernels (step_kernels.listed_kernels)
 
 
 @dataclasses.dataclass
@@ -394,7 +396,8 @@ def step_runner(step: CompiledStep, compile_s: float | None = None) -> Runner:
   def wait():
     jax.block_until_ready((holder["state"], holder["metrics"]))
 
-  return Runner(run, wait, compile_s, profile=True, steps_per_call=k)
+  listed = step_kernels.listed_kernels(compiled.as_text())
+  return Runner(run, wait, compile_s, profile=True, steps_per_call=k, listed_kernels=listed)
 
 
 def variant_skipped(variant: str, row) -> str | None:
@@ -627,7 +630,8 @@ def _synthetic_row(row: Row, prepared, args, peak, profiles: list) -> None:
         summary, _ = step_profile.profile_steps(
           runner.run, runner.wait, args.profile, log_dir, runner.steps_per_call
         )
-      profiles.append((f"{row.key} {side.removeprefix('locvit ')}", summary))
+      label = f"{row.key} {side.removeprefix('locvit ')}"
+      profiles.append((label, summary, runner.listed_kernels))
 
 
 def _only(labels: tuple[str, ...], args) -> tuple[str, ...]:
@@ -659,8 +663,8 @@ def synthetic_table(args, peak: float | None) -> None:
   if profiles:
     print(f"Table 1p: profile of {args.profile} calls of each locvit side (jax.profiler), per step")
     print(step_profile.HEADER)
-    for label, summary in profiles:
-      step_profile.print_summary(label, summary)
+    for label, summary, listed in profiles:
+      step_profile.print_summary(label, summary, listed)
     print(step_profile.LEGEND + "\n", flush=True)
 
 

@@ -4,8 +4,9 @@
 #   python benchmarks/gpu_wheels.py                          # on a machine with network, once
 #   OUT=RESULTS_DIR bash benchmarks/kit_gpu.sh [WHEELS_DIR]  # on the GPU machine, in the checkout
 #
-# CALLS (default "A E L S B C D") picks the calls and their order (A first: the candidates
-# against the kernel-count bound that the H200's first profile found, docs/benchmarks.md);
+# CALLS (default "A S B E L C D") picks the calls and their order (A first: the candidates
+# against the kernel-count bound that the H200's first profile found, docs/benchmarks.md; then
+# S and B: cuDNN attention, padded to even lengths, against the bytes that bind the 224 steps);
 # A_VARIANTS (default "default,beta_loops,flat_opt,graphs") the sides of call A; LOCVIT_COMMIT
 # names the checkout in device.txt (the GPU machine's copy may carry another commit's git
 # metadata).
@@ -20,14 +21,15 @@
 # GPU), within TOTAL_S seconds together (default 540), each also within its own cap (CAP below),
 # so a slow one cannot take the others' time. In each call every row's sides compile in 8 threads before any is
 # timed; then 3 interleaved rounds of 10 steps and a profile (Table 1p) of 2 steps per locvit side:
-#   S. benchmarks/cudnn_shapes.py: which shapes JAX's cuDNN attention takes here, against the rule
-#      locvit refuses 'cudnn' by (exit 1 if locvit lets through one that JAX refuses);
+#   S. benchmarks/cudnn_shapes.py: locvit's cuDNN attention (odd lengths padded to even) on a grid
+#      of shapes, against XLA's kernel (exit 1 if locvit lets through one that fails or differs);
 #   A. GMM-ViT d9 and ViT d9 at batch 128 (GMM's paper): locvit's default step beside the sides
 #      of A_VARIANTS: beta_loops (Mixup's lam drawn by jax.random.beta's loops, as before),
 #      flat_opt (the optimizer on one vector), graphs (XLA's gpu_graphs options); gpu_tuned,
 #      cudnn, tuned+cudnn and k4 were measured, no gain;
-#   B. DeiT-S and ConViT-S at 224, batch 256: locvit (the recipe's step, and model_only: the work
-#      timm's side does) beside timm eager and timm under torch.compile;
+#   B. DeiT-S and ConViT-S at 224, batch 256: locvit (the recipe's step, model_only: the work
+#      timm's side does, and cudnn: 197 tokens padded to 198) beside timm eager and timm under
+#      torch.compile;
 #   C. ConViT-Ti CIFAR at 512 and 128, the structured-init ViT-T/2 at 512;
 #   D. DeiT-S and ConViT-S at 224, batch 512, as B;
 #   E. the DeiT recipe's step at 224, batch 128 (benchmarks/device_augment.py --deit_step): model
@@ -40,7 +42,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/kit_gpu}
 WHEELS=${1:-gpu_wheels}
 TOTAL_S=${TOTAL_S:-540}
-CALLS=${CALLS:-A E L S B C D}
+CALLS=${CALLS:-A S B E L C D}
 A_VARIANTS=${A_VARIANTS:-default,beta_loops,flat_opt,graphs}
 export L_ROWS=${L_ROWS:-gmm_table1_cifar10:vit@2000 structinit_table2_cifar10:trunc_normal@600}
 start=$SECONDS
@@ -58,7 +60,7 @@ echo "checkout ${LOCVIT_COMMIT:-$(git describe --always --abbrev=7 --dirty=" wit
 # profiles); 224 sides compile in about a minute each, side by side.
 # Call L, per row of L_ROWS (PLAN:ROW@STEPS): two compilations of about 35 s, a 50,000-image
 # decode and 2 x STEPS steps (the host-fed structured-init row runs about 21 steps/s).
-declare -A CAP=([L]=260 [S]=90 [A]=230 [B]=200 [C]=150 [D]=200 [E]=220)
+declare -A CAP=([L]=260 [S]=90 [A]=230 [B]=230 [C]=150 [D]=200 [E]=220)
 
 call() {  # call NAME: run it, limited to its cap and to the time left
   local name=$1 left=$((TOTAL_S - (SECONDS - start)))
@@ -81,7 +83,7 @@ call() {  # call NAME: run it, limited to its cap and to the time left
          done' ;;
     S) timeout "$left" python3 benchmarks/cudnn_shapes.py ;;
     A) "${kit[@]}" --only="GMM-ViT d9,ViT d9" --variants="$A_VARIANTS" --profile=2 ;;
-    B) "${kit[@]}" --only="deit_small b256,convit_small b256" --variants=default,model_only \
+    B) "${kit[@]}" --only="deit_small b256,convit_small b256" --variants=default,model_only,cudnn \
          --profile=2 ;;
     C) "${kit[@]}" --only="ConViT-Ti CIFAR,StructInit" --variants=default --profile=2 ;;
     D) "${kit[@]}" --only="deit_small b512,convit_small b512" --variants=default,model_only \

@@ -7,12 +7,12 @@
 
 Compiles the step ``benchmarks/accelerator.py`` times (``compile_loop_step``: the training loop's
 step with the non-finite guard, bf16 compute unless ``--fp32``; a CIFAR row of
-``accelerator.MODELS_32``) under each ``--variants`` setting (``accelerator.VARIANTS``) for this
-host's backend, and counts the top-level instructions of the optimised HLO's entry computation
-that run as kernels (XLA:CPU: thunks): everything but parameters, constants, tuples,
-get-tuple-element and bitcasts; the kernels of a ``call`` (XLA:GPU's command buffers) count
-where they run; a ``while`` counts once, and its body's kernels (run once per iteration) are
-printed on their own line.
+``accelerator.MODELS_32``, or a model of ``accelerator.MODELS_224`` with the DeiT recipe at 224)
+under each ``--variants`` setting (``accelerator.VARIANTS``) for this host's backend, and counts
+the top-level instructions of the optimised HLO's entry computation that run as kernels
+(XLA:CPU: thunks): everything but parameters, constants, tuples, get-tuple-element and bitcasts;
+the kernels of a ``call`` (XLA:GPU's command buffers) count where they run; a ``while`` counts
+once, and its body's kernels (run once per iteration) are printed on their own line.
 Each is put in a category by its source stack (the HLO's ``StackFrames``): its innermost frame
 in ``locvit/run/step.py`` says whether it came from the model (forward; backward when its
 ``op_name`` holds ``transpose(``), the optimizer (``tx.update``, ``apply_updates``), the weight
@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import collections
 import linecache
+import math
 import os
 import re
 import sys
@@ -66,7 +67,11 @@ CATEGORIES = (
   OTHER,
   NO_SOURCE,
 )
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%\S+ = .*? ([a-z][\w-]*)\(")
+_INSTRUCTION = re.compile(
+  r"^\s*(?:ROOT )?%(?P<name>\S+) = (?P<result>.*?) (?P<opcode>[a-z][\w-]*)\((?P<operands>[^)]*)\)"
+)
+_OPERAND = re.compile(r"%([\w.-]+)")
+_ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|f8\w*)\[([\d,]*)\]")
 LOOP_BODIES = "in loop bodies (per iteration)"
 GPU_TARGETS = Path(__file__).resolve().parent / "gpu_targets"
 
@@ -129,34 +134,66 @@ def computations(hlo: str) -> dict[str, list[str]]:
   return out
 
 
+def array_bytes(shapes: str) -> int:
+  """Bytes of the arrays an HLO shape text names (``bf16[128,64]{1,0}``, tuples of them)."""
+  total = 0
+  for dtype, dims in _ARRAY.findall(shapes):
+    bits = int(re.sub(r"\D", "", dtype) or 8)  # pred: a byte
+    total += math.prod(int(d) for d in dims.split(",") if d) * bits // 8
+  return total
+
+
 def kernel_counts(hlo: str) -> collections.Counter:
   """Kernel-like instructions of ``hlo``'s (optimised HLO text) entry computation, by
   ``category``, the kernels of its ``call``s included; also by opcode under the key
-  ``('opcode', NAME)``, and the kernels of ``while`` bodies under ``LOOP_BODIES``."""
+  ``('opcode', NAME)``, the kernels of ``while`` bodies under ``LOOP_BODIES``, and the bytes of
+  each kernel's operands and results (each counted once: what it moves if it reads every operand
+  and writes every result once) under ``('bytes', CATEGORY)``."""
   frames = stacks(hlo)
   bodies = computations(hlo)
   counts = collections.Counter()
 
   def count(name: str, key: str | None) -> None:
+    sizes = {}  # instruction -> its result's bytes, in this computation
     for line in bodies.get(name, ()):
       match = _INSTRUCTION.match(line)
-      if not match or match.group(1) in NOT_KERNELS:
+      if not match:
+        continue
+      result, opcode, operands = match.group("result", "opcode", "operands")
+      sizes[match.group("name")] = array_bytes(result)
+      if opcode in NOT_KERNELS:
         continue
       called = re.search(r"to_apply=%([\w.-]+)", line)
-      if match.group(1) == "call" and called:
+      if opcode == "call" and called:
         count(called.group(1), key)
         continue
       op_name = re.search(r'op_name="([^"]*)"', line)
       frame = re.search(r"stack_frame_id=(\d+)", line)
       stack = frames.get(int(frame.group(1)), []) if frame else []
-      counts[key or category(op_name.group(1) if op_name else "", stack)] += 1
-      counts[("opcode", match.group(1))] += key is None
-      if match.group(1) == "while":
+      part = key or category(op_name.group(1) if op_name else "", stack)
+      counts[part] += 1
+      counts[("opcode", opcode)] += key is None
+      moved = sizes[match.group("name")] + sum(sizes.get(x, 0) for x in _OPERAND.findall(operands))
+      counts[("bytes", part)] += moved
+      if opcode == "while":
         for part in ("condition", "body"):
           count(re.search(rf"{part}=%([\w.-]+)", line).group(1), LOOP_BODIES)
 
   count("ENTRY", None)
   return counts
+
+
+def gigabytes(counts: collections.Counter) -> float:
+  """The bytes ``kernel_counts`` found the step's kernels to move (its loops' bodies once)."""
+  return sum(n for k, n in counts.items() if isinstance(k, tuple) and k[0] == "bytes") / 1e9
+
+
+def listed_kernels(hlo: str) -> str:
+  """The kernels an optimised HLO lists, ``'N'``, or ``'N+M'`` with M in a pass of its loops'
+  bodies: what a profile's count of kernels per step is compared with."""
+  counts = kernel_counts(hlo)
+  outside = sum(counts[name] for name in CATEGORIES)
+  return f"{outside}+{counts[LOOP_BODIES]}" if counts[LOOP_BODIES] else str(outside)
 
 
 def compile_only_gpu(name: str):
@@ -182,7 +219,9 @@ def compile_only_gpu(name: str):
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--rows", default="GMM-ViT d9,ViT d9", help="accelerator.MODELS_32 labels")
+  parser.add_argument(
+    "--rows", default="GMM-ViT d9,ViT d9", help="accelerator.MODELS_32 labels, MODELS_224 names"
+  )
   parser.add_argument("--batch", type=int, default=128)
   parser.add_argument("--variants", default="default,flat_opt", help="accelerator.VARIANTS")
   parser.add_argument("--time", type=int, default=0, help="rounds of 3 timed steps per variant")
@@ -202,14 +241,16 @@ def main() -> None:
 
   variants = args.variants.split(",")
   labels = args.rows.split(",")
+  rows = (*accelerator.MODELS_32, *accelerator.MODELS_224)
   bad = [v for v in variants if v not in accelerator.VARIANTS]
-  bad += [r for r in labels if r not in accelerator.MODELS_32]
+  bad += [r for r in labels if r not in rows]
   if bad:
-    parser.error(
-      f"unknown {bad}; rows: {tuple(accelerator.MODELS_32)}, variants: "
-      f"{tuple(accelerator.VARIANTS)}"
-    )
+    parser.error(f"unknown {bad}; rows: {rows}, variants: {tuple(accelerator.VARIANTS)}")
   batch = 2 if args.smoke else args.batch
+  bandwidth = None  # bytes/s: the described GPU's, for the time its kernels' bytes would take
+  if args.gpu:
+    text = (GPU_TARGETS / f"{args.gpu}.txtpb").read_text()
+    bandwidth = float(re.search(r"memory_bandwidth: (\d+)", text).group(1))
   device = compile_only or jax.devices()[0]
   compute = "fp32" if args.smoke or args.fp32 else "bf16"
   print(
@@ -218,9 +259,15 @@ def main() -> None:
     f"{', smoke sizes' if args.smoke else ''}"
   )
   for label in labels:
-    config = accelerator._config_32(label, batch, args.smoke)
+    if label in accelerator.MODELS_32:
+      config, size, classes = accelerator._config_32(label, batch, args.smoke), 32, 10
+    else:  # the DeiT recipe at 224 (32 under --smoke), as the kit's Table 1
+      config = accelerator._config_224(label, batch, args.smoke)
+      size, classes = (32 if args.smoke else 224), accelerator.NUM_CLASSES
     config.mixed_precision = config.mixed_precision and not args.fp32
-    steps = {v: accelerator.compile_loop_step(config, 32, 10, v, compile_only) for v in variants}
+    steps = {
+      v: accelerator.compile_loop_step(config, size, classes, v, compile_only) for v in variants
+    }
     texts = {v: step.compiled.as_text() for v, step in steps.items()}
     counts = {v: kernel_counts(text) for v, text in texts.items()}
     if args.dump:
@@ -237,13 +284,22 @@ def main() -> None:
     print(f"  {'total':<30}" + "".join(f" {totals[v]:>10}" for v in variants))
     if any(counts[v][LOOP_BODIES] for v in variants):
       print(f"  {LOOP_BODIES:<30}" + "".join(f" {counts[v][LOOP_BODIES]:>10}" for v in variants))
-    opcodes = sorted({k for v in variants for k in counts[v] if isinstance(k, tuple)})
+    opcodes = sorted({k for v in variants for k in counts[v] if k[0] == "opcode"})
     print(
       "  by opcode: "
       + "; ".join(
         f"{op} " + "/".join(str(counts[v][(_, op)]) for v in variants) for _, op in opcodes
       )
     )
+    print(
+      f"  {'operands + results, GB':<30}"
+      + "".join(f" {gigabytes(counts[v]):>10.2f}" for v in variants)
+    )
+    if bandwidth:
+      print(
+        f"  {'  at the memory bandwidth, ms':<30}"
+        + "".join(f" {1e12 * gigabytes(counts[v]) / bandwidth:>10.2f}" for v in variants)
+      )
     if args.time:
       runners = {v: accelerator.step_runner(step) for v, step in steps.items()}
       times = accelerator.time_interleaved(runners, 3, args.time, warmup=1)

@@ -194,13 +194,14 @@ def profile_steps(
   return summarise(profile, calls * steps_per_call, wall_s, steps_per_call), path
 
 
-def print_summary(label: str, summary: Summary) -> None:
-  """One block: the row of per-step figures, then the top ops by time."""
+def print_summary(label: str, summary: Summary, compiled_kernels: str = "-") -> None:
+  """One block: the row of per-step figures, then the top ops by time. ``compiled_kernels``: the
+  step's kernels as its compiled HLO lists them (``step_kernels.listed_kernels``)."""
   s = summary
   print(
     f"{label:<34} {s.platform:>4} {s.ops_per_step:7.0f} {s.wall_ms:9.2f} {s.busy_ms:8.2f}"
     f" {100 * s.busy_ms / s.wall_ms:5.0f}% {s.between_ops_ms:8.2f} {s.median_gap_us:8.1f}"
-    f" {s.dispatch_ms:9.3f}",
+    f" {s.dispatch_ms:9.3f} {compiled_kernels:>9}",
     flush=True,
   )
   for name, count, ms in s.top:
@@ -217,12 +218,14 @@ def print_summary(label: str, summary: Summary) -> None:
 
 HEADER = (
   f"{'model':<34} {'src':>4} {'ops/st':>7} {'wall ms':>9} {'busy ms':>8} {'busy':>6}"
-  f" {'gaps ms':>8} {'gap us':>8} {'disp. ms':>9}"
+  f" {'gaps ms':>8} {'gap us':>8} {'disp. ms':>9} {'XLA list':>9}"
 )
 LEGEND = (
   "Per step: ops/st = device ops (GPU kernels and copies; XLA:CPU thunks on CPU); wall = host\n"
   "clock; busy = union of the ops' intervals (busy % = of wall); gaps = time between ops inside\n"
   "the ops' span; gap us = median gap; disp. = the host's dispatch call (median). Under each row\n"
+  "XLA list = the kernels the compiled step lists (outside loops+in a pass of the loops' bodies;\n"
+  "benchmarks/step_kernels.py). Under each row\n"
   "the top ops by time: ms per step, share of busy time, count per step, name; the gaps over\n"
   f"{LONG_GAP_US:.0f} us (the device waited for the host) and the copies to the host, per step;\n"
   "the trace's longest gaps, with the ops on either side."

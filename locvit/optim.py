@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from locvit import sharding
 from locvit.choices import Errors, check_choice
 
 # Parameter-name fragments never decayed under the 'intended' mask.
@@ -139,11 +140,26 @@ def make_schedule(
   return optax.join_schedules([ramp, after], [warmup])
 
 
+def replicated_parameters(config: ml_collections.ConfigDict) -> bool:
+  """Whether every parameter is whole on each device (no mesh rule but the batch's maps an axis):
+  concatenating the leaves then moves no data between devices."""
+  return all(axes is None for name, axes in sharding.logical_rules(config.mesh) if name != "batch")
+
+
 def gradient_norm(config: ml_collections.ConfigDict, grads: Any) -> jax.Array:
-  """The global norm of ``grads`` (the step's ``train/grad_norm``); with ``optimizer.flatten``,
-  the norm of the concatenation ``optax.flatten`` makes, which XLA then computes once for both
-  (and with clipping, the norm too) instead of once per leaf beside it."""
-  if config.optimizer.flatten:
+  """The global norm of ``grads`` (the step's ``train/grad_norm``).
+
+  Computed on the concatenation of the leaves: with ``optimizer.flatten``, the one
+  ``optax.flatten`` makes, which XLA then computes once for both (and with clipping, the norm
+  too); without, where the parameters are replicated and nothing clips (clipping's own norm is
+  then the metric's too), so that XLA:GPU does not fuse a squared-norm reduction into each
+  leaf's update, which turns every update into a reduction of its own and the norm into dozens
+  of partial sums (docs/benchmarks.md, "The optimizer's and metrics' kernels on XLA:GPU").
+  Equal to the per-leaf norm up to float rounding (the summation order)."""
+  concatenate = config.optimizer.flatten or (
+    replicated_parameters(config) and not config.grad_clip_norm
+  )
+  if concatenate:
     return optax.tree.norm(jnp.concatenate([jnp.reshape(g, [-1]) for g in jax.tree.leaves(grads)]))
   return optax.tree.norm(grads)
 
@@ -162,6 +178,24 @@ def _with_params(inner: optax.GradientTransformation, fn: Callable[[Any], Any]):
   return optax.GradientTransformation(inner.init, update)
 
 
+def _shared_learning_rate(schedule: optax.Schedule) -> optax.Schedule:
+  """``schedule``'s value, the same float, read out of a 2-vector that XLA cannot fold away.
+
+  Every parameter leaf's update reads the learning rate. As a scalar, XLA:GPU's sibling
+  multi-output fusion does not count it as a shared operand (an effective scalar is not
+  profitable to share), and nothing else merges the updates (this XLA has no horizontal
+  fusion): one kernel per leaf. As an element of a vector behind an optimisation barrier (which
+  keeps the algebraic simplifier from slicing it back to the scalar), it is a shared operand,
+  and the updates of equal-shape leaves (the blocks') fuse into one kernel per shape
+  (docs/benchmarks.md, "The optimizer's and metrics' kernels on XLA:GPU")."""
+
+  def learning_rate(step):
+    value = jnp.asarray(schedule(step), jnp.float32)
+    return jax.lax.optimization_barrier(jnp.stack([value, jnp.zeros_like(value)]))[0]
+
+  return learning_rate
+
+
 def make_optimizer(
   config: ml_collections.ConfigDict, params: Any, schedule: optax.Schedule
 ) -> optax.GradientTransformation:
@@ -170,6 +204,8 @@ def make_optimizer(
   opt = config.optimizer
   check_choice("optimizer.name", opt.name, OPTIMIZERS)
   mask = decay_mask(params, opt.decay_mask)
+  if not opt.flatten:  # flat, the updates already share the flat vectors
+    schedule = _shared_learning_rate(schedule)
   # A flat vector has no per-leaf mask: the decay term (weight_decay * params, the only use of
   # the parameters in either chain) is given zeros for the parameters the mask spares instead.
   leaf_mask = None if opt.flatten else mask

@@ -78,9 +78,12 @@ def test_smoke_run_prints_the_three_tables_and_the_profile(tmp_path):
   assert re.search(rf"^GMM-ViT d9 +32 +2 locvit flat_opt{number * 3} +n/a{number}x", out, re.M)
   # Table 1p: a profile of two calls of each locvit side, XLA:CPU's thunks as the device ops.
   for row in ("convit_tiny b2 default", "GMM-ViT d9 b2 default", "GMM-ViT d9 b2 k4"):
-    line = re.search(rf"^{row} +cpu{number * 3} +(\d+)%{number * 3}$", out, re.M)
+    line = re.search(rf"^{row} +cpu{number * 3} +(\d+)%{number * 3} +(\d+)(\+\d+)?$", out, re.M)
     assert line, out
-    ops, wall, busy, busy_share, gaps, _, dispatch = map(float, line.groups())
+    ops, wall, busy, busy_share, gaps, _, dispatch = map(float, line.groups()[:7])
+    # The kernels the compiled step lists (+ in its loops' bodies: K steps a call run in one).
+    listed = int(line[9][1:]) if row.endswith("k4") else int(line[8])
+    assert listed > 100
     assert ops > 100 and 0 < busy <= wall and gaps < wall and dispatch > 0
     assert abs(busy_share - 100 * busy / wall) <= 1
     top = out[line.end() :].splitlines()[1:6]  # the five costliest ops
@@ -246,13 +249,16 @@ StackFrames
 
 def test_a_cudnn_side_cudnn_cannot_train_is_skipped_with_locvits_reason():
   """On a GPU the kit skips such a side with this line instead of compiling it (the H200 run got
-  JAX's NotImplementedError traceback for ViT d9's 65 tokens); the check itself runs anywhere."""
+  JAX's NotImplementedError traceback for ViT d9's 65 tokens, which locvit now pads to 66); the
+  check itself runs anywhere."""
   kit = _benchmarks_module("accelerator")
   vit = kit._config_32("ViT d9", 128, smoke=False)  # class token: 64 patches + 1
+  assert kit.cudnn_refusal(vit, 32, 10) is None
+  vit.mixed_precision = False
   assert kit.cudnn_refusal(vit, 32, 10) == (
-    "attention_implementation='cudnn': cuDNN's fused attention cannot take sequence length 65 in "
-    "training (it needs even lengths); use attention_implementation='xla' or None (JAX's choice: "
-    "XLA)"
+    "attention_implementation='cudnn': cuDNN's fused attention cannot take float32 inputs (it "
+    "needs bfloat16 or float16: mixed precision); use attention_implementation='xla' or None "
+    "(JAX's choice: XLA)"
   )
   assert kit.cudnn_refusal(kit._config_32("GMM-ViT d9", 128, smoke=False), 32, 10) is None
 
@@ -302,6 +308,11 @@ StackFrames
     "no source (XLA's own)": 1,
   }
   assert counts[("opcode", "fusion")] == 3 and counts[("opcode", "copy")] == 1
+  # What each kernel reads and writes, once: its f32[2] operand and result, 8 bytes each.
+  assert (
+    counts[("bytes", "model forward")] == 16
+    and step_kernels.array_bytes("(bf16[3,4], pred[5])") == 29
+  )
 
 
 def test_step_kernels_counts_kernels_inside_command_buffers_and_loop_bodies_apart():

@@ -31,7 +31,11 @@ from locvit.attention import (
   TokenGrid,
   attend,
 )
-from locvit.attention.softmax_attention import cudnn_refusal, cudnn_rules_only
+from locvit.attention.softmax_attention import (
+  cudnn_refusal,
+  cudnn_rules_only,
+  dot_product_attention,
+)
 from locvit.models import create_model, default_image_size, list_models
 from locvit.models.cait import TalkingHeadsAttention
 from locvit.models.factory import build_model
@@ -150,9 +154,14 @@ def test_the_config_chooses_the_kernels_from_the_command_line():
 
 
 ODD_LENGTH = (
-  "attention_implementation='cudnn': cuDNN's fused attention cannot take sequence length 65 in "
-  "training (it needs even lengths); use attention_implementation='xla' or None (JAX's choice: "
-  "XLA)"
+  "attention_implementation='cudnn': cuDNN's fused attention cannot take sequence length 65 with "
+  "a bias in training (it needs even lengths); use attention_implementation='xla' or None (JAX's "
+  "choice: XLA)"
+)
+FLOAT32 = (
+  "attention_implementation='cudnn': cuDNN's fused attention cannot take float32 inputs (it needs "
+  "bfloat16 or float16: mixed precision); use attention_implementation='xla' or None (JAX's "
+  "choice: XLA)"
 )
 
 
@@ -161,34 +170,59 @@ def test_cudnn_rules_are_shape_logic():
   bf16 = jnp.bfloat16
   assert cudnn_refusal(65, 65, 16, bf16, training=True) == ODD_LENGTH
   assert cudnn_refusal(65, 65, 16, bf16, training=False) is None  # the forward pass takes it
+  assert cudnn_refusal(65, 65, 16, bf16, bias=False) is None  # padded to 66 (next test)
   assert cudnn_refusal(64, 64, 16, bf16) is None and cudnn_refusal(196, 196, 256, "float16") is None
-  assert "sequence length 1 (queries) x 197 (keys) in training" in cudnn_refusal(1, 197, 64, bf16)
+  assert "sequence length 1 (queries) x 197 (keys) with a bias" in cudnn_refusal(1, 197, 64, bf16)
   assert "head dim 12 (it needs a multiple of 8, at most 256" in cudnn_refusal(64, 64, 12, bf16)
-  assert "cannot take float32 inputs (it needs bfloat16 or float16" in cudnn_refusal(
-    64, 64, 8, jnp.float32
-  )
+  assert cudnn_refusal(64, 64, 8, jnp.float32) == FLOAT32
+
+
+@pytest.mark.parametrize("queries, keys", [(65, 65), (1, 197)])
+def test_cudnn_trains_odd_lengths_padded_to_even_ones_with_the_same_result(queries, keys):
+  """Without a bias, 'cudnn' trains 65 (ViT d9) or 197 (DeiT) tokens as 66 or 198 with the padded
+  key masked by the lengths: outputs and gradients are the unpadded attention's. Run through XLA's
+  kernel with the same arguments (``cudnn_rules_only``: any host)."""
+  keys_q, keys_k, keys_v = jax.random.split(jax.random.key(3), 3)
+  q = jax.random.normal(keys_q, (2, queries, 3, 16), jnp.bfloat16)
+  k, v = (jax.random.normal(key, (2, keys, 3, 16), jnp.bfloat16) for key in (keys_k, keys_v))
+
+  def loss(implementation, q, k, v):
+    out = dot_product_attention(q, k, v, implementation=implementation, scale=0.3)
+    weights = jnp.arange(out.size).reshape(out.shape) % 7  # a cotangent that differs by position
+    return jnp.sum(out.astype(jnp.float32) * weights), out
+
+  with cudnn_rules_only():
+    grads_padded, padded = jax.grad(functools.partial(loss, "cudnn"), (0, 1, 2), has_aux=True)(
+      q, k, v
+    )
+  grads_plain, plain = jax.grad(functools.partial(loss, "xla"), (0, 1, 2), has_aux=True)(q, k, v)
+  assert padded.shape == plain.shape == (2, queries, 3, 16)
+  for a, b in zip((padded, *grads_padded), (plain, *grads_plain), strict=True):
+    np.testing.assert_array_equal(a, b)  # bit for bit: the padded key adds exp(-inf) = 0
 
 
 def test_a_cudnn_layer_refuses_a_shape_cudnn_cannot_train_when_traced():
-  """Trace time, for users of the Flax modules: the same line as the config check below, raised
-  before JAX's kernel is called; the forward pass of the same shape and a training pass of an
-  even one are let through."""
+  """Trace time, for users of the Flax modules: the same line as the config check, raised before
+  JAX's kernel is called (an additive bias at an odd length); the forward pass of the same shape,
+  and training without the bias (padded), are let through."""
   layer = Attention(num_heads=2, implementation="cudnn", dtype=jnp.bfloat16)
   tokens = lambda n: jax.ShapeDtypeStruct((2, n, 32), jnp.bfloat16)
-  init = lambda n, train: jax.eval_shape(
-    lambda x: layer.init(jax.random.key(0), x, train=train), tokens(n)
+  bias = lambda n: (Term(jnp.zeros((1, 2, n, n), jnp.bfloat16), "add"),)
+  init = lambda n, train, terms=(): jax.eval_shape(
+    lambda x: layer.init(jax.random.key(0), x, train=train, terms=terms), tokens(n)
   )
   with pytest.raises(ValueError) as refused:
-    init(65, True)
+    init(65, True, bias(65))
   assert str(refused.value) == ODD_LENGTH
   with cudnn_rules_only():  # XLA's kernel in cuDNN's place once the rules pass: any host
-    init(65, False)
-    init(64, True)
+    init(65, False, bias(65))
+    init(65, True)
+    init(64, True, bias(64))
 
 
-def test_the_command_line_refuses_cudnn_for_65_tokens_before_anything_runs(tmp_path):
-  """The GMM paper's ViT baseline (64 patches + a class token): one ``locvit: error:`` line, exit
-  2, before the workdir is created or anything compiled."""
+def test_the_command_line_refuses_cudnn_for_float32_before_anything_runs(tmp_path):
+  """The GMM paper's ViT baseline without mixed precision: one ``locvit: error:`` line, exit 2,
+  before the workdir is created or anything compiled."""
   split = {f"c{i}": 1 for i in range(10)}
   image_folder(tmp_path / "data", {"train": split, "test": split}, side=32)
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -197,11 +231,11 @@ def test_the_command_line_refuses_cudnn_for_65_tokens_before_anything_runs(tmp_p
     f"--data={tmp_path / 'data'}",
     f"--workdir={tmp_path / 'run'}",
     "--config.attention_implementation=cudnn",
-    "--config.mixed_precision=True",
+    "--config.mixed_precision=False",
   ]
   env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
   proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-  assert (proc.returncode, proc.stderr) == (2, f"locvit: error: {ODD_LENGTH}\n"), proc.stderr
+  assert (proc.returncode, proc.stderr) == (2, f"locvit: error: {FLOAT32}\n"), proc.stderr
   assert not (tmp_path / "run").exists()
 
 

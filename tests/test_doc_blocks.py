@@ -182,7 +182,7 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
       assert (tmp_path / "DIR").is_dir()
       monkeypatch.chdir(ROOT)
       checked["convert"] += 1
-    elif argv[0] in ("python", "python3", "bash") and argv[1].startswith(
+    elif os.path.basename(argv[0]) in ("python", "python3", "bash") and argv[1].startswith(
       ("benchmarks/", "experiments/")
     ):
       assert (ROOT / argv[1]).is_file(), where

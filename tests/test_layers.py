@@ -1,4 +1,5 @@
-"""The shared transformer layers: the exact GELU with a saved derivative, the patch embedding."""
+"""The shared transformer layers: the exact GELU with a saved derivative, the patch embedding,
+the LayerNorm with a written-out backward pass."""
 
 import flax.linen as nn
 import jax
@@ -6,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from locvit.models.layers import gelu
+from locvit.attention.projections import partitioned, zeros
+from locvit.models.layers import gelu, layer_norm, normalize
 
 # Both tails (where erf and erfc differ most) and the region around 0.
 X = jnp.linspace(-12.0, 12.0, 4801, dtype=jnp.float32)
@@ -84,6 +86,64 @@ def test_patch_embed_is_the_strided_convolution_with_its_parameters(implementati
   np.testing.assert_allclose(value, want_value, rtol=1e-5)
   for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# Off-centre rows, as the residual stream's, where the variance's two passes matter.
+LN_X = jax.random.normal(jax.random.key(0), (2, 5, 48)) * 3.0 + 1.5
+
+
+def plain_layer_norm(x, scale, bias, eps, dtype):
+  """The formula for autodiff to differentiate."""
+  x = x.astype(jnp.float32)
+  mean = x.mean(-1, keepdims=True)
+  var = jnp.square(x - mean).mean(-1, keepdims=True)
+  return ((x - mean) * jax.lax.rsqrt(var + eps) * scale + bias).astype(dtype)
+
+
+def test_layer_norm_is_flax_layer_norm_with_its_parameters():
+  flax_norm = nn.LayerNorm(
+    epsilon=1e-6,
+    use_fast_variance=False,
+    scale_init=partitioned(nn.initializers.ones, ("embed",)),
+    bias_init=partitioned(zeros, ("embed",)),
+  )
+  ours = layer_norm(1e-6, jnp.float32, "norm")
+  describe = lambda tree: jax.tree.map(
+    lambda p: (p.value.shape, p.value.dtype, p.names),
+    tree,
+    is_leaf=lambda p: isinstance(p, nn.LogicallyPartitioned),
+  )
+  boxed = flax_norm.init(jax.random.key(0), LN_X)
+  assert describe(ours.init(jax.random.key(0), LN_X)) == describe(boxed)
+  params = jax.tree.map(
+    lambda p: p + jax.random.normal(jax.random.key(1), p.shape), nn.unbox(boxed)
+  )
+  np.testing.assert_allclose(ours.apply(params, LN_X), flax_norm.apply(params, LN_X), atol=2e-6)
+  bf16 = layer_norm(1e-6, jnp.bfloat16, "norm").apply(params, LN_X.astype(jnp.bfloat16))
+  assert bf16.dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_layer_norm_gradients_equal_autodiff_of_the_formula(dtype):
+  scale, bias, cotangent = (
+    jax.random.normal(jax.random.key(k), s) for k, s in ((1, (48,)), (2, (48,)), (3, LN_X.shape))
+  )
+  x, cotangent = LN_X.astype(dtype), cotangent.astype(dtype)
+
+  def grads(fn):
+    loss = lambda *args: (fn(*args, 1e-6, dtype).astype(jnp.float32) * cotangent).sum()
+    return jax.grad(loss, argnums=(0, 1, 2))(x, scale, bias)
+
+  (dx, dscale, dbias), (want_dx, want_dscale, want_dbias) = (
+    grads(normalize),
+    grads(plain_layer_norm),
+  )
+  assert dx.dtype == dtype and dscale.dtype == dbias.dtype == jnp.float32
+  # float32 rounding in the sums' order; bf16's dx is rounded to bf16 after the same float32 math.
+  dx_tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == jnp.float32 else dict(rtol=8e-3, atol=1e-3)
+  np.testing.assert_allclose(np.float32(dx), np.float32(want_dx), **dx_tolerance)
+  np.testing.assert_allclose(dscale, want_dscale, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(dbias, want_dbias, rtol=1e-5, atol=1e-5)
 
 
 def test_remat_blocks_keep_parameters_and_gradients():

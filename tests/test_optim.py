@@ -229,3 +229,42 @@ def test_flat_optimizer_trains_as_the_per_parameter_one_and_refuses_the_others_c
     "  optimizer.flatten: checkpoint has False, config has True\n"
     "Use a fresh --workdir, or restore the original config values to resume."
   )
+
+
+def test_gradient_norm_sums_one_concatenation_where_parameters_are_replicated():
+  """train/grad_norm: the concatenation's norm (one reduction on XLA:GPU, not one fused into
+  each leaf's update) under 'dp' without clipping; per leaf under fsdp or beside clipping."""
+  grads = {"a": jnp.linspace(-1.0, 2.0, 7), "b": {"c": jnp.full((3, 5), 0.3)}}
+  per_leaf = optax.tree.norm(grads)
+  config = tiny_config()
+  for layout, clip, concatenates in [("dp", 0.0, True), ("fsdp", 0.0, False), ("dp", 1.0, False)]:
+    config.mesh.layout, config.grad_clip_norm = layout, clip
+    jaxpr = str(jax.make_jaxpr(lambda g: optim.gradient_norm(config, g))(grads))
+    assert ("concatenate" in jaxpr) == concatenates, (layout, clip)
+    np.testing.assert_allclose(optim.gradient_norm(config, grads), per_leaf, rtol=1e-6)
+
+
+def test_the_learning_rate_read_from_a_vector_leaves_the_updates_bitwise_equal(monkeypatch):
+  """make_optimizer hands optax the learning rate as an element of a vector behind an
+  optimisation barrier (so that XLA:GPU fuses the equal-shape leaves' updates): the same
+  parameters and state, bit for bit, as the plain schedule gives."""
+  import flax.linen as nn
+
+  config = tiny_config(grad_clip_norm=0.5)
+  config.optimizer.weight_decay = 0.05
+  model = train.build_model(config, 10)
+  params = nn.meta.unbox(sharding.init_model_variables(model, (8, 8, 1), jax.random.key(0))[0])
+  schedule = optim.make_schedule(config, 6, 1)
+  txs = [optim.make_optimizer(config, params, schedule)]
+  monkeypatch.setattr(optim, "_shared_learning_rate", lambda s: s)
+  txs.append(optim.make_optimizer(config, params, schedule))
+  results = []
+  for tx in txs:
+    step = jax.jit(lambda p, s, g, tx=tx: tx.update(g, s, p))
+    p, s = params, tx.init(params)
+    for i in range(3):
+      grads = jax.tree.map(lambda x, i=i: jax.random.normal(jax.random.key(i), x.shape), p)
+      updates, s = step(p, s, grads)
+      p = optax.apply_updates(p, updates)
+    results.append((p, s))
+  jax.tree.map(np.testing.assert_array_equal, *results)

@@ -70,11 +70,15 @@ def dot_product_attention(
   """
   check_implementation(implementation)
   if implementation == "cudnn":
-    refusal = cudnn_refusal(q.shape[1], k.shape[1], q.shape[-1], q.dtype, training=training)
+    refusal = cudnn_refusal(
+      q.shape[1], k.shape[1], q.shape[-1], q.dtype, training=training, bias=bias is not None
+    )
     if refusal:
       raise ValueError(refusal)
     if _RULES_ONLY.get():
       implementation = "xla"  # the same shapes, traceable on any host
+    if training and (q.shape[1] % 2 or k.shape[1] % 2):
+      return _at_even_lengths(q, k, v, scale, implementation)
   if not cpu_kernels(implementation):
     return jax.nn.dot_product_attention(
       q, k, v, bias=bias, scale=scale, implementation=implementation
@@ -84,6 +88,26 @@ def dot_product_attention(
       f"bias must be (B, H, N, N) or (1, H, N, N) for q of shape {q.shape}, got {bias.shape}."
     )
   return _attention(q, k, v, bias, q.shape[-1] ** -0.5 if scale is None else float(scale))
+
+
+def _at_even_lengths(q: Array, k: Array, v: Array, scale, implementation: str) -> Array:
+  """Attention of odd-length tokens (DeiT's 197, ViT d9's 65) by a kernel that trains only even
+  lengths (cuDNN's): queries and keys padded by one token, the padded key masked by the true
+  lengths (``key_value_seq_lengths``, cuDNN's padding mask), the padded query's row dropped. The
+  padded token gets no weight and no gradient, so the result is the unpadded attention's."""
+  batch, queries, keys = q.shape[0], q.shape[1], k.shape[1]
+  pad = lambda x: jnp.pad(x, ((0, 0), (0, x.shape[1] % 2), (0, 0), (0, 0)))
+  lengths = lambda n: jnp.full((batch,), n, jnp.int32)
+  out = jax.nn.dot_product_attention(
+    pad(q),
+    pad(k),
+    pad(v),
+    scale=scale,
+    query_seq_lengths=lengths(queries),
+    key_value_seq_lengths=lengths(keys),
+    implementation=implementation,
+  )
+  return out[:, :queries]
 
 
 # cuDNN's fused attention, as JAX 0.7.1-0.11.2 call it (``jax.nn.dot_product_attention``, the
@@ -96,15 +120,16 @@ _RULES_ONLY = contextvars.ContextVar("cudnn_rules_only", default=False)
 
 
 def cudnn_refusal(
-  q_len: int, kv_len: int, head_dim: int, dtype, *, training: bool = True
+  q_len: int, kv_len: int, head_dim: int, dtype, *, training: bool = True, bias: bool = True
 ) -> str | None:
   """Why cuDNN's fused attention cannot take these shapes, as one line, or None.
 
   Shape logic only, so a config is checked on any host: bf16 or fp16 inputs; a head dim that is a
   multiple of 8 and at most 256 (128 before Hopper, which only the GPU tells); in training (the
-  backward pass), even query and key lengths. JAX 0.7.1-0.11.0 check the lengths only with a
-  bias, but 0.11.2 refused 65 tokens without one (``NotImplementedError: Unsupported sequence
-  length Q 65, KV 65``), so locvit refuses odd lengths in training with and without a bias.
+  backward pass) with a ``bias``, even query and key lengths. JAX 0.7.1-0.11.0 check the lengths
+  only with a bias, and 0.11.2 refused 65 tokens without one too (``NotImplementedError:
+  Unsupported sequence length Q 65, KV 65``): without a bias ``dot_product_attention`` pads odd
+  lengths to even ones (``_at_even_lengths``), so only a bias's odd lengths are refused.
   """
   problems = []
   if jnp.dtype(dtype).name not in CUDNN_DTYPES:
@@ -116,9 +141,9 @@ def cudnn_refusal(
       f"head dim {head_dim} (it needs a multiple of 8, at most {CUDNN_MAX_HEAD_DIM}; "
       "128 before Hopper)"
     )
-  if training and (q_len % 2 or kv_len % 2):
+  if training and bias and (q_len % 2 or kv_len % 2):
     lengths = f"{q_len}" if q_len == kv_len else f"{q_len} (queries) x {kv_len} (keys)"
-    problems.append(f"sequence length {lengths} in training (it needs even lengths)")
+    problems.append(f"sequence length {lengths} with a bias in training (it needs even lengths)")
   if not problems:
     return None
   refused = "; nor ".join(problems)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -202,16 +203,67 @@ def classifier_head(
   )
 
 
-def layer_norm(eps: float, dtype: Any, name: str) -> nn.LayerNorm:
-  """``nn.LayerNorm`` over the last axis with ``eps``; scale (ones) and bias (zeros) are
-  partitioned on the logical 'embed' axis."""
-  return nn.LayerNorm(
-    epsilon=eps,
-    dtype=dtype,
-    scale_init=partitioned(nn.initializers.ones, ("embed",)),
-    bias_init=partitioned(zeros, ("embed",)),
-    name=name,
-  )
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def normalize(x: Array, scale: Array, bias: Array, eps: float, dtype: Any) -> Array:
+  """LayerNorm over the last axis, ``(x - mean) / sqrt(var + eps) * scale + bias`` in ``dtype``:
+  ``torch.nn.LayerNorm``'s function, with float32 statistics and the two-pass variance
+  ``mean((x - mean)^2)`` (flax's ``nn.LayerNorm(use_fast_variance=False)``).
+
+  The backward pass is written out (``_normalize_bwd``) so that XLA fuses it into few kernels.
+  Reverse-mode only (``jax.grad``, ``jax.vjp``), like every ``jax.custom_vjp``.
+  """
+  return _normalize_fwd(x, scale, bias, eps, dtype)[0]
+
+
+def _normalize_fwd(x, scale, bias, eps, dtype):
+  x32 = x.astype(jnp.float32)
+  mean = jnp.mean(x32, axis=-1, keepdims=True)
+  rstd = jax.lax.rsqrt(jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True) + eps)
+  # (x - mean) * rstd is also what the backward pass reads: XLA keeps it rather than the
+  # statistics, so the forward pass is one normalisation kernel and one affine kernel.
+  y = (x32 - mean) * rstd * scale.astype(jnp.float32) + bias.astype(jnp.float32)
+  return y.astype(dtype), (x, mean, rstd, scale, bias)
+
+
+def _normalize_bwd(eps, dtype, residuals, dy):
+  """``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`` with ``g = dy * scale``: two row
+  sums, which XLA fuses with ``dx`` into one kernel. The scale and bias gradients, sums of
+  ``dy * xhat`` and ``dy`` over the rows, are one reduction of the two stacked, not two."""
+  del eps, dtype
+  x, mean, rstd, scale, bias = residuals
+  xhat = (x.astype(jnp.float32) - mean) * rstd
+  dy = dy.astype(jnp.float32)
+  g = dy * scale.astype(jnp.float32)
+  mean_g = jnp.mean(g, axis=-1, keepdims=True)
+  mean_gx = jnp.mean(g * xhat, axis=-1, keepdims=True)
+  dx = rstd * (g - mean_g - xhat * mean_gx)
+  rows = tuple(range(x.ndim - 1))
+  dscale, dbias = jnp.sum(jnp.stack([dy * xhat, dy], axis=-2), axis=rows)
+  return dx.astype(x.dtype), dscale.astype(scale.dtype), dbias.astype(bias.dtype)
+
+
+normalize.defvjp(_normalize_fwd, _normalize_bwd)
+
+
+class LayerNorm(nn.Module):
+  """LayerNorm over the last axis (``normalize``) with ``nn.LayerNorm``'s parameters: ``scale``
+  (ones) and ``bias`` (zeros), float32, partitioned on the logical 'embed' axis."""
+
+  epsilon: float
+  dtype: Any = None  # None: the inputs' and parameters' result type, as nn.LayerNorm
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    features = (x.shape[-1],)
+    scale = self.param("scale", partitioned(nn.initializers.ones, ("embed",)), features)
+    bias = self.param("bias", partitioned(zeros, ("embed",)), features)
+    dtype = self.dtype or jnp.result_type(x, scale)
+    return normalize(x, scale, bias, self.epsilon, dtype)
+
+
+def layer_norm(eps: float, dtype: Any, name: str) -> LayerNorm:
+  """The backbones' LayerNorm with ``eps``, computing in ``dtype``."""
+  return LayerNorm(eps, dtype, name=name)
 
 
 def drop_path(rate: float) -> nn.Dropout:
