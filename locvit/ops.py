@@ -20,10 +20,13 @@ full-rank attention kernels such as ``(C, 3, H, Dh)`` far more slowly than the s
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import flax.linen.dtypes
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -53,6 +56,50 @@ def resolve_implementation(implementation: str | None) -> str | None:
 def cpu_kernels(implementation: str | None) -> bool:
   """Whether a (resolved) setting selects the CPU code paths."""
   return implementation in ("cpu_kernels", "einsum")
+
+
+# The step's shared ``one`` while ``shared_parameter_casts`` is open (``cast_parameter``).
+_SHARED_ONE: contextvars.ContextVar[Array | None] = contextvars.ContextVar(
+  "locvit_shared_one", default=None
+)
+
+
+@contextlib.contextmanager
+def shared_parameter_casts() -> Iterator[None]:
+  """Within it, ``cast_parameter`` casts every parameter as ``(p * one).astype(dtype)`` with one
+  shared ``one``: exactly ``p``'s cast, and exactly its gradient.
+
+  Each layer's cast of its float32 kernel and bias to the bf16 compute dtype is otherwise a kernel
+  of its own on XLA:GPU (which has no horizontal fusion here); casts that read a common operand
+  are merged by its sibling multi-output fusion, one kernel per shape for the equal-shape
+  parameters of the blocks (docs/benchmarks.md, "Parameter casts sharing one operand"). ``one``
+  is an element of a vector behind an optimisation barrier, which XLA can neither fold to a
+  constant nor slice back to a scalar. Opened once per traced step, outside any ``nn.remat``;
+  ``one`` is dropped on exit.
+  """
+  one = lax.optimization_barrier(jnp.ones((2,), jnp.float32))[0]
+  token = _SHARED_ONE.set(one)
+  try:
+    yield
+  finally:
+    _SHARED_ONE.reset(token)
+
+
+def cast_parameter(param: Array, dtype: Any) -> Array:
+  """``param`` in ``dtype``, through the shared ``one`` inside ``shared_parameter_casts``."""
+  one = _SHARED_ONE.get()
+  if one is None or param.dtype == dtype:
+    return jnp.asarray(param, dtype)
+  return jnp.asarray(param * one.astype(param.dtype), dtype)
+
+
+def promote_parameters(inputs: Array, *params: Array | None, dtype: Any = None, inexact=True):
+  """flax's ``promote_dtype`` for ``nn.Dense``/``nn.Conv(promote_dtype=...)`` (the inputs, then
+  the parameters), the parameters cast by ``cast_parameter``."""
+  dtype = flax.linen.dtypes.canonicalize_dtype(inputs, *params, dtype=dtype, inexact=inexact)
+  return [jnp.asarray(inputs, dtype)] + [
+    None if p is None else cast_parameter(p, dtype) for p in params
+  ]
 
 
 def contract(x: Array, kernel: Array, num_contracting: int = 1, *, flatten: bool = False) -> Array:

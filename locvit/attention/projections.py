@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from locvit.ops import contract, cpu_kernels
+from locvit.ops import cast_parameter, contract, cpu_kernels
 
 Array = jax.Array
 
@@ -102,14 +102,14 @@ class DenseGeneral(nn.Module):
     )
     y = contract(
       x.astype(self.dtype),
-      kernel.astype(self.dtype),
+      cast_parameter(kernel, self.dtype),
       self.num_inputs,
       flatten=cpu_kernels(self.implementation),
     )
     if self.use_bias:
       names = self.kernel_axes[self.num_inputs :]
       bias = self.param("bias", partitioned(self.bias_init, names), self.features, self.param_dtype)
-      y = y + bias.astype(self.dtype)
+      y = y + cast_parameter(bias, self.dtype)
     return y
 
 

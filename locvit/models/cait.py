@@ -43,7 +43,7 @@ from locvit.models.layers import (
   pre_norm_residual,
 )
 from locvit.models.smalldata import SmallDataBackbone, check_attention, smalldata_models
-from locvit.ops import contract, cpu_kernels
+from locvit.ops import cast_parameter, contract, cpu_kernels
 
 Array = jax.Array
 CAIT_ATTENTION = ("mhsa", *MASK_KINDS)
@@ -81,7 +81,7 @@ class TalkingHeadsAttention(Attention):
     init = partitioned(self.kernel_init, ("embed", *names))
     kernel = self.param(name, init, (x.shape[-1], *shape), self.param_dtype)
     flatten = cpu_kernels(self.implementation)
-    return contract(x.astype(self.dtype), kernel.astype(self.dtype), flatten=flatten)
+    return contract(x.astype(self.dtype), cast_parameter(kernel, self.dtype), flatten=flatten)
 
   def _project(self, x: Array, context: Array | None) -> tuple[Array, Array, Array]:
     heads = self.num_heads

@@ -14,7 +14,13 @@ import numpy as np
 
 from locvit.attention import TokenGrid, get_attention
 from locvit.attention.projections import partitioned, trunc_normal, zeros
-from locvit.ops import contract, cpu_kernels, dense_dot_general
+from locvit.ops import (
+  cast_parameter,
+  contract,
+  cpu_kernels,
+  dense_dot_general,
+  promote_parameters,
+)
 
 Array = jax.Array
 
@@ -72,8 +78,8 @@ class PatchProjection(PatchFields):
     bias = self.param("bias", partitioned(zeros, ("embed",)), (self.embed_dim,), self.param_dtype)
     images, kernel, bias = (
       images.astype(self.dtype),
-      kernel.astype(self.dtype),
-      bias.astype(self.dtype),
+      cast_parameter(kernel, self.dtype),
+      cast_parameter(bias, self.dtype),
     )
     if cpu_kernels(self.implementation):
       flat_kernel = kernel.reshape(p * p * channels, self.embed_dim)
@@ -179,6 +185,7 @@ def dense(
     kernel_init=partitioned(kernel_init, names),
     bias_init=partitioned(bias_init, names[1:]),
     dot_general=dense_dot_general(implementation),
+    promote_dtype=promote_parameters,
     name=name,
     **kwargs,
   )
@@ -199,6 +206,7 @@ def classifier_head(
     param_dtype=param_dtype,
     kernel_init=partitioned(kernel_init, ("embed", "classes")),
     bias_init=partitioned(bias_init, ("classes",)),
+    promote_dtype=promote_parameters,
     name=name,
   )
 

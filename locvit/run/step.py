@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 from absl import logging
 
-from locvit import distill, optim
+from locvit import distill, ops, optim
 from locvit.data import device_augment, resident
 from locvit.run.state import TrainState, ema_enabled
 
@@ -96,17 +96,18 @@ def train_step(
   grad_fn = jax.value_and_grad(loss_and_metrics, has_aux=True)
 
   def loss_grad(mb, key, model_state):
-    return grad_fn(
-      state.params,
-      model,
-      mb["image"],
-      mb["target"],
-      mb["label"],
-      key,
-      model_state=model_state,
-      teacher_logits=mb.get("teacher"),
-      distillation=config.distillation,
-    )
+    with ops.shared_parameter_casts():  # one shared operand for the layers' parameter casts
+      return grad_fn(
+        state.params,
+        model,
+        mb["image"],
+        mb["target"],
+        mb["label"],
+        key,
+        model_state=model_state,
+        teacher_logits=mb.get("teacher"),
+        distillation=config.distillation,
+      )
 
   accum = config.grad_accum_steps
   if accum == 1:
