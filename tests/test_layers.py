@@ -146,6 +146,18 @@ def test_layer_norm_gradients_equal_autodiff_of_the_formula(dtype):
   np.testing.assert_allclose(dbias, want_dbias, rtol=1e-5, atol=1e-5)
 
 
+def test_layer_norm_keeps_forward_mode():
+  """``jax.jvp`` (and so ``jax.hessian``, forward-over-reverse Hessian-vector products) through
+  the backbones' LayerNorm: its derivative is a ``custom_jvp``, equal to the formula's."""
+  scale, bias, tangent = (
+    jax.random.normal(jax.random.key(k), s) for k, s in ((1, (48,)), (2, (48,)), (3, LN_X.shape))
+  )
+  primals, tangents = (LN_X, scale, bias), (tangent, 0.5 * scale, -bias)
+  jvp = lambda fn: jax.jvp(lambda *a: fn(*a, 1e-6, jnp.float32), primals, tangents)
+  for got, want in zip(jvp(normalize), jvp(plain_layer_norm)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_remat_blocks_keep_parameters_and_gradients():
   from locvit.models import create_model
 

@@ -211,46 +211,43 @@ def classifier_head(
   )
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
 def normalize(x: Array, scale: Array, bias: Array, eps: float, dtype: Any) -> Array:
   """LayerNorm over the last axis, ``(x - mean) / sqrt(var + eps) * scale + bias`` in ``dtype``:
   ``torch.nn.LayerNorm``'s function, with float32 statistics and the two-pass variance
   ``mean((x - mean)^2)`` (flax's ``nn.LayerNorm(use_fast_variance=False)``).
 
-  The backward pass is written out (``_normalize_bwd``) so that XLA fuses it into few kernels.
-  Reverse-mode only (``jax.grad``, ``jax.vjp``), like every ``jax.custom_vjp``.
+  Its derivative is written out (``_normalize_jvp``) so that XLA fuses the backward pass JAX
+  transposes from it into few kernels; forward mode (``jax.jvp``, ``jax.hessian``) works too.
   """
-  return _normalize_fwd(x, scale, bias, eps, dtype)[0]
+  return _normalized(x, scale, bias, eps)[0].astype(dtype)
 
 
-def _normalize_fwd(x, scale, bias, eps, dtype):
+def _normalized(x, scale, bias, eps):
+  """``(y, xhat, rstd)`` in float32: the output, ``(x - mean) * rstd`` and ``rstd``."""
   x32 = x.astype(jnp.float32)
   mean = jnp.mean(x32, axis=-1, keepdims=True)
   rstd = jax.lax.rsqrt(jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True) + eps)
-  # (x - mean) * rstd is also what the backward pass reads: XLA keeps it rather than the
-  # statistics, so the forward pass is one normalisation kernel and one affine kernel.
-  y = (x32 - mean) * rstd * scale.astype(jnp.float32) + bias.astype(jnp.float32)
-  return y.astype(dtype), (x, mean, rstd, scale, bias)
+  xhat = (x32 - mean) * rstd
+  return xhat * scale.astype(jnp.float32) + bias.astype(jnp.float32), xhat, rstd
 
 
-def _normalize_bwd(eps, dtype, residuals, dy):
-  """``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`` with ``g = dy * scale``: two row
-  sums, which XLA fuses with ``dx`` into one kernel. The scale and bias gradients, sums of
-  ``dy * xhat`` and ``dy`` over the rows, are one reduction of the two stacked, not two."""
-  del eps, dtype
-  x, mean, rstd, scale, bias = residuals
-  xhat = (x.astype(jnp.float32) - mean) * rstd
-  dy = dy.astype(jnp.float32)
-  g = dy * scale.astype(jnp.float32)
-  mean_g = jnp.mean(g, axis=-1, keepdims=True)
-  mean_gx = jnp.mean(g * xhat, axis=-1, keepdims=True)
-  dx = rstd * (g - mean_g - xhat * mean_gx)
-  rows = tuple(range(x.ndim - 1))
-  dscale, dbias = jnp.sum(jnp.stack([dy * xhat, dy], axis=-2), axis=rows)
-  return dx.astype(x.dtype), dscale.astype(scale.dtype), dbias.astype(bias.dtype)
-
-
-normalize.defvjp(_normalize_fwd, _normalize_bwd)
+@normalize.defjvp
+def _normalize_jvp(eps, dtype, primals, tangents):
+  """``dy = rstd * (dx - mean(dx) - xhat * mean(dx * xhat)) * scale + xhat * dscale + dbias``:
+  transposed, the closed-form backward pass (two row sums fused with ``dx``; the scale and bias
+  gradients one reduction of ``dy * xhat`` and ``dy`` stacked)."""
+  (x, scale, bias), (dx, dscale, dbias) = primals, tangents
+  y, xhat, rstd = _normalized(x, scale, bias, eps)
+  dx = dx.astype(jnp.float32)
+  dxhat = rstd * (
+    dx - jnp.mean(dx, axis=-1, keepdims=True) - xhat * jnp.mean(dx * xhat, axis=-1, keepdims=True)
+  )
+  affine = jnp.stack([dscale, dbias]).astype(jnp.float32)  # (2, C): one contraction with (xhat, 1)
+  dy = dxhat * scale.astype(jnp.float32) + jnp.sum(
+    jnp.stack([xhat, jnp.ones_like(xhat)], axis=-2) * affine, axis=-2
+  )
+  return y.astype(dtype), dy.astype(dtype)
 
 
 class LayerNorm(nn.Module):
