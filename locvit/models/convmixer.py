@@ -36,6 +36,7 @@ import numpy as np
 from locvit.attention.projections import partitioned
 from locvit.configs.defaults import FROZEN_FILTERS  # noqa: F401  (plain data, shared with the configs)
 from locvit.models.layers import classify, gelu
+from locvit.ops import promote_parameters
 
 Array = jax.Array
 FILTER_INITS = ("random", "impulse", "box")
@@ -102,6 +103,7 @@ class _Layers(nn.Module):
       feature_group_count=groups,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
+      promote_dtype=promote_parameters,
       kernel_init=partitioned(kernel_init or pytorch_uniform(fan_in), (None, None, None, "embed")),
       bias_init=partitioned(pytorch_uniform(fan_in), ("embed",)),
       name=name,

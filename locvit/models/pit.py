@@ -32,6 +32,7 @@ from locvit.models.smalldata import (
   check_stages,
   smalldata_models,
 )
+from locvit.ops import promote_parameters
 
 Array = jax.Array
 
@@ -50,6 +51,7 @@ class Pool(nn.Module):
       2 * c,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
+      promote_dtype=promote_parameters,
       kernel_init=partitioned(nn.initializers.lecun_normal(), (None, None, None, "embed")),
       bias_init=partitioned(zeros, ("embed",)),
     )
@@ -61,6 +63,7 @@ class Pool(nn.Module):
       2 * c,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
+      promote_dtype=promote_parameters,
       kernel_init=partitioned(trunc_normal, ("embed", "mlp")),
       bias_init=partitioned(zeros, ("mlp",)),
       name="cls_fc",

@@ -40,6 +40,7 @@ from locvit.attention.projections import (
   torch_linear_kernel_init,
 )
 from locvit.models.layers import classify
+from locvit.ops import promote_parameters
 
 Array = jax.Array
 
@@ -51,6 +52,7 @@ def _conv_and_norm(block: nn.Module, train: bool) -> tuple[Any, Any]:
     use_bias=False,
     dtype=block.dtype,
     param_dtype=block.param_dtype,
+    promote_dtype=promote_parameters,
     kernel_init=partitioned(torch_linear_kernel_init, (None, None, None, "mlp")),
   )
   norm = functools.partial(
@@ -146,6 +148,7 @@ class ResNetCifar(nn.Module):
       use_bias=False,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
+      promote_dtype=promote_parameters,
       kernel_init=partitioned(torch_linear_kernel_init, (None, None, None, "mlp")),
       name="stem_conv",
     )(x)
