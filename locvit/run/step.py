@@ -9,6 +9,7 @@ checked on device each step and read on the host only at log and save steps.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -95,8 +96,13 @@ def train_step(
     inputs["teacher"] = distill.teacher_logits(teacher, teacher_variables, images)
   grad_fn = jax.value_and_grad(loss_and_metrics, has_aux=True)
 
+  # One shared operand for the layers' parameter casts, which XLA:GPU then merges; on the CPU
+  # code paths the step would only gain kernels (docs/benchmarks.md).
+  implementation = getattr(model, "attention_implementation", ops.resolve_implementation(None))
+  casts = contextlib.nullcontext if ops.cpu_kernels(implementation) else ops.shared_parameter_casts
+
   def loss_grad(mb, key, model_state):
-    with ops.shared_parameter_casts():  # one shared operand for the layers' parameter casts
+    with casts():
       return grad_fn(
         state.params,
         model,
