@@ -410,9 +410,11 @@ def test_a_disk_that_fills_mid_run_stops_it_with_one_line_and_the_resume_loses_n
   err = (out / "stderr").read_text().splitlines()
   assert (out / "rc").read_text().strip() == "2"
   assert len(err) == 1, err
+  # Step 15's save fails in the background; the loop notices at its next step, or at the latest
+  # when step 20's save waits for it (one save at a time), depending on how fast steps run.
   assert re.fullmatch(
     rf"locvit: error: saving a checkpoint to {mount}/run/checkpoints failed \(No space left on "
-    r"device\); stopped at step 1[0-9]\. Steps already committed are kept: \[5(, 10)?\]",
+    r"device\); stopped at step (1[0-9]|20)\. Steps already committed are kept: \[5(, 10)?\]",
     err[0],
   ), err[0]
   assert (out / "rc2").read_text().strip() == "0", (out / "stderr2").read_text()
