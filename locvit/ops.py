@@ -53,6 +53,12 @@ def resolve_implementation(implementation: str | None) -> str | None:
   return implementation
 
 
+def model_implementation(model) -> str | None:
+  """The kernel setting a built model resolved (its ``attention_implementation``); for a model
+  without one, what None resolves to on this backend."""
+  return getattr(model, "attention_implementation", resolve_implementation(None))
+
+
 def cpu_kernels(implementation: str | None) -> bool:
   """Whether a (resolved) setting selects the CPU code paths."""
   return implementation in ("cpu_kernels", "einsum")

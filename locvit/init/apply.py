@@ -45,7 +45,7 @@ from locvit.init.layout import (
   unflatten,
 )
 from locvit.init.mimetic import VPROJ_MODES, apply_mimetic
-from locvit.ops import cpu_kernels, resolve_implementation
+from locvit.ops import cpu_kernels, model_implementation
 
 
 def init_config(name: str = "impulse", **overrides: Any) -> ml_collections.ConfigDict:
@@ -105,7 +105,7 @@ def write_impulse(params: Any, solution, layout: AttentionLayout) -> Any:
 def _solver_batching(model) -> str:
   """'map' (one solve after another) with the CPU code paths, else 'vmap': the model's resolved
   kernel setting decides, not a backend check here."""
-  implementation = getattr(model, "attention_implementation", resolve_implementation(None))
+  implementation = model_implementation(model)
   return "map" if cpu_kernels(implementation) else "vmap"
 
 

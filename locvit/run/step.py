@@ -98,7 +98,7 @@ def train_step(
 
   # One shared operand for the layers' parameter casts, which XLA:GPU then merges; on the CPU
   # code paths the step would only gain kernels (docs/benchmarks.md).
-  implementation = getattr(model, "attention_implementation", ops.resolve_implementation(None))
+  implementation = ops.model_implementation(model)
   casts = contextlib.nullcontext if ops.cpu_kernels(implementation) else ops.shared_parameter_casts
 
   def loss_grad(mb, key, model_state):
