@@ -260,42 +260,31 @@ OUTAGE_RUN = [
 ]
 
 
-def _stop_after_step_10_is_committed(proc, server, prefix, listed=blobs):
-  """Reads ``proc``'s progress to step 15, waits for step 10's commit in the bucket (``listed``
-  lists the names under a prefix of it), then stops the server; returns the lines read and when
-  the outage began."""
-  seen = []
-  for line in proc.stdout:
-    seen.append(line)
-    if line.startswith("step 15/20"):
-      break
-  marker = f"{prefix}/checkpoints/10/commit_success.txt"
-  deadline = time.monotonic() + 60
-  while marker not in listed(marker) and time.monotonic() < deadline:
-    time.sleep(0.2)
-  assert marker in listed(marker), "".join(seen)
-  server.stop()
-  return seen, time.monotonic()
+def _step_20_save(prefix):
+  """The first request that names an object of step 20 under ``prefix`` (gcsfs and TensorStore
+  quote the slashes of a GCS object name; S3 requests name the key as a path)."""
+  return rf"{prefix}(/|%2F)checkpoints(/|%2F)20(/|%2F)"
 
 
-def _run_through_an_outage(cwd, url, env_of, args, seconds, listed=blobs, cut_at=None):
-  """Runs ``main`` with ``args`` (a ``--workdir`` under ``short``) through an ``Outage`` in front
-  of the server at ``url`` (``env_of``: its clients' environment, given a URL), cut for
-  ``seconds`` once step 10 is committed, or, with ``cut_at``, from the first request that matches
-  it; returns the process, its stdout and stderr."""
-  outage = Outage(url, cut_at)
+def _run_through_an_outage(cwd, url, env_of, args, prefix, seconds=None):
+  """Runs ``main`` with ``args`` (its ``--workdir`` at ``prefix`` of the bucket) through an
+  ``Outage`` in front of the server at ``url`` (``env_of``: its clients' environment, given a URL),
+  cut from the first request of step 20's save, after step 10's commit (one save at a time), for
+  ``seconds``, or for good. Returns the process, its stdout and stderr, and the seconds from the
+  cut to its end."""
+  outage = Outage(url, _step_20_save(prefix))
   try:
     proc = _main(cwd, env_of(outage.url), *args)
-    if cut_at is None:
-      _stop_after_step_10_is_committed(proc, outage, "short", listed)
-    elif not outage.wait_for_cut(240):
-      raise AssertionError(f"no request matched {cut_at!r}:\n" + "\n".join(_finish(proc, 60)))
-    time.sleep(seconds)
-    outage.start()
+    if not outage.wait_for_cut(240):
+      raise AssertionError("no request of step 20's save:\n" + "\n".join(_finish(proc, 60)))
+    cut = time.monotonic()
+    if seconds is not None:
+      time.sleep(seconds)
+      outage.start()
     out, err = _finish(proc, 240)
   finally:
     outage.close()
-  return proc, out, err
+  return proc, out, err, time.monotonic() - cut
 
 
 def _assert_gave_up_in_one_line(err, bucket, prefix, reason=r"[^)]*"):
@@ -319,9 +308,6 @@ def _train_losses(prefix):
 
 # Longer than gcsfs's own retries of a call (6 tries, 31 to 36 s), and shorter than the limit.
 SAVE_OUTAGE_SECONDS, SAVE_OUTAGE_LIMIT = 40, 60
-# The first request that names an object of step 20 under ``short`` (gcsfs and TensorStore quote
-# the slashes of a GCS object name; S3 requests name the key as a path).
-STEP_20_SAVE = r"short(/|%2F)checkpoints(/|%2F)20(/|%2F)"
 
 
 @pytest.mark.slow
@@ -336,13 +322,9 @@ def test_a_short_bucket_outage_is_ridden_out_and_a_long_one_ends_the_run_in_one_
   # in flight when restarted, which GCS does not.
   limit = f"--config.bucket_timeout_seconds={SAVE_OUTAGE_LIMIT}"
   args = [limit if a.startswith("--config.bucket_timeout") else a for a in OUTAGE_RUN]
-  proc, out, err = _run_through_an_outage(
-    tmp_path,
-    server.url,
-    client_env,
-    [*args, f"--workdir=gs://{BUCKET}/short"],
-    SAVE_OUTAGE_SECONDS,
-    cut_at=STEP_20_SAVE,
+  short = [*args, f"--workdir=gs://{BUCKET}/short"]
+  proc, out, err, _ = _run_through_an_outage(
+    tmp_path, server.url, client_env, short, "short", SAVE_OUTAGE_SECONDS
   )
   assert proc.returncode == 0, out + err
   assert "Final evaluation at step 20/20" in out, out + err
@@ -351,20 +333,16 @@ def test_a_short_bucket_outage_is_ridden_out_and_a_long_one_ends_the_run_in_one_
   assert sorted(reference) == [1, 5, 10, 15, 20], reference
   assert [r["step"] for r in _rows("short") if "train/loss" in r] == [1, 5, 10, 15, 20]
 
-  # The bucket goes away for good after step 10: exit 2 within the limit (plus a probe), one line
-  # naming the bucket, what failed and the committed step; no traceback.
-  proc = _main(tmp_path, server.env, *OUTAGE_RUN, f"--workdir=gs://{BUCKET}/long")
-  try:
-    _, stopped = _stop_after_step_10_is_committed(proc, server, "long")
-    out, err = _finish(proc, 120)
-    waited = time.monotonic() - stopped
-  finally:  # the bucket comes back, whatever happened (the module's other tests use it)
-    server.start()
+  # The bucket goes away for good from step 20's save, after step 10's commit: exit 2 within the
+  # limit (plus a probe), one line naming the bucket, what failed and the committed step; no
+  # traceback.
+  long = [*OUTAGE_RUN, f"--workdir=gs://{BUCKET}/long"]
+  proc, out, err, waited = _run_through_an_outage(tmp_path, server.url, client_env, long, "long")
   assert proc.returncode == 2, out + err
   assert waited < OUTAGE_LIMIT + 8, (waited, err)
   _assert_gave_up_in_one_line(err, f"gs://{BUCKET}", "long")
 
-  # The bucket is back with step 10 whole. Its checksums.json is deleted, as a step committed
+  # The bucket answers again, with step 10 whole. Its checksums.json is deleted, as a step committed
   # without one (a synchronous save killed before hashing it, or an older locvit). The same command
   # takes over the lease its dead process left on this host at once, verifies step 10 and writes
   # its manifest, and ends as the uninterrupted run did.
