@@ -70,6 +70,16 @@ _SHARED_ONE: contextvars.ContextVar[Array | None] = contextvars.ContextVar(
 )
 
 
+def unfoldable_scalar(value: Any) -> Array:
+  """``value`` as a float32 scalar, read out of a 2-vector behind an optimisation barrier, which
+  XLA can neither fold to a constant nor slice back to a scalar. XLA:GPU's sibling multi-output
+  fusion then counts it as an operand shared by the kernels that read it (an effective scalar it
+  does not), and merges equal-shape siblings into one kernel per shape: this XLA has no
+  horizontal fusion (docs/benchmarks.md, "The optimizer's and metrics' kernels on XLA:GPU")."""
+  value = jnp.asarray(value, jnp.float32)
+  return lax.optimization_barrier(jnp.stack([value, jnp.zeros_like(value)]))[0]
+
+
 @contextlib.contextmanager
 def shared_parameter_casts() -> Iterator[None]:
   """Within it, ``cast_parameter`` casts every parameter as ``(p * one).astype(dtype)`` with one
@@ -78,12 +88,11 @@ def shared_parameter_casts() -> Iterator[None]:
   Each layer's cast of its float32 kernel and bias to the bf16 compute dtype is otherwise a kernel
   of its own on XLA:GPU (which has no horizontal fusion here); casts that read a common operand
   are merged by its sibling multi-output fusion, one kernel per shape for the equal-shape
-  parameters of the blocks (docs/benchmarks.md, "Parameter casts sharing one operand"). ``one``
-  is an element of a vector behind an optimisation barrier, which XLA can neither fold to a
-  constant nor slice back to a scalar. Opened once per traced step, outside any ``nn.remat``;
-  ``one`` is dropped on exit.
+  parameters of the blocks (docs/benchmarks.md, "Parameter casts sharing one operand"). ``one`` is
+  an ``unfoldable_scalar``. Opened once per traced step, outside any ``nn.remat``; ``one`` is
+  dropped on exit.
   """
-  one = lax.optimization_barrier(jnp.ones((2,), jnp.float32))[0]
+  one = unfoldable_scalar(1.0)
   token = _SHARED_ONE.set(one)
   try:
     yield

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from locvit import sharding
+from locvit import ops, sharding
 from locvit.choices import Errors, check_choice
 
 # Parameter-name fragments never decayed under the 'intended' mask.
@@ -179,19 +179,12 @@ def _with_params(inner: optax.GradientTransformation, fn: Callable[[Any], Any]):
 
 
 def _shared_learning_rate(schedule: optax.Schedule) -> optax.Schedule:
-  """``schedule``'s value, the same float, read out of a 2-vector that XLA cannot fold away.
-
-  Every parameter leaf's update reads the learning rate. As a scalar, XLA:GPU's sibling
-  multi-output fusion does not count it as a shared operand (an effective scalar is not
-  profitable to share), and nothing else merges the updates (this XLA has no horizontal
-  fusion): one kernel per leaf. As an element of a vector behind an optimisation barrier (which
-  keeps the algebraic simplifier from slicing it back to the scalar), it is a shared operand,
-  and the updates of equal-shape leaves (the blocks') fuse into one kernel per shape
-  (docs/benchmarks.md, "The optimizer's and metrics' kernels on XLA:GPU")."""
+  """``schedule``'s value, the same float, as an ``ops.unfoldable_scalar``: every parameter
+  leaf's update reads the learning rate, and as a shared operand it lets the updates of
+  equal-shape leaves (the blocks') fuse into one kernel per shape on XLA:GPU, not one per leaf."""
 
   def learning_rate(step):
-    value = jnp.asarray(schedule(step), jnp.float32)
-    return jax.lax.optimization_barrier(jnp.stack([value, jnp.zeros_like(value)]))[0]
+    return ops.unfoldable_scalar(schedule(step))
 
   return learning_rate
 
