@@ -132,6 +132,34 @@ def contract(x: Array, kernel: Array, num_contracting: int = 1, *, flatten: bool
   return jnp.reshape(y, (*lead, *out))
 
 
+def affine(x: Array, kernel: Array, bias: Array, num_contracting: int = 1) -> Array:
+  """``contract(x, kernel, num_contracting) + bias`` as one matmul, ``[x, 1, 0] @ [kernel; bias;
+  0]``, so that the bias's gradient is a row of the kernel's gradient matmul.
+
+  Autodiff of ``x @ kernel + bias`` sums the output's gradient over every token for the bias, a
+  column reduction that XLA:GPU runs as two kernels (a partial sum, then the rest) per layer
+  (docs/benchmarks.md, "The backward pass's kernels"); here the matmul that already forms the
+  kernel's gradient, ``[x, 1, 0]^T dy``, forms the bias's too. The zero columns (none to seven)
+  keep the contracted width a multiple of 8, as XLA otherwise pads a bf16 matmul's operands to
+  one, in kernels of its own. Same function up to float rounding: the bias is summed in the
+  matmul's accumulator, before its one rounding to the output dtype.
+  """
+  lead = x.shape[: x.ndim - num_contracting]
+  fan_in = math.prod(kernel.shape[:num_contracting])
+  out = kernel.shape[num_contracting:]
+  zeros = -(fan_in + 1) % 8
+  rows = jnp.reshape(x, (*lead, fan_in))
+  ones = jnp.ones((*lead, 1), rows.dtype)
+  rows = jnp.concatenate([rows, ones, jnp.zeros((*lead, zeros), rows.dtype)], axis=-1)
+  # Pads and a sum, not a concatenation: XLA merges the equal-shape parameters' casts and pads
+  # of the blocks into one kernel per shape (shared_parameter_casts), a concatenation it does not.
+  weights = jnp.reshape(kernel, (fan_in, math.prod(out)))
+  weights = jnp.pad(weights, ((0, 1 + zeros), (0, 0))) + jnp.pad(
+    jnp.reshape(bias, (1, -1)).astype(weights.dtype), ((fan_in, zeros), (0, 0))
+  )
+  return jnp.reshape(rows @ weights, (*lead, *out))
+
+
 def _flat_dot_general(
   lhs: Array,
   rhs: Array,

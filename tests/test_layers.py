@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from locvit.attention.projections import partitioned, zeros
-from locvit.models.layers import gelu, layer_norm, normalize
+from locvit.attention.projections import DenseGeneral, partitioned, zeros
+from locvit.models.layers import dense, gelu, layer_norm, normalize
 
 # Both tails (where erf and erfc differ most) and the region around 0.
 X = jnp.linspace(-12.0, 12.0, 4801, dtype=jnp.float32)
@@ -121,6 +121,35 @@ def test_layer_norm_is_flax_layer_norm_with_its_parameters():
   np.testing.assert_allclose(ours.apply(params, LN_X), flax_norm.apply(params, LN_X), atol=2e-6)
   bf16 = layer_norm(1e-6, jnp.bfloat16, "norm").apply(params, LN_X.astype(jnp.bfloat16))
   assert bf16.dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize(
+  "build, shape",
+  [
+    (lambda impl: dense(20, ("embed", "mlp"), "fc", jnp.float32, jnp.float32, impl), (2, 5, 12)),
+    (
+      lambda impl: DenseGeneral((20,), ("heads", "kv", "embed"), 2, implementation=impl),
+      (2, 3, 3, 4),
+    ),
+  ],
+)
+def test_bias_in_the_matmul_keeps_parameters_outputs_and_gradients(build, shape):
+  """Off the CPU code paths a dense layer adds its bias inside the matmul (``ops.affine``):
+  the CPU paths' parameters (names, shapes, logical axes, initial values: ``nn.Dense``'s for
+  ``dense``), and outputs and gradients equal to theirs (``x @ kernel + bias``) to float32
+  rounding; fan-in 12 takes three zero columns."""
+  x = jax.random.normal(jax.random.key(0), shape)
+  cpu, xla = build("cpu_kernels"), build("xla")
+  boxed = cpu.init(jax.random.key(1), x)
+  ours = xla.init(jax.random.key(1), x)
+  assert jax.tree.structure(ours) == jax.tree.structure(boxed)  # names, logical axes
+  jax.tree.map(np.testing.assert_array_equal, nn.unbox(ours), nn.unbox(boxed))
+  params = jax.tree.map(lambda p: p + 0.5, nn.unbox(boxed))
+  loss = lambda module: jax.value_and_grad(
+    lambda p, x: jnp.sum(jnp.sin(module.apply(p, x))), argnums=(0, 1)
+  )
+  want, got = loss(cpu)(params, x), loss(xla)(params, x)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-6), got, want)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from locvit.ops import cast_parameter, contract, cpu_kernels
+from locvit.ops import affine, cast_parameter, contract, cpu_kernels
 
 Array = jax.Array
 
@@ -80,7 +80,8 @@ class DenseGeneral(nn.Module):
     kernel_axes: logical axis names of the kernel ``(*inputs, *features)``.
     num_inputs: how many trailing input axes are contracted (2 to merge heads).
     implementation: the model's kernel setting (``locvit.ops``): 'cpu_kernels' computes the product
-      as one 2-D matmul.
+      as one 2-D matmul and adds the bias; the others add the bias inside the matmul
+      (``ops.affine``: its gradient comes from the kernel's gradient matmul).
   """
 
   features: tuple[int, ...]
@@ -100,17 +101,16 @@ class DenseGeneral(nn.Module):
     kernel = self.param(
       "kernel", partitioned(kernel_init, self.kernel_axes), shape, self.param_dtype
     )
-    y = contract(
-      x.astype(self.dtype),
-      cast_parameter(kernel, self.dtype),
-      self.num_inputs,
-      flatten=cpu_kernels(self.implementation),
-    )
-    if self.use_bias:
-      names = self.kernel_axes[self.num_inputs :]
-      bias = self.param("bias", partitioned(self.bias_init, names), self.features, self.param_dtype)
-      y = y + cast_parameter(bias, self.dtype)
-    return y
+    x, kernel = x.astype(self.dtype), cast_parameter(kernel, self.dtype)
+    flatten = cpu_kernels(self.implementation)
+    if not self.use_bias:
+      return contract(x, kernel, self.num_inputs, flatten=flatten)
+    names = self.kernel_axes[self.num_inputs :]
+    bias = self.param("bias", partitioned(self.bias_init, names), self.features, self.param_dtype)
+    bias = cast_parameter(bias, self.dtype)
+    if flatten:
+      return contract(x, kernel, self.num_inputs, flatten=True) + bias
+    return affine(x, kernel, bias, self.num_inputs)
 
 
 def split_projections(fused: Array, implementation: str | None) -> tuple[Array, ...]:

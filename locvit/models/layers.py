@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from locvit.attention import TokenGrid, get_attention
-from locvit.attention.projections import partitioned, trunc_normal, zeros
+from locvit.attention.projections import DenseGeneral, partitioned, trunc_normal, zeros
 from locvit.ops import (
   cast_parameter,
   contract,
@@ -175,9 +175,23 @@ def dense(
   kernel_init: Callable = trunc_normal,
   bias_init: Callable = zeros,
   **kwargs: Any,
-) -> nn.Dense:
+) -> nn.Module:
   """``nn.Dense`` (trunc-normal(0.02) weights and zero biases by default) on logical axes
-  ``names``; the kernel setting ``implementation`` picks its ``dot_general`` (``locvit.ops``)."""
+  ``names``, on the CPU code paths with their ``dot_general`` (``locvit.ops``). Under the other
+  kernel settings the same parameters (names, shapes, initial values) in a ``DenseGeneral``,
+  which adds the bias inside the matmul (``ops.affine``: one kernel fewer per layer's gradient)."""
+  if not cpu_kernels(implementation):
+    return DenseGeneral(
+      (features,),
+      names,
+      kernel_init=kernel_init,
+      bias_init=bias_init,
+      implementation=implementation,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      name=name,
+      **kwargs,
+    )
   return nn.Dense(
     features,
     dtype=dtype,
