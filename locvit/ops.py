@@ -132,7 +132,9 @@ def contract(x: Array, kernel: Array, num_contracting: int = 1, *, flatten: bool
   return jnp.reshape(y, (*lead, *out))
 
 
-def affine(x: Array, kernel: Array, bias: Array, num_contracting: int = 1) -> Array:
+def affine(
+  x: Array, kernel: Array, bias: Array, num_contracting: int = 1, row_scale: Array | None = None
+) -> Array:
   """``contract(x, kernel, num_contracting) + bias`` as one matmul, ``[x, 1, 0] @ [kernel; bias;
   0]``, so that the bias's gradient is a row of the kernel's gradient matmul.
 
@@ -143,6 +145,9 @@ def affine(x: Array, kernel: Array, bias: Array, num_contracting: int = 1) -> Ar
   keep the contracted width a multiple of 8, as XLA otherwise pads a bf16 matmul's operands to
   one, in kernels of its own. Same function up to float rounding: the bias is summed in the
   matmul's accumulator, before its one rounding to the output dtype.
+
+  ``row_scale`` (broadcastable to ``x``'s leading axes and a last axis of 1): the result times it,
+  as ``[s x, s, 0] @ [kernel; bias; 0]`` (stochastic depth's per-example scale, ``Mlp``).
   """
   lead = x.shape[: x.ndim - num_contracting]
   fan_in = math.prod(kernel.shape[:num_contracting])
@@ -150,6 +155,9 @@ def affine(x: Array, kernel: Array, bias: Array, num_contracting: int = 1) -> Ar
   zeros = -(fan_in + 1) % 8
   rows = jnp.reshape(x, (*lead, fan_in))
   ones = jnp.ones((*lead, 1), rows.dtype)
+  if row_scale is not None:
+    ones = jnp.broadcast_to(row_scale.astype(rows.dtype), ones.shape)
+    rows = rows * ones
   rows = jnp.concatenate([rows, ones, jnp.zeros((*lead, zeros), rows.dtype)], axis=-1)
   # Pads and a sum, not a concatenation: XLA merges the equal-shape parameters' casts and pads
   # of the blocks into one kernel per shape (shared_parameter_casts), a concatenation it does not.

@@ -152,6 +152,28 @@ def test_bias_in_the_matmul_keeps_parameters_outputs_and_gradients(build, shape)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-6), got, want)
 
 
+@pytest.mark.parametrize("attention", ["mhsa", "gpsa", "quadratic"])
+def test_stochastic_depth_inside_the_last_projections_keeps_the_block(attention):
+  """Off the CPU code paths each branch's stochastic depth scales the operands of its last
+  matmul (``row_scale``: the attention's output projection, fc2): the block's output and
+  gradients equal the CPU paths' (the branch times ``drop_examples``' mask) to float32 rounding,
+  the dropped examples' included."""
+  from locvit.attention import TokenGrid
+  from locvit.models.layers import Block
+
+  x, grid = jax.random.normal(jax.random.key(0), (4, 4, 16)), TokenGrid(2, 2)
+  keep = jnp.array([[True, False, True, True], [False, True, True, False]])
+  block = lambda impl: Block(num_heads=2, drop_path=0.25, attention=attention, implementation=impl)
+  params = block("cpu_kernels").init(jax.random.key(1), x, grid)
+
+  def loss_and_grads(impl):
+    loss = lambda p, x: jnp.sum(jnp.sin(block(impl).apply(p, x, grid, train=True, keep=keep)))
+    return jax.value_and_grad(loss, argnums=(0, 1))(params, x)
+
+  want, got = loss_and_grads("cpu_kernels"), loss_and_grads("xla")
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6), got, want)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_layer_norm_gradients_equal_autodiff_of_the_formula(dtype):
   scale, bias, cotangent = (

@@ -94,9 +94,16 @@ class AttentionLayer(nn.Module):
     )
 
   def _forward(
-    self, x: Array, grid: TokenGrid | None, num_prefix_tokens: int, train: bool, **extras: Any
+    self,
+    x: Array,
+    grid: TokenGrid | None,
+    num_prefix_tokens: int,
+    train: bool,
+    row_scale: Array | None = None,
+    **extras: Any,
   ) -> Array:
-    """The layer up to ``proj_drop``; ``extras``: ``context`` and ``terms`` (``call_extras``)."""
+    """The layer up to ``proj_drop``; ``extras``: ``context`` and ``terms`` (``call_extras``);
+    ``row_scale``: factors of the output, applied inside the output projection's matmul."""
     raise NotImplementedError
 
   def _prefix_token_error(self, num_prefix_tokens: int) -> str | None:
@@ -114,7 +121,10 @@ class AttentionLayer(nn.Module):
     num_prefix_tokens: int = 0,
     terms: Sequence[Term] = (),
     train: bool = False,
+    row_scale: Array | None = None,
   ) -> Array:
+    """``row_scale``: ``(B, 1, 1)`` factors of the output, applied inside the output
+    projection's matmul (``ops.affine``; stochastic depth, ``layers.pre_norm_residual``)."""
     check_implementation(self.implementation)
     error = self._prefix_token_error(num_prefix_tokens) if num_prefix_tokens else None
     if error:
@@ -124,7 +134,7 @@ class AttentionLayer(nn.Module):
       if not self.call_extras:
         raise ValueError(f"{type(self).__name__} takes no context= or terms= at call time.")
       extras = dict(context=context, terms=tuple(terms))
-    out = self._forward(x, grid, num_prefix_tokens, train, **extras)
+    out = self._forward(x, grid, num_prefix_tokens, train, row_scale, **extras)
     return nn.Dropout(self.proj_drop)(out, deterministic=not train)
 
 
@@ -195,6 +205,7 @@ class Attention(AttentionLayer):
     grid: TokenGrid | None,
     num_prefix_tokens: int,
     train: bool,
+    row_scale: Array | None = None,
     context: Array | None = None,
     terms: tuple[Term, ...] = (),
   ) -> Array:
@@ -215,8 +226,11 @@ class Attention(AttentionLayer):
       train=train,
       implementation=self.implementation,
     )
-    out = output_projection(self.out_dim or x.shape[-1], **self._dense_kwargs())(y)
-    return v.reshape(*v.shape[:2], -1) + out if self.value_skip else out
+    out = output_projection(self.out_dim or x.shape[-1], **self._dense_kwargs())(y, row_scale)
+    if not self.value_skip:
+      return out
+    skip = v.reshape(*v.shape[:2], -1)
+    return (skip if row_scale is None else skip * row_scale.astype(skip.dtype)) + out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -176,7 +176,12 @@ class GPSA(AttentionLayer):
     )
 
   def _forward(
-    self, x: Array, grid: TokenGrid | None, num_prefix_tokens: int, train: bool
+    self,
+    x: Array,
+    grid: TokenGrid | None,
+    num_prefix_tokens: int,
+    train: bool,
+    row_scale: Array | None = None,
   ) -> Array:
     dim = x.shape[-1]
     grid = check_grid_tokens(grid, x.shape[1])
@@ -218,7 +223,7 @@ class GPSA(AttentionLayer):
       implementation=self.implementation,
       fused=self.fused,
     )
-    return output_projection(dim, **self._dense_kwargs())(y)
+    return output_projection(dim, **self._dense_kwargs())(y, row_scale)
 
 
 @register_attention("psa")

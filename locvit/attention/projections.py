@@ -95,7 +95,8 @@ class DenseGeneral(nn.Module):
   param_dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
+  def __call__(self, x: Array, row_scale: Array | None = None) -> Array:
+    """``x``'s projection; times ``row_scale`` (``ops.affine``) when given."""
     shape = (*x.shape[x.ndim - self.num_inputs :], *self.features)
     kernel_init = flat_init(self.kernel_init, self.num_inputs)
     kernel = self.param(
@@ -103,14 +104,15 @@ class DenseGeneral(nn.Module):
     )
     x, kernel = x.astype(self.dtype), cast_parameter(kernel, self.dtype)
     flatten = cpu_kernels(self.implementation)
+    scaled = lambda y: y if row_scale is None else y * row_scale.astype(y.dtype)
     if not self.use_bias:
-      return contract(x, kernel, self.num_inputs, flatten=flatten)
+      return scaled(contract(x, kernel, self.num_inputs, flatten=flatten))
     names = self.kernel_axes[self.num_inputs :]
     bias = self.param("bias", partitioned(self.bias_init, names), self.features, self.param_dtype)
     bias = cast_parameter(bias, self.dtype)
     if flatten:
-      return contract(x, kernel, self.num_inputs, flatten=True) + bias
-    return affine(x, kernel, bias, self.num_inputs)
+      return scaled(contract(x, kernel, self.num_inputs, flatten=True) + bias)
+    return affine(x, kernel, bias, self.num_inputs, row_scale)
 
 
 def split_projections(fused: Array, implementation: str | None) -> tuple[Array, ...]:

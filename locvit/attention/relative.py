@@ -345,7 +345,12 @@ class RelativeAttention(AttentionLayer):
     )
 
   def _forward(
-    self, x: Array, grid: TokenGrid | None, num_prefix_tokens: int, train: bool
+    self,
+    x: Array,
+    grid: TokenGrid | None,
+    num_prefix_tokens: int,
+    train: bool,
+    row_scale: Array | None = None,
   ) -> Array:
     dim = x.shape[-1]
     grid = check_grid_tokens(grid, x.shape[1])
@@ -379,7 +384,8 @@ class RelativeAttention(AttentionLayer):
       fused=self.fused,
     )
     out_dim = (self.out_dim or dim,)
-    return self._dense(out_dim, ("heads", None, "embed"), 2, heads * dim, True, "value")(y)
+    value = self._dense(out_dim, ("heads", None, "embed"), 2, heads * dim, True, "value")
+    return value(y, row_scale)
 
 
 # ---------------------------------------------------------------------------------------------

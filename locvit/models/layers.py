@@ -155,13 +155,16 @@ class Mlp(nn.Module):
   implementation: str | None = None
 
   @nn.compact
-  def __call__(self, x: Array, train: bool = False) -> Array:
+  def __call__(self, x: Array, train: bool = False, row_scale: Array | None = None) -> Array:
+    """``row_scale``: ``(B, 1, 1)`` factors of the output, applied inside ``fc2``'s matmul
+    (stochastic depth folded in, ``mlp_residual``); off the CPU code paths only."""
     dim = x.shape[-1]
     settings = (self.dtype, self.param_dtype, self.implementation)
     x = dense(self.hidden_dim, ("embed", "mlp"), "fc1", *settings)(x)
     x = gelu(x)
     x = nn.Dropout(self.drop)(x, deterministic=not train)
-    x = dense(dim, ("mlp", "embed"), "fc2", *settings)(x)
+    fc2 = dense(dim, ("mlp", "embed"), "fc2", *settings)
+    x = fc2(x) if row_scale is None else fc2(x, row_scale=row_scale)
     return nn.Dropout(self.drop)(x, deterministic=not train)
 
 
@@ -416,10 +419,12 @@ class Block(BlockSettings):
     attn = self.registered_attention(
       num_heads=self.num_heads, head_dim=self.head_dim, qkv_bias=self.qkv_bias
     )
-    branch = lambda y: attn(y, grid=grid, num_prefix_tokens=num_prefix_tokens, train=train)
+    branch = lambda y, **scale: attn(
+      y, grid=grid, num_prefix_tokens=num_prefix_tokens, train=train, **scale
+    )
     first, second = (None, None) if keep is None else keep
     drops = dict(rate=self.drop_path, train=train)
-    x = pre_norm_residual(self, x, "norm1", branch, keep=first, **drops)
+    x = pre_norm_residual(self, x, "norm1", branch, keep=first, scalable=True, **drops)
     x = mlp_residual(self, x, int(x.shape[-1] * self.mlp_ratio), keep=second, **drops)
     return nn.with_logical_constraint(x, ("batch", "seq", "embed"))
 
@@ -479,11 +484,22 @@ def pre_norm_residual(
   rate: float,
   train: bool,
   keep: Array | None = None,
+  scalable: bool = False,
 ) -> Array:
   """The pre-norm residual ``x + drop_path(branch(LN(x)))`` with the LayerNorm named ``norm``
   (``block.norm_eps``, ``block.dtype``) and stochastic depth at ``rate``: with the keep mask
-  ``keep`` ``(B,)`` when given (``drop_path_masks``), else drawn by a ``drop_path``."""
-  y = branch(layer_norm(block.norm_eps, block.dtype, norm)(x))
+  ``keep`` ``(B,)`` when given (``drop_path_masks``), else drawn by a ``drop_path``.
+
+  ``scalable``: ``branch`` also takes ``row_scale``, ``(B, 1, 1)`` factors of its output that its
+  last projection applies inside its matmul (``ops.affine``). Off the CPU code paths a given
+  ``keep`` is applied so, ``drop_examples``' arithmetic to float rounding: the residual's
+  gradient then reaches that matmul as it is, where the select is a kernel of its own in the
+  backward pass (docs/benchmarks.md, "The backward pass's kernels")."""
+  y = layer_norm(block.norm_eps, block.dtype, norm)(x)
+  folds = scalable and keep is not None and train and 0.0 < rate < 1.0
+  if folds and not cpu_kernels(block.implementation):
+    return x + branch(y, row_scale=jnp.where(keep, 1.0 / (1.0 - rate), 0.0).reshape(-1, 1, 1))
+  y = branch(y)
   if keep is not None and train:
     return x + drop_examples(y, keep, rate)
   return x + drop_path(rate)(y, deterministic=not train)
@@ -504,4 +520,5 @@ def mlp_residual(
     hidden_dim, block.drop, block.dtype, block.param_dtype, block.implementation, name="mlp"
   )
   residual = dict(rate=rate, train=train, keep=keep)
-  return pre_norm_residual(block, x, "norm2", lambda y: mlp(y, train), **residual)
+  branch = lambda y, **scale: mlp(y, train, **scale)
+  return pre_norm_residual(block, x, "norm2", branch, scalable=True, **residual)
