@@ -27,7 +27,10 @@ FILENAME = "commits.json"
 
 def locvit_commit(checkout: str | None = None) -> str:
   """The git commit of the locvit checkout (``checkout``: this file's), marked when its tracked
-  files differ from that commit; the installed version outside a checkout."""
+  files differ from that commit; the installed version outside a checkout. ``$LOCVIT_COMMIT``,
+  when set, names it instead: a copy of a checkout without its git metadata (a lent machine)."""
+  if checkout is None and os.environ.get("LOCVIT_COMMIT"):
+    return os.environ["LOCVIT_COMMIT"]
   here = checkout or os.path.dirname(os.path.abspath(__file__))
   try:
     out = subprocess.run(

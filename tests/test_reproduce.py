@@ -597,7 +597,7 @@ def test_forward_flops_compiles_where_the_lowering_counts_nothing(monkeypatch):
     protocol.forward_flops(tiny_config())
 
 
-def test_the_commit_says_when_the_checkout_has_local_changes(tmp_path):
+def test_the_commit_says_when_the_checkout_has_local_changes(tmp_path, monkeypatch):
   def git(*args):
     return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
 
@@ -609,3 +609,6 @@ def test_the_commit_says_when_the_checkout_has_local_changes(tmp_path):
   assert report.locvit_commit(str(tmp_path)) == head
   (tmp_path / "a.py").write_text("x = 2\n")  # as a copy whose files are newer than its .git
   assert report.locvit_commit(str(tmp_path)) == f"{head} with local changes"
+  # A copy without git metadata (a lent machine) is named by $LOCVIT_COMMIT.
+  monkeypatch.setenv("LOCVIT_COMMIT", "abc1234")
+  assert report.locvit_commit() == "abc1234"
