@@ -27,6 +27,10 @@
 #      of A_VARIANTS: beta_loops (Mixup's lam drawn by jax.random.beta's loops, as before),
 #      flat_opt (the optimizer on one vector), graphs (XLA's gpu_graphs options); gpu_tuned,
 #      cudnn, tuned+cudnn and k4 were measured, no gain;
+#  A0. call A's rows, default side, from an earlier checkout's tree: BASELINE_TREE, e.g.
+#      `mkdir baseline_tree && git archive de9e0b5 locvit configs benchmarks
+#      tests/torch_reference.py | tar -x -C baseline_tree` (git-ignored: carry it), its own kit;
+#      with call A's log, benchmarks/kit_compare.py prints before against after (kit_A0_vs_A.log);
 #   B. DeiT-S and ConViT-S at 224, batch 256: locvit (the recipe's step, model_only: the work
 #      timm's side does, and cudnn: 197 tokens padded to 198) beside timm eager and timm under
 #      torch.compile;
@@ -47,6 +51,7 @@ A_VARIANTS=${A_VARIANTS:-default,beta_loops,flat_opt,graphs}
 export L_ROWS=${L_ROWS:-gmm_table1_cifar10:vit@2000 structinit_table2_cifar10:trunc_normal@600}
 start=$SECONDS
 mkdir -p "$OUT/profiles"
+OUT=$(cd "$OUT" && pwd)  # call A0 runs in another folder
 source benchmarks/gpu_machine.sh
 install_wheels "$WHEELS" || exit 2
 # timm and locvit share the GPU: JAX takes memory as it needs it rather than 75% up front.
@@ -60,12 +65,12 @@ echo "checkout ${LOCVIT_COMMIT:-$(git describe --always --abbrev=7 --dirty=" wit
 # profiles); 224 sides compile in about a minute each, side by side.
 # Call L, per row of L_ROWS (PLAN:ROW@STEPS): two compilations of about 35 s, a 50,000-image
 # decode and 2 x STEPS steps (the host-fed structured-init row runs about 21 steps/s).
-declare -A CAP=([L]=260 [S]=90 [A]=230 [B]=230 [C]=150 [D]=200 [E]=220)
+declare -A CAP=([L]=260 [S]=90 [A]=230 [A0]=120 [B]=230 [C]=150 [D]=200 [E]=220)
 
 call() {  # call NAME: run it, limited to its cap and to the time left
   local name=$1 left=$((TOTAL_S - (SECONDS - start)))
   if [ -z "${CAP[$name]+set}" ]; then
-    echo "call $name not run: no such call (L, S, A, B, C, D, E)" | tee -a "$OUT/device.txt"
+    echo "call $name not run: no such call (L, S, A, A0, B, C, D, E)" | tee -a "$OUT/device.txt"
     return
   fi
   [ "${CAP[$name]}" -lt "$left" ] && left=${CAP[$name]}
@@ -83,6 +88,12 @@ call() {  # call NAME: run it, limited to its cap and to the time left
          done' ;;
     S) timeout "$left" python3 benchmarks/cudnn_shapes.py ;;
     A) "${kit[@]}" --only="GMM-ViT d9,ViT d9" --variants="$A_VARIANTS" --profile=2 ;;
+    A0) if [ -f "${BASELINE_TREE:-}/benchmarks/accelerator.py" ]; then
+          (cd "$BASELINE_TREE" && PYTHONPATH=$PWD:/tmp/locvit-site "${kit[@]}" \
+            --only="GMM-ViT d9,ViT d9" --variants=default --torch="" --profile=2)
+        else
+          echo "call A0 not run: BASELINE_TREE (${BASELINE_TREE:-unset}) holds no kit"
+        fi ;;
     B) "${kit[@]}" --only="deit_small b256,convit_small b256" --variants=default,model_only,cudnn \
          --profile=2 ;;
     C) "${kit[@]}" --only="ConViT-Ti CIFAR,StructInit" --variants=default --profile=2 ;;
@@ -96,6 +107,9 @@ call() {  # call NAME: run it, limited to its cap and to the time left
 }
 
 for name in $CALLS; do call "$name"; done
+if [ -s "$OUT/kit_A0.log" ] && [ -s "$OUT/kit_A.log" ]; then
+  python3 benchmarks/kit_compare.py "$OUT/kit_A0.log" "$OUT/kit_A.log" | tee "$OUT/kit_A0_vs_A.log"
+fi
 
 tar czf "$OUT/profiles.tar.gz" -C "$OUT" profiles 2>/dev/null
 rm -rf "$OUT/profiles"

@@ -25,7 +25,8 @@
 # locvit.reproduce PLAN --pack: each run's newest checkpoint, no best/) as parts PLAN.tgz.aa, ...
 # under $OUT; put them in paper_tables_carry/ of the checkout (git-ignored: carry it) and the next
 # run of this script unpacks them and continues each plan where it stopped (docs/results.md,
-# "Paper protocols on one GPU").
+# "Paper protocols on one GPU"). A copy of the checkout without its git metadata names its commit
+# in LOCVIT_COMMIT (each run records the commit that trained its steps: DIR/commits.json).
 set -euo pipefail
 
 OUT=${OUT:-/tmp/out}

@@ -31,8 +31,8 @@ from absl import logging
 from locvit import checkpoint as ckpt_lib
 from locvit import evaluate as eval_lib
 from locvit import metrics as metrics_lib
+from locvit import provenance, run_config, sharding, xla_options
 from locvit import restore as restore_lib
-from locvit import run_config, sharding, xla_options
 from locvit import workdir as workdir_lib
 from locvit.data import device_augment
 from locvit.models.factory import build_model  # noqa: F401  (also importable as train.build_model)
@@ -59,7 +59,8 @@ from locvit.run.step import (  # noqa: F401  (the step's names, as train.* for c
 
 def restore_or_initialise(run: bundle.Training) -> tuple[int, TrainState]:
   """``(start step, state)``: the newest intact checkpoint of the workdir, else a fresh state
-  (``config.init`` or ``init_from`` applied). Runs inside the run's mesh."""
+  (``config.init`` or ``init_from`` applied); the commit that trains on from there is appended to
+  ``DIR/commits.json`` (``locvit.provenance``). Runs inside the run's mesh."""
   config, layout, checkpointer = run.config, run.layout, run.checkpointer
 
   def restore(step):
@@ -85,6 +86,8 @@ def restore_or_initialise(run: bundle.Training) -> tuple[int, TrainState]:
     init_rng = jax.random.key(config.seed + 1)  # separate stream from dropout keys
     state = jax.jit(layout.init, out_shardings=layout.shardings)(init_rng)
     state = apply_initializer(config, state, run.model, run.tx, layout.shardings, run.warmstart)
+  if jax.process_index() == 0 and start < run.total_steps:  # which commit trains from here
+    provenance.record_start(run.workdir, start + 1)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   logging.info(
     "%s: %.2fM parameters; %d steps", config.model.name, num_params / 1e6, run.total_steps

@@ -88,6 +88,14 @@ def test_smoke_run_prints_the_three_tables_and_the_profile(tmp_path):
     assert abs(busy_share - 100 * busy / wall) <= 1
     top = out[line.end() :].splitlines()[1:6]  # the five costliest ops
     assert all(re.match(r"^ +[\d.]+ ms +\d+% x\d+ +\S", x) for x in top), top
+  # benchmarks/kit_compare.py reads both tables (kit_gpu.sh's before-and-after of call A0 and A).
+  compare = _benchmarks_module("kit_compare")
+  sides = compare.read_log(out)
+  assert sides[("convit_tiny", 2, "default")]["ms"] == step_ms, sides
+  rows = ("convit_tiny", "GMM-ViT d9")
+  assert set(sides) == {(row, 2, side) for row in rows for side in ("default", "k4", "flat_opt")}
+  assert sides[("GMM-ViT d9", 2, "k4")]["kernels"] == ops  # the last row of Table 1p read above
+  assert re.search(r"^GMM-ViT d9 b2 +k4 .* 1\.00x ", "\n".join(compare.comparison(out, out)), re.M)
   # Table 2: three steps from the image folder.
   assert "8 training images read and decoded in" in out
   row = re.search(

@@ -117,6 +117,9 @@ def test_quickstart_trains_in_a_bucket_survives_sigterm_damage_and_a_second_run(
   assert "Final evaluation at step 40/40" in out
   steps = [r["step"] for r in _rows()]
   assert steps == sorted(set(steps)) and steps[-1] == 40, steps  # each logged step once
+  # Each start recorded the step it trained from: 1, then the step after the intact one.
+  commits = json.loads(blobs(RUN)[f"{RUN}/commits.json"].download_as_text())
+  assert [c["first_step"] for c in commits] == [1, saved[-2] + 1], commits
 
   # Eval and analyze read the bucket (analyze writes its figures there).
   proc = _main(cwd, server.env, f"--workdir={WORKDIR}", "--mode=eval")

@@ -40,6 +40,7 @@ import os
 import pathlib
 import re
 import shlex
+import subprocess
 
 import pytest
 import torch
@@ -193,6 +194,16 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
           key, _, value = arg.partition("=")
           if key.endswith("workdir") and not re.search(r"[A-Z]{2}", value):
             assert (name, value) in trained, (where, value)
+      checked["script"] += 1
+    elif argv == ["mkdir", "baseline_tree"]:  # for an earlier checkout's tree (kit_gpu.sh's A0)
+      checked["not run"] += 1
+    elif argv[:2] == ["git", "archive"]:  # ... COMMIT PATHS | tar -x -C baseline_tree
+      commit, paths, pipe = argv[2], argv[3 : argv.index("|")], argv[argv.index("|") :]
+      assert pipe == ["|", "tar", "-x", "-C", "baseline_tree"], where
+      assert all((ROOT / path).exists() for path in paths), where
+      known = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT)
+      shallow = (ROOT / ".git" / "shallow").exists()
+      assert known.returncode == 0 or shallow, f"{where}: no commit {commit} here"
       checked["script"] += 1
     else:
       pytest.fail(f"no runner or stand-in for {where}")

@@ -32,6 +32,7 @@ LAYERS = (
   ("paths", "choices", "outage"),
   # No model knowledge.
   ("ops", "sharding", "metrics", "cpu_malloc", "xla_options", "flops", "checksums", "workdir"),
+  ("provenance",),  # which locvit commit trained which steps of a workdir
   ("checkpoint",),  # orbax and integrity
   ("restore",),  # a model's variables from a workdir's checkpoints
   # The shipped configs and the default blocks they build on (``configs/defaults.py``), plain

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from locvit import metrics, optim
+from locvit import metrics, optim, provenance
 from locvit import reproduce as rp
 from locvit.reproduce import report
 from tests.train_utils import sigterm_after_step
@@ -257,6 +257,37 @@ def test_a_protocol_report_names_its_fraction_and_leaves_out_rows_not_run(tmp_pa
   assert "locvit commit abc1234" in text and "Step cap" not in text
 
 
+def test_segments_follow_each_start_and_attribute_steps_before_the_record():
+  start = lambda commit, first: {"commit": commit, "first_step": first}
+  seg = provenance.Segment
+  # A resume from an older checkpoint (step 100) trains 101-120 again: those steps are C's.
+  starts = [start("A", 1), start("B", 121), start("B", 121), start("C", 101)]
+  assert provenance.segments(starts, 200, "P") == [seg(1, 100, "A"), seg(101, 200, "C")]
+  # A run begun before runs kept the record: its first steps are the plan's commit, marked so.
+  assert provenance.segments([start("B", 51)], 200, "P") == [
+    seg(1, 50, "P", recorded=False), seg(51, 200, "B")
+  ]  # fmt: skip
+  assert provenance.segments([start("A", 1), start("A", 51)], 200, "P") == [seg(1, 200, "A")]
+
+
+def test_the_report_names_the_commits_per_row_and_per_seed_where_they_differ(tmp_path):
+  workdir, steps = str(tmp_path / "r"), 30
+  _write_plan(workdir, steps)
+  _write_finals(workdir, steps, {"depth1": [0.61, 0.58], "depth2": [0.66, 0.60]})
+  continued = [{"commit": "A", "first_step": 1}, {"commit": "B", "first_step": 11}]
+  for run, starts in [("depth1/seed0", continued), ("depth1/seed1", continued[:1]),
+                      ("depth2/seed0", continued), ("depth2/seed1", continued)]:  # fmt: skip
+    pathlib.Path(workdir, run, "commits.json").write_text(json.dumps(starts))
+  result = report.write_report("smoke", workdir)
+  assert result["rows"]["depth1"]["trained_by"][1] == [
+    {"first": 1, "last": 30, "commit": "A", "recorded": True}
+  ]
+  assert (
+    "locvit commits: depth1 seed 0: steps 1-10 at commit A, 11-30 at commit B; depth1 seed 1: "
+    "commit A; depth2: steps 1-10 at commit A, 11-30 at commit B (report: "
+  ) in pathlib.Path(workdir, "results.md").read_text()
+
+
 def test_a_consistent_difference_is_significant():
   test = report.paired_t([0.031, 0.029, 0.030, 0.032])
   assert test["p"] < 0.001 and report.verdict(test).startswith("significant at p < 0.05")
@@ -437,11 +468,12 @@ def _trained(run):
   return {(r["step"], k): r[k] for r in metrics.read_metrics(run) for k in keep if k in r}
 
 
-def test_a_run_continues_on_another_machine_from_the_copied_workdir(tmp_path, capsys):
+def test_a_run_continues_on_another_machine_from_the_copied_workdir(tmp_path, capsys, monkeypatch):
   whole, first, second = (str(tmp_path / name) for name in ("whole", "first", "second"))
   steps = _write_protocol_plan(whole)
   assert steps == 33  # 5% of 30 epochs of 22 steps: 1.5 epochs
   _write_protocol_plan(first)
+  monkeypatch.setattr(provenance, "locvit_commit", lambda: "aaaaaaa")  # the first machine's
   assert rp.main(["smoke_protocol", f"--workdir={whole}"]) == 0
   with sigterm_after_step(12, signal.SIGINT):  # the first machine stops mid-run
     assert rp.main(["smoke_protocol", f"--workdir={first}"]) == 130
@@ -458,6 +490,8 @@ def test_a_run_continues_on_another_machine_from_the_copied_workdir(tmp_path, ca
   assert not [n for n in names if "/best/" in n]
   shutil.rmtree(first)
   second = str(tmp_path / "machine2" / "first")
+  # The second machine runs a later checkout, with local changes: its steps say so.
+  monkeypatch.setattr(provenance, "locvit_commit", lambda: "bbbbbbb with local changes")
   assert rp.main(["smoke_protocol", f"--workdir={second}"]) == 0
   out = capsys.readouterr().out
   assert "0 of 1 runs finished" in out
@@ -470,11 +504,18 @@ def test_a_run_continues_on_another_machine_from_the_copied_workdir(tmp_path, ca
   # was evaluated on the first machine (up to step 13, its checkpoint) and so did not travel.
   best = lambda run: next(iter(os.listdir(os.path.join(run, "checkpoints", "best"))), None)
   assert best(run_second) == (best(run_whole) if int(best(run_whole)) > 13 else None)
-  assert "| depth1 | - |" in pathlib.Path(second, "results.md").read_text()
+  text = pathlib.Path(second, "results.md").read_text()
+  assert "| depth1 | - |" in text and "smoke test of a paper-protocol plan" in text.lower()
+  assert "at 0.05 of the paper's protocol" in text
+  # Each start appended its commit and first step; the report names both, with their steps.
+  started = [(e["commit"], e["first_step"], e["device_kind"]) for e in provenance.read(run_second)]
+  assert started == [("aaaaaaa", 1, "cpu"), ("bbbbbbb with local changes", 14, "cpu")]
   assert (
-    "smoke test of a paper-protocol plan" in pathlib.Path(second, "results.md").read_text().lower()
+    f"locvit commits: depth1: steps 1-13 at commit aaaaaaa, 14-{steps} at commit bbbbbbb with "
+    f"local changes (report: {report.locvit_commit()}); " in text
   )
-  assert "at 0.05 of the paper's protocol" in pathlib.Path(second, "results.md").read_text()
+  whole_text = pathlib.Path(whole, "results.md").read_text()
+  assert f"locvit commit aaaaaaa (report: {report.locvit_commit()}); " in whole_text
 
 
 def _tiny_cifar(root, per_class=2):
@@ -556,7 +597,7 @@ def test_forward_flops_compiles_where_the_lowering_counts_nothing(monkeypatch):
     protocol.forward_flops(tiny_config())
 
 
-def test_the_commit_says_when_the_checkout_has_local_changes(tmp_path):
+def test_the_commit_says_when_the_checkout_has_local_changes(tmp_path, monkeypatch):
   def git(*args):
     return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
 
@@ -568,3 +609,6 @@ def test_the_commit_says_when_the_checkout_has_local_changes(tmp_path):
   assert report.locvit_commit(str(tmp_path)) == head
   (tmp_path / "a.py").write_text("x = 2\n")  # as a copy whose files are newer than its .git
   assert report.locvit_commit(str(tmp_path)) == f"{head} with local changes"
+  # A copy without git metadata (a lent machine) is named by $LOCVIT_COMMIT.
+  monkeypatch.setenv("LOCVIT_COMMIT", "abc1234")
+  assert report.locvit_commit() == "abc1234"

@@ -48,9 +48,9 @@ from locvit.configs import datasets
 from locvit.configs.common import complete_config
 from locvit.configs.reproduce_plans import KIT_H200, PLANS
 from locvit.data.config import parse_split
+from locvit.provenance import locvit_commit
 from locvit.reproduce import protocol
 from locvit.reproduce.protocol import ReproduceError
-from locvit.reproduce.report import locvit_commit
 from locvit.run import preemption
 
 PROBE_STEPS = 8

@@ -2,27 +2,29 @@
 
 Per row, the paper's top-1, ours (final top-1 as mean +- sample sd over the finished seeds) and
 the difference; the ordering the paper's numbers claim and whether ours held it; the data, the
-device, the images/s, the wall time and the locvit commit; any step cap. Per comparison
-(baseline, treatment), the per-seed paired differences of top-1,
-their mean, and the paired t statistic t = mean(d) / (sd(d) / sqrt(n)) with n - 1 degrees of
-freedom and its two-sided p (Student's t distribution).
+device, the images/s, the wall time and the locvit commit that trained the runs (per row, with
+step ranges, where runs continued under another commit: ``locvit.provenance``); any step cap.
+Per comparison (baseline, treatment), the per-seed paired differences of top-1, their mean, and
+the paired t statistic t = mean(d) / (sd(d) / sqrt(n)) with n - 1 degrees of freedom and its
+two-sided p (Student's t distribution).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
+import dataclasses
 import itertools
 import json
 import math
 import os
 import statistics
-import subprocess
 from typing import Any
 
 from scipy import stats
 
 from locvit import metrics as metrics_lib
+from locvit import provenance
 from locvit.configs.reproduce_plans import PLANS
+from locvit.provenance import locvit_commit
 
 NOISE_P = 0.05
 
@@ -121,26 +123,6 @@ def machine() -> dict[str, Any]:
   }
 
 
-def locvit_commit(checkout: str | None = None) -> str:
-  """The git commit of the locvit checkout (``checkout``: this file's), marked when its tracked
-  files differ from that commit; the installed version outside a checkout."""
-  here = checkout or os.path.dirname(os.path.abspath(__file__))
-  try:
-    out = subprocess.run(
-      ["git", "-C", here, "describe", "--always", "--abbrev=7", "--dirty= with local changes"],
-      capture_output=True,
-      text=True,
-      check=True,
-    )
-    return out.stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    try:
-      version = importlib.metadata.version("locvit")
-    except importlib.metadata.PackageNotFoundError:
-      version = "unknown version"
-    return f"locvit {version} (no git checkout)"
-
-
 def _read_json(path: str) -> dict[str, Any] | None:
   if not os.path.exists(path):
     return None
@@ -154,18 +136,21 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
   saved = _read_json(os.path.join(workdir, "plan.json"))
   if saved is None:
     raise ValueError(f"{workdir} holds no plan.json: run `python -m locvit.reproduce {name}` first")
-  seeds = saved["seeds"]
-  rows, finals, wall, loads = {}, {}, 0.0, []
+  seeds, plan_commit = saved["seeds"], saved.get("locvit_commit") or "unknown"
+  rows, finals, wall, loads, any_recorded = {}, {}, 0.0, [], False
   for row in saved.get("row_names") or plan["rows"]:
     spec, cost = plan["rows"][row], saved["rows"][row]
     steps = cost.get("steps", saved.get("steps"))
-    finals[row], rates, row_wall = {}, [], []
+    finals[row], rates, row_wall, trained_by = {}, [], [], {}
     for seed in range(seeds):
       run = os.path.join(workdir, row, f"seed{seed}")
       final = final_evaluation(run, steps)
       if final is not None:
         finals[row][seed] = final
         rates += training_rates(run)
+        recorded = provenance.read(run)
+        trained_by[seed] = provenance.segments(recorded, steps, plan_commit)
+        any_recorded |= bool(recorded)
       timing = _read_json(os.path.join(run, "reproduce_run.json"))
       if timing is not None:
         wall += timing["wall_seconds"]
@@ -195,6 +180,7 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
       * cost["batch_size"]
       / (spec["paper_epochs"] * spec["paper_train_examples"]),
       "steps_per_sec": cost["steps_per_sec"],
+      "trained_by": {s: [dataclasses.asdict(r) for r in rs] for s, rs in trained_by.items()},
     }
   comparisons = []
   for base, treat in plan["comparisons"]:
@@ -230,9 +216,8 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
     "ordering": ordering(rows),
     "comparisons": comparisons,
     "machine": machine(),
-    "locvit_commit": saved.get(
-      "locvit_commit"
-    ),  # of the runs; plans before it was recorded lack it
+    "locvit_commit": saved.get("locvit_commit"),  # of the plan; plans before it was kept lack it
+    "runs_recorded_commits": any_recorded,  # runs before DIR/ROW/seedK/commits.json kept none
     "report_commit": locvit_commit(),
     "budget_minutes": saved["minutes"],
     "estimated_minutes": saved.get("estimated_minutes"),
@@ -254,6 +239,33 @@ def _points(value: float | None, sign: bool = False) -> str:
   if value is None:
     return "-"
   return f"{100 * value:+.2f}" if sign else f"{100 * value:.2f}"
+
+
+def trained_by_words(ranges: list[dict[str, Any]]) -> str:
+  """'commit A', or 'steps 1-13 at commit A, 14-33 at commit B' (``provenance.Segment`` fields);
+  steps trained before the run kept a record are the plan's commit, and say so."""
+  name = lambda s: s["commit"] if s["recorded"] else f"{s['commit']} (not recorded: the plan's)"
+  if len(ranges) == 1:
+    return f"commit {name(ranges[0])}"
+  return "steps " + ", ".join(f"{s['first']}-{s['last']} at commit {name(s)}" for s in ranges)
+
+
+def commit_words(report: dict[str, Any]) -> str:
+  """'locvit commit A' when one commit trained every finished run (or no run kept a record: the
+  plan's), else per row, and per seed where a row's seeds differ: 'locvit commits: vit: steps
+  1-13 at commit A, 14-33 at commit B; gmm: commit B'."""
+  entries = []
+  for row, r in report["rows"].items():
+    by_seed = {seed: trained_by_words(ranges) for seed, ranges in r["trained_by"].items()}
+    if len(set(by_seed.values())) == 1:
+      entries.append((row, next(iter(by_seed.values()))))
+    else:
+      entries += [(f"{row} seed {seed}", words) for seed, words in by_seed.items()]
+  if not report.get("runs_recorded_commits") or not entries:
+    return f"locvit commit {report['locvit_commit'] or 'not recorded'}"
+  if len({words for _, words in entries}) == 1 and entries[0][1].startswith("commit "):
+    return f"locvit {entries[0][1]}"
+  return "locvit commits: " + "; ".join(f"{row}: {words}" for row, words in entries)
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -320,8 +332,7 @@ def markdown(report: dict[str, Any]) -> str:
     f"{m['cpu_count']} CPUs; 1-minute load average {load[0]:.1f}-{load[1]:.1f} during the runs."
     if load
     else f"Machine: JAX backend {m['jax_backend']}, device {m['device_kind']}.",
-    f"locvit commit {report['locvit_commit'] or 'not recorded'} (report: "
-    f"{report['report_commit']}); "
+    f"{commit_words(report)} (report: {report['report_commit']}); "
     + (
       f"budget {report['budget_minutes']:g} minutes; "
       if report["budget_minutes"] is not None
