@@ -68,6 +68,11 @@ def cpu_kernels(implementation: str | None) -> bool:
 _SHARED_ONE: contextvars.ContextVar[Array | None] = contextvars.ContextVar(
   "locvit_shared_one", default=None
 )
+# The same ``one`` when the context also splits parameter sums per example
+# (``broadcast_per_example``).
+_PER_EXAMPLE_ONE: contextvars.ContextVar[Array | None] = contextvars.ContextVar(
+  "locvit_per_example_one", default=None
+)
 
 
 def unfoldable_scalar(value: Any) -> Array:
@@ -81,9 +86,10 @@ def unfoldable_scalar(value: Any) -> Array:
 
 
 @contextlib.contextmanager
-def shared_parameter_casts() -> Iterator[None]:
+def shared_parameter_casts(per_example_sums: bool = False) -> Iterator[None]:
   """Within it, ``cast_parameter`` casts every parameter as ``(p * one).astype(dtype)`` with one
-  shared ``one``: exactly ``p``'s cast, and exactly its gradient.
+  shared ``one``: exactly ``p``'s cast, and exactly its gradient. With ``per_example_sums``,
+  ``broadcast_per_example`` reads the same ``one`` (gradients then equal to float rounding).
 
   Each layer's cast of its float32 kernel and bias to the bf16 compute dtype is otherwise a kernel
   of its own on XLA:GPU (which has no horizontal fusion here); casts that read a common operand
@@ -94,9 +100,11 @@ def shared_parameter_casts() -> Iterator[None]:
   """
   one = unfoldable_scalar(1.0)
   token = _SHARED_ONE.set(one)
+  split = _PER_EXAMPLE_ONE.set(one if per_example_sums else None)
   try:
     yield
   finally:
+    _PER_EXAMPLE_ONE.reset(split)
     _SHARED_ONE.reset(token)
 
 
@@ -106,6 +114,25 @@ def cast_parameter(param: Array, dtype: Any) -> Array:
   if one is None or param.dtype == dtype:
     return jnp.asarray(param, dtype)
   return jnp.asarray(param * one.astype(param.dtype), dtype)
+
+
+def broadcast_per_example(value: Array, shape: tuple[int, ...]) -> Array:
+  """``broadcast_to(value, (*shape, *value.shape))``; inside ``shared_parameter_casts(
+  per_example_sums=True)`` (the training step off the CPU code paths) in two steps, over
+  ``shape[0]`` (the examples), times the shared ``one``, then over the rest.
+
+  Its transpose, the gradient of a parameter broadcast over the tokens, is then a sum over each
+  example's tokens and, times ``one``, a sum over the examples, which XLA cannot merge back into
+  one sum over every token (two kernels per parameter on XLA:GPU). The second sums of equal-shape
+  parameters share ``one``, and XLA:GPU's sibling fusion merges some of them (docs/benchmarks.md,
+  "The backward pass's kernels"). The same value; the sum is ordered otherwise (float rounding).
+  """
+  one = _PER_EXAMPLE_ONE.get()
+  if one is None or len(shape) < 2:
+    return jnp.broadcast_to(value, (*shape, *value.shape))
+  rest = (1,) * (len(shape) - 1)
+  per_example = jnp.broadcast_to(value, (shape[0], *rest, *value.shape)) * one.astype(value.dtype)
+  return jnp.broadcast_to(per_example, (*shape, *value.shape))
 
 
 def promote_parameters(inputs: Array, *params: Array | None, dtype: Any = None, inexact=True):

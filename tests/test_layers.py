@@ -1,6 +1,8 @@
 """The shared transformer layers: the exact GELU with a saved derivative, the patch embedding,
 the LayerNorm with a written-out backward pass."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -163,7 +165,7 @@ def test_stochastic_depth_inside_the_last_projections_keeps_the_block(attention)
 
   x, grid = jax.random.normal(jax.random.key(0), (4, 4, 16)), TokenGrid(2, 2)
   keep = jnp.array([[True, False, True, True], [False, True, True, False]])
-  block = lambda impl: Block(num_heads=2, drop_path=0.25, attention=attention, implementation=impl)
+  block = lambda impl: Block(num_heads=4, drop_path=0.25, attention=attention, implementation=impl)
   params = block("cpu_kernels").init(jax.random.key(1), x, grid)
 
   def loss_and_grads(impl):
@@ -195,6 +197,35 @@ def test_layer_norm_gradients_equal_autodiff_of_the_formula(dtype):
   np.testing.assert_allclose(np.float32(dx), np.float32(want_dx), **dx_tolerance)
   np.testing.assert_allclose(dscale, want_dscale, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(dbias, want_dbias, rtol=1e-5, atol=1e-5)
+
+
+def test_layer_norm_parameter_sums_per_example_equal_the_plain_sums():
+  """In the training step off the CPU code paths (``shared_parameter_casts(per_example_sums=
+  True)``) LayerNorm's scale and bias gradients are summed over each example's tokens, then over
+  the examples (``ops.broadcast_per_example``): the plain sums to float rounding; the loss and the
+  input's gradient bit for bit."""
+  from locvit.ops import shared_parameter_casts
+
+  x, cotangent = (jax.random.normal(jax.random.key(k), (4, 9, 48)) for k in (0, 2))
+  norm = layer_norm(1e-6, jnp.float32, "norm")
+  params = nn.unbox(norm.init(jax.random.key(1), x))
+  params = jax.tree.map(lambda p: p + jax.random.normal(jax.random.key(3), p.shape), params)
+  loss = lambda p, x: jnp.sum(norm.apply(p, x) * cotangent)
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def loss_and_grads(split, params, x):
+    with shared_parameter_casts(per_example_sums=split):
+      return jax.value_and_grad(loss, argnums=(0, 1))(params, x)
+
+  (plain, (plain_params, plain_x)), (split, (split_params, split_x)) = (
+    loss_and_grads(s, params, x) for s in (False, True)
+  )
+  assert split == plain
+  np.testing.assert_array_equal(split_x, plain_x)
+  close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  jax.tree.map(close, split_params, plain_params)
+  sums = lambda split: str(jax.make_jaxpr(loss_and_grads, static_argnums=0)(split, params, x))
+  assert sums(True).count("reduce_sum") == sums(False).count("reduce_sum") + 1  # two stages
 
 
 def test_layer_norm_keeps_forward_mode():

@@ -15,6 +15,7 @@ import numpy as np
 from locvit.attention import TokenGrid, get_attention
 from locvit.attention.projections import DenseGeneral, partitioned, trunc_normal, zeros
 from locvit.ops import (
+  broadcast_per_example,
   cast_parameter,
   contract,
   cpu_kernels,
@@ -261,6 +262,7 @@ def _normalize_jvp(eps, dtype, primals, tangents):
     dx - jnp.mean(dx, axis=-1, keepdims=True) - xhat * jnp.mean(dx * xhat, axis=-1, keepdims=True)
   )
   affine = jnp.stack([dscale, dbias]).astype(jnp.float32)  # (2, C): one contraction with (xhat, 1)
+  affine = broadcast_per_example(affine, xhat.shape[:-1])
   dy = dxhat * scale.astype(jnp.float32) + jnp.sum(
     jnp.stack([xhat, jnp.ones_like(xhat)], axis=-2) * affine, axis=-2
   )

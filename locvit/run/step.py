@@ -96,10 +96,15 @@ def train_step(
     inputs["teacher"] = distill.teacher_logits(teacher, teacher_variables, images)
   grad_fn = jax.value_and_grad(loss_and_metrics, has_aux=True)
 
-  # One shared operand for the layers' parameter casts, which XLA:GPU then merges; on the CPU
-  # code paths the step would only gain kernels (docs/benchmarks.md).
+  # One shared operand for the layers' parameter casts and LayerNorm's parameter sums, which
+  # XLA:GPU then merges; on the CPU code paths the step would only gain kernels (docs/
+  # benchmarks.md).
   implementation = ops.model_implementation(model)
-  casts = contextlib.nullcontext if ops.cpu_kernels(implementation) else ops.shared_parameter_casts
+  casts = (
+    contextlib.nullcontext
+    if ops.cpu_kernels(implementation)
+    else functools.partial(ops.shared_parameter_casts, per_example_sums=True)
+  )
 
   def loss_grad(mb, key, model_state):
     with casts():
