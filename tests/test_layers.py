@@ -154,6 +154,18 @@ def test_bias_in_the_matmul_keeps_parameters_outputs_and_gradients(build, shape)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-6), got, want)
 
 
+def test_bias_stays_out_of_the_matmul_on_partitioned_inputs():
+  """Under logical-axis rules that partition a layer's contracted axis (tensor parallel's 'mlp')
+  its bias is added after the matmul: a ones column would reshard the inputs."""
+  x = jnp.ones((2, 3, 8))
+  fc2 = dense(4, ("mlp", "embed"), "fc2", jnp.float32, jnp.float32, "xla")
+  params = fc2.init(jax.random.key(0), x)
+  concatenates = lambda: str(jax.make_jaxpr(fc2.apply)(params, x)).count("concatenate")
+  assert concatenates() == 1
+  with nn.logical_axis_rules((("batch", "data"), ("mlp", "model"))):
+    assert concatenates() == 0
+
+
 @pytest.mark.parametrize("attention", ["mhsa", "gpsa", "quadratic"])
 def test_stochastic_depth_inside_the_last_projections_keeps_the_block(attention):
   """Off the CPU code paths each branch's stochastic depth scales the operands of its last

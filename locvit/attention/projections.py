@@ -81,7 +81,8 @@ class DenseGeneral(nn.Module):
     num_inputs: how many trailing input axes are contracted (2 to merge heads).
     implementation: the model's kernel setting (``locvit.ops``): 'cpu_kernels' computes the product
       as one 2-D matmul and adds the bias; the others add the bias inside the matmul
-      (``ops.affine``: its gradient comes from the kernel's gradient matmul).
+      (``ops.affine``: its gradient comes from the kernel's gradient matmul), unless the
+      logical-axis rules partition a contracted axis.
   """
 
   features: tuple[int, ...]
@@ -110,9 +111,15 @@ class DenseGeneral(nn.Module):
     names = self.kernel_axes[self.num_inputs :]
     bias = self.param("bias", partitioned(self.bias_init, names), self.features, self.param_dtype)
     bias = cast_parameter(bias, self.dtype)
-    if flatten:
-      return scaled(contract(x, kernel, self.num_inputs, flatten=True) + bias)
+    if flatten or self._partitioned_inputs():
+      return scaled(contract(x, kernel, self.num_inputs, flatten=flatten) + bias)
     return affine(x, kernel, bias, self.num_inputs, row_scale)
+
+  def _partitioned_inputs(self) -> bool:
+    """Whether the logical-axis rules in force map a contracted axis to the mesh (tensor
+    parallel: 'mlp', 'heads'; FSDP: 'embed'): a ones column there would reshard the inputs."""
+    mapped = {name for name, mesh_axes in nn.get_logical_axis_rules() if mesh_axes}
+    return any(name in mapped for name in self.kernel_axes[: self.num_inputs])
 
 
 def split_projections(fused: Array, implementation: str | None) -> tuple[Array, ...]:
