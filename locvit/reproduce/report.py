@@ -54,7 +54,7 @@ def training_rates(workdir: str, entries: list[dict[str, Any]], steps: int) -> d
   kept: dict[str, list[float]] = {kind: [] for _, _, kind, _ in ranges}
   every = {kind: [] for kind in kept}
   for r in metrics_lib.read_metrics(workdir):
-    if "perf/images_per_sec" in r and r["step"] <= steps:
+    if "perf/images_per_sec" in r and 1 <= r["step"] <= steps:
       kind = next(kind for first, last, kind, _ in ranges if first <= r["step"] <= last)
       every[kind].append(r["perf/images_per_sec"])
       if r["step"] not in compiled:
