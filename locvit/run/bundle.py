@@ -200,7 +200,7 @@ class Training(Evaluation):
   writer: metrics_lib.MetricWriter | None = None
   hooks: dict[str, Callable | None] = dataclasses.field(default_factory=dict)
   train_split: Any = ()  # data.train_split_on='device': the decoded split, on every device
-  started: float = 0.0  # time.monotonic() as the build began: the session's time counts from it
+  started: float | None = None  # time.monotonic() as the build began: the session counts from it
   session: provenance.Session | None = None  # this session's entry of DIR/commits.json (process 0)
 
   def train_batches(self, start_step: int):
