@@ -4,8 +4,14 @@ A run that stops and continues, on this machine or another one its workdir was c
 continue under a different checkout, whose steps differ numerically (random draws, fusion order).
 So each time a run starts or resumes, process 0 appends one entry to ``DIR/commits.json``: the
 locvit commit (``locvit_commit``), the first step it trains, the device kind and the time
-(replaced whole: one object write on a bucket, a renamed temporary file locally). ``segments``
-reads the entries back as step ranges; ``locvit.reproduce``'s report names them per row.
+(replaced whole: one object write on a bucket, a renamed temporary file locally). The entry is
+this session's (``Session``): at each checkpoint it gains the step saved (``last_step``) and the
+wall seconds since the run was built (``seconds``), and ``ended`` when the session closes, however
+it stops (finished, SIGTERM, Ctrl-C, an error); a session killed outright (SIGKILL) keeps the
+seconds of its last checkpoint. So a run's wall time across machines is the sum of its sessions'
+(``wall_time``), exact when every session ended, else a lower bound. ``segments`` reads the
+entries back as step ranges by commit (``step_ranges``: by any field, e.g. the device kind);
+``locvit.reproduce``'s report names them per row.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import Any
 
 import jax
 
-from locvit import paths
+from locvit import outage, paths
 
 FILENAME = "commits.json"
 
@@ -54,19 +60,57 @@ def read(workdir: str) -> list[dict[str, Any]]:
   return json.loads(path.read_text()) if path.exists() else []
 
 
-def record_start(workdir: str, first_step: int) -> None:
+class Session:
+  """This process's entry of ``workdir``'s record, from ``record_start`` to ``end``.
+
+  Only the entry's own process writes the record (process 0 holds the workdir's lock), so it
+  keeps the entries in memory and replaces the file whole at each update: at checkpoints and at
+  the end, never per step.
+  """
+
+  def __init__(self, workdir: str, entries: list[dict[str, Any]], started: float):
+    self.workdir, self.entries, self.started = workdir, entries, started
+
+  def _write(self, **fields: Any) -> None:
+    self.entries[-1].update(fields, seconds=round(time.monotonic() - self.started, 3))
+    text = json.dumps(self.entries, indent=1) + "\n"
+    target = paths.path(self.workdir) / FILENAME
+    # On a bucket, an outage shorter than the run's limit is ridden out, as the metrics write is.
+    outage.retrying(f"the {FILENAME} write", lambda: paths.write_atomically(target, text))
+
+  def checkpointed(self, step: int) -> None:
+    """Records ``step`` as this session's last saved step, with the seconds so far."""
+    self._write(last_step=step)
+
+  def end(self) -> None:
+    """Records the session's whole wall time: it ended and its time is complete."""
+    self._write(ended=True)
+
+
+def record_start(workdir: str, first_step: int, started: float | None = None) -> Session:
   """Appends this process's commit, ``first_step``, the device kind and the time to the record
-  (call it on process 0, once the run knows the step it resumes from)."""
-  entries = read(workdir)
-  entries.append(
-    {
-      "commit": locvit_commit(),
-      "first_step": first_step,
-      "device_kind": jax.devices()[0].device_kind,
-      "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+  (call it on process 0, once the run knows the step it resumes from); the session's seconds
+  count from ``started`` (``time.monotonic()``; default now)."""
+  entry = {
+    "commit": locvit_commit(),
+    "first_step": first_step,
+    "device_kind": jax.devices()[0].device_kind,
+    "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+  }
+  session = Session(
+    workdir, [*read(workdir), entry], time.monotonic() if started is None else started
   )
-  paths.write_atomically(paths.path(workdir) / FILENAME, json.dumps(entries, indent=1) + "\n")
+  session._write()
+  return session
+
+
+def wall_time(entries: list[dict[str, Any]]) -> tuple[float, bool]:
+  """The run's wall seconds over its recorded sessions, and whether that is exact: False (a lower
+  bound) when a session ended without recording its end (killed outright) or kept no seconds (a
+  run from before they were recorded), or steps precede the first entry."""
+  seconds = sum(e.get("seconds", 0.0) for e in entries)
+  exact = bool(entries) and entries[0]["first_step"] <= 1 and all(e.get("ended") for e in entries)
+  return seconds, exact
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,27 +125,34 @@ class Segment:
 
 
 def segments(entries: list[dict[str, Any]], last_step: int, unrecorded: str) -> list[Segment]:
-  """Steps 1-``last_step`` by the commit that trained them, adjacent equal commits merged.
+  """Steps 1-``last_step`` by the commit that trained them (``step_ranges`` of ``commit``)."""
+  return [Segment(*r) for r in step_ranges(entries, last_step, unrecorded, "commit")]
+
+
+def step_ranges(
+  entries: list[dict[str, Any]], last_step: int, unrecorded: str, field: str
+) -> list[tuple[int, int, str, bool]]:
+  """Steps 1-``last_step`` as ``(first, last, value, recorded)``: the ``field`` (``commit``,
+  ``device_kind``) of the session that trained them, adjacent equal values merged.
 
   A start at step F supersedes whatever an earlier start trained from F on (a resume from an
   older checkpoint trains those steps again). Steps before the first entry (a run begun before
-  the record existed) are attributed to ``unrecorded``.
+  the record existed) are attributed to ``unrecorded`` (``recorded`` False).
   """
   starts: list[tuple[int, str]] = []
   for entry in entries:
     starts = [s for s in starts if s[0] < entry["first_step"]]
-    starts.append((entry["first_step"], entry["commit"]))
+    starts.append((entry["first_step"], entry[field]))
   starts = [s for s in starts if s[0] <= last_step]
-  ranges = [] if starts and starts[0][0] <= 1 else [Segment(1, last_step, unrecorded, False)]
-  for first, commit in starts:
+  ranges = [] if starts and starts[0][0] <= 1 else [[1, last_step, unrecorded, False]]
+  for first, value in starts:
     if ranges:
-      ranges[-1] = dataclasses.replace(ranges[-1], last=first - 1)
-    ranges.append(Segment(first, last_step, commit))
+      ranges[-1][1] = first - 1
+    ranges.append([first, last_step, value, True])
   merged = ranges[:1]
-  for segment in ranges[1:]:
-    if segment.commit == merged[-1].commit:
-      recorded = merged[-1].recorded or segment.recorded
-      merged[-1] = dataclasses.replace(merged[-1], last=segment.last, recorded=recorded)
+  for first, last, value, recorded in ranges[1:]:
+    if value == merged[-1][2]:
+      merged[-1][1:] = [last, value, merged[-1][3] or recorded]
     else:
-      merged.append(segment)
-  return merged
+      merged.append([first, last, value, recorded])
+  return [tuple(r) for r in merged]

@@ -270,11 +270,74 @@ def test_segments_follow_each_start_and_attribute_steps_before_the_record():
   assert provenance.segments([start("A", 1), start("A", 51)], 200, "P") == [seg(1, 200, "A")]
 
 
+def test_a_runs_sessions_record_their_checkpoints_and_wall_time(tmp_path):
+  run = str(tmp_path / "run")
+  os.makedirs(run)
+  first = provenance.record_start(run, 1, started=time.monotonic() - 60)  # built a minute ago
+  first.checkpointed(10)
+  first.end()  # stopped (finished, SIGTERM, Ctrl-C or an error): its whole time is recorded
+  provenance.record_start(run, 11, started=time.monotonic() - 30).checkpointed(20)  # then SIGKILL
+  entries = provenance.read(run)
+  assert [(e["first_step"], e["last_step"], e.get("ended")) for e in entries] == [
+    (1, 10, True), (11, 20, None)
+  ]  # fmt: skip
+  assert [e["seconds"] for e in entries] == [pytest.approx(60, abs=5), pytest.approx(30, abs=5)]
+  # The killed session's time after its last checkpoint is lost: the sum is a lower bound.
+  assert provenance.wall_time(entries) == (entries[0]["seconds"] + entries[1]["seconds"], False)
+  assert provenance.wall_time(entries[:1]) == (entries[0]["seconds"], True)
+  assert provenance.wall_time([{**entries[0], "first_step": 5}])[1] is False  # steps before it
+
+
+def test_the_report_adds_up_the_sessions_time_and_rates_per_device(tmp_path):
+  workdir, steps = str(tmp_path / "r"), 30
+  _write_plan(workdir, steps)
+  session = lambda kind, first, seconds, ended=True: {
+    "commit": "A", "first_step": first, "device_kind": kind, "seconds": seconds, "ended": ended
+  }  # fmt: skip
+  sessions = {
+    "depth1/seed0": [session("NVIDIA H200", 1, 60.0), session("cpu", 11, 30.0)],
+    "depth1/seed1": [session("cpu", 1, 45.0, ended=False)],  # killed after its last checkpoint
+    "depth2/seed0": [session("cpu", 1, 54.0)],
+    "depth2/seed1": [session("cpu", 1, 66.0)],
+  }
+  for run, entries in sessions.items():
+    pathlib.Path(workdir, run).mkdir(parents=True)
+    pathlib.Path(workdir, run, "commits.json").write_text(json.dumps(entries))
+    writer = metrics.MetricWriter(os.path.join(workdir, run))
+    for step in (1, 5, 10, 11, 20, 30):
+      kind = [e["device_kind"] for e in entries if e["first_step"] <= step][-1]
+      rate = 8000 + 40 * step if kind == "NVIDIA H200" else 2000 + 10 * step
+      if step in [e["first_step"] for e in entries]:
+        rate = 50  # a session's first step includes the compilation: left out
+      final = {"eval/top1": 0.6, "eval/top5": 0.9} if step == steps else {}
+      writer.write(step, {"perf/images_per_sec": rate, **final})
+    writer.close()
+  result = report.write_report("smoke", workdir)
+  depth1, depth2 = result["rows"]["depth1"], result["rows"]["depth2"]
+  assert depth1["wall_minutes_per_run"] == pytest.approx((90 + 45) / 2 / 60)
+  assert not depth1["wall_exact"] and depth2["wall_exact"] and not result["training_wall_exact"]
+  assert result["training_wall_minutes"] == pytest.approx((90 + 45 + 54 + 66) / 60)
+  assert result["devices_trained"] == ["NVIDIA H200", "cpu"]
+  assert depth2["images_per_sec"] == 2110  # one device kind: the median, as before
+  text = pathlib.Path(workdir, "results.md").read_text()
+  assert (
+    "| 8,300 on NVIDIA H200 (seed 0 steps 1-10), 2,200 on cpu (seed 0 steps 11-30; seed 1 steps "
+    "1-30) | >= 1.1 |" in text
+  )
+  assert "| 2,110 | 1.0 |" in text
+  assert "Devices: steps trained on NVIDIA H200 and cpu (img/s per device kind in the table" in text
+  assert (
+    "4 of 4 runs finished in at least 4.2 minutes of training wall time (a lower bound: a session "
+    "stopped without recording its time, e.g. killed outright)" in text
+  )
+
+
 def test_the_report_names_the_commits_per_row_and_per_seed_where_they_differ(tmp_path):
   workdir, steps = str(tmp_path / "r"), 30
   _write_plan(workdir, steps)
   _write_finals(workdir, steps, {"depth1": [0.61, 0.58], "depth2": [0.66, 0.60]})
-  continued = [{"commit": "A", "first_step": 1}, {"commit": "B", "first_step": 11}]
+  started = lambda commit, first: {"commit": commit, "first_step": first, "device_kind": "cpu"}
+  continued = [started("A", 1), started("B", 11)]
   for run, starts in [("depth1/seed0", continued), ("depth1/seed1", continued[:1]),
                       ("depth2/seed0", continued), ("depth2/seed1", continued)]:  # fmt: skip
     pathlib.Path(workdir, run, "commits.json").write_text(json.dumps(starts))
@@ -516,6 +579,15 @@ def test_a_run_continues_on_another_machine_from_the_copied_workdir(tmp_path, ca
   )
   whole_text = pathlib.Path(whole, "results.md").read_text()
   assert f"locvit commit aaaaaaa (report: {report.locvit_commit()}); " in whole_text
+  # Its wall time is both machines' sessions (the first stopped by Ctrl-C), not the last one's.
+  sessions = provenance.read(run_second)
+  assert [(e["last_step"], e["ended"]) for e in sessions] == [(13, True), (steps, True)]
+  results = json.loads(pathlib.Path(second, "results.json").read_text())
+  seconds = results["rows"]["depth1"]["wall_minutes_per_run"] * 60
+  assert seconds == pytest.approx(sessions[0]["seconds"] + sessions[1]["seconds"])
+  last = json.loads(pathlib.Path(run_second, "reproduce_run.json").read_text())["wall_seconds"]
+  assert seconds > last >= sessions[1]["seconds"] and results["training_wall_exact"]
+  assert "Machine: JAX backend cpu, device cpu x " in text  # one device kind: this machine's
 
 
 def _tiny_cifar(root, per_class=2):

@@ -712,6 +712,8 @@ def reproduce(
         result = train.train_and_evaluate(run_config(plan, saved, configs, row, seed), path)
         if result.get("preempted"):
           raise KeyboardInterrupt
+        # This session's time and load; the run's time over all its sessions, on every machine,
+        # is in its commits.json (locvit.provenance), which the report sums.
         with open(os.path.join(path, "reproduce_run.json"), "w") as f:
           json.dump(
             {

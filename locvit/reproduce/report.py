@@ -2,8 +2,11 @@
 
 Per row, the paper's top-1, ours (final top-1 as mean +- sample sd over the finished seeds) and
 the difference; the ordering the paper's numbers claim and whether ours held it; the data, the
-device, the images/s, the wall time and the locvit commit that trained the runs (per row, with
-step ranges, where runs continued under another commit: ``locvit.provenance``); any step cap.
+devices, the images/s, the wall time and the locvit commit that trained the runs (per row, with
+step ranges, where runs continued under another commit: ``locvit.provenance``); any step cap. A
+run continued across machines counts the wall time of all its sessions (each run's
+``commits.json``; a lower bound, and said so, when a session was killed before recording its end),
+and its images/s per device kind that trained its steps.
 Per comparison (baseline, treatment), the per-seed paired differences of top-1, their mean, and
 the paired t statistic t = mean(d) / (sd(d) / sqrt(n)) with n - 1 degrees of freedom and its
 two-sided p (Student's t distribution).
@@ -39,12 +42,46 @@ def final_evaluation(workdir: str, steps: int) -> dict[str, float] | None:
   return None
 
 
-def training_rates(workdir: str) -> list[float]:
-  """The run's logged training images/s (compilation and evaluation excluded): each log line's
-  rate but the first, which includes the compilation."""
-  records = metrics_lib.read_metrics(workdir)
-  rates = [r["perf/images_per_sec"] for r in records if "perf/images_per_sec" in r]
-  return rates[1:] or rates
+UNRECORDED_DEVICE = "an unrecorded device"  # steps trained before the run kept DIR/commits.json
+
+
+def training_rates(workdir: str, entries: list[dict[str, Any]], steps: int) -> dict[str, list]:
+  """The run's logged training images/s (compilation and evaluation excluded) by the device kind
+  that trained each logged step (``entries``: its ``DIR/commits.json``): each log line's rate but
+  those of a session's first step, which include the compilation (all, if that is every one)."""
+  ranges = provenance.step_ranges(entries, steps, UNRECORDED_DEVICE, "device_kind")
+  compiled = {1} | {e["first_step"] for e in entries}
+  kept: dict[str, list[float]] = {kind: [] for _, _, kind, _ in ranges}
+  every = {kind: [] for kind in kept}
+  for r in metrics_lib.read_metrics(workdir):
+    if "perf/images_per_sec" in r and 1 <= r["step"] <= steps:
+      kind = next(kind for first, last, kind, _ in ranges if first <= r["step"] <= last)
+      every[kind].append(r["perf/images_per_sec"])
+      if r["step"] not in compiled:
+        kept[kind].append(r["perf/images_per_sec"])
+  return {kind: kept[kind] or every[kind] for kind in kept}
+
+
+def device_steps(entries: list[dict[str, Any]], steps: int) -> dict[str, list[list[int]]]:
+  """The step ranges ``[first, last]`` of the run that each device kind trained."""
+  ranges: dict[str, list[list[int]]] = {}
+  for first, last, kind, _ in provenance.step_ranges(
+    entries, steps, UNRECORDED_DEVICE, "device_kind"
+  ):
+    ranges.setdefault(kind, []).append([first, last])
+  return ranges
+
+
+def run_wall_seconds(run: str, entries: list[dict[str, Any]]) -> tuple[float | None, bool]:
+  """The run's training wall seconds over all its sessions, on every machine, and whether that is
+  exact (else a lower bound: ``provenance.wall_time``). Runs from before the sessions kept their
+  seconds: the last session's ``reproduce_run.json``, exact only if it was the only session."""
+  if any("seconds" in e for e in entries):
+    return provenance.wall_time(entries)
+  timing = _read_json(os.path.join(run, "reproduce_run.json"))
+  if timing is None:
+    return None, False
+  return timing["wall_seconds"], len(entries) <= 1
 
 
 def ordering(rows: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
@@ -77,6 +114,10 @@ def ordering(rows: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     "held": None if len(measured) < len(pairs) else not broken,
     "broken_pairs": broken,
   }
+
+
+def median_or_none(values: list[float]) -> float | None:
+  return statistics.median(values) if values else None
 
 
 def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
@@ -137,24 +178,29 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
   if saved is None:
     raise ValueError(f"{workdir} holds no plan.json: run `python -m locvit.reproduce {name}` first")
   seeds, plan_commit = saved["seeds"], saved.get("locvit_commit") or "unknown"
-  rows, finals, wall, loads, any_recorded = {}, {}, 0.0, [], False
+  rows, finals, loads, any_recorded = {}, {}, [], False
   for row in saved.get("row_names") or plan["rows"]:
     spec, cost = plan["rows"][row], saved["rows"][row]
     steps = cost.get("steps", saved.get("steps"))
-    finals[row], rates, row_wall, trained_by = {}, [], [], {}
+    finals[row], rates, row_wall, trained_by, devices, row_exact = {}, {}, [], {}, {}, True
     for seed in range(seeds):
       run = os.path.join(workdir, row, f"seed{seed}")
       final = final_evaluation(run, steps)
       if final is not None:
         finals[row][seed] = final
-        rates += training_rates(run)
         recorded = provenance.read(run)
+        for kind, kind_rates in training_rates(run, recorded, steps).items():
+          rates.setdefault(kind, []).extend(kind_rates)
+        for kind, ranges in device_steps(recorded, steps).items():
+          devices.setdefault(kind, {})[seed] = ranges
         trained_by[seed] = provenance.segments(recorded, steps, plan_commit)
         any_recorded |= bool(recorded)
+        seconds, exact = run_wall_seconds(run, recorded)
+        if seconds is not None:
+          row_wall.append(seconds)
+          row_exact &= exact
       timing = _read_json(os.path.join(run, "reproduce_run.json"))
       if timing is not None:
-        wall += timing["wall_seconds"]
-        row_wall.append(timing["wall_seconds"])
         loads += [timing["load_before"][0], timing["load_after"][0]]
     top1_mean, top1_sd = mean_sd([f["top1"] for f in finals[row].values()])
     top5_mean, top5_sd = mean_sd([f["top5"] for f in finals[row].values()])
@@ -171,8 +217,19 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
       "difference": top1_mean - spec["paper_top1"]
       if top1_mean is not None and spec["paper_top1"] is not None
       else None,
-      "images_per_sec": statistics.median(rates) if rates else None,
+      # The median logged rate where one device kind trained the row; else per kind (devices).
+      "images_per_sec": median_or_none(*rates.values()) if len(rates) == 1 else None,
+      "devices": [
+        {
+          "device_kind": kind,
+          "images_per_sec": median_or_none(rates[kind]),
+          "steps": by_seed,  # per seed: the [first, last] step ranges this kind trained
+        }
+        for kind, by_seed in devices.items()
+      ],
       "wall_minutes_per_run": statistics.fmean(row_wall) / 60 if row_wall else None,
+      "wall_seconds_per_seed": row_wall,  # of the finished seeds, over all their sessions
+      "wall_exact": row_exact,  # else a lower bound: a session did not record its end
       "steps": steps,
       "epochs": steps / cost["steps_per_epoch"],
       "paper_epochs": spec["paper_epochs"],
@@ -223,7 +280,9 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
     "estimated_minutes": saved.get("estimated_minutes"),
     "runs_finished": sum(len(f) for f in finals.values()),
     "runs_planned": seeds * len(rows),
-    "training_wall_minutes": wall / 60,
+    "training_wall_minutes": sum(sum(r["wall_seconds_per_seed"]) for r in rows.values()) / 60,
+    "training_wall_exact": all(r["wall_exact"] for r in rows.values()),
+    "devices_trained": sorted({d["device_kind"] for r in rows.values() for d in r["devices"]}),
     "load_average_range": [min(loads), max(loads)] if loads else None,
     "load_at_probe": saved["load_at_probe"],
   }
@@ -268,9 +327,51 @@ def commit_words(report: dict[str, Any]) -> str:
   return "locvit commits: " + "; ".join(f"{row}: {words}" for row, words in entries)
 
 
+def steps_words(by_seed: dict[int, list[list[int]]], seeds: int) -> str:
+  """'steps 1-13, 20-33' when every one of the ``seeds`` finished seeds has these ranges, else
+  per seed: 'seed 0 steps 1-13; seed 1 steps 1-20'."""
+  words = {seed: ", ".join(f"{a}-{b}" for a, b in ranges) for seed, ranges in by_seed.items()}
+  if len(set(words.values())) == 1 and len(words) == seeds:
+    return "steps " + next(iter(words.values()))
+  return "; ".join(f"seed {seed} steps {w}" for seed, w in words.items())
+
+
+def rate_words(row: dict[str, Any]) -> str:
+  """The img/s cell: '8,400' where one device kind trained the row, else per kind: '8,400 on
+  NVIDIA H200 (steps 1-6004), 2,100 on cpu (steps 6005-12000)'."""
+  rate = lambda value: f"{value:,.0f}" if value else "-"
+  devices = row.get("devices") or []
+  if len(devices) <= 1:
+    return rate(row.get("images_per_sec"))
+  seeds = len(row["seeds_finished"])
+  return ", ".join(
+    f"{rate(d['images_per_sec'])} on {d['device_kind']} ({steps_words(d['steps'], seeds)})"
+    for d in devices
+  )
+
+
+def machine_words(report: dict[str, Any], load: list[float] | None) -> str:
+  """The device line: this machine's, as before, when it is the device kind that trained every
+  run (or no run recorded one); else each device kind that trained steps, then this machine."""
+  m, kinds = report["machine"], report.get("devices_trained") or []
+  if load:
+    here = (
+      f"JAX backend {m['jax_backend']}, device {m['device_kind']} x {m['device_count']}, "
+      f"{m['cpu_count']} CPUs; 1-minute load average {load[0]:.1f}-{load[1]:.1f} during the runs."
+    )
+  else:
+    here = f"JAX backend {m['jax_backend']}, device {m['device_kind']}."
+  if set(kinds) <= {m["device_kind"], UNRECORDED_DEVICE}:
+    return f"Machine: {here}"
+  names = ", ".join(kinds[:-1]) + " and " + kinds[-1] if len(kinds) > 1 else kinds[0]
+  return (
+    f"Devices: steps trained on {names} (img/s per device kind in the table where a row's steps "
+    f"span several). This report's machine: {here}"
+  )
+
+
 def markdown(report: dict[str, Any]) -> str:
   """``report`` as the markdown tables of ``results.md``."""
-  m = report["machine"]
   lines = [f"# {report['title']}", ""]
   lines += [
     "| row | paper top-1 % | ours top-1 % | ours - paper (points) | seeds | top-5 % | "
@@ -278,13 +379,14 @@ def markdown(report: dict[str, Any]) -> str:
     "|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for name, r in report["rows"].items():
-    rate = f"{r['images_per_sec']:,.0f}" if r.get("images_per_sec") else "-"
     wall = r.get("wall_minutes_per_run")
+    at_least = "" if r.get("wall_exact", True) else ">= "
     lines.append(
       f"| {name} | {_points(r['paper_top1'])} | {_pct(r['top1_mean'], r['top1_sd'])} | "
       f"{_points(r.get('difference'), sign=True)} | {len(r['seeds_finished'])} | "
       f"{_pct(r['top5_mean'], r['top5_sd'])} | {r['epochs']:.4g} | {r['paper_epochs']} | "
-      f"{r['paper_budget_fraction']:.2%} | {rate} | {f'{wall:.1f}' if wall else '-'} |"
+      f"{r['paper_budget_fraction']:.2%} | {rate_words(r)} | "
+      f"{f'{at_least}{wall:.1f}' if wall else '-'} |"
     )
   order = report.get("ordering")
   lines.append("")
@@ -327,11 +429,9 @@ def markdown(report: dict[str, Any]) -> str:
       else f"Step cap: the plan caps runs at {cap} steps (its max_steps); the budget gave these "
       f"runs fewer ({'/'.join(map(str, steps))})."
     )
+  at_least = "" if report.get("training_wall_exact", True) else "at least "
   lines += [
-    f"Machine: JAX backend {m['jax_backend']}, device {m['device_kind']} x {m['device_count']}, "
-    f"{m['cpu_count']} CPUs; 1-minute load average {load[0]:.1f}-{load[1]:.1f} during the runs."
-    if load
-    else f"Machine: JAX backend {m['jax_backend']}, device {m['device_kind']}.",
+    machine_words(report, load),
     f"{commit_words(report)} (report: {report['report_commit']}); "
     + (
       f"budget {report['budget_minutes']:g} minutes; "
@@ -339,7 +439,13 @@ def markdown(report: dict[str, Any]) -> str:
       else ""
     )
     + f"{report['runs_finished']} of {report['runs_planned']} "
-    f"runs finished in {report['training_wall_minutes']:.1f} minutes of training wall time"
+    f"runs finished in {at_least}{report['training_wall_minutes']:.1f} minutes of training wall "
+    "time"
+    + (
+      ""
+      if report.get("training_wall_exact", True)
+      else " (a lower bound: a session stopped without recording its time, e.g. killed outright)"
+    )
     + (
       f" (planned: {report['estimated_minutes']:.1f} for all)."
       if report["estimated_minutes"] is not None

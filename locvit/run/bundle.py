@@ -22,7 +22,7 @@ from absl import logging
 
 from locvit import checkpoint as ckpt_lib
 from locvit import data as data_lib
-from locvit import distill, ops, optim, paths, sharding, xla_options
+from locvit import distill, ops, optim, paths, provenance, sharding, xla_options
 from locvit import metrics as metrics_lib
 from locvit import workdir as workdir_lib
 from locvit.analysis.locality import MODES as LOCALITY_MODES
@@ -200,6 +200,8 @@ class Training(Evaluation):
   writer: metrics_lib.MetricWriter | None = None
   hooks: dict[str, Callable | None] = dataclasses.field(default_factory=dict)
   train_split: Any = ()  # data.train_split_on='device': the decoded split, on every device
+  started: float | None = None  # time.monotonic() as the build began: the session counts from it
+  session: provenance.Session | None = None  # this session's entry of DIR/commits.json (process 0)
 
   def train_batches(self, start_step: int):
     """This process's training batches for steps ``start_step + 1, ...``: the position depends
@@ -241,11 +243,19 @@ class Training(Evaluation):
         # one is reported; metrics.jsonl holds every row the TensorBoard file may have lost.
       finally:
         try:
-          workdir_lib.release_lock(self.workdir)
-        except workdir_lib.WorkdirError as e:
+          if self.session is not None:  # its wall time, the last save's commit included
+            self.session.end()
+        except Exception as e:  # a bucket client's error, of many types
           if exc is None:
             raise
-          exc.add_note(str(e))  # reported after the run's own error, never instead of it
+          exc.add_note(f"{provenance.FILENAME} did not record the session's end: {e}")
+        finally:
+          try:
+            workdir_lib.release_lock(self.workdir)
+          except workdir_lib.WorkdirError as e:
+            if exc is None:
+              raise
+            exc.add_note(str(e))  # reported after the run's own error, never instead of it
 
 
 def _eval_batches(config, eval_source):
@@ -353,9 +363,10 @@ def build_training(
 
   ``hooks``: ``make_locality_logger`` and ``make_center_plotter`` (see ``train_and_evaluate``).
   """
+  started = time.monotonic()
   run = _checked_setup(config, hooks)
   config = run.config
-  run.workdir = workdir
+  run.workdir, run.started = workdir, started
   try:  # an error or a stop (SIGTERM, Ctrl-C) from here on releases the workdir, as the run would
     # The config is valid: only now create the workdir (writable, not in use). The config is kept
     # (config.json) once the workdir's checkpoint has accepted it (train.restore_or_initialise).
