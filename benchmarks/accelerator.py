@@ -250,11 +250,13 @@ def _torch_sizes(name: str, smoke: bool) -> dict:
   return {"depth": SMOKE_DEPTH, **({"local_up_to_layer": 1} if name.startswith("convit") else {})}
 
 
-def _state_and_step(config, image_shape: tuple, num_classes: int, state=None, loop=False):
+def _state_and_step(
+  config, image_shape: tuple, num_classes: int, state=None, loop=False, platform=None
+):
   """``(state, jitted step)``: ``locvit.train.train_step`` for ``config`` on one device, or with
   ``loop`` the training loop's step (``guarded_steps(state, batches, (), health)``: the
   non-finite guard, ``config.steps_per_dispatch`` batches per call); a given ``state`` (of the
-  same model) is reused rather than initialised."""
+  same model) is reused rather than initialised. ``platform``: a compile-only device's."""
   model = train.build_model(config, num_classes)
   if state is None:
     init = functools.partial(sharding.init_model_variables, model, image_shape)
@@ -266,6 +268,8 @@ def _state_and_step(config, image_shape: tuple, num_classes: int, state=None, lo
   if state is None:
     state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), model_state)
   kwargs = dict(model=model, tx=tx, schedule=schedule, config=config, num_classes=num_classes)
+  if platform is not None:
+    kwargs["platform"] = platform
   if loop:
     return state, jax.jit(functools.partial(train.guarded_steps, **kwargs), donate_argnums=(0, 3))
   return state, jax.jit(functools.partial(train.train_step, **kwargs), donate_argnums=0)
@@ -336,7 +340,10 @@ def compile_loop_step(
   config.update(fields)
   if device is not None and config.attention_implementation is None:
     config.attention_implementation = "xla"
-  state, step = _state_and_step(config, (image_size, image_size, 3), num_classes, loop=True)
+  platform = None if device is None else device.platform  # the step's, not the host's
+  state, step = _state_and_step(
+    config, (image_size, image_size, 3), num_classes, loop=True, platform=platform
+  )
   k = config.steps_per_dispatch
   batches = [_synthetic_batch(config.batch_size, image_size, num_classes)] * k
   health = train.initial_health()

@@ -73,6 +73,11 @@ _SHARED_ONE: contextvars.ContextVar[Array | None] = contextvars.ContextVar(
 _PER_EXAMPLE_ONE: contextvars.ContextVar[Array | None] = contextvars.ContextVar(
   "locvit_per_example_one", default=None
 )
+# Whether dense layers add their bias inside the matmul (``affine``), set by the training step
+# compiled for XLA:GPU (``shared_parameter_casts(bias_in_matmul=True)``).
+_BIAS_IN_MATMUL: contextvars.ContextVar[bool] = contextvars.ContextVar(
+  "locvit_bias_in_matmul", default=False
+)
 
 
 def unfoldable_scalar(value: Any) -> Array:
@@ -86,10 +91,13 @@ def unfoldable_scalar(value: Any) -> Array:
 
 
 @contextlib.contextmanager
-def shared_parameter_casts(per_example_sums: bool = False) -> Iterator[None]:
+def shared_parameter_casts(
+  per_example_sums: bool = False, bias_in_matmul: bool = False
+) -> Iterator[None]:
   """Within it, ``cast_parameter`` casts every parameter as ``(p * one).astype(dtype)`` with one
   shared ``one``: exactly ``p``'s cast, and exactly its gradient. With ``per_example_sums``,
-  ``broadcast_per_example`` reads the same ``one`` (gradients then equal to float rounding).
+  ``broadcast_per_example`` reads the same ``one`` (gradients then equal to float rounding);
+  with ``bias_in_matmul`` (the step compiled for XLA:GPU), ``bias_in_matmul()`` is True.
 
   Each layer's cast of its float32 kernel and bias to the bf16 compute dtype is otherwise a kernel
   of its own on XLA:GPU (which has no horizontal fusion here); casts that read a common operand
@@ -101,11 +109,21 @@ def shared_parameter_casts(per_example_sums: bool = False) -> Iterator[None]:
   one = unfoldable_scalar(1.0)
   token = _SHARED_ONE.set(one)
   split = _PER_EXAMPLE_ONE.set(one if per_example_sums else None)
+  inside = _BIAS_IN_MATMUL.set(bias_in_matmul)
   try:
     yield
   finally:
+    _BIAS_IN_MATMUL.reset(inside)
     _PER_EXAMPLE_ONE.reset(split)
     _SHARED_ONE.reset(token)
+
+
+def bias_in_matmul() -> bool:
+  """Whether the training step being traced adds dense layers' biases inside their matmuls
+  (``affine``) and folds stochastic depth into them: compiled for XLA:GPU, whose two-kernel
+  column sums of the bias gradients this removes. Elsewhere (XLA:TPU's 128-wide matrix unit
+  would give a contraction of 384 + 8 a whole tile more; evaluation) the plain bias add."""
+  return _BIAS_IN_MATMUL.get()
 
 
 def cast_parameter(param: Array, dtype: Any) -> Array:

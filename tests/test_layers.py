@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from locvit import ops
 from locvit.attention.projections import DenseGeneral, partitioned, zeros
 from locvit.models.layers import dense, gelu, layer_norm, normalize
 
@@ -136,10 +137,10 @@ def test_layer_norm_is_flax_layer_norm_with_its_parameters():
   ],
 )
 def test_bias_in_the_matmul_keeps_parameters_outputs_and_gradients(build, shape):
-  """Off the CPU code paths a dense layer adds its bias inside the matmul (``ops.affine``):
-  the CPU paths' parameters (names, shapes, logical axes, initial values: ``nn.Dense``'s for
-  ``dense``), and outputs and gradients equal to theirs (``x @ kernel + bias``) to float32
-  rounding; fan-in 12 takes three zero columns."""
+  """In a training step compiled for XLA:GPU (``ops.bias_in_matmul``) a dense layer adds its
+  bias inside the matmul (``ops.affine``): the CPU paths' parameters (names, shapes, logical
+  axes, initial values: ``nn.Dense``'s for ``dense``), and outputs and gradients equal to theirs
+  (``x @ kernel + bias``) to float32 rounding; fan-in 12 takes three zero columns."""
   x = jax.random.normal(jax.random.key(0), shape)
   cpu, xla = build("cpu_kernels"), build("xla")
   boxed = cpu.init(jax.random.key(1), x)
@@ -150,28 +151,37 @@ def test_bias_in_the_matmul_keeps_parameters_outputs_and_gradients(build, shape)
   loss = lambda module: jax.value_and_grad(
     lambda p, x: jnp.sum(jnp.sin(module.apply(p, x))), argnums=(0, 1)
   )
-  want, got = loss(cpu)(params, x), loss(xla)(params, x)
+  with ops.shared_parameter_casts(bias_in_matmul=True):
+    got = loss(xla)(params, x)
+    assert "concatenate" in str(jax.make_jaxpr(loss(xla))(params, x))  # the ones column
+  want = loss(cpu)(params, x)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-6), got, want)
 
 
-def test_bias_stays_out_of_the_matmul_on_partitioned_inputs():
+def test_bias_stays_out_of_the_matmul_on_partitioned_inputs_and_off_xla_gpu_steps():
   """Under logical-axis rules that partition a layer's contracted axis (tensor parallel's 'mlp')
-  its bias is added after the matmul: a ones column would reshard the inputs."""
+  its bias is added after the matmul: a ones column would reshard the inputs. So it is outside
+  a training step compiled for XLA:GPU (evaluation; TPU, whose 128-wide matrix unit would take a
+  whole tile more for 384 + 8)."""
   x = jnp.ones((2, 3, 8))
   fc2 = dense(4, ("mlp", "embed"), "fc2", jnp.float32, jnp.float32, "xla")
   params = fc2.init(jax.random.key(0), x)
   concatenates = lambda: str(jax.make_jaxpr(fc2.apply)(params, x)).count("concatenate")
-  assert concatenates() == 1
-  with nn.logical_axis_rules((("batch", "data"), ("mlp", "model"))):
+  assert concatenates() == 0
+  with ops.shared_parameter_casts(per_example_sums=True):  # the step compiled for XLA:TPU
     assert concatenates() == 0
+  with ops.shared_parameter_casts(per_example_sums=True, bias_in_matmul=True):
+    assert concatenates() == 1
+    with nn.logical_axis_rules((("batch", "data"), ("mlp", "model"))):
+      assert concatenates() == 0
 
 
 @pytest.mark.parametrize("attention", ["mhsa", "gpsa", "quadratic"])
 def test_stochastic_depth_inside_the_last_projections_keeps_the_block(attention):
-  """Off the CPU code paths each branch's stochastic depth scales the operands of its last
-  matmul (``row_scale``: the attention's output projection, fc2): the block's output and
-  gradients equal the CPU paths' (the branch times ``drop_examples``' mask) to float32 rounding,
-  the dropped examples' included."""
+  """In a training step compiled for XLA:GPU each branch's stochastic depth scales the operands
+  of its last matmul (``row_scale``: the attention's output projection, fc2): the block's output
+  and gradients equal the CPU paths' (the branch times ``drop_examples``' mask) to float32
+  rounding, the dropped examples' included."""
   from locvit.attention import TokenGrid
   from locvit.models.layers import Block
 
@@ -184,7 +194,9 @@ def test_stochastic_depth_inside_the_last_projections_keeps_the_block(attention)
     loss = lambda p, x: jnp.sum(jnp.sin(block(impl).apply(p, x, grid, train=True, keep=keep)))
     return jax.value_and_grad(loss, argnums=(0, 1))(params, x)
 
-  want, got = loss_and_grads("cpu_kernels"), loss_and_grads("xla")
+  with ops.shared_parameter_casts(bias_in_matmul=True):
+    got = loss_and_grads("xla")
+  want = loss_and_grads("cpu_kernels")
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6), got, want)
 
 
@@ -331,3 +343,32 @@ def test_shared_parameter_casts_keep_outputs_and_gradients_exactly():
   params, _, loss_grad = build(remat=False)
   with jax.checking_leaks():
     jax.make_jaxpr(loss_grad, static_argnums=1)(params, True)
+
+
+def test_the_training_step_adds_biases_inside_the_matmuls_only_when_compiled_for_xla_gpu():
+  """``train_step``'s ``platform`` (the default backend's unless given) decides: 'gpu' puts the
+  ones columns in (a concatenation per dense layer), 'tpu' keeps the plain bias add."""
+  from locvit import optim, train
+  from locvit.models.factory import build_model
+  from tests.train_utils import tiny_config
+
+  config = tiny_config(attention_implementation="xla")
+  model = build_model(config, 10)
+  images = jnp.zeros((4, 8, 8, 1))
+  params = nn.meta.unbox(model.init(jax.random.key(0), images)["params"])
+  schedule = optim.make_schedule(config, 10, 1)
+  tx = optim.make_optimizer(config, params, schedule)
+  state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), {})
+  batch = {"image": images, "label": jnp.zeros((4,), jnp.int32)}
+
+  def concatenations(platform):
+    step = functools.partial(
+      train.train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=10
+    )
+    return str(jax.make_jaxpr(functools.partial(step, platform=platform))(state, batch)).count(
+      "concatenate"
+    )
+
+  # Two blocks of qkv, proj, fc1 and fc2, forward; their transposes slice, not concatenate.
+  assert concatenations("gpu") - concatenations("tpu") == 2 * 4
+  assert concatenations(None) == concatenations("tpu")  # this host's backend: XLA:CPU

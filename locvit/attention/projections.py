@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from locvit.ops import affine, cast_parameter, contract, cpu_kernels
+from locvit.ops import affine, bias_in_matmul, cast_parameter, contract, cpu_kernels
 
 Array = jax.Array
 
@@ -81,8 +81,9 @@ class DenseGeneral(nn.Module):
     num_inputs: how many trailing input axes are contracted (2 to merge heads).
     implementation: the model's kernel setting (``locvit.ops``): 'cpu_kernels' computes the product
       as one 2-D matmul and adds the bias; the others add the bias inside the matmul
-      (``ops.affine``: its gradient comes from the kernel's gradient matmul), unless the
-      logical-axis rules partition a contracted axis.
+      (``ops.affine``: its gradient comes from the kernel's gradient matmul) in a training step
+      compiled for XLA:GPU (``ops.bias_in_matmul``), unless the logical-axis rules partition a
+      contracted axis.
   """
 
   features: tuple[int, ...]
@@ -111,7 +112,7 @@ class DenseGeneral(nn.Module):
     names = self.kernel_axes[self.num_inputs :]
     bias = self.param("bias", partitioned(self.bias_init, names), self.features, self.param_dtype)
     bias = cast_parameter(bias, self.dtype)
-    if flatten or self._partitioned_inputs():
+    if flatten or not bias_in_matmul() or self._partitioned_inputs():
       return scaled(contract(x, kernel, self.num_inputs, flatten=flatten) + bias)
     return affine(x, kernel, bias, self.num_inputs, row_scale)
 

@@ -15,6 +15,7 @@ import numpy as np
 from locvit.attention import TokenGrid, get_attention
 from locvit.attention.projections import DenseGeneral, partitioned, trunc_normal, zeros
 from locvit.ops import (
+  bias_in_matmul,
   broadcast_per_example,
   cast_parameter,
   contract,
@@ -158,7 +159,7 @@ class Mlp(nn.Module):
   @nn.compact
   def __call__(self, x: Array, train: bool = False, row_scale: Array | None = None) -> Array:
     """``row_scale``: ``(B, 1, 1)`` factors of the output, applied inside ``fc2``'s matmul
-    (stochastic depth folded in, ``mlp_residual``); off the CPU code paths only."""
+    (stochastic depth folded in, ``mlp_residual``): in a step compiled for XLA:GPU only."""
     dim = x.shape[-1]
     settings = (self.dtype, self.param_dtype, self.implementation)
     x = dense(self.hidden_dim, ("embed", "mlp"), "fc1", *settings)(x)
@@ -183,7 +184,8 @@ def dense(
   """``nn.Dense`` (trunc-normal(0.02) weights and zero biases by default) on logical axes
   ``names``, on the CPU code paths with their ``dot_general`` (``locvit.ops``). Under the other
   kernel settings the same parameters (names, shapes, initial values) in a ``DenseGeneral``,
-  which adds the bias inside the matmul (``ops.affine``: one kernel fewer per layer's gradient)."""
+  which adds the bias inside the matmul in a training step compiled for XLA:GPU (``ops.affine``:
+  one kernel fewer per layer's gradient)."""
   if not cpu_kernels(implementation):
     return DenseGeneral(
       (features,),
@@ -493,13 +495,14 @@ def pre_norm_residual(
   ``keep`` ``(B,)`` when given (``drop_path_masks``), else drawn by a ``drop_path``.
 
   ``scalable``: ``branch`` also takes ``row_scale``, ``(B, 1, 1)`` factors of its output that its
-  last projection applies inside its matmul (``ops.affine``). Off the CPU code paths a given
-  ``keep`` is applied so, ``drop_examples``' arithmetic to float rounding: the residual's
-  gradient then reaches that matmul as it is, where the select is a kernel of its own in the
-  backward pass (docs/benchmarks.md, "The backward pass's kernels")."""
+  last projection applies inside its matmul (``ops.affine``). In a training step compiled for
+  XLA:GPU (``ops.bias_in_matmul``) a given ``keep`` is applied so, ``drop_examples``'
+  arithmetic to float rounding: the residual's gradient then reaches that matmul as it is, where
+  the select is a kernel of its own in the backward pass (docs/benchmarks.md, "The backward
+  pass's kernels")."""
   y = layer_norm(block.norm_eps, block.dtype, norm)(x)
   folds = scalable and keep is not None and train and 0.0 < rate < 1.0
-  if folds and not cpu_kernels(block.implementation):
+  if folds and bias_in_matmul():
     return x + branch(y, row_scale=jnp.where(keep, 1.0 / (1.0 - rate), 0.0).reshape(-1, 1, 1))
   y = branch(y)
   if keep is not None and train:

@@ -117,6 +117,7 @@ def ordering(rows: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def median_or_none(values: list[float]) -> float | None:
+  """The median of ``values``; None for none."""
   return statistics.median(values) if values else None
 
 

@@ -76,8 +76,11 @@ def train_step(
   config,
   num_classes,
   teacher: distill.Teacher | None = None,
+  platform: str | None = None,
 ):
-  """One optimizer update on a global batch, optionally accumulated over micro-batches."""
+  """One optimizer update on a global batch, optionally accumulated over micro-batches.
+  ``platform``: the one the step is compiled for where that is not the default backend's (a
+  compile-only device's, ``benchmarks/step_kernels.py --gpu``)."""
   rng = jax.random.fold_in(jax.random.key(config.seed), state.step)
   augment_rng = jax.random.fold_in(jax.random.key(config.seed + 2), state.step)
   recipe_rng = jax.random.fold_in(jax.random.key(config.seed + 3), state.step)
@@ -97,13 +100,17 @@ def train_step(
   grad_fn = jax.value_and_grad(loss_and_metrics, has_aux=True)
 
   # One shared operand for the layers' parameter casts and LayerNorm's parameter sums, which
-  # XLA:GPU then merges; on the CPU code paths the step would only gain kernels (docs/
-  # benchmarks.md).
+  # XLA:GPU then merges, and there the biases inside the matmuls; on the CPU code paths the step
+  # would only gain kernels (docs/benchmarks.md).
   implementation = ops.model_implementation(model)
   casts = (
     contextlib.nullcontext
     if ops.cpu_kernels(implementation)
-    else functools.partial(ops.shared_parameter_casts, per_example_sums=True)
+    else functools.partial(
+      ops.shared_parameter_casts,
+      per_example_sums=True,
+      bias_in_matmul=(platform or jax.default_backend()) == "gpu",
+    )
   )
 
   def loss_grad(mb, key, model_state):
