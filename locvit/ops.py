@@ -46,7 +46,8 @@ def check_implementation(implementation: str | None) -> None:
 def resolve_implementation(implementation: str | None) -> str | None:
   """The kernel setting a model is built with: None becomes 'cpu_kernels' (the CPU code paths)
   when the default backend is XLA:CPU and stays None (JAX's choice) elsewhere; the alias 'einsum'
-  becomes 'cpu_kernels'. The one place that looks at the backend."""
+  becomes 'cpu_kernels'. The one place a model's kernels look at the backend (the training step
+  reads it once more, for ``bias_in_matmul``)."""
   check_implementation(implementation)
   if implementation == "einsum" or (implementation is None and jax.default_backend() == "cpu"):
     return "cpu_kernels"
