@@ -77,7 +77,7 @@ import step_profile
 from device_augment import deit_jpeg_folder
 
 from locvit import data as data_lib
-from locvit import optim, sharding, train, xla_options
+from locvit import ops, optim, sharding, train, xla_options
 from locvit.configs import (
   convit_cifar10_small,
   gmm_cifar10_small,
@@ -167,6 +167,9 @@ VARIANTS = {
   # Mixup/CutMix's lam drawn as before, by jax.random.beta: rejection loops whose every test of
   # their condition the GPU answers to the host (locvit draws it with no loop: symmetric_beta).
   "beta_loops": {},
+  # The step compiled for XLA:GPU with its dense layers' biases added after the matmuls (and
+  # stochastic depth after them), as before ops.bias_in_matmul: what the ones columns gain.
+  "bias_add": {},
   # The work timm's side does (model, label-smoothed loss, AdamW): the recipe's Mixup/CutMix and
   # random erasing off, which the default step runs on the device and timm's side leaves out.
   "model_only": {
@@ -367,19 +370,30 @@ _TRACING = threading.Lock()  # sides compile in threads; one traces at a time (s
 @contextlib.contextmanager
 def _tracing(variant: str):
   """One side's tracing at a time; for 'beta_loops' with the mixing's lam drawn by
-  ``jax.random.beta``, as locvit drew it before ``device_augment.symmetric_beta``."""
+  ``jax.random.beta``, as locvit drew it before ``device_augment.symmetric_beta``; for
+  'bias_add' with the biases outside the matmuls (``ops.bias_in_matmul()`` False)."""
   with _TRACING:
-    if variant != "beta_loops":
-      yield
-      return
-    loop_free = device_augment_ops.symmetric_beta
-    device_augment_ops.symmetric_beta = lambda key, alpha, shape: jax.random.beta(
-      key, alpha, alpha, shape
-    )
+    patches = []
+    if variant == "beta_loops":
+      patches.append(
+        (
+          device_augment_ops,
+          "symmetric_beta",
+          lambda key, alpha, shape: jax.random.beta(key, alpha, alpha, shape),
+        )
+      )
+    if variant == "bias_add":
+      casts = ops.shared_parameter_casts
+      plain = lambda **options: casts(**{**options, "bias_in_matmul": False})
+      patches.append((ops, "shared_parameter_casts", plain))
+    originals = [(module, name, getattr(module, name)) for module, name, _ in patches]
+    for module, name, replacement in patches:
+      setattr(module, name, replacement)
     try:
       yield
     finally:
-      device_augment_ops.symmetric_beta = loop_free
+      for module, name, original in originals:
+        setattr(module, name, original)
 
 
 def jax_runner(config, image_size: int, num_classes: int, variant: str) -> Runner:

@@ -25,8 +25,9 @@
 #      of shapes, against XLA's kernel (exit 1 if locvit lets through one that fails or differs);
 #   A. GMM-ViT d9 and ViT d9 at batch 128 (GMM's paper): locvit's default step beside the sides
 #      of A_VARIANTS: beta_loops (Mixup's lam drawn by jax.random.beta's loops, as before),
-#      flat_opt (the optimizer on one vector), graphs (XLA's gpu_graphs options); gpu_tuned,
-#      cudnn, tuned+cudnn and k4 were measured, no gain;
+#      flat_opt (the optimizer on one vector), graphs (XLA's gpu_graphs options), bias_add (the
+#      biases after the matmuls, as before ops.bias_in_matmul); gpu_tuned, cudnn, tuned+cudnn
+#      and k4 were measured, no gain;
 #  A0. call A's rows, default side, from an earlier checkout's tree: BASELINE_TREE, e.g.
 #      `mkdir baseline_tree && git archive de9e0b5 locvit configs benchmarks
 #      tests/torch_reference.py | tar -x -C baseline_tree` (git-ignored: carry it), its own kit;

@@ -8,6 +8,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from PIL import Image
@@ -188,6 +189,27 @@ def test_the_beta_loops_side_draws_lam_with_jax_random_beta_and_the_default_with
 
   assert "stablehlo.while" in lowered_for_a_gpu("beta_loops")
   assert "stablehlo.while" not in lowered_for_a_gpu("default")  # and the patch is undone
+
+
+def test_the_bias_add_side_keeps_the_biases_out_of_the_gpu_steps_matmuls():
+  """The step compiled for XLA:GPU (a compile-only device's platform) puts a ones column into
+  each dense layer's matmul (``ops.bias_in_matmul``); the 'bias_add' side does not."""
+  from locvit import train
+
+  accelerator = _benchmarks_module("accelerator")
+  config = accelerator.complete_config(accelerator._config_32("ViT d9", 2, True))
+  config.attention_implementation = "xla"  # what None is on a GPU (this host resolves the CPU's)
+  batches = [accelerator._synthetic_batch(2, 32, 10)]
+
+  def concatenations(variant):  # a step per side, as compile_loop_step builds (jit caches traces)
+    state, step = accelerator._state_and_step(config, (32, 32, 3), 10, loop=True, platform="gpu")
+    with accelerator._tracing(variant):
+      jaxpr = jax.make_jaxpr(step)(state, batches, (), train.initial_health())
+    return str(jaxpr).count("concatenate")
+
+  # Two blocks of proj, fc1 and fc2, forward (their transposes slice; qkv has no bias here).
+  assert concatenations("default") - concatenations("bias_add") == 2 * 3
+  assert concatenations("default") - concatenations("bias_add") == 2 * 3  # the patch is undone
 
 
 @pytest.mark.parametrize("setting", ["gpu_tuned", "gpu_graphs"])
