@@ -245,10 +245,12 @@ class Training(Evaluation):
         try:
           if self.session is not None:  # its wall time, the last save's commit included
             self.session.end()
-        except Exception as e:  # a bucket client's error, of many types
+        except Exception:  # a bucket client's error, of many types
           if exc is None:
             raise
-          exc.add_note(f"{provenance.FILENAME} did not record the session's end: {e}")
+          # The run already stops with its own error, often of the same cause (a full disk, a
+          # bucket gone): that one is reported. The record keeps the last checkpoint's seconds
+          # without ``ended``, which the report reads as a lower bound of the run's time.
         finally:
           try:
             workdir_lib.release_lock(self.workdir)
