@@ -45,11 +45,18 @@ def final_evaluation(workdir: str, steps: int) -> dict[str, float] | None:
 UNRECORDED_DEVICE = "an unrecorded device"  # steps trained before the run kept DIR/commits.json
 
 
-def training_rates(workdir: str, entries: list[dict[str, Any]], steps: int) -> dict[str, list]:
+def device_ranges(entries: list[dict[str, Any]], steps: int) -> list[tuple[int, int, str, bool]]:
+  """Steps 1-``steps`` of a run by the device kind that trained them (its ``commits.json``)."""
+  return provenance.step_ranges(entries, steps, UNRECORDED_DEVICE, "device_kind")
+
+
+def training_rates(
+  workdir: str, entries: list[dict[str, Any]], ranges: list[tuple[int, int, str, bool]], steps: int
+) -> dict[str, list]:
   """The run's logged training images/s (compilation and evaluation excluded) by the device kind
-  that trained each logged step (``entries``: its ``DIR/commits.json``): each log line's rate but
-  those of a session's first step, which include the compilation (all, if that is every one)."""
-  ranges = provenance.step_ranges(entries, steps, UNRECORDED_DEVICE, "device_kind")
+  that trained each logged step (``entries``: its ``DIR/commits.json``; ``ranges``: theirs by
+  ``device_ranges``): each log line's rate but those of a session's first step, which include the
+  compilation (all, if that is every one)."""
   compiled = {1} | {e["first_step"] for e in entries}
   kept: dict[str, list[float]] = {kind: [] for _, _, kind, _ in ranges}
   every = {kind: [] for kind in kept}
@@ -62,14 +69,13 @@ def training_rates(workdir: str, entries: list[dict[str, Any]], steps: int) -> d
   return {kind: kept[kind] or every[kind] for kind in kept}
 
 
-def device_steps(entries: list[dict[str, Any]], steps: int) -> dict[str, list[list[int]]]:
-  """The step ranges ``[first, last]`` of the run that each device kind trained."""
-  ranges: dict[str, list[list[int]]] = {}
-  for first, last, kind, _ in provenance.step_ranges(
-    entries, steps, UNRECORDED_DEVICE, "device_kind"
-  ):
-    ranges.setdefault(kind, []).append([first, last])
-  return ranges
+def device_steps(ranges: list[tuple[int, int, str, bool]]) -> dict[str, list[list[int]]]:
+  """The step ranges ``[first, last]`` of the run that each device kind trained (``ranges``: by
+  ``device_ranges``)."""
+  by_kind: dict[str, list[list[int]]] = {}
+  for first, last, kind, _ in ranges:
+    by_kind.setdefault(kind, []).append([first, last])
+  return by_kind
 
 
 def run_wall_seconds(run: str, entries: list[dict[str, Any]]) -> tuple[float | None, bool]:
@@ -190,9 +196,10 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
       if final is not None:
         finals[row][seed] = final
         recorded = provenance.read(run)
-        for kind, kind_rates in training_rates(run, recorded, steps).items():
+        kinds = device_ranges(recorded, steps)
+        for kind, kind_rates in training_rates(run, recorded, kinds, steps).items():
           rates.setdefault(kind, []).extend(kind_rates)
-        for kind, ranges in device_steps(recorded, steps).items():
+        for kind, ranges in device_steps(kinds).items():
           devices.setdefault(kind, {})[seed] = ranges
         trained_by[seed] = provenance.segments(recorded, steps, plan_commit)
         any_recorded |= bool(recorded)
