@@ -5,7 +5,7 @@ ConViT vs DeiT of the same size, trained identically on 10% of CIFAR-10.
   export CIFAR10_ROOT=/tmp/cifar10
   python -m locvit.main --config=configs/convit_cifar10_small.py:convit --workdir=DIR_C
   python -m locvit.main --config=configs/convit_cifar10_small.py:deit --workdir=DIR_D
-  python -m locvit.main --config=... --workdir=DIR_C --mode=analyze   # Figs. 5-7 for the run
+  python -m locvit.main --workdir=DIR_C --mode=analyze   # Figs. 5-7 for the run
 
 Data: the image-folder copy of CIFAR-10 (JPEG q75, from ``python -m locvit.data.prepare cifar10``),
 the first 10% of each class (``data.train_fraction=0.1``: 500 images per class, 5,000 in all,

@@ -4,7 +4,7 @@
   python -m locvit.main --config=NAME --workdir=DIR           # a shipped config, by name
   python -m locvit.main --config=NAME --workdir=DIR --data=image_folder:ROOT  # its data from ROOT
   python -m locvit.main --workdir=DIR --mode=eval [--step=N]  # the config saved in DIR
-  python -m locvit.main --workdir=DIR --mode=analyze          # training curves, ConViT Figs. 5-7
+  python -m locvit.main --workdir=DIR --mode=analyze          # curves, attention figures (PNG)
   python -m locvit.main --config=... --workdir=DIR --cpu_malloc=tcmalloc  # faster CPU steps
 
 ``--config`` takes a file, the name of a shipped config (``convit_s``,

@@ -323,17 +323,18 @@ def trained(initial, tmp_path_factory):
   return config, workdir
 
 
-def test_analyze_writes_the_three_figures(trained, tmp_path):
+def test_analyze_writes_the_figures(trained, tmp_path):
   config, workdir = trained
   paths = analyze_lib.analyze(config, workdir, str(tmp_path))
   names = ["training_curves.png", "nonlocality.png", "gates.png", "attention_maps.png"]
+  names.append("attention_centers.png")  # GPSA's positional term as Cordonnier's Gaussians
   assert paths == [str(tmp_path / n) for n in names]
   for path in paths:
     with open(path, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert mpimg.imread(path).shape[2] == 4
   # Default output directory.
-  assert analyze_lib.analyze(config, workdir, layers=(1,))[-1] == os.path.join(
+  assert analyze_lib.analyze(config, workdir, layers=(1,))[-2] == os.path.join(
     workdir, "analysis", "attention_maps.png"
   )
 
@@ -415,7 +416,9 @@ def test_analyze_without_locality_records_draws_the_maps_only(trained, tmp_path,
   bare = tmp_path / "bare"
   shutil.copytree(os.path.join(workdir, "checkpoints"), bare / "checkpoints")
   paths = analyze_lib.analyze(config, str(bare), str(tmp_path / "out"), query=(0, 0))
-  assert paths == [str(tmp_path / "out" / "attention_maps.png")]
+  assert paths == [
+    str(tmp_path / "out" / n) for n in ("attention_maps.png", "attention_centers.png")
+  ]
   assert _warnings(caplog)[0] == _no_evaluation_line(bare)  # then the locality records' warning
 
 

@@ -1,6 +1,6 @@
-"""The analyze command: ConViT's locality figures from a training workdir.
+"""The analyze command: a run's training curves and its attention figures, from its workdir.
 
-  python -m locvit.main --config=CONFIG --workdir=DIR --mode=analyze
+  python -m locvit.main --workdir=DIR --mode=analyze
 
 Reads ``DIR/metrics.jsonl`` (the ``locality/...`` records the trainer logs at each evaluation
 when ``config.analysis.locality`` is True), ``DIR/eval.jsonl`` (the results of ``--mode=eval``)
@@ -9,16 +9,22 @@ and the latest checkpoint in ``DIR/checkpoints``, and writes into ``DIR/analysis
 
 - ``training_curves.png``: train and eval loss, eval top-1 and top-5 in % (and the EMA's, when
   logged) over training, for any model, with the ``--mode=eval`` results as crosses;
-- ``nonlocality.png``: head-averaged nonlocality of every layer over training (paper Fig. 5);
+- ``nonlocality.png``: head-averaged nonlocality of every layer over training (ConViT Fig. 5);
 - ``gates.png``: ``sigmoid(lambda_h)`` of every head of every GPSA layer over training (Fig. 6);
 - ``attention_maps.png``: the attention of one query patch for every head of chosen layers on one
-  eval image, each head's gate in its title (Fig. 7), from the checkpoint's parameters and the
-  real per-layer inputs.
+  eval image, on one colour scale, each GPSA head's gate in its title (Fig. 7), from the
+  checkpoint's parameters and the real per-layer inputs;
+- ``attention_centers.png``: the Gaussian heads' centres and spreads (Cordonnier et al. Fig. 3),
+  for Cordonnier's quadratic layers and ConViT's GPSA layers;
+- ``masks_layer<i>.png``: the GMM / ELM masks of the chosen layers (Li & Zhang Figs. 3-4).
 
-The curves need logged locality records; without them only the attention maps are drawn (and a
-warning says how to log them). A series of one point is drawn as a marker. Before the first
-evaluation, one warning says so, and so do the figures: the accuracy panel, and the locality
-curves, which hold only the initialisation. Run it as a single process.
+The attention figures are drawn for ViT-family models (ViT, DeiT, ConViT, GMM / ELM-ViT,
+structured-init ViTs) and Cordonnier et al.'s networks; other models (ResNet, Swin, CaiT, PiT,
+T2T, ConvMixer) get the training curves and one warning. The locality curves need logged
+records; without them the other figures are drawn (and, for a ViT, a warning says how to log
+them). A series of one point is drawn as a marker. Before the first evaluation, one warning says
+so, and so do the figures: the accuracy panel, and the locality curves, which hold only the
+initialisation. Run it as a single process.
 """
 
 from __future__ import annotations
@@ -38,9 +44,12 @@ from locvit import data as data_lib
 from locvit import metrics as metrics_lib
 from locvit import paths, run_config
 from locvit import restore as restore_lib
-from locvit.analysis import locality, plots
+from locvit.analysis import centers, locality, masks, plots
+from locvit.attention import TokenGrid
 from locvit.configs.common import complete_config
+from locvit.models.cordonnier import CordonnierNet
 from locvit.models.factory import build_model
+from locvit.models.vit import VisionTransformer
 
 # The paper's Fig. 7 shows layers 2 and 10 (1-based), i.e. blocks 1 and 9.
 PAPER_MAP_LAYERS = (1, 9)
@@ -213,16 +222,20 @@ def training_curves(workdir: str, output_dir: str, *, title: str = "") -> list[s
   return [plots.save(fig, paths.path(output_dir) / "training_curves.png")]
 
 
-def curve_figures(workdir: str, output_dir: str, *, title: str = "") -> list[str]:
-  """Figs. 5 and 6 from ``workdir/metrics.jsonl``; ``[]`` (and a warning) without records."""
+def curve_figures(
+  workdir: str, output_dir: str, *, title: str = "", hint: bool = True
+) -> list[str]:
+  """Figs. 5 and 6 from ``workdir/metrics.jsonl``; ``[]`` without records (and, with ``hint``
+  (a model the trainer logs locality for), a warning saying how to log them)."""
   records = _records(workdir)
   steps, series = locality_series(records)
   if "nonlocality" not in series:
-    logging.warning(
-      "No locality records in %s: set config.analysis.locality=True when training to get the "
-      "nonlocality and gate curves. Drawing the attention maps only.",
-      paths.path(workdir) / metrics_lib.METRICS,
-    )
+    if hint:
+      logging.warning(
+        "No locality records in %s: set config.analysis.locality=True when training to get the "
+        "nonlocality curve (and, for GPSA layers, the gates). Drawing the other figures.",
+        paths.path(workdir) / metrics_lib.METRICS,
+      )
     return []
   # The trainer logs locality at step 0 and at each of its evaluations.
   note = None if steps.any() else f"the initialisation only: {plots.NO_EVALUATION} in training"
@@ -282,26 +295,67 @@ def analyze(
   # Everything that can be wrong with the arguments is checked before any compilation.
   source = data_lib.make_source(config.data, config.data.eval_split)
   model = build_model(config, config.data.num_classes or source.num_classes)
-  if not hasattr(model, "depth"):  # no transformer blocks (e.g. a ResNet): the curves only
+  if not isinstance(model, VisionTransformer | CordonnierNet):  # a ResNet, Swin, CaiT, ...
     logging.warning(
-      "%s has no attention layers: drawing the training curves only.", config.model.name
+      "%s (%s): the attention figures are drawn for ViT-family models (ViT, DeiT, ConViT, GMM / "
+      "ELM-ViT, structured-init ViTs) and Cordonnier et al.'s networks; drawing the training "
+      "curves only.",
+      config.model.name,
+      type(model).__name__,
     )
     return curves
   images = locality.fixed_eval_images(config, analysis.map_image_index + 1, source=source)
   if analysis.map_image_index >= len(images):
     raise ValueError(f"analysis.map_image_index={analysis.map_image_index}: only {len(images)}.")
   image = images[analysis.map_image_index]
-  grid = locality.token_grid(model, image[None])
+  grid, patch_size = image_grid(model, image.shape)
   default_layers = analysis.map_layers or [min(i, model.depth - 1) for i in PAPER_MAP_LAYERS]
   layers = _check_layers(default_layers if layers is None else layers, model.depth)
   query = _check_query(query or analysis.query or (grid.height // 2, grid.width // 2), grid)
 
-  written = curves + curve_figures(workdir, output_dir, title=config.model.name)
+  vit = isinstance(model, VisionTransformer)  # locality is logged for these (locality.py)
+  written = curves + curve_figures(workdir, output_dir, title=config.model.name, hint=vit)
   params, step = restore_params(config, workdir, model, image.shape, step)
-  maps, gates = query_maps(model, params, image, layers, query)
+  if vit:
+    maps, gates = query_maps(model, params, image, layers, query)
+  else:
+    maps, gates = grid_query_maps(model, params, image, layers, query), {}
   fig = plots.attention_maps_figure(
-    display_image(config, image), grid, query, maps, gates, patch_size=model.patch_size
+    display_image(config, image), grid, query, maps, gates, patch_size=patch_size
   )
   fig.suptitle(f"{config.model.name}, step {step}, query patch {query}")
   written.append(plots.save(fig, paths.path(output_dir) / "attention_maps.png"))
+  return written + mechanism_figures(model, params, image, layers, output_dir, config, step)
+
+
+def image_grid(model: nn.Module, image_shape: tuple[int, ...]) -> tuple[TokenGrid, int]:
+  """``(token grid, pixels per token side)`` of a ViT-family or Cordonnier model."""
+  block = model.patch_size if isinstance(model, VisionTransformer) else model.downsample
+  return TokenGrid(image_shape[0] // block, image_shape[1] // block), block
+
+
+def grid_query_maps(
+  model: nn.Module, params: Any, image: np.ndarray, layers: Sequence[int], query: tuple[int, int]
+) -> dict[int, np.ndarray]:
+  """``{layer: (H, gh, gw)}``: the query token's attention in a model without prefix tokens
+  (Cordonnier et al.'s), from its recorded attention maps (a pruned layer's own head count)."""
+  maps, _, _ = centers.attention_maps(model, {"params": params}, image[None], query)
+  return {i: maps[i][~np.isnan(maps[i]).all(axis=(1, 2))] for i in layers}
+
+
+def mechanism_figures(model, params, image, layers, output_dir, config, step) -> list[str]:
+  """The figures of the model's own positional mechanism, where it has one: the Gaussian heads'
+  attention centres (Cordonnier's quadratic layers, ConViT's GPSA; Cordonnier et al. Fig. 3)
+  and the GMM / ELM masks of the map layers (Li & Zhang Figs. 3-4)."""
+  written, title = [], f"{config.model.name}, step {step}"
+  if centers.gaussian_heads(params):
+    fig = centers.attention_centers_figure(params, title=title)
+    written.append(plots.save(fig, paths.path(output_dir) / "attention_centers.png", dpi=100))
+  grid = image_grid(model, image.shape)[0]
+  for path, table in masks.collect_mask_tables(model, {"params": params}, image[None]).items():
+    layer = re.search(r"blocks_(\d+)/", path)
+    if layer and int(layer.group(1)) in layers:
+      fig = masks.mask_table_figure(table, grid, title=f"{title}: {path}")
+      out = paths.path(output_dir) / f"masks_layer{layer.group(1)}.png"
+      written.append(plots.save(fig, out, dpi=100))
   return written

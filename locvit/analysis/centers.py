@@ -5,7 +5,7 @@ Centre plots: one panel per layer with Gaussian (quadratic) attention. For each 
 attention of a query is the Gaussian ``N(Delta, Sigma)`` of Eqs. 18-19 evaluated on the pixel
 offsets ``delta = key - query``; the panel draws, per head and in its own colour, the contour that
 encloses 50% of that Gaussian's mass (solid) and the one enclosing 90% (dotted), in a window of
-offsets around the query pixel (black square). For a Gaussian, the region of highest density
+offsets around the query token (black square). For a Gaussian, the region of highest density
 holding mass ``m`` is ``{f >= (1 - m) f_max}``: ``gaussian_mass_levels``. ``mass_contour_levels``
 finds the same levels numerically for any sampled density.
 
@@ -143,30 +143,33 @@ def _query_box(ax, row: float, col: float) -> None:
   ax.add_patch(Rectangle((col - 0.5, row - 0.5), 1, 1, facecolor="black", edgecolor="black"))
 
 
-def plot_attention_centers(
+def plot_attention_centers(params: Any, path: str | os.PathLike, **kwargs: Any) -> str:
+  """Writes ``attention_centers_figure(params, **kwargs)`` to ``path`` and returns the path."""
+  return _save(attention_centers_figure(params, **kwargs), path)
+
+
+def attention_centers_figure(
   params: Any,
-  path: str | os.PathLike,
   *,
   window: int = 11,
   masses: Sequence[float] = DEFAULT_MASSES,
   resolution: float = 0.05,
   ncols: int = 3,
   panel_size: float = 3.0,
-) -> str:
-  """Writes the attention-centre plot of every Gaussian attention layer in ``params`` to ``path``
-  (Cordonnier et al. Figs. 3, 4, 12 and 14).
+  title: str = "",
+) -> Figure:
+  """The attention-centre plot of every Gaussian attention layer in ``params`` (Cordonnier et al.
+  Figs. 3, 4, 12 and 14): offsets in tokens (a token is a pixel in the paper's figures, a patch
+  or space-to-depth block here), each head in its own colour (legend), the query token black.
 
   Args:
     params: params (or variables) of a model with 'quadratic' / 'quadratic_generalized' or GPSA
       / PSA layers (ConViT, whose local init puts the heads on the kernel offsets, Eq. 5).
-    path: output PNG file.
-    window: side of the window of offsets around the query pixel (11 as in the paper).
+    window: side of the window of offsets around the query token (11 as in the paper).
     masses: mass fractions to contour (50% solid, 90% dotted, ...).
-    resolution: mesh step in pixels for the contours.
+    resolution: mesh step in tokens for the contours.
     ncols, panel_size: layout.
-
-  Returns:
-    the path written.
+    title: the figure's first title line (e.g. the model and step).
   """
   heads_by_layer = gaussian_heads(params)
   if not heads_by_layer:
@@ -187,6 +190,7 @@ def plot_attention_centers(
     ax = fig.add_subplot(nrows, ncols, index + 1)
     for h in range(centers.shape[0]):
       color = f"C{h % 10}"
+      ax.plot([], [], color=color, label=f"head {h}")  # the legend's entry, drawn or not
       density = gaussian_on_mesh(centers[h], inv[h], d1, d2)
       if density.max() < levels.min():
         continue  # centre outside the window: no contour inside it
@@ -207,13 +211,18 @@ def plot_attention_centers(
     ax.tick_params(labelsize=6)
     ax.grid(True, linewidth=0.3, alpha=0.5)
     ax.set_title(_layer_label(layer), fontsize=9)
+    ax.set_xlabel("column offset (tokens)", fontsize=7)
+    ax.set_ylabel("row offset (tokens)", fontsize=7)
+  most = max(fig.axes, key=lambda ax: len(ax.get_lines()))  # a pruned layer has fewer heads
+  most.legend(fontsize=5, loc="upper left", framealpha=0.7)
+  contours = " / ".join(
+    f"{int(m * 100)}% {LINESTYLES[i % len(LINESTYLES)]}" for i, m in enumerate(masses)
+  )
   fig.suptitle(
-    " / ".join(f"{int(m * 100)}% {LINESTYLES[i % len(LINESTYLES)]}" for i, m in enumerate(masses))
-    + " mass contours; black: query pixel",
-    fontsize=8,
+    (f"{title}\n" if title else "") + f"{contours} mass contours; black: query token", fontsize=8
   )
   fig.tight_layout()
-  return _save(fig, path)
+  return fig
 
 
 def make_center_plotter(config: Any, params: Any, workdir: str) -> Callable[[int, Any], None]:

@@ -58,33 +58,41 @@ def _heads_to_plot(table: np.ndarray) -> np.ndarray:
   return table
 
 
-def plot_mask_table(
-  table: Any, grid: TokenGrid, path: str | os.PathLike, *, title: str = ""
-) -> Path:
-  """Writes one PNG for one layer: per head, the raw mask (top) and its unfolding (bottom)."""
+def mask_table_figure(table: Any, grid: TokenGrid, *, title: str = "") -> Any:
+  """One layer's masks: per head, the raw mask (top) and its unfolding (bottom), every panel on
+  one colour scale, drawn as a colour bar (a flat mask looks flat beside a local one)."""
   # A bare Figure on the Agg canvas: no pyplot, so a notebook's backend is left alone.
   from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.colors import Normalize
   from matplotlib.figure import Figure
 
   table = _heads_to_plot(np.asarray(table, np.float32))
   heads = table.shape[0]
-  fig = Figure(figsize=(2.4 * heads, 5.0))
+  fig = Figure(figsize=(2.4 * heads + 1.0, 5.0), layout="constrained")
   FigureCanvasAgg(fig)
   axes = fig.subplots(2, heads, squeeze=False)
+  norm = Normalize(vmin=float(table.min()), vmax=float(table.max()))
   for h in range(heads):
     for row, image in enumerate((table[h], unfold_mask(table[h], grid))):
       ax = axes[row, h]
-      ax.imshow(image, cmap="viridis", interpolation="nearest")
+      shown = ax.imshow(image, cmap="viridis", norm=norm, interpolation="nearest")
       ax.set_xticks([])
       ax.set_yticks([])
     axes[0, h].set_title(f"head {h}" if heads > 1 else "all heads", fontsize=8)
-  axes[0, 0].set_ylabel("mask (N x N)", fontsize=8)
-  axes[1, 0].set_ylabel("per query", fontsize=8)
+  axes[0, 0].set_ylabel("mask (query x key)", fontsize=8)
+  axes[1, 0].set_ylabel("per query (its keys on the grid)", fontsize=8)
+  fig.colorbar(shown, ax=axes, shrink=0.8).set_label("mask value (shared by all panels)", size=8)
   fig.suptitle(title, fontsize=9)
-  fig.tight_layout()
+  return fig
+
+
+def plot_mask_table(
+  table: Any, grid: TokenGrid, path: str | os.PathLike, *, title: str = ""
+) -> Path:
+  """Writes ``mask_table_figure`` of one layer to ``path``."""
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=100)
+  mask_table_figure(table, grid, title=title).savefig(path, dpi=100)
   return path
 
 

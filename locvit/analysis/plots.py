@@ -6,7 +6,8 @@
 - :func:`gate_figure`: ``sigmoid(lambda_h)`` of every head of every GPSA layer over training,
   with the head mean in black (Fig. 6).
 - :func:`attention_maps_figure`: one query patch's attention for every head of chosen layers,
-  logarithmic colour scale, each head's gate in its title on a white-to-red background (Fig. 7).
+  on one logarithmic colour scale shared by every panel (with its colour bar), each head's gate
+  in its title on a white-to-red background (Fig. 7).
 
 Layers are labelled from 0, like the parameters (``blocks_i``); the paper counts from 1.
 """
@@ -151,6 +152,21 @@ def head_title(head: int, gate: float | None) -> str:
   return f"head {head}" if gate is None else f"head {head}  g={gate:.2f}"
 
 
+# The shared colour scale of the attention maps spans at most this many decades below the
+# largest weight; smaller weights are drawn in the lowest colour and the colour bar says so.
+MAP_DECADES = 4
+MAP_COLOURBAR_LABEL = "attention weight\n(log scale shared by all panels)"
+
+
+def shared_log_norm(values: Sequence[np.ndarray], decades: int = MAP_DECADES) -> colors.LogNorm:
+  """One logarithmic scale for all ``values``: their maximum down to their minimum, or to
+  ``10**-decades`` of the maximum when the minimum lies below (then clipped: the colour bar's
+  lower end is an arrow)."""
+  top = max(float(np.max(v)) for v in values)
+  bottom = min(float(np.min(v)) for v in values)
+  return colors.LogNorm(vmin=max(bottom, top * 10.0**-decades), vmax=top)
+
+
 def attention_maps_figure(
   image: np.ndarray,
   grid: TokenGrid,
@@ -162,17 +178,22 @@ def attention_maps_figure(
 ) -> Figure:
   """Fig. 7: the input with the query patch boxed in red, then one row of heads per layer.
 
+  Every panel shares one logarithmic colour scale (``shared_log_norm``), drawn as a colour bar,
+  so that a nearly uniform head looks uniform beside a local one.
+
   Args:
     image: ``(H, W, C)`` image in [0, 1] for display.
     grid: the patch grid; ``query`` is its ``(row, col)``.
     maps: ``{layer: (heads, grid.height, grid.width)}`` attention of the query patch.
     gates: ``{layer: (heads,) or None}``; a gate is printed in the title, on a background from
       white (content) to red (position).
+    patch_size: pixels per patch side (the query's box on the image).
   """
   layers = sorted(maps)
   heads = max(np.asarray(maps[layer]).shape[0] for layer in layers)
-  fig = Figure(figsize=(2.0 * (heads + 1), 2.2 * len(layers)))
+  fig = Figure(figsize=(2.0 * (heads + 1) + 0.8, 2.2 * len(layers)))
   axes = fig.subplots(len(layers), heads + 1, squeeze=False)
+  norm = shared_log_norm([np.asarray(maps[layer], np.float64) for layer in layers])
   row, col = query
   for r, layer in enumerate(layers):
     ax = axes[r, 0]
@@ -195,8 +216,7 @@ def attention_maps_figure(
       if h >= attn.shape[0]:
         ax.set_visible(False)
         continue
-      values = np.maximum(attn[h], 1e-8)
-      ax.imshow(values, cmap="viridis", norm=colors.LogNorm(vmin=values.min(), vmax=values.max()))
+      image_artist = ax.imshow(attn[h], cmap="viridis", norm=norm)
       ax.add_patch(patches.Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False, edgecolor="red"))
       g = None if gate is None else float(gate[h])
       style = {} if g is None else {"backgroundcolor": colormaps["Reds"](0.85 * g)}
@@ -204,4 +224,8 @@ def attention_maps_figure(
   for ax in axes.flat:
     ax.set_xticks([])
     ax.set_yticks([])
+  clipped = min(float(np.min(maps[layer])) for layer in layers) < norm.vmin
+  bar = fig.colorbar(image_artist, ax=axes[:, 1:], extend="min" if clipped else "neither")
+  clip_note = f"\n(below {norm.vmin:.1e}: lowest colour)" if clipped else ""
+  bar.set_label(MAP_COLOURBAR_LABEL + clip_note)
   return fig
