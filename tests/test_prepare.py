@@ -73,6 +73,10 @@ def test_png_folders_hold_the_archive_pixels_in_order(tmp_path, capsys, dataset,
   lines = capsys.readouterr().out.splitlines()
   counts = f"train {len(labels)}, test {len(content['test'][1])}"
   assert lines[0] == f"{dataset}: {counts} images as png in {out}"
+  variable = {"cifar10": "CIFAR10_ROOT", "cifar100": "CIFAR100_ROOT"}[dataset]  # as the README
+  assert lines[1] == (
+    f"use it with: export {variable}={out}  (or --data=image_folder:{out} on any config)"
+  )
 
 
 def test_jpeg_quality_75_by_default(tmp_path, with_checksum_of):

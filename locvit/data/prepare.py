@@ -70,9 +70,10 @@ ARCHIVES = {
     labels_key="fine_labels",
   ),
 }
+# What to run next, as the README says it: every config of the dataset reads $..._ROOT.
 USE_HINT = {
-  "cifar10": "export CIFAR10_ROOT={out}",
-  "cifar100": "--config.data.source=image_folder --config.data.root={out}",
+  "cifar10": "export CIFAR10_ROOT={out}  (or --data=image_folder:{out} on any config)",
+  "cifar100": "export CIFAR100_ROOT={out}  (or --data=image_folder:{out} on any config)",
 }
 FORMATS = {"jpeg": ("jpg", {"quality": 75}), "png": ("png", {})}
 
