@@ -119,3 +119,23 @@ def test_analyze_draws_each_models_own_mechanism(kind, tmp_path, caplog, monkeyp
     ]
   elif kind == "cordonnier":  # no locality logging to suggest: the trainer logs it for ViTs only
     assert warnings == []
+
+
+def test_init_maps_compare_inits_on_one_scale():
+  """Was: each panel of ``python -m locvit.analysis.init_maps`` on its own scale, so a random
+  init's near-uniform attention (1/N +- 2%) filled the colours like an impulse's peaks."""
+  from locvit.analysis import init_maps
+
+  rng = np.random.default_rng(0)
+  impulse = np.full((1, 16, 16), 0.1 / 15) + 0.9 * np.eye(16, k=1)[None]
+  random = np.full((1, 16, 16), 1 / 16) * rng.uniform(0.98, 1.02, (1, 16, 16))
+  maps = {"impulse": {0: impulse}, "trunc_normal": {0: random}}
+  for fig in (
+    init_maps.comparison_figure(maps, [0], zoom=8),
+    init_maps.init_figure(maps["trunc_normal"], [0], 8, "trunc_normal"),
+  ):
+    assert len({(p.norm.vmin, p.norm.vmax) for p in _panels(fig)}) == 1
+    assert _colour_bar(fig).get_ylabel() == init_maps.COLOUR_BAR_LABEL
+  panels = _panels(init_maps.comparison_figure(maps, [0], zoom=8))
+  shown = panels[2].norm(random[0])  # trunc_normal's full map
+  assert shown.max() - shown.min() < 0.01 and panels[2].norm.vmax == impulse.max()

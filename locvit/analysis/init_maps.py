@@ -25,7 +25,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import numpy as np
-from matplotlib import patches
+from matplotlib import cm, colors, patches
 from matplotlib.figure import Figure
 
 from locvit.analysis.plots import save
@@ -60,25 +60,40 @@ def attention_maps(
   return {layer: (s / len(images)).astype(np.float32) for layer, s in sorted(sums.items())}
 
 
-def _show(ax, matrix: np.ndarray, title: str, zoom: int | None = None) -> None:
-  ax.imshow(matrix, cmap="viridis", interpolation="nearest")
+COLOUR_BAR_LABEL = "attention probability\n(mean over the images; one scale for all panels)"
+
+
+def _show(ax, matrix: np.ndarray, title: str, norm: colors.Normalize, zoom: int | None = None):
+  ax.imshow(matrix, cmap="viridis", norm=norm, interpolation="nearest")
   ax.set_title(title, fontsize=7)
   ax.set_xticks([])
   ax.set_yticks([])
   if zoom is not None:  # the block shown enlarged next to the full map
     ax.add_patch(patches.Rectangle((-0.5, -0.5), zoom, zoom, fill=False, ec="red", lw=1))
+    ax.set_xlabel("key token", fontsize=7)
+    ax.set_ylabel("query token", fontsize=7)
+
+
+def _shared_scale(fig: Figure, axes: np.ndarray, maps: Sequence[np.ndarray]) -> colors.Normalize:
+  """One linear scale from 0 to the largest probability of ``maps``, drawn as ``fig``'s colour
+  bar: a near-uniform random init then looks flat beside an impulse, as it is."""
+  norm = colors.Normalize(vmin=0.0, vmax=max(float(np.max(m)) for m in maps))
+  bar = fig.colorbar(cm.ScalarMappable(norm=norm, cmap="viridis"), ax=axes, shrink=0.8)
+  bar.set_label(COLOUR_BAR_LABEL, fontsize=8)
+  return norm
 
 
 def init_figure(maps: Mapping[int, np.ndarray], layers: Sequence[int], zoom: int, title: str):
   """Rows = layers; per head the full map (red box) and the zoomed upper-left block."""
   heads = next(iter(maps.values())).shape[0]
-  fig = Figure(figsize=(2.2 * 2 * heads, 2.3 * len(layers)))
+  fig = Figure(figsize=(2.2 * 2 * heads + 1.2, 2.3 * len(layers)))
   axes = fig.subplots(len(layers), 2 * heads, squeeze=False)
+  norm = _shared_scale(fig, axes, [maps[layer] for layer in layers])
   for row, layer in enumerate(layers):
     for h in range(heads):
       m = maps[layer][h]
-      _show(axes[row, 2 * h], m, f"layer {layer} head {h}", zoom)
-      _show(axes[row, 2 * h + 1], m[:zoom, :zoom], f"upper-left {zoom}x{zoom}")
+      _show(axes[row, 2 * h], m, f"layer {layer} head {h}", norm, zoom)
+      _show(axes[row, 2 * h + 1], m[:zoom, :zoom], f"upper-left {zoom}x{zoom}", norm)
   fig.suptitle(title)
   return fig
 
@@ -88,13 +103,14 @@ def comparison_figure(
 ):
   """Rows = inits, columns = layers (head 0): full map and zoom side by side."""
   names = list(maps_by_init)
-  fig = Figure(figsize=(2.2 * 2 * len(layers), 2.3 * len(names)))
+  fig = Figure(figsize=(2.2 * 2 * len(layers) + 1.2, 2.3 * len(names)))
   axes = fig.subplots(len(names), 2 * len(layers), squeeze=False)
+  norm = _shared_scale(fig, axes, [maps_by_init[n][layer][0] for n in names for layer in layers])
   for row, name in enumerate(names):
     for col, layer in enumerate(layers):
       m = maps_by_init[name][layer][0]
-      _show(axes[row, 2 * col], m, f"{name}: layer {layer}", zoom)
-      _show(axes[row, 2 * col + 1], m[:zoom, :zoom], f"zoom {zoom}x{zoom}")
+      _show(axes[row, 2 * col], m, f"{name}: layer {layer}, head 0", norm, zoom)
+      _show(axes[row, 2 * col + 1], m[:zoom, :zoom], f"zoom {zoom}x{zoom}", norm)
   return fig
 
 
