@@ -149,6 +149,28 @@ def test_a_folder_of_one_class_is_refused_before_the_workdir(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+def test_a_folder_of_fewer_classes_than_the_config_is_named_in_one_warning(tmp_path, caplog):
+  """A paper config on a 3-class folder trained a 10-way head unannounced (top-5 of 3 classes
+  reported below 1)."""
+  from locvit.run import bundle
+
+  counts = {"cat": 3, "dog": 3, "ship": 3}
+  root = image_folder(tmp_path / "three", {"train": counts, "test": counts})
+  config = datasets.apply_data_flag(gmm_table1.get_config("vit,cifar10,gmm"), str(root))
+  config.batch_size = 8
+  bundle._checked_setup(config, {})  # the checks before the workdir
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  assert warnings == [
+    f"data.num_classes=10, but {root} has 3 classes in 'train': the head's other 7 outputs are "
+    "never a label, and top-5 ranks them too; --config.data.num_classes=3 fits the head to the "
+    "folder"
+  ]
+  caplog.clear()
+  config.data.num_classes = 3
+  bundle._checked_setup(config, {})  # the checks before the workdir
+  assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
 def test_data_flag_on_the_command_line(tmp_path):
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   command = [sys.executable, "-m", "locvit.main", "--config=gmm_table1:vit,cifar10,gmm"]

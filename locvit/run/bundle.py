@@ -314,6 +314,17 @@ def _checked_setup(config, hooks):
       + (", one folder per class: ROOT/<split>/<class_name>/*.jpg" if folders else "")
     )
   num_classes = config.data.num_classes or train_source.num_classes
+  if num_classes > train_source.num_classes and config.data.source == "image_folder":
+    logging.warning(  # a paper config on the user's own folder keeps the paper's class count
+      "data.num_classes=%d, but %s has %d classes in %r: the head's other %d outputs are never a "
+      "label, and top-5 ranks them too; --config.data.num_classes=%d fits the head to the folder",
+      num_classes,
+      config.data.root,
+      train_source.num_classes,
+      config.data.train_split,
+      num_classes - train_source.num_classes,
+      train_source.num_classes,
+    )
   validate_recipe(config, num_classes)
   optim.validate(config)
   image_shape = _image_shape(config, train_source)
