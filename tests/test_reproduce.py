@@ -605,6 +605,22 @@ def _tiny_cifar(root, per_class=2):
   return root
 
 
+def test_a_protocol_plan_refuses_a_folder_of_another_size(tmp_path, capsys):
+  """Was: 117,000 steps planned on a 20-image folder, '100% of the training set' printed."""
+  folder, workdir = _tiny_cifar(tmp_path / "mine"), tmp_path / "w"
+  refusal = (
+    f"locvit.reproduce: error: row 'vit': {folder} holds 20 training images, not the 50,000 of "
+    "the paper's dataset: a paper-protocol plan trains the paper's epochs of the whole dataset, "
+    "its steps set by that size. On your own images: python -m locvit.main "
+    f"--config=gmm_table1:vit,cifar10,base --data=image_folder:{folder} --workdir=DIR\n"
+  )
+  run = ["gmm_table1_cifar10", f"--data={folder}"]
+  assert rp.main([*run, "--dry_run"]) == 2
+  assert capsys.readouterr().err == refusal
+  assert rp.main([*run, f"--workdir={workdir}", "--estimate=kit"]) == 2
+  assert capsys.readouterr().err == refusal and not workdir.exists()
+
+
 def test_the_combined_row_changes_only_q_and_k_and_trains(tmp_path, monkeypatch):
   """GMM-ViT with impulse-3 q/k (gmm_table1_cifar10's optional row): the GMM row's init but the
   query/key kernels, and a few training steps on CPU (two blocks, the fast solver)."""

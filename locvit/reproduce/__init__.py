@@ -448,11 +448,42 @@ def check_fits(name: str, total: float, minutes: float | None, spent: float, row
   )
 
 
+def train_images(config: ml_collections.ConfigDict) -> int | None:
+  """The training images of ``config``'s image folder (None: not an image folder, or one the run
+  itself refuses: missing, or without class folders)."""
+  from locvit.data.sources import ImageFolderSource
+
+  data = complete_config(config).data
+  if data.source != "image_folder" or not data.root:
+    return None
+  try:
+    return len(ImageFolderSource(data.root, data.train_split))
+  except (FileNotFoundError, ValueError):
+    return None
+
+
+def check_protocol_data(plan: dict[str, Any], configs: dict[str, Any]) -> None:
+  """A paper-protocol plan trains the paper's epochs of the whole CIFAR-10 and sets its steps by
+  that size: a folder of another size is refused, not trained for those steps."""
+  for row, config in configs.items():
+    spec, count = plan["rows"][row], train_images(config)
+    expected = round(spec["paper_train_examples"] * complete_config(config).data.train_fraction)
+    if count is not None and count != expected:
+      raise ReproduceError(
+        f"row {row!r}: {config.data.root} holds {count:,} training images, not the "
+        f"{expected:,} of the paper's dataset: a paper-protocol plan trains the paper's epochs "
+        "of the whole dataset, its steps set by that size. On your own images: python -m "
+        f"locvit.main --config={spec['config']} --data=image_folder:{config.data.root} "
+        "--workdir=DIR"
+      )
+
+
 def make_protocol_plan(
   name, plan, configs, workdir, seeds, minutes, fraction, started, probe_here=True
 ):
   """Probes each row here (or takes the kit's H200 figures), fits ``fraction`` and refuses a plan
-  that does not fit ``minutes``."""
+  that does not fit ``minutes`` or a dataset of another size than the paper's."""
+  check_protocol_data(plan, configs)
   costs = measure(configs, os.path.join(workdir, "_probe")) if probe_here else None
   spent = time.time() - started if probe_here else 0.0  # the budget counts the probe's minutes
   rows, fraction, total, source = protocol_estimate(
@@ -623,6 +654,7 @@ def dry_run(
     if not plan.get("protocol"):
       text = describe_budget_dry_run(plan, configs, seeds or 2, minutes or 60.0, costs)
     else:
+      check_protocol_data(plan, configs)
       seeds = seeds or 1
       table, fraction, total, source = protocol_estimate(
         plan, configs, seeds, minutes, fraction, costs
