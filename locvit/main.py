@@ -335,6 +335,11 @@ def _parse_flags(argv: Sequence[str]) -> list[str]:
     workdir = _flag_value(argv, "workdir")[1]
     if workdir:  # a bucket workdir without its client library: one line, before anything
       paths.check_client(workdir)
+    mode = _flag_value(argv, "mode")[1]
+    if mode is not None and mode not in MODES:  # before the config it would read from --workdir
+      close = difflib.get_close_matches(mode, MODES, n=1)
+      hint = f"; did you mean {close[0]}?" if close else ""
+      raise ConfigError(f"--mode={mode}: choose train, eval or analyze{hint}")
     sys.argv, added = _config_argv(argv)
     rest = flags.FLAGS(sys.argv)
     add_model_overrides(_CONFIG.value, added)

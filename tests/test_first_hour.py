@@ -132,6 +132,10 @@ FIELDS = (
       "no --config given and {workdir}/config.json does not exist (no run saved its config)",
     ),
     (
+      ["--mode=analyse"],  # was: no config.json in the workdir, then absl's list of choices
+      "--mode=analyse: choose train, eval or analyze; did you mean analyze?",
+    ),
+    (
       [QUICKSTART, "--flagfile=/no/such/flags"],  # was a traceback from config_flags' import
       "Unable to open flagfile: [Errno 2] No such file or directory: '/no/such/flags'",
     ),
@@ -151,6 +155,7 @@ FIELDS = (
     "bad_arg",
     "no_arg",
     "none",
+    "mode",
     "no_flagfile",
   ],
 )
