@@ -295,6 +295,14 @@ def test_convit_overrides_layers_and_locality():
     "for depth=4 (for a ConViT, locvit.models.convit_overrides(local_up_to_layer, 4) returns the "
     "other two).",
   ]
+  with pytest.raises(ValueError) as one_kind:  # was 'give all three', with nothing to type
+    create_model("gmm_vit_smalldata_d9_patch4_32", depth=3)
+  assert str(one_kind.value).splitlines()[-1] == (
+    "depth, layer_attention (a kind per block) and class_token_layer go together: give all three "
+    "for depth=3, e.g. layer_attention=\"('gmm', 'gmm', 'gmm')\" class_token_layer=0 (as "
+    "--config.model.overrides.FIELD=VALUE)."
+  )
+  create_model("gmm_vit_smalldata_d9_patch4_32", depth=3, layer_attention=("gmm",) * 3)
   with pytest.raises(ValueError) as no_kinds:  # a model without per-block kinds
     create_model("deit_tiny_patch16_224", class_token_layer=20)
   assert str(no_kinds.value).splitlines() == [

@@ -119,7 +119,7 @@ class VisionTransformer(nn.Module):
             f" (for a ConViT, locvit.models.convit_overrides(local_up_to_layer, {self.depth}) "
             "returns the other two)."
             if convit
-            else "."
+            else self._depth_example()
           )
         )
       depth_errors.raise_all()
@@ -132,6 +132,17 @@ class VisionTransformer(nn.Module):
         f"embed_dim={self.embed_dim} is not divisible by num_heads={self.num_heads}; "
         "set head_dim explicitly."
       )
+
+  def _depth_example(self) -> str:
+    """For one attention kind in every block: the values to give, as the command line takes
+    them (``--config.model.overrides.layer_attention="('gmm', 'gmm')"``)."""
+    if len(set(self.layer_attention)) != 1:
+      return "."
+    kinds = tuple(self.layer_attention[:1]) * self.depth
+    return (
+      f', e.g. layer_attention="{kinds}" class_token_layer='
+      f"{min(self.class_token_layer, self.depth)} (as --config.model.overrides.FIELD=VALUE)."
+    )
 
   @property
   def num_prefix_tokens(self) -> int:
