@@ -66,9 +66,13 @@ def parse(config_file: str, arg: str | None, defaults: Mapping[str, Any | Field]
   return values
 
 
-def usage(fields: Mapping[str, Any | Field]) -> str:
+def usage(
+  fields: Mapping[str, Any | Field], pairs: Mapping[str, Collection[str]] | None = None
+) -> str:
   """The argument's form as ``--list_configs`` prints it: ``{a,b},{c,d}`` for fields with
-  choices, ``name=INT`` / ``name=FLOAT`` / ``name=TEXT`` for the others."""
+  choices, ``name=INT`` / ``name=FLOAT`` / ``name=TEXT`` for the others; ``pairs`` (a config's
+  ``PAIRS``: ``{'dataset,size': ['cifar10,d9', ...]}``), the only combinations of some fields that
+  run, follow in parentheses."""
   parts = []
   for key, spec in fields.items():
     spec = spec if isinstance(spec, Field) else Field(spec)
@@ -77,7 +81,8 @@ def usage(fields: Mapping[str, Any | Field]) -> str:
     else:
       kind = {int: "INT", float: "FLOAT"}.get(type(spec.default), "TEXT")
       parts.append(f"{key}={kind}")
-  return ",".join(parts)
+  only = "; ".join(f"{what}: only {' | '.join(valid)}" for what, valid in (pairs or {}).items())
+  return ",".join(parts) + (f" ({only})" if only else "")
 
 
 def _convert(name: str, key: str, text: str, kind: type) -> Any:

@@ -52,11 +52,13 @@ ARGS = {
   "size": Field("d8", ("d8", "d9", "d15")),
   "variant": Field("gmm", VARIANTS),
 }
+# The paper's (dataset, size) pairs, the only ones that run (--list_configs prints them).
+PAIRS = {"dataset,size": [f"{d},{s}" for d, s in PAPER]}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   dataset, size, variant = parse(__file__, arg, ARGS).values()
-  choose(__file__, "dataset,size", f"{dataset},{size}", [f"{d},{s}" for d, s in PAPER])
+  choose(__file__, "dataset,size", f"{dataset},{size}", PAIRS["dataset,size"])
   table, top1, params = PAPER[(dataset, size)]
   i = VARIANTS.index(variant)
   mask = None if variant == "vit" else variant

@@ -144,8 +144,9 @@ def config_summary(name: str) -> str:
 def config_usage(name: str) -> str:
   """``NAME`` or ``NAME:ARG`` with the argument's fields and choices (``configs.args.usage``),
   e.g. ``gmm_table2:{vit,swin},{base,gmm}``."""
-  fields = getattr(importlib.import_module(f"locvit.configs.{name}"), "ARGS", None)
-  return f"{name}:{config_args.usage(fields)}" if fields else name
+  module = importlib.import_module(f"locvit.configs.{name}")
+  fields, pairs = getattr(module, "ARGS", None), getattr(module, "PAIRS", {})
+  return f"{name}:{config_args.usage(fields, pairs)}" if fields else name
 
 
 def list_configs_text() -> str:
