@@ -139,3 +139,13 @@ def test_init_maps_compare_inits_on_one_scale():
   panels = _panels(init_maps.comparison_figure(maps, [0], zoom=8))
   shown = panels[2].norm(random[0])  # trunc_normal's full map
   assert shown.max() - shown.min() < 0.01 and panels[2].norm.vmax == impulse.max()
+
+
+def test_nonlocality_axis_shows_values_not_an_offset_of_a_few_ulps():
+  """Was: '1e-5+4.1364' above the axis, a 2e-5 change drawn over its whole height."""
+  x = np.array([0.0, 0.08, 0.16])
+  series = {0: np.array([4.13644, 4.13645, 4.13646]), 1: np.array([4.13644, 4.13644, 4.13645])}
+  [ax] = plots.nonlocality_figure(x, series).axes
+  low, high = ax.get_ylim()
+  assert high - low == pytest.approx(plots.NONLOCALITY_MIN_SPAN) and low < 4.13644 < 4.13646 < high
+  assert not ax.yaxis.get_major_formatter().get_useOffset()

@@ -64,6 +64,7 @@ def training_curves_figure(
     ax, scale = (loss_ax, 1) if key.split(" ")[0].endswith("/loss") else (accuracy_ax, 100)
     ax.plot(steps, scale * np.asarray(values), style, label=key)
   loss_ax.set_ylabel("loss")
+  _plain_values(loss_ax)
   accuracy_ax.set_ylabel("accuracy (%)")
   accuracy_ax.set_ylim(0, 100)
   if not accuracy_ax.get_lines():
@@ -74,6 +75,21 @@ def training_curves_figure(
       ax.legend(fontsize="small")
   fig.suptitle(title or "Training curves")
   return fig
+
+
+# The nonlocality axis spans at least this many patches: changes in the 5th decimal (a few steps
+# of training) are drawn flat, not stretched over the axis.
+NONLOCALITY_MIN_SPAN = 0.1
+
+
+def _plain_values(ax, min_span: float = 0.0) -> None:
+  """The y ticks as the values themselves (no '1e-5+4.1364' offset), over at least ``min_span``
+  around the data's middle."""
+  ax.ticklabel_format(axis="y", useOffset=False, style="plain")
+  low, high = ax.get_ylim()
+  if high - low < min_span:
+    middle = (low + high) / 2
+    ax.set_ylim(middle - min_span / 2, middle + min_span / 2)
 
 
 def _layer_colours(layers: Sequence[int]) -> dict[int, tuple]:
@@ -101,6 +117,7 @@ def nonlocality_figure(
     ax.plot(x, series[layer], color=palette[layer], label=f"layer {layer}", marker=".")
   ax.set_xlabel(xlabel)
   ax.set_ylabel("nonlocality (patches)")
+  _plain_values(ax, min_span=NONLOCALITY_MIN_SPAN)
   ax.set_title(title or "Nonlocality (Eq. 8)")
   ax.legend(fontsize="small", ncol=2)
   if note:
