@@ -245,7 +245,7 @@ def curve_figures(
   fig = plots.nonlocality_figure(x, layer_means, xlabel=xlabel, title=title, note=note)
   written = [plots.save(fig, paths.path(output_dir) / "nonlocality.png")]
   if "gate" in series:
-    fig = plots.gate_figure(x, series["gate"], xlabel=xlabel, note=note)
+    fig = plots.gate_figure(x, series["gate"], xlabel=xlabel, title=title, note=note)
     written.append(plots.save(fig, paths.path(output_dir) / "gates.png"))
   return written
 

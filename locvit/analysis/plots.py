@@ -130,12 +130,14 @@ def gate_figure(
   gates: Mapping[int, np.ndarray],
   *,
   xlabel: str = "step",
+  title: str = "",
   note: str | None = None,
 ) -> Figure:
   """Fig. 6: per GPSA layer, ``sigmoid(lambda_h)`` of each head (colours) and their mean (black),
   a marker at each logged point.
 
-  ``gates[layer]`` is ``(T, H)`` for the T logged points; ``note`` is written above the panels.
+  ``gates[layer]`` is ``(T, H)`` for the T logged points; ``title`` (the model) and ``note`` are
+  written above the panels.
   """
   if not gates:
     raise ValueError("No gate series to plot (the model has no GPSA layer, or none was logged).")
@@ -159,8 +161,8 @@ def gate_figure(
   for ax in axes[:, 0]:
     ax.set_ylabel(r"$\sigma(\lambda_h)$")
   axes.flat[0].legend(fontsize="x-small")
-  if note:
-    fig.suptitle(note, color="0.35", y=1.0, va="bottom")  # above the panels' titles
+  heading = "\n".join(text for text in (title or "GPSA gates (Fig. 6)", note) if text)
+  fig.suptitle(heading, y=1.0, va="bottom")  # above the panels' titles
   return fig
 
 
