@@ -149,3 +149,13 @@ def test_nonlocality_axis_shows_values_not_an_offset_of_a_few_ulps():
   low, high = ax.get_ylim()
   assert high - low == pytest.approx(plots.NONLOCALITY_MIN_SPAN) and low < 4.13644 < 4.13646 < high
   assert not ax.yaxis.get_major_formatter().get_useOffset()
+
+
+def test_titles_name_the_overrides_that_change_the_model():
+  """Was 'structvit_d8_dim64_h4_patch2_32' over the 8x8 grid of its patch_size=4 override."""
+  from locvit.configs import structinit_cifar10_small
+
+  config = structinit_cifar10_small.get_config("impulse3")
+  assert analyze_lib.model_label(config) == "structvit_d8_dim64_h4_patch2_32 (patch_size=4)"
+  config.model.overrides = ml_collections.ConfigDict({"drop_path_rate": 0.1})
+  assert analyze_lib.model_label(config) == "structvit_d8_dim64_h4_patch2_32"

@@ -463,7 +463,7 @@ def test_analyze_before_the_first_evaluation_draws_each_point_and_says_so(
   assert [t.get_text() for t in accuracy_ax.texts] == ["no evaluation yet\n(--mode=eval adds one)"]
   note = "the initialisation only: no evaluation yet in training"
   gates = figures["gates.png"]
-  assert gates.get_suptitle() == f"{config.model.name}\n{note}"  # the model, then the note
+  assert gates.get_suptitle() == f"{analyze_lib.model_label(config)}\n{note}"  # model, note
   for line in gates.axes[0].get_lines():  # 4 heads and their mean, one point each
     assert list(line.get_xdata()) == [0] and line.get_marker() == "."
   [nonlocality_ax] = figures["nonlocality.png"].axes

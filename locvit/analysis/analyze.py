@@ -283,7 +283,8 @@ def analyze(
   config = complete_config(config)  # fields the config lacks (an older config.json) as defaults
   analysis = _analysis_config(config)
   output_dir = output_dir or run / "analysis"
-  curves = training_curves(workdir, output_dir, title=config.model.name)  # any model
+  label = model_label(config)
+  curves = training_curves(workdir, output_dir, title=label)  # any model
   if not evaluated(workdir):
     logging.warning(
       "No evaluation in %s yet: the figures show no accuracy, nor locality after initialisation. "
@@ -314,7 +315,7 @@ def analyze(
   query = _check_query(query or analysis.query or (grid.height // 2, grid.width // 2), grid)
 
   vit = isinstance(model, VisionTransformer)  # locality is logged for these (locality.py)
-  written = curves + curve_figures(workdir, output_dir, title=config.model.name, hint=vit)
+  written = curves + curve_figures(workdir, output_dir, title=label, hint=vit)
   params, step = restore_params(config, workdir, model, image.shape, step)
   if vit:
     maps, gates = query_maps(model, params, image, layers, query)
@@ -323,9 +324,21 @@ def analyze(
   fig = plots.attention_maps_figure(
     display_image(config, image), grid, query, maps, gates, patch_size=patch_size
   )
-  fig.suptitle(f"{config.model.name}, step {step}, query patch {query}")
+  fig.suptitle(f"{label}, step {step}, query patch {query}")
   written.append(plots.save(fig, paths.path(output_dir) / "attention_maps.png"))
   return written + mechanism_figures(model, params, image, layers, output_dir, config, step)
+
+
+# Overrides that change what a figure shows (its token grid, its layers and heads): the titles
+# name them beside the registered name, whose own sizes they replace.
+SHAPE_FIELDS = ("patch_size", "downsample", "depth", "num_heads", "embed_dim", "hidden_dim")
+
+
+def model_label(config: ml_collections.ConfigDict) -> str:
+  """The figures' name of the run's model: ``structvit_d8_dim64_h4_patch2_32 (patch_size=4)``."""
+  overrides = config.model.overrides or {}
+  shape = ", ".join(f"{k}={overrides[k]}" for k in SHAPE_FIELDS if k in overrides)
+  return f"{config.model.name} ({shape})" if shape else config.model.name
 
 
 def image_grid(model: nn.Module, image_shape: tuple[int, ...]) -> tuple[TokenGrid, int]:
@@ -347,7 +360,7 @@ def mechanism_figures(model, params, image, layers, output_dir, config, step) ->
   """The figures of the model's own positional mechanism, where it has one: the Gaussian heads'
   attention centres (Cordonnier's quadratic layers, ConViT's GPSA; Cordonnier et al. Fig. 3)
   and the GMM / ELM masks of the map layers (Li & Zhang Figs. 3-4)."""
-  written, title = [], f"{config.model.name}, step {step}"
+  written, title = [], f"{model_label(config)}, step {step}"
   if centers.gaussian_heads(params):
     fig = centers.attention_centers_figure(params, title=title)
     written.append(plots.save(fig, paths.path(output_dir) / "attention_centers.png", dpi=100))
