@@ -159,3 +159,18 @@ def test_titles_name_the_overrides_that_change_the_model():
   assert analyze_lib.model_label(config) == "structvit_d8_dim64_h4_patch2_32 (patch_size=4)"
   config.model.overrides = ml_collections.ConfigDict({"drop_path_rate": 0.1})
   assert analyze_lib.model_label(config) == "structvit_d8_dim64_h4_patch2_32"
+
+
+def test_centre_plots_over_training_name_the_model_and_step(tmp_path, monkeypatch):
+  """Was: only the contour legend above the panels of plots/centers_step_NNNNNN.png."""
+  saved = {}
+  monkeypatch.setattr(centers, "_save", lambda fig, path: saved.setdefault(path, fig))
+  config = tiny_config()
+  config.model.name = "cordonnier_sa"
+  config.model.overrides = ml_collections.ConfigDict({"hidden_dim": 16, "mlp_dim": 24, "depth": 1})
+  config.analysis.center_plots = True
+  model = create_model("cordonnier_sa", num_classes=10, hidden_dim=16, mlp_dim=24, depth=1)
+  params = model.init(jax.random.key(0), np.zeros((1, 8, 8, 1)))["params"]
+  centers.make_center_plotter(config, params, str(tmp_path))(7, params)
+  [fig] = saved.values()
+  assert fig.get_suptitle().startswith("cordonnier_sa, step 7\n")

@@ -242,7 +242,8 @@ def make_center_plotter(config: Any, params: Any, workdir: str) -> Callable[[int
   def plot(step: int, params: Any) -> None:
     if jax.process_index() == 0:
       path = os.path.join(workdir, "plots", f"centers_step_{step:06d}.png")
-      plot_attention_centers(jax.device_get(params), path)
+      title = f"{config.model.name}, step {step}"
+      plot_attention_centers(jax.device_get(params), path, title=title)
 
   return plot
 
