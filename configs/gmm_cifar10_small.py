@@ -4,7 +4,7 @@ ViT vs ELM-ViT vs GMM-ViT trained identically at 10% of CIFAR-10.
   python -m locvit.data.prepare cifar10 --out=/tmp/cifar   # JPEG q75 image folders
   export CIFAR10_ROOT=/tmp/cifar
   python -m locvit.main --config=configs/gmm_cifar10_small.py:VARIANT --workdir=DIR
-  python experiments/gmm_masks.py --gmm_workdir=DIR_G --elm_workdir=DIR_E   # masks, counts
+  python experiments/gmm_masks.py --vit_workdir=DIR_V --elm_workdir=DIR_E --gmm_workdir=DIR_G
 
 VARIANT in vit | elm | gmm (default gmm). Paper, Table 6, CIFAR-10, d15 (dim 144, depth 15, full
 data, 100 epochs x 3 repeated passes): ViT 93.65%, ELM-ViT 94.65%, GMM-ViT 95.06%.

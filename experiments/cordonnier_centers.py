@@ -2,7 +2,7 @@
 checkpoints, plus the numbers that say whether the centres formed a grid around the query.
 
   python experiments/cordonnier_centers.py --workdir=RUN \\
-    [--config=configs/cordonnier_cifar10_small.py:quadratic] [--out_prefix=docs/figures/NAME]
+    [--config=configs/cordonnier_cifar10_small.py:quadratic] [--out_prefix=RUN/analysis/cordonnier]
 
 Writes ``<out_prefix>_centers.png`` (rows: steps, columns: layers; per head its 50% mass contour
 and its centre, the query token in black), ``<out_prefix>_center_paths.png`` (per layer, every
@@ -162,10 +162,13 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--config", default="configs/cordonnier_cifar10_small.py:quadratic")
   parser.add_argument("--workdir", required=True, help="the run's --workdir")
-  parser.add_argument("--out_prefix", default="docs/figures/cordonnier_cifar10_small")
+  parser.add_argument(  # the docs' figures are written only when asked for by name
+    "--out_prefix", default=None, help="default: WORKDIR/analysis/cordonnier"
+  )
   parser.add_argument("--plot_steps", default="", help="comma-separated; default 4 spread steps")
   parser.add_argument("--window", type=int, default=7, help="side of the offset window, tokens")
   args = parser.parse_args(argv)
+  args.out_prefix = args.out_prefix or f"{args.workdir}/analysis/cordonnier"
 
   config = load_config(args.config)
   params = params_by_step(config, args.workdir)

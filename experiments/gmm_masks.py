@@ -2,7 +2,8 @@
 parameter counts of the three models, from their final checkpoints.
 
   python experiments/gmm_masks.py --vit_workdir=RUN_V --elm_workdir=RUN_E \\
-    --gmm_workdir=RUN_G [--config=configs/gmm_cifar10_small.py] [--layers=0,5]
+    --gmm_workdir=RUN_G [--config=configs/gmm_cifar10_small.py] [--layers=0,5] \\
+    [--out_prefix=RUN_G/analysis/masks]
 
 Writes ``<out_prefix>_{gmm,elm}_layer<i>.png`` (``locvit.analysis.masks.plot_mask_table``: per
 head the raw 64 x 64 mask and its per-query unfolding) for the chosen layers, and prints
@@ -98,8 +99,11 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--elm_workdir", required=True)
   parser.add_argument("--gmm_workdir", required=True)
   parser.add_argument("--layers", default="0,5")
-  parser.add_argument("--out_prefix", default="docs/figures/gmm_cifar10_small")
+  parser.add_argument(  # the docs' figures are written only when asked for by name
+    "--out_prefix", default=None, help="default: GMM_WORKDIR/analysis/masks"
+  )
   args = parser.parse_args(argv)
+  args.out_prefix = args.out_prefix or f"{args.gmm_workdir}/analysis/masks"
   layers = [int(i) for i in args.layers.split(",")]
 
   runs = {

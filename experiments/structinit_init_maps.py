@@ -2,7 +2,7 @@
 for its three inits, averaged over real CIFAR-10 images.
 
   python experiments/structinit_init_maps.py --image_folder=$CIFAR10_ROOT \\
-    [--config=configs/structinit_cifar10_small.py] [--out=docs/figures/NAME]
+    [--config=configs/structinit_cifar10_small.py] [--out=DIR (default: init_maps)]
 
 Uses ``locvit.analysis.init_maps.compare_inits`` with the model, overrides and ``config.init`` of
 each variant (seed 0) and writes ``<out>/<init>.png`` and ``<out>/comparison.png`` (layers 0, 4
@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--num_images", type=int, default=256)
   parser.add_argument("--layers", default="0,4,7")
   parser.add_argument("--zoom", type=int, default=16)
-  parser.add_argument("--out", default="docs/figures/structinit_cifar10_small_init")
+  parser.add_argument("--out", default="init_maps", help="a folder (the docs': by name)")
   args = parser.parse_args(argv)
 
   names = ("trunc_normal", "mimetic", "impulse3")

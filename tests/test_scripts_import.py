@@ -62,3 +62,21 @@ def test_scripts_import_from_a_clean_checkout(installed_env):
       if procs[script].returncode:
         failures.append(f"{script}:\n{out[-2000:]}")
   assert not failures, "\n".join(failures)
+
+
+def test_no_script_writes_into_docs_unless_told():
+  """Was: experiments/cordonnier_centers.py --workdir=RUN, as the config docstrings print it,
+  overwrote docs/figures/ (the committed figures of the documented runs) with RUN's."""
+  import ast
+
+  into_docs = []
+  for script in SCRIPTS:
+    for node in ast.walk(ast.parse((ROOT / script).read_text())):
+      if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+        defaults = [k.value for k in node.keywords if k.arg == "default"]
+        into_docs += [
+          f"{script}: {d.value}"
+          for d in defaults
+          if isinstance(d, ast.Constant) and str(d.value).startswith("docs/")
+        ]
+  assert into_docs == []
