@@ -345,6 +345,9 @@ def _parse_flags(argv: Sequence[str]) -> list[str]:
     rest = flags.FLAGS(sys.argv)
     add_model_overrides(_CONFIG.value, added)
     return rest
+  except SystemExit as e:  # absl's --help / --helpfull print the flags, then exit 1
+    asked = {"--help", "-help", "--helpfull", "--helpshort", "--helpxml", "-h", "-?"} & set(argv)
+    sys.exit(0 if asked and e.code == 1 else e.code)
   except Exception as e:
     if "--traceback" in argv:
       raise

@@ -119,9 +119,11 @@ def test_the_collector_finds_the_printed_forms():
 
 
 def test_every_printed_config_name_passes_print_config(image_folders):
-  help_text = subprocess.run(
+  shown = subprocess.run(
     [sys.executable, "-m", "locvit.main", "--help"], capture_output=True, text=True, timeout=120
-  ).stdout
+  )
+  assert shown.returncode == 0  # was absl's 1: `--help && ...` stopped there
+  help_text = shown.stdout
   sources = {
     "docs": printed_names(docs_text()),
     "--help": printed_names(help_text),
