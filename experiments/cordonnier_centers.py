@@ -162,9 +162,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--config", default="configs/cordonnier_cifar10_small.py:quadratic")
   parser.add_argument("--workdir", required=True, help="the run's --workdir")
-  parser.add_argument(  # the docs' figures are written only when asked for by name
-    "--out_prefix", default=None, help="default: WORKDIR/analysis/cordonnier"
-  )
+  # The docs' figures are written only when asked for by name.
+  parser.add_argument("--out_prefix", default=None, help="default: WORKDIR/analysis/cordonnier")
   parser.add_argument("--plot_steps", default="", help="comma-separated; default 4 spread steps")
   parser.add_argument("--window", type=int, default=7, help="side of the offset window, tokens")
   args = parser.parse_args(argv)

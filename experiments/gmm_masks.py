@@ -99,9 +99,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--elm_workdir", required=True)
   parser.add_argument("--gmm_workdir", required=True)
   parser.add_argument("--layers", default="0,5")
-  parser.add_argument(  # the docs' figures are written only when asked for by name
-    "--out_prefix", default=None, help="default: GMM_WORKDIR/analysis/masks"
-  )
+  # The docs' figures are written only when asked for by name.
+  parser.add_argument("--out_prefix", default=None, help="default: GMM_WORKDIR/analysis/masks")
   args = parser.parse_args(argv)
   args.out_prefix = args.out_prefix or f"{args.gmm_workdir}/analysis/masks"
   layers = [int(i) for i in args.layers.split(",")]

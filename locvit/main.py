@@ -71,7 +71,9 @@ _DATA = flags.DEFINE_string(
   "configs/datasets.py).",
 )
 _MODE = flags.DEFINE_enum("mode", "train", MODES, "What to run.")
-_STEP = flags.DEFINE_integer("step", None, "Checkpoint step for --mode=eval (default: latest).")
+_STEP = flags.DEFINE_integer(
+  "step", None, "Checkpoint step for --mode=eval and --mode=analyze (default: latest)."
+)
 _DISTRIBUTED = flags.DEFINE_bool(
   "jax_distributed", False, "Call jax.distributed.initialize() with cluster auto-detection."
 )

@@ -124,6 +124,9 @@ def test_every_printed_config_name_passes_print_config(image_folders):
   )
   assert shown.returncode == 0  # was absl's 1: `--help && ...` stopped there
   help_text = shown.stdout
+  assert "--step: Checkpoint step for --mode=eval and --mode=analyze (default: latest)." in (
+    " ".join(help_text.split())  # was --mode=eval alone; analyze takes it too
+  )
   sources = {
     "docs": printed_names(docs_text()),
     "--help": printed_names(help_text),
