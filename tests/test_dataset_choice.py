@@ -171,6 +171,20 @@ def test_a_folder_of_fewer_classes_than_the_config_is_named_in_one_warning(tmp_p
   assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 
+def test_a_missing_split_folder_names_its_field_and_the_folders_there(tmp_path):
+  """An ImageNet-style config ('val') on a train/ + test/ folder: was the path alone."""
+  counts = {"cat": 1, "dog": 1}
+  root = image_folder(tmp_path / "mine", {"train": counts, "test": counts})
+  with pytest.raises(FileNotFoundError) as missing:
+    D.make_source(folder_config(root, eval_split="val[:50%]"), "val[:50%]")
+  assert str(missing.value) == (
+    f"image folder split directory '{root / 'val'}' does not exist; expected "
+    "ROOT/<split>/<class_name>/*.{jpg,jpeg,png} (e.g. ROOT/train/cat/0001.jpg) "
+    f"(data.eval_split='val[:50%]'; {root} holds test, train; --config.data.eval_split=test "
+    "reads test/)"
+  )
+
+
 def test_data_flag_on_the_command_line(tmp_path):
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   command = [sys.executable, "-m", "locvit.main", "--config=gmm_table1:vit,cifar10,gmm"]

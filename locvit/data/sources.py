@@ -472,6 +472,29 @@ def limit_classes(source: Any, class_limit: int) -> Any:
   return SubsetSource(source, keep, num_classes=class_limit)
 
 
+def _image_folder_split(cfg: Any, split: str) -> ImageFolderSource:
+  """``ImageFolderSource`` of ``split``; a split folder that is missing is named with the config
+  field that chose it and the folders there are (e.g. an ImageNet-style config's 'val' on a
+  folder of train/ and test/)."""
+  try:
+    return ImageFolderSource(cfg.root, split, on_corrupt=cfg.on_corrupt)
+  except FileNotFoundError as e:
+    folder = parse_split(split)[0]
+    root = Path(cfg.root)
+    if not root.is_dir() or (root / folder).is_dir():
+      raise
+    field = "train_split" if split == cfg.train_split else "eval_split"
+    present = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    hint = ""
+    train_folder = parse_split(cfg.train_split)[0]
+    if len(present) == 2 and field == "eval_split" and train_folder in present:
+      other = next(name for name in present if name != train_folder)
+      hint = f"; --config.data.{field}={other} reads {other}/"
+    raise FileNotFoundError(
+      f"{e} (data.{field}={split!r}; {root} holds {', '.join(present) or 'no folder'}{hint})"
+    ) from None
+
+
 def make_source(data_config: Any, split: str) -> Any:
   """Builds the source for `split` (a split name, e.g. data_config.train_split).
 
@@ -485,7 +508,7 @@ def make_source(data_config: Any, split: str) -> Any:
   if cfg.source == "digits":
     source: Any = DigitsSource(split)
   elif cfg.source == "image_folder":
-    source = ImageFolderSource(cfg.root, split, on_corrupt=cfg.on_corrupt)
+    source = _image_folder_split(cfg, split)
   else:
     source = TfdsSource(cfg.name, split, cfg.data_dir)
   if cfg.class_limit is not None:
