@@ -28,7 +28,7 @@ from locvit import checkpoint as ckpt_lib
 from locvit import run_config, sharding, train
 from locvit.data import CorruptImageError
 from locvit.metrics import read_metrics
-from tests.test_cli import ROOT, _env, _free_port, _main
+from tests.test_cli import ROOT, _env, _finish_all, _free_port, _main
 from tests.train_utils import sigterm_after_step, tiny_config
 
 
@@ -89,7 +89,7 @@ def test_sigterm_to_one_of_two_processes_saves_the_same_step_and_resumes_on_othe
   _wait_for_rows(workdir, 6)
   procs[1].send_signal(signal.SIGTERM)
   signalled = time.time()
-  outs = [p.communicate(timeout=120)[0] for p in procs]
+  outs = [out for out, _ in _finish_all(procs, 120)]
   assert time.time() - signalled < 60
   for p, out in zip(procs, outs):
     assert p.returncode == 0, out[-3000:]
