@@ -1,6 +1,7 @@
 """End-to-end runs through ``python -m locvit.main``: quickstart, SIGTERM, multi-process."""
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -160,7 +161,8 @@ def _finish_all(procs, timeout):
   """``communicate()`` of each of ``procs`` (one run's processes), all within ``timeout`` seconds.
   When one is still running then, every one still running is aborted, and the assertion shows
   each process's output and where each of its threads waited (SIGABRT, with PYTHONFAULTHANDLER
-  set in its environment, as ``_env`` does): a hang names the barrier, on every process."""
+  set in its environment, as ``_env`` does; less faulthandler's list of extension modules): a
+  hang names the barrier, on every process."""
   deadline, ends = time.monotonic() + timeout, []
   try:
     for proc in procs:
@@ -176,6 +178,7 @@ def _finish_all(procs, timeout):
   report = []
   for i, (proc, running, (out, err)) in enumerate(zip(procs, still_running, ends)):
     state = f"still running after {timeout} s" if running else f"exited {proc.returncode}"
+    out, err = (re.sub(r"\nExtension modules: .*", "", t) if t else t for t in (out, err))
     text = out[-12000:] if err is None else f"{out[-2000:]}\n{err[-12000:]}"
     report.append(f"process {i} of {len(procs)}, {state}:\n{text}")
   raise AssertionError("\n".join(report))
