@@ -383,9 +383,9 @@ def _tracing(variant: str):
         )
       )
     if variant == "bias_add":
-      casts = ops.shared_parameter_casts
-      plain = lambda **options: casts(**{**options, "bias_in_matmul": False})
-      patches.append((ops, "shared_parameter_casts", plain))
+      fusions = ops.training_step_fusions
+      plain = lambda **options: fusions(**{**options, "bias_in_matmul": False})
+      patches.append((ops, "training_step_fusions", plain))
     originals = [(module, name, getattr(module, name)) for module, name, _ in patches]
     for module, name, replacement in patches:
       setattr(module, name, replacement)

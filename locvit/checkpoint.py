@@ -28,6 +28,7 @@ import contextlib
 import os
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -245,6 +246,13 @@ class Checkpointer:
     manifest.in_background = async_save
     directory = manifest.directory
     return _manager(directory, keep, async_save, self.read_only, name, manifest)
+
+  def on_saved(self, record: Callable[[int], None]) -> None:
+    """Calls ``record(step)`` on process 0 once each later step of ``DIR`` is written with its
+    manifest: in orbax's save thread, just before it commits the step, when saving
+    asynchronously (bookkeeping on a slow bucket then never holds the training loop); after the
+    commit otherwise. An error it raises fails that step's save, as the manifest's would."""
+    self._manifests["last"].on_written = record
 
   def latest_step(self) -> int | None:
     """The newest saved step in ``DIR``, or None when there is none."""
@@ -506,10 +514,13 @@ class _Manifest:
     self.directory = epath.Path(directory)
     self.step: int | None = None  # set before each save; orbax saves one step at a time
     self.in_background = True
+    self.on_written: Callable[[int], None] | None = None  # ``Checkpointer.on_saved``
 
   def write(self, step_dir: epath.Path) -> None:
     if jax.process_index() == 0:
       write_checksums(step_dir)
+      if self.on_written is not None:
+        self.on_written(self.step)
 
   def __call__(self) -> None:
     # Where orbax stages the step: a temporary directory renamed at commit, or (object stores,

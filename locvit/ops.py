@@ -65,7 +65,7 @@ def cpu_kernels(implementation: str | None) -> bool:
   return implementation in ("cpu_kernels", "einsum")
 
 
-# The step's shared ``one`` while ``shared_parameter_casts`` is open (``cast_parameter``).
+# The step's shared ``one`` while ``training_step_fusions`` is open (``cast_parameter``).
 _SHARED_ONE: contextvars.ContextVar[Array | None] = contextvars.ContextVar(
   "locvit_shared_one", default=None
 )
@@ -75,7 +75,7 @@ _PER_EXAMPLE_ONE: contextvars.ContextVar[Array | None] = contextvars.ContextVar(
   "locvit_per_example_one", default=None
 )
 # Whether dense layers add their bias inside the matmul (``affine``), set by the training step
-# compiled for XLA:GPU (``shared_parameter_casts(bias_in_matmul=True)``).
+# compiled for XLA:GPU (``training_step_fusions(bias_in_matmul=True)``).
 _BIAS_IN_MATMUL: contextvars.ContextVar[bool] = contextvars.ContextVar(
   "locvit_bias_in_matmul", default=False
 )
@@ -92,20 +92,25 @@ def unfoldable_scalar(value: Any) -> Array:
 
 
 @contextlib.contextmanager
-def shared_parameter_casts(
+def training_step_fusions(
   per_example_sums: bool = False, bias_in_matmul: bool = False
 ) -> Iterator[None]:
-  """Within it, ``cast_parameter`` casts every parameter as ``(p * one).astype(dtype)`` with one
-  shared ``one``: exactly ``p``'s cast, and exactly its gradient. With ``per_example_sums``,
-  ``broadcast_per_example`` reads the same ``one`` (gradients then equal to float rounding);
-  with ``bias_in_matmul`` (the step compiled for XLA:GPU), ``bias_in_matmul()`` is True.
+  """The training step's forms that XLA fuses into fewer kernels (the same values), opened by the
+  step around its loss and gradient (``run/step.py``; off the CPU code paths, whose step would
+  only gain kernels):
 
-  Each layer's cast of its float32 kernel and bias to the bf16 compute dtype is otherwise a kernel
-  of its own on XLA:GPU (which has no horizontal fusion here); casts that read a common operand
-  are merged by its sibling multi-output fusion, one kernel per shape for the equal-shape
-  parameters of the blocks (docs/benchmarks.md, "Parameter casts sharing one operand"). ``one`` is
-  an ``unfoldable_scalar``. Opened once per traced step, outside any ``nn.remat``; ``one`` is
-  dropped on exit.
+  - always, ``cast_parameter`` casts every parameter as ``(p * one).astype(dtype)`` with one
+    shared ``one``: exactly ``p``'s cast, and exactly its gradient. Each layer's cast of its
+    float32 kernel and bias to the bf16 compute dtype is otherwise a kernel of its own on XLA:GPU
+    (no horizontal fusion here); casts that read a common operand are merged by its sibling
+    multi-output fusion, one kernel per shape for the blocks' equal-shape parameters
+    (docs/benchmarks.md, "Parameter casts sharing one operand");
+  - with ``per_example_sums``, ``broadcast_per_example`` reads the same ``one`` (gradients equal
+    to float rounding);
+  - with ``bias_in_matmul`` (the step compiled for XLA:GPU), ``bias_in_matmul()`` is True.
+
+  ``one`` is an ``unfoldable_scalar``. Opened once per traced step, outside any ``nn.remat``;
+  ``one`` is dropped on exit.
   """
   one = unfoldable_scalar(1.0)
   token = _SHARED_ONE.set(one)
@@ -128,7 +133,7 @@ def bias_in_matmul() -> bool:
 
 
 def cast_parameter(param: Array, dtype: Any) -> Array:
-  """``param`` in ``dtype``, through the shared ``one`` inside ``shared_parameter_casts``."""
+  """``param`` in ``dtype``, through the shared ``one`` inside ``training_step_fusions``."""
   one = _SHARED_ONE.get()
   if one is None or param.dtype == dtype:
     return jnp.asarray(param, dtype)
@@ -136,7 +141,7 @@ def cast_parameter(param: Array, dtype: Any) -> Array:
 
 
 def broadcast_per_example(value: Array, shape: tuple[int, ...]) -> Array:
-  """``broadcast_to(value, (*shape, *value.shape))``; inside ``shared_parameter_casts(
+  """``broadcast_to(value, (*shape, *value.shape))``; inside ``training_step_fusions(
   per_example_sums=True)`` (the training step off the CPU code paths) in two steps, over
   ``shape[0]`` (the examples), times the shared ``one``, then over the rest.
 
@@ -206,7 +211,7 @@ def affine(
     rows = rows * ones
   rows = jnp.concatenate([rows, ones, jnp.zeros((*lead, zeros), rows.dtype)], axis=-1)
   # Pads and a sum, not a concatenation: XLA merges the equal-shape parameters' casts and pads
-  # of the blocks into one kernel per shape (shared_parameter_casts), a concatenation it does not.
+  # of the blocks into one kernel per shape (training_step_fusions), a concatenation it does not.
   weights = jnp.reshape(kernel, (fan_in, math.prod(out)))
   weights = jnp.pad(weights, ((0, 1 + zeros), (0, 0))) + jnp.pad(
     jnp.reshape(bias, (1, -1)).astype(weights.dtype), ((fan_in, zeros), (0, 0))

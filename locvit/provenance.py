@@ -6,7 +6,8 @@ So each time a run starts or resumes, process 0 appends one entry to ``DIR/commi
 locvit commit (``locvit_commit``), the first step it trains, the device kind and the time
 (replaced whole: one object write on a bucket, a renamed temporary file locally). The entry is
 this session's (``Session``): at each checkpoint it gains the step saved (``last_step``) and the
-wall seconds since the run was built (``seconds``), and ``ended`` when the session closes, however
+wall seconds since the run was built (``seconds``), written by the save itself (orbax's save
+thread for an asynchronous one: ``Checkpointer.on_saved``), and ``ended`` when the session closes, however
 it stops (finished, SIGTERM, Ctrl-C, an error); a session killed outright (SIGKILL) keeps the
 seconds of its last checkpoint. So a run's wall time across machines is the sum of its sessions'
 (``wall_time``), exact when every session ended, else a lower bound. ``segments`` reads the

@@ -89,6 +89,7 @@ def restore_or_initialise(run: bundle.Training) -> tuple[int, TrainState]:
     state = apply_initializer(config, state, run.model, run.tx, layout.shardings, run.warmstart)
   if jax.process_index() == 0 and start < run.total_steps:  # which commit trains from here
     run.session = provenance.record_start(run.workdir, start + 1, run.started)
+    run.checkpointer.on_saved(run.session.checkpointed)  # a killed run keeps its last save's time
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   logging.info(
     "%s: %.2fM parameters; %d steps", config.model.name, num_params / 1e6, run.total_steps
@@ -249,14 +250,12 @@ def log_train_metrics(run, step: int, train_metrics, progress) -> dict[str, Any]
 
 
 def save_checkpoint(run, step: int, state: TrainState, meta, progress) -> None:
-  """Saves ``step`` (never a non-finite state) and records it with the session's wall time so far
-  in ``DIR/commits.json``; the progress line shows how long the loop was held, and how much of it
-  waiting for the previous save to be committed."""
+  """Saves ``step`` (never a non-finite state; the save records it in ``DIR/commits.json`` with
+  the session's wall time, ``restore_or_initialise``); the progress line shows how long the loop
+  was held, and how much of it waiting for the previous save to be committed."""
   check_finite_state(state, step)
   save_start = time.perf_counter()
   run.checkpointer.save(step, state, meta, force=True)
-  if run.session is not None:  # process 0: a run killed outright keeps the time up to here
-    run.session.checkpointed(step)
   progress.checkpoint(time.perf_counter() - save_start, waited=run.checkpointer.waited)
 
 

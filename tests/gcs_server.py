@@ -70,6 +70,27 @@ class GcsServer:
       kill(self.process)
       self.process = None
 
+  # The objects of ``BUCKET``, as ``S3Server`` has them (tests parametrized over both buckets).
+  scheme = "gs"
+
+  def client_env(self, url: str) -> dict[str, str]:
+    """The environment that points the clients at ``url`` (a proxy in front of this server)."""
+    return client_env(url)
+
+  def names(self, prefix: str) -> list[str]:
+    """The names of the objects under ``gs://BUCKET/prefix``, sorted."""
+    return sorted(blobs(prefix))
+
+  def read(self, name: str) -> bytes:
+    return blobs(name)[name].download_as_bytes()
+
+  def write(self, name: str, data: bytes | str, only_if_absent: bool = False) -> None:
+    """Writes object ``name`` (``only_if_absent``: as a lease is created, refused if it exists)."""
+    from google.cloud import storage
+
+    blob = storage.Client().bucket(BUCKET).blob(name)
+    blob.upload_from_string(data, if_generation_match=0 if only_if_absent else None)
+
 
 def kill(process: subprocess.Popen) -> None:
   """Kills a server by pid (SIGKILL: no goodbye to open connections, as when a network drops)."""

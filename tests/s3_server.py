@@ -79,6 +79,23 @@ class S3Server:
     kill(self.process)
     self.process = None
 
+  # The objects of ``BUCKET``, as ``GcsServer`` has them (tests parametrized over both buckets).
+  scheme = "s3"
+
+  def client_env(self, url: str) -> dict[str, str]:
+    """The environment that points the clients at ``url`` (a proxy in front of this server)."""
+    return client_env(url)
+
+  def names(self, prefix: str) -> list[str]:
+    return names(prefix)
+
+  def read(self, name: str) -> bytes:
+    return client().get_object(Bucket=BUCKET, Key=name)["Body"].read()
+
+  def write(self, name: str, data: bytes | str, only_if_absent: bool = False) -> None:
+    conditions = {"IfNoneMatch": "*"} if only_if_absent else {}
+    client().put_object(Bucket=BUCKET, Key=name, Body=data, **conditions)
+
 
 @contextlib.contextmanager
 def s3_server(log_path: str = os.devnull):

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tests.gcs_server import BUCKET, blobs, client_env, gcs_server
+from tests.s3_server import s3_server
 from tests.slow_proxy import Outage, progress_gaps, slow_proxy, timed_quickstart
 from tests.test_cli import ROOT, _finish, _finish_all, _free_port
 from tests.test_faults import SIGTERM_WHILE_LOCKING
@@ -46,23 +47,37 @@ def _main(cwd, env, *args, python_prefix=(), devices=8):
   )
 
 
-def _rows(prefix=RUN):
-  text = blobs(f"{prefix}/metrics.jsonl")[f"{prefix}/metrics.jsonl"].download_as_text()
+@pytest.fixture(scope="module")
+def s3():
+  with s3_server() as moto:
+    yield moto
+
+
+@pytest.fixture(params=["gs", "s3"])
+def bucket(request):
+  """The GCS server, then the S3 one (``GcsServer`` / ``S3Server``: ``names``, ``read``,
+  ``write``, ``client_env``): tests that hold for a workdir in any bucket."""
+  return request.getfixturevalue("server" if request.param == "gs" else "s3")
+
+
+def _rows_in(bucket, prefix):
+  text = bucket.read(f"{prefix}/metrics.jsonl").decode()
   return [json.loads(line) for line in text.splitlines()]
 
 
-def _steps(prefix=RUN):
-  names = blobs(f"{prefix}/checkpoints/")
+def _steps_in(bucket, prefix):
+  names = bucket.names(f"{prefix}/checkpoints/")
   return sorted({int(n.split("/")[2]) for n in names if n.split("/")[2].isdigit()})
 
 
 @pytest.mark.slow
-def test_quickstart_trains_in_a_bucket_survives_sigterm_damage_and_a_second_run(server, tmp_path):
+def test_quickstart_trains_in_a_bucket_survives_sigterm_damage_and_a_second_run(bucket, tmp_path):
   cwd = tmp_path / "cwd"
   cwd.mkdir()
+  workdir = f"{bucket.scheme}://{BUCKET}/{RUN}"
 
   # Train; SIGTERM after the step-20 checkpoint; the run saves its step and exits 0.
-  proc = _main(cwd, server.env, *SHORT, f"--workdir={WORKDIR}")
+  proc = _main(cwd, bucket.env, *SHORT, f"--workdir={workdir}")
   seen = []
   for line in proc.stdout:
     seen.append(line)
@@ -71,55 +86,64 @@ def test_quickstart_trains_in_a_bucket_survives_sigterm_damage_and_a_second_run(
       break
   out, err = proc.communicate(timeout=240)
   assert proc.returncode == 0, "".join(seen) + out + err
-  saved = _steps()
+  # TensorStore reads S3 credentials from the environment only: no failed ~/.aws lookups logged
+  assert "common-io" not in err and "AuthCredentialsProvider" not in err, err[-3000:]
+  saved = _steps_in(bucket, RUN)
   assert saved and 25 <= saved[-1] < 40, saved
-  assert {f"{RUN}/config.json", f"{RUN}/metrics.jsonl"} <= set(blobs(RUN))
+  names = bucket.names(RUN)
+  assert {f"{RUN}/config.json", f"{RUN}/metrics.jsonl"} <= set(names)
+  # A step is committed by orbax's commit file (no renames in a bucket), with locvit's checksums;
+  # its arrays written by TensorStore (OCDBT manifest and data files).
+  step = f"{RUN}/checkpoints/{saved[-1]}"
+  assert {f"{step}/commit_success.txt", f"{step}/checksums.json"} <= set(names)
+  assert f"{step}/state/manifest.ocdbt" in names
+  assert any(n.startswith(f"{step}/state/d/") for n in names), names
+  assert not any("orbax-checkpoint-tmp" in n for n in names), names
+  assert f"{RUN}/lock" not in names, "a finished or preempted run leaves no lock behind"
 
-  # A second run on the workdir while the first one's lease is live is refused, naming it.
+  # A second run on the workdir while another run's lease is live is refused, naming it.
   lock = {"pid": 4242, "host": "other-host", "started": "now", "expires": time.time() + 600}
-  blob = blobs(RUN).get(f"{RUN}/lock")
-  assert blob is None, "a finished or preempted run leaves no lock behind"
-  from google.cloud import storage
-
-  lease = storage.Client().bucket(BUCKET).blob(f"{RUN}/lock")
-  lease.upload_from_string(json.dumps(lock), if_generation_match=0)
-  refused = _main(cwd, server.env, *SHORT, f"--workdir={WORKDIR}")
+  bucket.write(f"{RUN}/lock", json.dumps(lock), only_if_absent=True)
+  refused = _main(cwd, bucket.env, *SHORT, f"--workdir={workdir}")
   out, err = refused.communicate(timeout=120)
   assert refused.returncode == 2, out + err
-  assert f"workdir {WORKDIR} is in use by pid 4242 on host other-host" in err, err
+  assert f"workdir {workdir} is in use by pid 4242 on host other-host" in err, err
   # ... and an expired lease (a killed run's) is taken over.
   lock["expires"] = time.time() - 1
-  lease.upload_from_string(json.dumps(lock))
+  bucket.write(f"{RUN}/lock", json.dumps(lock))
 
   # One object of the newest step is overwritten: the resume passes over that step with a
   # warning, keeps it under damaged/, and finishes from the step before.
   newest = saved[-1]
-  data = sorted(n for n in blobs(f"{RUN}/checkpoints/{newest}/state/") if "/d/" in n)
-  storage.Client().bucket(BUCKET).blob(data[0]).upload_from_string(b"\0" * 64)
-  proc = _main(cwd, server.env, *SHORT, f"--workdir={WORKDIR}")
+  data = [n for n in bucket.names(f"{RUN}/checkpoints/{newest}/state/") if "/d/" in n]
+  bucket.write(data[0], b"\0" * 64)
+  proc = _main(cwd, bucket.env, *SHORT, f"--workdir={workdir}")
   out, err = proc.communicate(timeout=240)
   assert proc.returncode == 0, out + err
   assert f"Damaged checkpoints skipped: step {newest}:" in err, err
   assert "checksum mismatch" in err
-  assert any(n.startswith(f"{RUN}/checkpoints/damaged/{newest}/") for n in blobs(RUN))
+  assert any(n.startswith(f"{RUN}/checkpoints/damaged/{newest}/") for n in bucket.names(RUN))
   assert "Final evaluation at step 40/40" in out
-  steps = [r["step"] for r in _rows()]
-  assert steps == sorted(set(steps)) and steps[-1] == 40, steps  # each logged step once
+  first = next(line for line in out.splitlines() if line.startswith("step "))
+  assert first.startswith(f"step {saved[-2] + 1}/40 "), out
+  train = [r["step"] for r in _rows_in(bucket, RUN) if "train/loss" in r]
+  assert train == [1, *range(5, 41, 5)], train  # each logged step once, as one run logs them
   # Each start recorded the step it trained from: 1, then the step after the intact one.
-  commits = json.loads(blobs(RUN)[f"{RUN}/commits.json"].download_as_text())
+  commits = json.loads(bucket.read(f"{RUN}/commits.json"))
   assert [c["first_step"] for c in commits] == [1, saved[-2] + 1], commits
 
   # Eval and analyze read the bucket (analyze writes its figures there).
-  proc = _main(cwd, server.env, f"--workdir={WORKDIR}", "--mode=eval")
+  proc = _main(cwd, bucket.env, f"--workdir={workdir}", "--mode=eval")
   out, err = proc.communicate(timeout=180)
   assert proc.returncode == 0, out + err
   assert out.startswith("Evaluation at step 40: top-1"), out
-  [evaluation] = map(json.loads, blobs(RUN)[f"{RUN}/eval.jsonl"].download_as_text().splitlines())
+  [evaluation] = map(json.loads, bucket.read(f"{RUN}/eval.jsonl").decode().splitlines())
   assert evaluation["step"] == 40
-  proc = _main(cwd, server.env, f"--workdir={WORKDIR}", "--mode=analyze")
+  proc = _main(cwd, bucket.env, f"--workdir={workdir}", "--mode=analyze")
   out, err = proc.communicate(timeout=180)
   assert proc.returncode == 0, out + err
-  assert f"{RUN}/analysis/attention_maps.png" in blobs(f"{RUN}/analysis/")
+  assert f"{RUN}/analysis/attention_maps.png" in bucket.names(f"{RUN}/analysis/")
+  assert f"{RUN}/lock" not in bucket.names(RUN)
 
   assert list(cwd.iterdir()) == [], "nothing may be written under the working directory"
 
@@ -167,33 +191,34 @@ def _two_processes(cwd, env, args):
 
 @pytest.mark.slow
 def test_two_processes_save_to_a_bucket_and_one_process_resumes_on_half_the_devices(
-  server, tmp_path
+  bucket, tmp_path
 ):
   """2 processes x 4 devices write one checkpoint in the bucket; SIGTERM to process 1 saves a step
   on both; 1 process x 4 devices resumes from the bucket and logs each later step once."""
-  workdir = f"gs://{BUCKET}/topology"
   tiny = [
     TINY,
     "--config.total_steps=24",
     "--config.checkpoint_every_steps=4",
-    f"--workdir={workdir}",
+    f"--workdir={bucket.scheme}://{BUCKET}/topology",
   ]
-  procs = _two_processes(tmp_path, server.env, tiny)
+  procs = _two_processes(tmp_path, bucket.env, tiny)
   for line in procs[0].stdout:
     if line.startswith("step 10/24"):
       procs[1].send_signal(signal.SIGTERM)
       break
-  for p in procs:
-    out, err = p.communicate(timeout=180)
+  for p, (out, err) in zip(procs, _finish_all(procs, 180)):
     assert p.returncode == 0, out[-2000:] + err[-3000:]
-  stopped = _steps("topology")[-1]
+  stopped = _steps_in(bucket, "topology")[-1]
   assert 10 <= stopped < 24
-  resumed = _main(tmp_path, server.env, *tiny, devices=4)
-  out, err = resumed.communicate(timeout=240)
+  names = bucket.names(f"topology/checkpoints/{stopped}/")
+  for process in range(2):  # each process wrote its own part of the step
+    assert f"topology/checkpoints/{stopped}/state/array_metadatas/process_{process}" in names
+  resumed = _main(tmp_path, bucket.env, *tiny, devices=4)
+  out, err = _finish(resumed, 240)
   assert resumed.returncode == 0, out + err[-3000:]
   first = next(line for line in out.splitlines() if line.startswith("step "))
   assert first.startswith(f"step {stopped + 1}/24 "), out
-  steps = [r["step"] for r in _rows("topology") if "train/loss" in r]
+  steps = [r["step"] for r in _rows_in(bucket, "topology") if "train/loss" in r]
   assert steps == list(range(1, 25)), steps
   assert list(tmp_path.iterdir()) == []
 
@@ -235,7 +260,7 @@ def test_a_slow_bucket_never_stalls_training_for_bookkeeping(server, tmp_path):
   slow = progress_gaps(slow_run, less_waiting=True)
   bound = max(2 * direct[0], direct[0] + 3.0)
   assert slow[0] <= bound, f"longest gaps {direct} direct, {slow} slow"
-  assert _steps("slow") == [30, 60, 90]
+  assert _steps_in(server, "slow") == [30, 60, 90]
   assert list(tmp_path.iterdir()) == []
 
 
@@ -293,8 +318,9 @@ def _assert_gave_up_in_one_line(err, bucket, prefix, reason=r"[^)]*"):
   ), errors[0]
 
 
-def _train_losses(prefix):
-  return {r["step"]: r["train/loss"] for r in _rows(prefix) if "train/loss" in r}
+def _train_losses(bucket, prefix):
+  """step -> loss of each training row of ``prefix/metrics.jsonl``."""
+  return {r["step"]: r["train/loss"] for r in _rows_in(bucket, prefix) if "train/loss" in r}
 
 
 # Longer than gcsfs's own retries of a call (6 tries, 31 to 36 s), and shorter than the limit.
@@ -320,9 +346,9 @@ def test_a_short_bucket_outage_is_ridden_out_and_a_long_one_ends_the_run_in_one_
   assert proc.returncode == 0, out + err
   assert "Final evaluation at step 20/20" in out, out + err
   assert "locvit:" not in err and "Traceback" not in err, err  # gcsfs logs a call out of tries
-  reference = _train_losses("short")
+  reference = _train_losses(server, "short")
   assert sorted(reference) == [1, 5, 10, 15, 20], reference
-  assert [r["step"] for r in _rows("short") if "train/loss" in r] == [1, 5, 10, 15, 20]
+  assert [r["step"] for r in _rows_in(server, "short") if "train/loss" in r] == [1, 5, 10, 15, 20]
 
   # The bucket goes away for good from step 20's save, after step 10's commit: exit 2 within the
   # limit (plus a probe), one line naming the bucket, what failed and the committed step; no
@@ -347,7 +373,7 @@ def test_a_short_bucket_outage_is_ridden_out_and_a_long_one_ends_the_run_in_one_
   first = next(line for line in out.splitlines() if line.startswith("step "))
   assert first.startswith("step 11/20 "), out
   # Exact: the rows and losses of the uninterrupted run (step 11 prints its line, writes no row).
-  assert _train_losses("long") == reference
+  assert _train_losses(server, "long") == reference
   names = blobs("long/checkpoints/")
   step_dirs = r"long/checkpoints/(best/)?\d+"
   steps = {n.rsplit("/", 1)[0] for n in names if re.fullmatch(f"{step_dirs}/commit_success.txt", n)}
@@ -493,26 +519,32 @@ def test_a_bucket_timeout_outside_its_range_is_one_config_error(value):
   ]
 
 
+# Per bucket, a save's outage (s) and the run's limit (s): longer than one client call's own
+# retries (gcsfs: 6 tries, 31 to 36 s; botocore: 5 attempts, about 10 s), shorter than the limit.
+SAVE_OUTAGES = {"gs": (SAVE_OUTAGE_SECONDS, SAVE_OUTAGE_LIMIT), "s3": (14, 30)}
+
+
 @pytest.mark.slow
-def test_two_processes_ride_out_an_outage_during_a_save(server, tmp_path):
-  """Two processes, each writing its own part of a checkpoint through gcsfs (orbax's
+def test_two_processes_ride_out_an_outage_during_a_save(bucket, tmp_path):
+  """Two processes, each writing its own part of a checkpoint through gcsfs or s3fs (orbax's
   ``array_metadatas/process_N``), through an outage from the first request of step 4's save,
-  longer than gcsfs's own retries and shorter than the limit: both end as without it (was, with
-  gcsfs's own retries on process 1: its save failed with "saving a checkpoint to gs://.../checkpoints
-  failed (Connect call failed ...)", and process 0's with "Gloo AllGather failed ... Connection
-  closed by peer"; both exited 2 with step 4 uncommitted)."""
-  outage = Outage(server.url, cut_at=r"mp-outage(/|%2F)checkpoints(/|%2F)4(/|%2F)")
+  longer than the client's own retries and shorter than the limit: both end as without it (was,
+  on GCS, with gcsfs's own retries on process 1: its save failed with "saving a checkpoint to
+  gs://.../checkpoints failed (Connect call failed ...)", and process 0's with "Gloo AllGather
+  failed ... Connection closed by peer"; both exited 2 with step 4 uncommitted)."""
+  seconds, limit = SAVE_OUTAGES[bucket.scheme]
+  outage = Outage(bucket.url, cut_at=r"mp-outage(/|%2F)checkpoints(/|%2F)4(/|%2F)")
   tiny = [
     TINY,
     "--config.total_steps=4",
     "--config.checkpoint_every_steps=2",
-    f"--config.bucket_timeout_seconds={SAVE_OUTAGE_LIMIT}",
-    f"--workdir=gs://{BUCKET}/mp-outage",
+    f"--config.bucket_timeout_seconds={limit}",
+    f"--workdir={bucket.scheme}://{BUCKET}/mp-outage",
   ]
   try:
-    procs = _two_processes(tmp_path, client_env(outage.url), tiny)
+    procs = _two_processes(tmp_path, bucket.client_env(outage.url), tiny)
     assert outage.wait_for_cut(240), _finish_all(procs, 60)
-    time.sleep(SAVE_OUTAGE_SECONDS)
+    time.sleep(seconds)
     outage.start()
     ends = _finish_all(procs, 240)
   finally:
@@ -523,9 +555,9 @@ def test_two_processes_ride_out_an_outage_during_a_save(server, tmp_path):
   )
   assert [p.returncode for p in procs] == [0, 0], report
   assert not any("locvit:" in err or "Traceback" in err for _, err in ends), report
-  assert [r["step"] for r in _rows("mp-outage") if "train/loss" in r] == [1, 2, 3, 4]
-  names = blobs("mp-outage/checkpoints/")
+  assert [r["step"] for r in _rows_in(bucket, "mp-outage") if "train/loss" in r] == [1, 2, 3, 4]
+  names = bucket.names("mp-outage/checkpoints/")
   for step in (2, 4):
     done = ["commit_success.txt", *(f"state/array_metadatas/process_{i}" for i in range(2))]
     missing = [n for n in done if f"mp-outage/checkpoints/{step}/{n}" not in names]
-    assert not missing, (step, missing, sorted(names))
+    assert not missing, (step, missing, names)

@@ -499,6 +499,39 @@ def test_a_save_whose_peer_process_stopped_names_that_not_the_collective():
   assert ckpt_lib._save_failure(gloo).startswith("RuntimeError: UNKNOWN: Gloo")  # one process
 
 
+def test_an_asynchronous_save_records_its_step_in_the_save_thread_and_its_failure_fails_the_save(
+  tmp_path,
+):
+  """``Checkpointer.on_saved`` (the run's ``commits.json`` record): orbax's save thread calls it
+  once the step is written, before its commit, so a slow bucket never holds the loop for it; an
+  error it raises fails that save with the save's one line, as a full disk does."""
+  import threading
+
+  checkpointer = ckpt_lib.Checkpointer(str(tmp_path / "c"), keep_best=False, async_save=True)
+  seen = []
+  on_main_thread = lambda: threading.current_thread() is threading.main_thread()
+  checkpointer.on_saved(
+    lambda step: seen.append((step, on_main_thread(), os.listdir(tmp_path / "c")))
+  )
+  state = {"w": jnp.ones(4)}
+  checkpointer.save(1, state, {}, force=True)
+  checkpointer.manager.wait_until_finished()
+  assert seen == [(1, False, [f"1{ocp.path.atomicity.TMP_DIR_SUFFIX}"])]  # staged, not committed
+
+  def full(step):
+    raise OSError(28, "No space left on device")
+
+  checkpointer.on_saved(full)
+  checkpointer.save(2, state, {}, force=True)
+  with pytest.raises(ckpt_lib.CheckpointSaveError) as failed:
+    checkpointer.save(3, state, {}, force=True)
+  assert str(failed.value) == (
+    f"saving a checkpoint to {tmp_path / 'c'} failed (No space left on device); stopped at step "
+    "3. Steps already committed are kept: [1]"
+  )
+  assert checkpointer.manager.all_steps() == [1]
+
+
 def test_a_full_disk_at_start_is_one_line_and_leaves_nothing_behind(tmp_path):
   if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode:
     pytest.skip("no user and mount namespaces: a small file system cannot be mounted")

@@ -151,7 +151,7 @@ def test_bias_in_the_matmul_keeps_parameters_outputs_and_gradients(build, shape)
   loss = lambda module: jax.value_and_grad(
     lambda p, x: jnp.sum(jnp.sin(module.apply(p, x))), argnums=(0, 1)
   )
-  with ops.shared_parameter_casts(bias_in_matmul=True):
+  with ops.training_step_fusions(bias_in_matmul=True):
     got = loss(xla)(params, x)
     assert "concatenate" in str(jax.make_jaxpr(loss(xla))(params, x))  # the ones column
   want = loss(cpu)(params, x)
@@ -168,9 +168,9 @@ def test_bias_stays_out_of_the_matmul_on_partitioned_inputs_and_off_xla_gpu_step
   params = fc2.init(jax.random.key(0), x)
   concatenates = lambda: str(jax.make_jaxpr(fc2.apply)(params, x)).count("concatenate")
   assert concatenates() == 0
-  with ops.shared_parameter_casts(per_example_sums=True):  # the step compiled for XLA:TPU
+  with ops.training_step_fusions(per_example_sums=True):  # the step compiled for XLA:TPU
     assert concatenates() == 0
-  with ops.shared_parameter_casts(per_example_sums=True, bias_in_matmul=True):
+  with ops.training_step_fusions(per_example_sums=True, bias_in_matmul=True):
     assert concatenates() == 1
     with nn.logical_axis_rules((("batch", "data"), ("mlp", "model"))):
       assert concatenates() == 0
@@ -194,7 +194,7 @@ def test_stochastic_depth_inside_the_last_projections_keeps_the_block(attention)
     loss = lambda p, x: jnp.sum(jnp.sin(block(impl).apply(p, x, grid, train=True, keep=keep)))
     return jax.value_and_grad(loss, argnums=(0, 1))(params, x)
 
-  with ops.shared_parameter_casts(bias_in_matmul=True):
+  with ops.training_step_fusions(bias_in_matmul=True):
     got = loss_and_grads("xla")
   want = loss_and_grads("cpu_kernels")
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6), got, want)
@@ -224,11 +224,11 @@ def test_layer_norm_gradients_equal_autodiff_of_the_formula(dtype):
 
 
 def test_layer_norm_parameter_sums_per_example_equal_the_plain_sums():
-  """In the training step off the CPU code paths (``shared_parameter_casts(per_example_sums=
+  """In the training step off the CPU code paths (``training_step_fusions(per_example_sums=
   True)``) LayerNorm's scale and bias gradients are summed over each example's tokens, then over
   the examples (``ops.broadcast_per_example``): the plain sums to float rounding; the loss and the
   input's gradient bit for bit."""
-  from locvit.ops import shared_parameter_casts
+  from locvit.ops import training_step_fusions
 
   x, cotangent = (jax.random.normal(jax.random.key(k), (4, 9, 48)) for k in (0, 2))
   norm = layer_norm(1e-6, jnp.float32, "norm")
@@ -238,7 +238,7 @@ def test_layer_norm_parameter_sums_per_example_equal_the_plain_sums():
 
   @functools.partial(jax.jit, static_argnums=0)
   def loss_and_grads(split, params, x):
-    with shared_parameter_casts(per_example_sums=split):
+    with training_step_fusions(per_example_sums=split):
       return jax.value_and_grad(loss, argnums=(0, 1))(params, x)
 
   (plain, (plain_params, plain_x)), (split, (split_params, split_x)) = (
@@ -307,14 +307,14 @@ def test_drop_path_masks_drop_examples_as_drop_path_does():
   np.testing.assert_array_equal(layers.drop_examples(y, mask, 0.25), want)
 
 
-def test_shared_parameter_casts_keep_outputs_and_gradients_exactly():
-  """Inside ``shared_parameter_casts`` every layer casts its parameters through the one shared
+def test_training_step_fusions_keep_outputs_and_gradients_exactly():
+  """Inside ``training_step_fusions`` every layer casts its parameters through the one shared
   ``one``, also inside ``nn.remat`` blocks: bf16 outputs and float32 gradients equal bit for bit;
   no tracer leaks (checked without remat, whose own cache trips ``checking_leaks``)."""
   import contextlib
 
   from locvit.models import create_model
-  from locvit.ops import shared_parameter_casts
+  from locvit.ops import training_step_fusions
 
   images = jax.random.normal(jax.random.key(0), (2, 32, 32, 3))
 
@@ -325,7 +325,7 @@ def test_shared_parameter_casts_keep_outputs_and_gradients_exactly():
     params = model.init(jax.random.key(1), images)["params"]
 
     def forward(p, shared):
-      with shared_parameter_casts() if shared else contextlib.nullcontext():
+      with training_step_fusions() if shared else contextlib.nullcontext():
         return model.apply({"params": p}, images)
 
     loss = lambda p, shared: jnp.square(forward(p, shared).astype(jnp.float32)).sum()

@@ -103,18 +103,18 @@ def train_step(
   # XLA:GPU then merges, and there the biases inside the matmuls; on the CPU code paths the step
   # would only gain kernels (docs/benchmarks.md).
   implementation = ops.model_implementation(model)
-  casts = (
+  fusions = (
     contextlib.nullcontext
     if ops.cpu_kernels(implementation)
     else functools.partial(
-      ops.shared_parameter_casts,
+      ops.training_step_fusions,
       per_example_sums=True,
       bias_in_matmul=(platform or jax.default_backend()) == "gpu",
     )
   )
 
   def loss_grad(mb, key, model_state):
-    with casts():
+    with fusions():
       return grad_fn(
         state.params,
         model,
