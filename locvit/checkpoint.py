@@ -110,7 +110,25 @@ def _manager(
     async_options=ocp.AsyncOptions(post_finalization_callback=on_written) if async_save else None,
   )
   with _without_orbax_notice("Given directory is read only"):  # said for every reader, by design
-    return ocp.CheckpointManager(directory, item_names=("state", "meta"), options=options)
+    return _CheckpointManager(directory, item_names=("state", "meta"), options=options)
+
+
+class _CheckpointManager(ocp.CheckpointManager):
+  """orbax's manager, whose own questions about JAX's preemption sync point are answered from the
+  training loop's answer (``Checkpointer.reached_preemption``) instead of asking JAX.
+
+  JAX's sync manager takes the step of every question as its process's current step, and when a
+  preemption notice comes each process reports its last one: the agreed step is the highest
+  reported, plus one. orbax asks about the step it saves, at the start of a save and, on process
+  0, in its save thread once the step is committed, while the loop has trained on: a notice then
+  had process 0 report that older step, and the processes could agree on a step process 0 had
+  already passed; the others saved it alone and waited for process 0 in the save's barrier, while
+  process 0 waited for them in its next training step (a hang)."""
+
+  preemption_step: int | None = None  # the step every process stops at, once the loop knows it
+
+  def reached_preemption(self, step: int) -> bool:
+    return step == self.preemption_step
 
 
 def _let_orbax_write_arrays_to_s3() -> None:
@@ -453,8 +471,15 @@ class Checkpointer:
         raise self._save_error(manager, step, e) from e
 
   def reached_preemption(self, step: int) -> bool:
-    """Multi-host preemption notice (JAX's distributed preemption sync); False single-process."""
-    return jax.process_count() > 1 and self.manager.reached_preemption(step)
+    """Whether every process stops at ``step`` (JAX's multi-host preemption sync point); False
+    single-process. Only the training loop asks JAX, at every step, in order
+    (``_CheckpointManager``)."""
+    if jax.process_count() == 1 or not ocp.multihost.reached_preemption(step):
+      return False
+    for manager in (self.manager, self.best):
+      if manager is not None:
+        manager.preemption_step = step
+    return True
 
   def wait(self) -> None:
     """Blocks until every asynchronous save (last-N and best) has been committed."""

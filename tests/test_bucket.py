@@ -14,7 +14,7 @@ import pytest
 from tests.gcs_server import BUCKET, blobs, client_env, gcs_server
 from tests.s3_server import s3_server
 from tests.slow_proxy import Outage, progress_gaps, slow_proxy, timed_quickstart
-from tests.test_cli import ROOT, _free_port
+from tests.test_cli import ROOT, _finish, _finish_all, _free_port
 from tests.test_faults import SIGTERM_WHILE_LOCKING
 
 RUN = "run"
@@ -38,25 +38,13 @@ def server():
 def _main(cwd, env, *args, python_prefix=(), devices=8):
   full_env = {**os.environ, **env, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
   full_env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-  full_env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT prints every thread's stack (_finish)
+  full_env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT prints every thread's stack (_finish_all)
   command = [sys.executable, *python_prefix, "-m", "locvit.main", *args]
   if python_prefix:
     command = [sys.executable, *python_prefix, *args]
   return subprocess.Popen(
     command, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
   )
-
-
-def _finish(proc, timeout):
-  """``proc.communicate`` within ``timeout``; a run still going then is aborted, and the assertion
-  shows where each of its threads waited."""
-  try:
-    return proc.communicate(timeout=timeout)
-  except subprocess.TimeoutExpired:
-    proc.send_signal(signal.SIGABRT)
-    out, err = proc.communicate(timeout=60)
-    stuck = f"still running after {timeout} s:\n{out[-2000:]}\n{err[-12000:]}"
-    raise AssertionError(stuck) from None
 
 
 @pytest.fixture(scope="module")
@@ -218,8 +206,7 @@ def test_two_processes_save_to_a_bucket_and_one_process_resumes_on_half_the_devi
     if line.startswith("step 10/24"):
       procs[1].send_signal(signal.SIGTERM)
       break
-  for p in procs:
-    out, err = _finish(p, 180)
+  for p, (out, err) in zip(procs, _finish_all(procs, 180)):
     assert p.returncode == 0, out[-2000:] + err[-3000:]
   stopped = _steps_in(bucket, "topology")[-1]
   assert 10 <= stopped < 24
@@ -556,10 +543,10 @@ def test_two_processes_ride_out_an_outage_during_a_save(bucket, tmp_path):
   ]
   try:
     procs = _two_processes(tmp_path, bucket.client_env(outage.url), tiny)
-    assert outage.wait_for_cut(240), [_finish(p, 60) for p in procs]
+    assert outage.wait_for_cut(240), _finish_all(procs, 60)
     time.sleep(seconds)
     outage.start()
-    ends = [_finish(p, 240) for p in procs]
+    ends = _finish_all(procs, 240)
   finally:
     outage.close()
   report = "".join(

@@ -1,6 +1,7 @@
 """End-to-end runs through ``python -m locvit.main``: quickstart, SIGTERM, multi-process."""
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ def _env(devices: int) -> dict[str, str]:
   env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT prints every thread's stack (_finish_all)
   return env
 
 
@@ -148,6 +150,38 @@ def test_cli_sigterm_then_resume_matches(tmp_path):
     (r["step"], r["eval/top1"], r["eval/loss"]) for r in read_metrics(d) if "eval/top1" in r
   ]
   assert evals(workdir) == evals(tmp_path / "full") and len(evals(workdir)) == 2
+
+
+def _finish(proc, timeout):
+  """``proc.communicate()`` within ``timeout`` seconds; see ``_finish_all``."""
+  return _finish_all([proc], timeout)[0]
+
+
+def _finish_all(procs, timeout):
+  """``communicate()`` of each of ``procs`` (one run's processes), all within ``timeout`` seconds.
+  When one is still running then, every one still running is aborted, and the assertion shows
+  each process's output and where each of its threads waited (SIGABRT, with PYTHONFAULTHANDLER
+  set in its environment, as ``_env`` does; less faulthandler's list of extension modules): a
+  hang names the barrier, on every process."""
+  deadline, ends = time.monotonic() + timeout, []
+  try:
+    for proc in procs:
+      ends.append(proc.communicate(timeout=max(deadline - time.monotonic(), 0)))
+    return ends
+  except subprocess.TimeoutExpired:
+    pass
+  still_running = [proc.poll() is None for proc in procs]
+  for proc, running in zip(procs, still_running):
+    if running:
+      proc.send_signal(signal.SIGABRT)
+  ends += [proc.communicate(timeout=60) for proc in procs[len(ends) :]]  # output is kept
+  report = []
+  for i, (proc, running, (out, err)) in enumerate(zip(procs, still_running, ends)):
+    state = f"still running after {timeout} s" if running else f"exited {proc.returncode}"
+    out, err = (re.sub(r"\nExtension modules: .*", "", t) if t else t for t in (out, err))
+    text = out[-12000:] if err is None else f"{out[-2000:]}\n{err[-12000:]}"
+    report.append(f"process {i} of {len(procs)}, {state}:\n{text}")
+  raise AssertionError("\n".join(report))
 
 
 def _free_port() -> int:

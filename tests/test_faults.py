@@ -28,7 +28,7 @@ from locvit import checkpoint as ckpt_lib
 from locvit import run_config, sharding, train
 from locvit.data import CorruptImageError
 from locvit.metrics import read_metrics
-from tests.test_cli import ROOT, _env, _free_port, _main
+from tests.test_cli import ROOT, _env, _finish_all, _free_port, _main
 from tests.train_utils import sigterm_after_step, tiny_config
 
 
@@ -89,7 +89,7 @@ def test_sigterm_to_one_of_two_processes_saves_the_same_step_and_resumes_on_othe
   _wait_for_rows(workdir, 6)
   procs[1].send_signal(signal.SIGTERM)
   signalled = time.time()
-  outs = [p.communicate(timeout=120)[0] for p in procs]
+  outs = [out for out, _ in _finish_all(procs, 120)]
   assert time.time() - signalled < 60
   for p, out in zip(procs, outs):
     assert p.returncode == 0, out[-3000:]
@@ -157,6 +157,60 @@ def test_a_killed_peer_makes_the_other_process_exit_with_an_error(tmp_path):
   assert procs[0].returncode != 0
   assert time.time() - killed < 60
   assert "This most likely indicates that another task died" in out
+
+
+# Process ARGV[1] of 2 (coordinator port ARGV[2], checkpoints in ARGV[3]): the loop's questions up
+# to step 4, an asynchronous save of step 4, the questions on to step 10 (process 0) or 9 (process
+# 1, a step behind), step 4 committed (orbax's save thread on process 0 asks about step 4), then
+# SIGTERM to process 1. Once both processes have reported their step to JAX's sync protocol (each
+# holds its sync manager until the stop step is set), the questions go on until one says stop.
+AGREED_STOP = """
+import os, signal, sys, time
+import jax
+import numpy as np
+from jax._src import distributed
+
+process, port, directory = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+jax.distributed.initialize(f"localhost:{port}", 2, process)
+from locvit import checkpoint as ckpt_lib
+
+checkpointer = ckpt_lib.Checkpointer(directory)
+last = 10 - process
+assert not any(checkpointer.reached_preemption(s) for s in range(1, 5))
+checkpointer.save(4, {"x": np.arange(4)}, {})
+assert not any(checkpointer.reached_preemption(s) for s in range(5, last + 1))
+checkpointer.wait()
+if process == 1:
+  os.kill(os.getpid(), signal.SIGTERM)
+while len(distributed.global_state.client.key_value_dir_get("PREEMPTION_CURRENT_COUNTER/")) < 2:
+  time.sleep(0.01)  # the protocol's key (XLA's preemption_sync_manager.cc)
+print("stop", next((s for s in range(last + 1, 20) if checkpointer.reached_preemption(s)), None))
+checkpointer.close()
+"""
+
+
+def test_a_step_committed_in_the_background_leaves_both_processes_stopping_at_the_same_step(
+  tmp_path,
+):
+  """Process 0 a step ahead, its save thread's question about the step it commits, a preemption
+  notice: both processes stop at the step after process 0's. Was: process 0 reported step 4 (the
+  committed one) to JAX's sync protocol, and the agreed step 10 was one it had passed: process 1
+  stopped alone (in a run, it saved step 10 and waited in the save's barrier for process 0, which
+  waited for it in step 11: the two-process SIGTERM test above timed out once in CI)."""
+  port = _free_port()
+  procs = [
+    subprocess.Popen(
+      [sys.executable, "-c", AGREED_STOP, str(i), str(port), str(tmp_path)],
+      cwd=ROOT,
+      env=_env(1),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
+  ends = _finish_all(procs, 90)
+  assert [out.splitlines()[-1] for out, _ in ends] == ["stop 11", "stop 11"], ends
 
 
 # ------------------------------------------------------------------------------------------------
