@@ -50,7 +50,7 @@ def test_attention_maps_share_one_log_scale_with_its_colour_bar():
   # The nearly uniform head spans a sliver of the colours (each panel's own scale: all of them).
   shown = uniform.norm(maps[0][1])
   assert shown.max() - shown.min() < 0.02
-  assert _colour_bar(fig).get_ylabel() == "attention weight\n(log scale shared by all panels)"
+  assert _colour_bar(fig).get_ylabel() == plots.MAP_COLOURBAR_LABEL
   # Weights more than MAP_DECADES below the largest are clipped, and the colour bar says so.
   maps[0][0][0, 0] = 1e-9
   fig = plots.attention_maps_figure(image, TokenGrid(4, 4), (1, 2), maps, {}, patch_size=2)

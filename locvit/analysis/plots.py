@@ -174,7 +174,8 @@ def head_title(head: int, gate: float | None) -> str:
 # The shared colour scale of the attention maps spans at most this many decades below the
 # largest weight; smaller weights are drawn in the lowest colour and the colour bar says so.
 MAP_DECADES = 4
-MAP_COLOURBAR_LABEL = "attention weight\n(log scale shared by all panels)"
+# Over the patches: a class token's share is left out and each row renormalised (query_maps).
+MAP_COLOURBAR_LABEL = "attention weight over the patches\n(log scale shared by all panels)"
 
 
 def shared_log_norm(values: Sequence[np.ndarray], decades: int = MAP_DECADES) -> colors.LogNorm:
