@@ -7,12 +7,12 @@ locvit commit (``locvit_commit``), the first step it trains, the device kind and
 (replaced whole: one object write on a bucket, a renamed temporary file locally). The entry is
 this session's (``Session``): at each checkpoint it gains the step saved (``last_step``) and the
 wall seconds since the run was built (``seconds``), written by the save itself (orbax's save
-thread for an asynchronous one: ``Checkpointer.on_saved``), and ``ended`` when the session closes, however
-it stops (finished, SIGTERM, Ctrl-C, an error); a session killed outright (SIGKILL) keeps the
-seconds of its last checkpoint. So a run's wall time across machines is the sum of its sessions'
-(``wall_time``), exact when every session ended, else a lower bound. ``segments`` reads the
-entries back as step ranges by commit (``step_ranges``: by any field, e.g. the device kind);
-``locvit.reproduce``'s report names them per row.
+thread for an asynchronous one: ``Checkpointer.on_saved``), and ``ended`` when the session
+closes, however it stops (finished, SIGTERM, Ctrl-C, an error); a session killed outright
+(SIGKILL) keeps the seconds of its last checkpoint. So a run's wall time across machines is the
+sum of its sessions' (``wall_time``), exact when every session ended, else a lower bound.
+``segments`` reads the entries back as step ranges by commit (``step_ranges``: by any field,
+e.g. the device kind); ``locvit.reproduce``'s report names them per row.
 """
 
 from __future__ import annotations
