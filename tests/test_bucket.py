@@ -1,6 +1,7 @@
 """Workdirs in a bucket: the quickstart trains on ``gs://``, against a real GCS-API server on
 loopback (tests/gcs_server.py), from a working directory that must stay empty."""
 
+import concurrent.futures
 import json
 import os
 import re
@@ -340,9 +341,38 @@ def test_a_short_bucket_outage_is_ridden_out_and_a_long_one_ends_the_run_in_one_
   limit = f"--config.bucket_timeout_seconds={SAVE_OUTAGE_LIMIT}"
   args = [limit if a.startswith("--config.bucket_timeout") else a for a in OUTAGE_RUN]
   short = [*args, f"--workdir=gs://{BUCKET}/short"]
-  proc, out, err, _ = _run_through_an_outage(
-    tmp_path, server.url, client_env, short, "short", SAVE_OUTAGE_SECONDS
-  )
+  long = [*OUTAGE_RUN, f"--workdir=gs://{BUCKET}/long"]
+  # The two runs side by side, each through its own proxy: the short outage's run spends most of
+  # its time waiting for the bucket, while the long outage's run and its resume go on.
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    riding_out = pool.submit(
+      _run_through_an_outage, tmp_path, server.url, client_env, short, "short", SAVE_OUTAGE_SECONDS
+    )
+
+    # The bucket goes away for good from step 20's save, after step 10's commit: exit 2 within
+    # the limit (plus a probe), one line naming the bucket, what failed and the committed step; no
+    # traceback.
+    proc, out, err, waited = _run_through_an_outage(tmp_path, server.url, client_env, long, "long")
+    assert proc.returncode == 2, out + err
+    assert waited < OUTAGE_LIMIT + 8, (waited, err)
+    _assert_gave_up_in_one_line(err, f"gs://{BUCKET}", "long")
+
+    # The bucket answers again, with step 10 whole. Its checksums.json is deleted, as a step
+    # committed without one (a synchronous save killed before hashing it, or an older locvit).
+    # The same command takes over the lease its dead process left on this host at once, verifies
+    # step 10 and writes its manifest, and ends as the uninterrupted run did (below).
+    assert "long/lock" in blobs("long/lock")
+    blobs("long/checkpoints/10/checksums.json")["long/checkpoints/10/checksums.json"].delete()
+    proc = _main(tmp_path, server.env, *OUTAGE_RUN, f"--workdir=gs://{BUCKET}/long")
+    out, err = _finish(proc, 240)
+    assert proc.returncode == 0, out + err
+    took_over = r"Took over the lease gs://\S+/long/lock of pid \d+, which no longer runs"
+    assert re.search(took_over, err), err
+    assert "Checkpoint step 10 had no checksums.json" in err, err
+    first = next(line for line in out.splitlines() if line.startswith("step "))
+    assert first.startswith("step 11/20 "), out
+
+  proc, out, err, _ = riding_out.result()
   assert proc.returncode == 0, out + err
   assert "Final evaluation at step 20/20" in out, out + err
   assert "locvit:" not in err and "Traceback" not in err, err  # gcsfs logs a call out of tries
@@ -350,29 +380,8 @@ def test_a_short_bucket_outage_is_ridden_out_and_a_long_one_ends_the_run_in_one_
   assert sorted(reference) == [1, 5, 10, 15, 20], reference
   assert [r["step"] for r in _rows_in(server, "short") if "train/loss" in r] == [1, 5, 10, 15, 20]
 
-  # The bucket goes away for good from step 20's save, after step 10's commit: exit 2 within the
-  # limit (plus a probe), one line naming the bucket, what failed and the committed step; no
-  # traceback.
-  long = [*OUTAGE_RUN, f"--workdir=gs://{BUCKET}/long"]
-  proc, out, err, waited = _run_through_an_outage(tmp_path, server.url, client_env, long, "long")
-  assert proc.returncode == 2, out + err
-  assert waited < OUTAGE_LIMIT + 8, (waited, err)
-  _assert_gave_up_in_one_line(err, f"gs://{BUCKET}", "long")
-
-  # The bucket answers again, with step 10 whole. Its checksums.json is deleted, as a step committed
-  # without one (a synchronous save killed before hashing it, or an older locvit). The same command
-  # takes over the lease its dead process left on this host at once, verifies step 10 and writes
-  # its manifest, and ends as the uninterrupted run did.
-  assert "long/lock" in blobs("long/lock")
-  blobs("long/checkpoints/10/checksums.json")["long/checkpoints/10/checksums.json"].delete()
-  proc = _main(tmp_path, server.env, *OUTAGE_RUN, f"--workdir=gs://{BUCKET}/long")
-  out, err = _finish(proc, 240)
-  assert proc.returncode == 0, out + err
-  assert re.search(r"Took over the lease gs://\S+/long/lock of pid \d+, which no longer runs", err)
-  assert "Checkpoint step 10 had no checksums.json" in err, err
-  first = next(line for line in out.splitlines() if line.startswith("step "))
-  assert first.startswith("step 11/20 "), out
-  # Exact: the rows and losses of the uninterrupted run (step 11 prints its line, writes no row).
+  # Exact: the resumed run's rows and losses are the run's that rode the outage out (step 11
+  # prints its line, writes no row).
   assert _train_losses(server, "long") == reference
   names = blobs("long/checkpoints/")
   step_dirs = r"long/checkpoints/(best/)?\d+"
