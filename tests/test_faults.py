@@ -80,10 +80,6 @@ def test_sigterm_to_one_of_two_processes_saves_the_same_step_and_resumes_on_othe
     "--config.checkpoint_every_steps=4",
     "--config.eval_every_steps=4",
   ]
-  reference = tiny_config(total_steps=20, checkpoint_every_steps=4, eval_every_steps=4)
-  train.train_and_evaluate(reference, str(tmp_path / "reference"))
-  evaluations = lambda d: {r["step"]: r for r in read_metrics(d) if "eval/top1" in r}
-
   workdir = tmp_path / "split"
   procs = _two_processes(workdir, *args)
   _wait_for_rows(workdir, 6)
@@ -95,11 +91,6 @@ def test_sigterm_to_one_of_two_processes_saves_the_same_step_and_resumes_on_othe
     assert p.returncode == 0, out[-3000:]
   stopped = read_metrics(workdir)[-1]["step"]
   assert 6 <= stopped < 20
-  two_process, single = evaluations(workdir)[4], evaluations(tmp_path / "reference")[4]
-  assert two_process["eval/num_examples"] == single["eval/num_examples"]
-  assert two_process["eval/top1"] == pytest.approx(
-    single["eval/top1"], abs=1.5 / single["eval/num_examples"]
-  )
   for out in outs:
     assert f"Preemption notice: all processes save step {stopped} and exit." in out
   assert max(_steps(workdir)) == stopped
@@ -107,12 +98,23 @@ def test_sigterm_to_one_of_two_processes_saves_the_same_step_and_resumes_on_othe
   four = tmp_path / "four"
   shutil.copytree(workdir, four)
   resumes = [(workdir, 8), (four, 4)]
-  for directory, devices in resumes:
-    proc = _main("--config=tests/configs/tiny.py", f"--workdir={directory}", *args, devices=devices)
-    out = proc.communicate(timeout=240)[0]
+  procs = [  # side by side, while this process trains the single-process reference
+    _main("--config=tests/configs/tiny.py", f"--workdir={directory}", *args, devices=devices)
+    for directory, devices in resumes
+  ]
+  reference = tiny_config(total_steps=20, checkpoint_every_steps=4, eval_every_steps=4)
+  train.train_and_evaluate(reference, str(tmp_path / "reference"))
+  for proc, (out, _) in zip(procs, _finish_all(procs, 240)):
     assert proc.returncode == 0, out[-3000:]
     first = next(line for line in out.splitlines() if line.startswith("step "))
     assert first.startswith(f"step {stopped + 1}/20 "), out[-3000:]  # resumed, not restarted
+
+  evaluations = lambda d: {r["step"]: r for r in read_metrics(d) if "eval/top1" in r}
+  two_process, single = evaluations(workdir)[4], evaluations(tmp_path / "reference")[4]
+  assert two_process["eval/num_examples"] == single["eval/num_examples"]
+  assert two_process["eval/top1"] == pytest.approx(
+    single["eval/top1"], abs=1.5 / single["eval/num_examples"]
+  )
   expected = [loss for _, loss in _losses(tmp_path / "reference")]
   for directory, _ in resumes:
     assert [s for s, _ in _losses(directory)] == list(range(1, 21))
