@@ -122,9 +122,6 @@ def test_cli_sigterm_then_resume_matches(tmp_path):
     "--config.total_steps=16",
     "--config.eval_every_steps=8",
   ]
-  full = _main(*args, f"--workdir={tmp_path / 'full'}")
-  assert full.wait(timeout=300) == 0, full.stdout.read()
-
   workdir = tmp_path / "split"
   proc = _main(*args, f"--workdir={workdir}")
   seen = []
@@ -139,9 +136,11 @@ def test_cli_sigterm_then_resume_matches(tmp_path):
   assert "Stop requested at step 8: the evaluation stopped after batch" in out
   assert "Preempted: checkpoint saved at step 8; exiting." in out
   assert "eval/top1" not in read_metrics(workdir)[-1]
-  again = _main(*args, f"--workdir={workdir}")
-  out2, _ = again.communicate(timeout=300)
+  # The restart, side by side with the uninterrupted run
+  again, full = _main(*args, f"--workdir={workdir}"), _main(*args, f"--workdir={tmp_path / 'full'}")
+  (out2, _), (full_out, _) = _finish_all([again, full], 300)
   assert again.returncode == 0, out2
+  assert full.returncode == 0, full_out
   assert "Evaluation at step 8/16" in out2
   rows = read_metrics(workdir)
   assert [r["step"] for r in rows] == list(range(1, 17))  # each step once
