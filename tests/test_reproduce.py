@@ -621,6 +621,21 @@ def test_a_protocol_plan_refuses_a_folder_of_another_size(tmp_path, capsys):
   assert capsys.readouterr().err == refusal and not workdir.exists()
 
 
+def test_a_budget_plan_refuses_a_folder_smaller_than_a_batch_in_one_line(tmp_path, capsys):
+  """Was: 'Warming up...' and a traceback ending in the run's refusal, which named
+  --config.batch_size, a flag this command does not take."""
+  folder, workdir = _tiny_cifar(tmp_path / "mine"), tmp_path / "w"
+  assert rp.main(["structinit", f"--data={folder}", f"--workdir={workdir}"]) == 2
+  assert capsys.readouterr().err == (
+    f"locvit.reproduce: error: row 'trunc_normal': {folder} gives 10 training images "
+    "(data.train_fraction=0.1 of its 'train' split), fewer than the row's batch of 128: the plan "
+    "is made for CIFAR-10 (docs/data_preparation.md). On your own images: python -m locvit.main "
+    f"--config=structinit_cifar10_small:trunc_normal --data=image_folder:{folder} "
+    "--config.batch_size=10 --workdir=DIR\n"
+  )
+  assert not workdir.exists()
+
+
 def test_the_combined_row_changes_only_q_and_k_and_trains(tmp_path, monkeypatch):
   """GMM-ViT with impulse-3 q/k (gmm_table1_cifar10's optional row): the GMM row's init but the
   query/key kernels, and a few training steps on CPU (two blocks, the fast solver)."""
