@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import flax
 import jax
 import ml_collections
 import numpy as np
@@ -73,6 +74,20 @@ def test_mask_figure_shares_one_scale_and_attention_centres_label_their_axes():
   assert (ax.get_xlabel(), ax.get_ylabel()) == ("column offset (tokens)", "row offset (tokens)")
   assert [t.get_text() for t in ax.get_legend().get_texts()] == [f"head {h}" for h in range(4)]
   assert fig.get_suptitle().startswith("cordonnier_sa, step 0\n")
+
+
+def test_attention_centres_name_the_heads_whose_centre_lies_outside_the_window():
+  """Was: a head centred beyond the window kept its legend entry but had no contour or marker,
+  as if it were not there (an 8x8 grid allows offsets up to 7; the window shows 5.5)."""
+  model = create_model(
+    "cordonnier_sa", num_classes=10, hidden_dim=16, mlp_dim=24, depth=1, num_heads=4
+  )
+  params = flax.linen.meta.unbox(model.init(jax.random.key(0), np.zeros((1, 8, 8, 3))))["params"]
+  layer = params["layers_0"]["attn"]["positional"]
+  layer["attention_centers"] = np.asarray(layer["attention_centers"]).copy()
+  layer["attention_centers"][2] = (6.25, -1.0)
+  [ax] = centers.attention_centers_figure(params).axes
+  assert [t.get_text() for t in ax.texts] == ["head 2 outside: row +6.2, col -1.0"]
 
 
 MODELS = {

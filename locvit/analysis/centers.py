@@ -139,6 +139,19 @@ def _save(fig: Figure, path: str | os.PathLike) -> str:
   return path
 
 
+def note_outside(ax, centers: np.ndarray, half: float) -> list[int]:
+  """Names, in the panel's lower left corner, the heads whose centre lies outside the window
+  ``|offset| <= half`` (their contours and markers are cut off or absent); returns them."""
+  outside = [h for h, c in enumerate(np.asarray(centers)) if np.abs(c).max() > half]
+  if outside:
+    text = "\n".join(
+      f"head {h} outside: row {centers[h][0]:+.1f}, col {centers[h][1]:+.1f}" for h in outside
+    )
+    ax.text(0.02, 0.02, text, transform=ax.transAxes, fontsize=5, va="bottom", ha="left",
+            bbox=dict(facecolor="white", alpha=0.8, linewidth=0))  # fmt: skip
+  return outside
+
+
 def _query_box(ax, row: float, col: float) -> None:
   ax.add_patch(Rectangle((col - 0.5, row - 0.5), 1, 1, facecolor="black", edgecolor="black"))
 
@@ -203,6 +216,7 @@ def attention_centers_figure(
         linestyles=[LINESTYLES[i % len(LINESTYLES)] for i in order],
       )
     _query_box(ax, 0.0, 0.0)
+    note_outside(ax, centers, half)
     ax.set_xlim(-half, half)
     ax.set_ylim(half, -half)  # rows grow downwards
     ax.set_aspect("equal")
