@@ -10,14 +10,28 @@ import jax
 import ml_collections
 
 from locvit import checkpoint as ckpt_lib
-from locvit import sharding
+from locvit import run_config, sharding
 from locvit.analysis.analyze import restore_params
+from locvit.configs.common import complete_config
 
-IMAGE_SHAPE = (32, 32, 3)
+
+def image_shape(config: ml_collections.ConfigDict) -> tuple[int, int, int]:
+  """The shape of the model's input images: ``data.image_size`` square, a channel per entry of
+  the normalisation's ``data.mean``."""
+  return (config.data.image_size, config.data.image_size, len(config.data.mean))
 
 
-def load_config(spec: str) -> ml_collections.ConfigDict:
-  """``path/to/config.py[:arg]`` -> the ConfigDict of its ``get_config(arg)``."""
+def load_config(spec: str | None, workdir: str | None = None) -> ml_collections.ConfigDict:
+  """``path/to/config.py[:arg]`` -> the ConfigDict of its ``get_config(arg)``; None: the config
+  the run in ``workdir`` saved (``WORKDIR/config.json``: its overrides, data and class count)."""
+  if spec is None:
+    saved = run_config.path(workdir)
+    if not saved.exists():
+      raise FileNotFoundError(
+        f"{saved} does not exist (no training run saved its config there): give the run's "
+        "--workdir, or its config as --config=path/to/config.py[:arg]"
+      )
+    return complete_config(run_config.read(str(saved)))
   path, _, arg = spec.partition(":")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"Config file {path!r} not found (expected path/to/config.py[:arg]).")
@@ -27,11 +41,21 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
   return module.get_config(arg or None)
 
 
+def run_num_classes(workdir: str) -> int:
+  """The class count the head of ``workdir``'s checkpoints was built for."""
+  checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+  meta = checkpointer.saved_meta(None)
+  checkpointer.close()
+  if meta is None:
+    raise FileNotFoundError(f"No checkpoints in {workdir}/checkpoints.")
+  return int(meta["config"]["num_classes"])
+
+
 def initial_params(config: ml_collections.ConfigDict, model: nn.Module):
   """The trainer's step-0 parameters: ``model.init`` with ``key(seed + 1)`` (no ``config.init``)."""
   if config.get("init") is not None and config.init.name != "none":
     raise ValueError(f"config.init={config.init.name!r}: step 0 cannot be rebuilt from model.init.")
-  init = lambda rng: sharding.init_model_variables(model, IMAGE_SHAPE, rng)[0]
+  init = lambda rng: sharding.init_model_variables(model, image_shape(config), rng)[0]
   return nn.meta.unbox(jax.jit(init)(jax.random.key(config.seed + 1)))
 
 
@@ -47,4 +71,4 @@ def checkpoint_steps(workdir: str) -> list[int]:
 
 def params_at(config: ml_collections.ConfigDict, model: nn.Module, workdir: str, step: int):
   """Host copy of the parameters of the checkpoint at ``step``."""
-  return jax.device_get(restore_params(config, workdir, model, IMAGE_SHAPE, step)[0])
+  return jax.device_get(restore_params(config, workdir, model, image_shape(config), step)[0])

@@ -80,3 +80,37 @@ def test_no_script_writes_into_docs_unless_told():
           if isinstance(d, ast.Constant) and str(d.value).startswith("docs/")
         ]
   assert into_docs == []
+
+
+@pytest.mark.parametrize(
+  "script, model, args",
+  [
+    ("cordonnier_centers", ("cordonnier_sa", {"downsample": 2}), ["--workdir={run}"]),
+    (
+      "gmm_masks",
+      ("gmm_vit_smalldata_d6_patch4_32", {"patch_size": 2, "layer_attention": ("gmm",) * 2}),
+      ["--vit_workdir={run}", "--elm_workdir={run}", "--gmm_workdir={run}", "--layers=0,1"],
+    ),
+  ],
+)
+def test_experiment_scripts_read_the_runs_own_config(script, model, args, tmp_path, monkeypatch):
+  """Was: the scripts, run as the config docstrings print them, rebuilt the shipped config's
+  model with 10 classes, so a run on one's own data (12 classes here) or with other overrides
+  stopped with 'written by an incompatible config ... to resume'."""
+  import ml_collections
+
+  from locvit import train
+  from tests.train_utils import tiny_config
+
+  c = tiny_config(total_steps=2)
+  c.model.name = model[0]
+  c.model.overrides = ml_collections.ConfigDict(
+    {"embed_dim" if "gmm" in script else "hidden_dim": 16, "depth": 2, "num_heads": 4, **model[1]}
+  )
+  c.data.num_classes = 12
+  run = str(tmp_path / "run")
+  train.train_and_evaluate(c, run)
+  monkeypatch.syspath_prepend(str(ROOT / "experiments"))
+  module = __import__(script)
+  module.main([a.format(run=run) for a in args])
+  assert os.listdir(f"{run}/analysis")
