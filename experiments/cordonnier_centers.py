@@ -29,7 +29,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
-from run_utils import checkpoint_steps, initial_params, load_config, params_at, run_num_classes
+from run_utils import checkpoint_steps, initial_params, load_config, params_at, run, run_num_classes
 
 from locvit.analysis import centers as centers_lib
 from locvit.analysis.analyze import model_label
@@ -208,4 +208,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  run(main)

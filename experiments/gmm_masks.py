@@ -29,6 +29,7 @@ from run_utils import (
   initial_params,
   load_config,
   params_at,
+  run,
   run_num_classes,
 )
 
@@ -147,4 +148,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  run(main)

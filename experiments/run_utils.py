@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax
@@ -13,6 +15,7 @@ from locvit import checkpoint as ckpt_lib
 from locvit import run_config, sharding
 from locvit.analysis.analyze import restore_params
 from locvit.configs.common import complete_config
+from locvit.main import ConfigError, resolve_config
 
 
 def image_shape(config: ml_collections.ConfigDict) -> tuple[int, int, int]:
@@ -21,8 +24,19 @@ def image_shape(config: ml_collections.ConfigDict) -> tuple[int, int, int]:
   return (config.data.image_size, config.data.image_size, len(config.data.mean))
 
 
+def run(main: Callable[[], None]) -> None:
+  """Runs a script's ``main``; a bad argument (a missing run, config or image folder) is one line
+  on stderr and exit status 2, as locvit.main reports it, not a traceback."""
+  try:
+    main()
+  except (ValueError, FileNotFoundError) as e:
+    print(f"{os.path.basename(sys.argv[0])}: error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
 def load_config(spec: str | None, workdir: str | None = None) -> ml_collections.ConfigDict:
-  """``path/to/config.py[:arg]`` -> the ConfigDict of its ``get_config(arg)``; None: the config
+  """``path/to/config.py[:arg]`` (or a shipped config's ``NAME[:arg]``) -> the ConfigDict of its
+  ``get_config(arg)``; None: the config
   the run in ``workdir`` saved (``WORKDIR/config.json``: its overrides, data and class count)."""
   if spec is None:
     saved = run_config.path(workdir)
@@ -32,9 +46,10 @@ def load_config(spec: str | None, workdir: str | None = None) -> ml_collections.
         "--workdir, or its config as --config=path/to/config.py[:arg]"
       )
     return complete_config(run_config.read(str(saved)))
-  path, _, arg = spec.partition(":")
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"Config file {path!r} not found (expected path/to/config.py[:arg]).")
+  try:  # as locvit.main's --config: a file, or a shipped config's name (configs/NAME.py[:ARG])
+    path, _, arg = resolve_config(spec).partition(":")
+  except ConfigError as e:
+    raise ValueError(str(e)) from None
   module_spec = importlib.util.spec_from_file_location("run_config", path)
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)

@@ -114,3 +114,21 @@ def test_experiment_scripts_read_the_runs_own_config(script, model, args, tmp_pa
   module = __import__(script)
   module.main([a.format(run=run) for a in args])
   assert os.listdir(f"{run}/analysis")
+
+
+def test_init_maps_see_the_images_at_the_models_size(tmp_path, monkeypatch):
+  """Was: experiments/structinit_init_maps.py on a folder of 40x48 images drew the attention over
+  a 10x12 token grid (the solved impulses are for the config's 8x8) without saying so."""
+  from PIL import Image
+
+  from locvit.configs import structinit_cifar10_small
+  from locvit.data import ImageFolderSource
+
+  (tmp_path / "train" / "cat").mkdir(parents=True)
+  Image.new("RGB", (48, 40)).save(tmp_path / "train" / "cat" / "0.jpg")
+  monkeypatch.syspath_prepend(str(ROOT / "experiments"))
+  from structinit_init_maps import AsEvaluated
+
+  data = structinit_cifar10_small.get_config("impulse3").data
+  view = AsEvaluated(ImageFolderSource(str(tmp_path), "train"), data)
+  assert len(view) == 1 and view[0]["image"].shape == (32, 32, 3)
