@@ -156,6 +156,15 @@ def test_a_saved_plan_is_not_replaced(tmp_path):
     rp.load_or_make_plan("gmm", rp.PLANS["gmm"], {}, workdir, None, 3, time.time())
 
 
+def test_a_report_of_no_plan_prints_the_command_that_makes_one(tmp_path, capsys):
+  """Was 'run `python -m locvit.reproduce smoke` first', which stops: --workdir is required."""
+  assert rp.main(["smoke", f"--workdir={tmp_path}", "--report"]) == 2
+  assert capsys.readouterr().err == (
+    f"locvit.reproduce: error: {tmp_path} holds no plan.json: run `python -m locvit.reproduce "
+    f"smoke --workdir={tmp_path}` first\n"
+  )
+
+
 # ------------------------------------------------------------------------------------------------
 # The report
 
