@@ -156,6 +156,15 @@ def test_a_saved_plan_is_not_replaced(tmp_path):
     rp.load_or_make_plan("gmm", rp.PLANS["gmm"], {}, workdir, None, 3, time.time())
 
 
+def test_a_report_of_no_plan_prints_the_command_that_makes_one(tmp_path, capsys):
+  """Was 'run `python -m locvit.reproduce smoke` first', which stops: --workdir is required."""
+  assert rp.main(["smoke", f"--workdir={tmp_path}", "--report"]) == 2
+  assert capsys.readouterr().err == (
+    f"locvit.reproduce: error: {tmp_path} holds no plan.json: run `python -m locvit.reproduce "
+    f"smoke --workdir={tmp_path}` first\n"
+  )
+
+
 # ------------------------------------------------------------------------------------------------
 # The report
 
@@ -623,6 +632,21 @@ def test_a_protocol_plan_refuses_a_folder_of_another_size(tmp_path, capsys):
   assert capsys.readouterr().err == refusal
   assert rp.main([*run, f"--workdir={workdir}", "--estimate=kit"]) == 2
   assert capsys.readouterr().err == refusal and not workdir.exists()
+
+
+def test_a_budget_plan_refuses_a_folder_smaller_than_a_batch_in_one_line(tmp_path, capsys):
+  """Was: 'Warming up...' and a traceback ending in the run's refusal, which named
+  --config.batch_size, a flag this command does not take."""
+  folder, workdir = _tiny_cifar(tmp_path / "mine"), tmp_path / "w"
+  assert rp.main(["structinit", f"--data={folder}", f"--workdir={workdir}"]) == 2
+  assert capsys.readouterr().err == (
+    f"locvit.reproduce: error: row 'trunc_normal': {folder} gives 10 training images "
+    "(data.train_fraction=0.1 of its 'train' split), fewer than the row's batch of 128: the plan "
+    "is made for CIFAR-10 (docs/data_preparation.md). On your own images: python -m locvit.main "
+    f"--config=structinit_cifar10_small:trunc_normal --data=image_folder:{folder} "
+    "--config.batch_size=10 --workdir=DIR\n"
+  )
+  assert not workdir.exists()
 
 
 def test_the_combined_row_changes_only_q_and_k_and_trains(tmp_path, monkeypatch):

@@ -191,7 +191,10 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
   plan = PLANS[name]
   saved = _read_json(os.path.join(workdir, "plan.json"))
   if saved is None:
-    raise ValueError(f"{workdir} holds no plan.json: run `python -m locvit.reproduce {name}` first")
+    raise ValueError(
+      f"{workdir} holds no plan.json: run `python -m locvit.reproduce {name} --workdir={workdir}` "
+      "first"
+    )
   seeds, plan_commit = saved["seeds"], saved.get("locvit_commit") or "unknown"
   rows, finals, loads, any_recorded = {}, {}, [], False
   for row in saved.get("row_names") or plan["rows"]:
