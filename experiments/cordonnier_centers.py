@@ -1,8 +1,7 @@
 """Attention centres of a quadratic SA run over training (Cordonnier et al., Fig. 3), from its
 checkpoints, plus the numbers that say whether the centres formed a grid around the query.
 
-  python experiments/cordonnier_centers.py --workdir=RUN \\
-    [--config=configs/cordonnier_cifar10_small.py:quadratic] [--out_prefix=RUN/analysis/cordonnier]
+  python experiments/cordonnier_centers.py --workdir=RUN [--out_prefix=RUN/analysis/cordonnier]
 
 Writes ``<out_prefix>_centers.png`` (rows: steps, columns: layers; per head its 50% mass contour
 and its centre, the query token in black), ``<out_prefix>_center_paths.png`` (per layer, every
@@ -14,9 +13,10 @@ offsets the centres round to, how many of the 9 taps of a 3x3 kernel around the 
 centre rounds to, the mean inverse spread ``s`` (``Sigma^{-1} = s^2 I``) and the
 mean and largest distance each centre moved since step 0.
 
-Step 0 is rebuilt as the trainer draws it (``model.init`` with ``key(seed + 1)``; the trainer
-saves no step-0 checkpoint). Offsets are in tokens of the model's grid (4x4-pixel blocks for the
-reduced config). Run it as a single process, after the run has finished.
+The model is the run's own (``RUN/config.json``: its overrides and class count; ``--config=FILE``
+replaces it). Step 0 is rebuilt as the trainer draws it (``model.init`` with ``key(seed + 1)``;
+the trainer saves no step-0 checkpoint). Offsets are in tokens of the model's grid (4x4-pixel
+blocks for the reduced config). Run it as a single process, after the run has finished.
 """
 
 from __future__ import annotations
@@ -29,18 +29,18 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
-from run_utils import checkpoint_steps, initial_params, load_config, params_at
+from run_utils import checkpoint_steps, initial_params, load_config, params_at, run, run_num_classes
 
 from locvit.analysis import centers as centers_lib
+from locvit.analysis.analyze import model_label
 from locvit.models import build_model
 
-NUM_CLASSES = 10
 HALF_MASS_LEVEL = float(centers_lib.gaussian_mass_levels((0.5,))[0])
 
 
 def params_by_step(config, workdir: str) -> dict[int, dict]:
   """``{step: params}`` for step 0 and every checkpoint kept in ``workdir/checkpoints``."""
-  model = build_model(config, NUM_CLASSES)
+  model = build_model(config, run_num_classes(workdir))
   out = {0: initial_params(config, model)}
   for step in checkpoint_steps(workdir):
     out[step] = params_at(config, model, workdir, step)
@@ -93,7 +93,9 @@ def _save(fig: Figure, path: str) -> str:
   return path
 
 
-def contour_figure(tables: dict[int, dict], steps: Sequence[int], window: int) -> Figure:
+def contour_figure(
+  tables: dict[int, dict], steps: Sequence[int], window: int, label: str = ""
+) -> Figure:
   """Rows: steps; columns: layers; per head its 50% mass contour and its centre."""
   layers = list(tables[steps[0]])
   axis = np.arange(-window / 2, window / 2 + 0.025, 0.05)
@@ -110,16 +112,19 @@ def contour_figure(tables: dict[int, dict], steps: Sequence[int], window: int) -
         if density.max() >= HALF_MASS_LEVEL:
           ax.contour(d2, d1, density, levels=[HALF_MASS_LEVEL], colors=[f"C{h}"], linewidths=0.8)
         ax.plot(center[1], center[0], "o", color=f"C{h}", markersize=2.5)
+      centers_lib.note_outside(ax, centers, window / 2)
       _panel(ax, window)
       if r == 0:
         ax.set_title(f"layer {col}", fontsize=8)
       if col == 0:
         ax.set_ylabel(f"step {step}", fontsize=8)
-  fig.suptitle("Quadratic heads: 50% mass contours and centres (offsets in tokens)", fontsize=9)
+  fig.suptitle(
+    f"{label}: quadratic heads' 50% mass contours and centres (offsets in tokens)", fontsize=9
+  )
   return fig
 
 
-def path_figure(tables: dict[int, dict], window: int) -> Figure:
+def path_figure(tables: dict[int, dict], window: int, label: str = "") -> Figure:
   """Per layer, each head's centre over the checkpoints: open circle at 0, filled at the end."""
   steps = sorted(tables)
   layers = list(tables[steps[0]])
@@ -131,9 +136,12 @@ def path_figure(tables: dict[int, dict], window: int) -> Figure:
       ax.plot(track[:, h, 1], track[:, h, 0], "-", color=f"C{h}", linewidth=0.8)
       ax.plot(track[0, h, 1], track[0, h, 0], "o", mfc="none", color=f"C{h}", markersize=3)
       ax.plot(track[-1, h, 1], track[-1, h, 0], "o", color=f"C{h}", markersize=3.5)
+    centers_lib.note_outside(ax, track[-1], window / 2)
     _panel(ax, window)
     ax.set_title(f"layer {layers.index(layer)}", fontsize=8)
-  fig.suptitle(f"Centre paths, steps {steps[0]} (open) to {steps[-1]} (filled)", fontsize=9)
+  fig.suptitle(
+    f"{label}: centre paths, steps {steps[0]} (open) to {steps[-1]} (filled)", fontsize=9
+  )
   return fig
 
 
@@ -160,7 +168,7 @@ def markdown_table(tables: dict[int, dict]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
   """Writes the figures and prints the table (see the module docstring)."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--config", default="configs/cordonnier_cifar10_small.py:quadratic")
+  parser.add_argument("--config", default=None, help="default: the run's WORKDIR/config.json")
   parser.add_argument("--workdir", required=True, help="the run's --workdir")
   # The docs' figures are written only when asked for by name.
   parser.add_argument("--out_prefix", default=None, help="default: WORKDIR/analysis/cordonnier")
@@ -169,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   args = parser.parse_args(argv)
   args.out_prefix = args.out_prefix or f"{args.workdir}/analysis/cordonnier"
 
-  config = load_config(args.config)
+  config = load_config(args.config, args.workdir)
   params = params_by_step(config, args.workdir)
   tables = {step: layer_tables(p) for step, p in params.items()}
   if not tables[0]:
@@ -182,11 +190,16 @@ def main(argv: Sequence[str] | None = None) -> None:
       raise ValueError(f"--plot_steps {missing} have no checkpoint; available: {steps}.")
   else:
     plot_steps = sorted({steps[round(i * (len(steps) - 1) / 3)] for i in range(4)})
+  label = model_label(config)
+  contours = contour_figure(tables, plot_steps, args.window, label)
   paths = [
-    _save(contour_figure(tables, plot_steps, args.window), f"{args.out_prefix}_centers.png"),
-    _save(path_figure(tables, args.window), f"{args.out_prefix}_center_paths.png"),
+    _save(contours, f"{args.out_prefix}_centers.png"),
+    _save(path_figure(tables, args.window, label), f"{args.out_prefix}_center_paths.png"),
     centers_lib.plot_attention_centers(
-      params[steps[-1]], f"{args.out_prefix}_final.png", window=args.window
+      params[steps[-1]],
+      f"{args.out_prefix}_final.png",
+      window=args.window,
+      title=f"{label}, step {steps[-1]}",
     ),
   ]
   print(markdown_table(tables))
@@ -195,4 +208,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  run(main)

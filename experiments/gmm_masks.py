@@ -2,8 +2,7 @@
 parameter counts of the three models, from their final checkpoints.
 
   python experiments/gmm_masks.py --vit_workdir=RUN_V --elm_workdir=RUN_E \\
-    --gmm_workdir=RUN_G [--config=configs/gmm_cifar10_small.py] [--layers=0,5] \\
-    [--out_prefix=RUN_G/analysis/masks]
+    --gmm_workdir=RUN_G [--layers=0,5] [--out_prefix=RUN_G/analysis/masks]
 
 Writes ``<out_prefix>_{gmm,elm}_layer<i>.png`` (``locvit.analysis.masks.plot_mask_table``: per
 head the raw 64 x 64 mask and its per-query unfolding) for the chosen layers, and prints
@@ -12,6 +11,8 @@ all), and per GMM and ELM layer the mask at initialisation (the trainer's ``key(
 and at the end ("init / end"): its mean value at query-key distance 0, 1 and >= 4 tokens, its RMS
 value, for GMM the number of "local" heads (query-averaged ``|M(d=1)| < |M(d=0)| / 2``), and the
 Frobenius norm of the change relative to the initial mask (absolute for ELM, which starts at 0).
+Each run's model is its own (``RUN/config.json``: overrides, class count); ``--config=FILE``
+(``FILE:vit``, ``FILE:elm``, ``FILE:gmm``) replaces them.
 """
 
 from __future__ import annotations
@@ -22,19 +23,27 @@ from collections.abc import Sequence
 import flax
 import jax.numpy as jnp
 import numpy as np
-from run_utils import IMAGE_SHAPE, checkpoint_steps, initial_params, load_config, params_at
+from run_utils import (
+  checkpoint_steps,
+  image_shape,
+  initial_params,
+  load_config,
+  params_at,
+  run,
+  run_num_classes,
+)
 
+from locvit.analysis.analyze import image_grid, model_label
 from locvit.analysis.masks import collect_mask_tables, plot_mask_table
 from locvit.attention.geometry import TokenGrid, squared_distances
 from locvit.models import build_model
 
-NUM_CLASSES = 10
 
-
-def final_params(spec: str, workdir: str):
-  """``(config, model, params, step)`` of the last checkpoint of the run of config ``spec``."""
-  config = load_config(spec)
-  model = build_model(config, NUM_CLASSES)
+def final_params(spec: str | None, workdir: str):
+  """``(config, model, params, step)`` of the last checkpoint of the run in ``workdir`` (its
+  saved config, or config ``spec``)."""
+  config = load_config(spec, workdir)
+  model = build_model(config, run_num_classes(workdir))
   step = checkpoint_steps(workdir)[-1]
   return config, model, params_at(config, model, workdir, step), step
 
@@ -47,9 +56,9 @@ def count(tree) -> tuple[int, int]:
   return total, masks
 
 
-def mask_tables(model, params) -> dict[str, np.ndarray]:
+def mask_tables(config, model, params) -> dict[str, np.ndarray]:
   """``{layer path: (H, N, N)}``; the masks do not depend on the image, one zero image suffices."""
-  images = jnp.zeros((1, *IMAGE_SHAPE), jnp.float32)
+  images = jnp.zeros((1, *image_shape(config)), jnp.float32)
   return collect_mask_tables(model, {"params": params}, images)
 
 
@@ -94,7 +103,7 @@ def summary_table(name: str, start: dict, end: dict, grid: TokenGrid) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
   """Writes the mask figures and prints the counts and kernel summaries."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--config", default="configs/gmm_cifar10_small.py")
+  parser.add_argument("--config", default=None, help="default: each run's WORKDIR/config.json")
   parser.add_argument("--vit_workdir", required=True)
   parser.add_argument("--elm_workdir", required=True)
   parser.add_argument("--gmm_workdir", required=True)
@@ -106,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   layers = [int(i) for i in args.layers.split(",")]
 
   runs = {
-    name: final_params(f"{args.config}:{name}", workdir)
+    name: final_params(args.config and f"{args.config}:{name}", workdir)
     for name, workdir in (
       ("vit", args.vit_workdir),
       ("elm", args.elm_workdir),
@@ -114,22 +123,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
   }
   print("| model | step | parameters | mask parameters | per layer |\n|---|---|---|---|---|")
-  for name, (config, _, params, step) in runs.items():
+  for name, (_, _, params, step) in runs.items():
     total, masks = count(params)
-    depth = config.model.overrides.depth
+    depth = len({key for key in params if key.startswith("blocks_")})
     print(f"| {name} | {step} | {total:,} | {masks:,} | {masks // depth:,} |")
 
   written = []
-  grid = TokenGrid(8, 8)
   for name in ("gmm", "elm"):
     config, model, params, step = runs[name]
-    tables = mask_tables(model, params)
+    grid = image_grid(model, image_shape(config))[0]
+    tables = mask_tables(config, model, params)
     paths = sorted(tables, key=lambda p: int(p.split("/")[0].split("_")[1]))
+    if max(layers) >= len(paths):
+      parser.error(f"--layers={args.layers}: {name}'s mask layers are 0-{len(paths) - 1}")
     for i in layers:
-      title = f"{name.upper()}-ViT, layer {i}, step {step}"
+      title = f"{model_label(config)}, layer {i}, step {step}"
       out = f"{args.out_prefix}_{name}_layer{i}.png"
       written.append(plot_mask_table(tables[paths[i]], grid, out, title=title))
-    start = mask_tables(model, initial_params(config, model))
+    start = mask_tables(config, model, initial_params(config, model))
     start, end = ({p: t[p] for p in paths} for t in (start, tables))
     print("\n" + summary_table(name.upper(), start, end, grid))
   for path in written:
@@ -137,4 +148,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  run(main)

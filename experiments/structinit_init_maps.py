@@ -5,7 +5,8 @@ for its three inits, averaged over real CIFAR-10 images.
     [--config=configs/structinit_cifar10_small.py] [--out=DIR (default: init_maps)]
 
 Uses ``locvit.analysis.init_maps.compare_inits`` with the model, overrides and ``config.init`` of
-each variant (seed 0) and writes ``<out>/<init>.png`` and ``<out>/comparison.png`` (layers 0, 4
+each variant (seed 0), on the images resized and centre-cropped as for evaluation
+(``data.image_size``), and writes ``<out>/<init>.png`` and ``<out>/comparison.png`` (layers 0, 4
 and 7, head 0 in the comparison; the zoom shows the first 16 queries and keys, two rows of the
 8x8 token grid).
 """
@@ -15,10 +16,25 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from run_utils import load_config
+from run_utils import load_config, run
 
 from locvit.analysis.init_maps import compare_inits, load_images
-from locvit.data import ImageFolderSource
+from locvit.data import ImageFolderSource, build_eval_transform
+
+
+class AsEvaluated:
+  """``source`` with each image as the model sees it at evaluation: resized and centre-cropped to
+  ``data.image_size`` (a folder of 40x48 images gave maps over a 10x12 grid, not the model's)."""
+
+  def __init__(self, source, data_config):
+    self.source, self.transform = source, build_eval_transform(data_config)
+
+  def __len__(self) -> int:
+    return len(self.source)
+
+  def __getitem__(self, index: int) -> dict:
+    example = self.source[index]
+    return {**example, "image": self.transform(example["image"])}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -36,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   configs = {name: load_config(f"{args.config}:{name}") for name in names}
   first = configs["impulse3"]
   images = load_images(
-    ImageFolderSource(args.image_folder, first.data.train_split),
+    AsEvaluated(ImageFolderSource(args.image_folder, first.data.train_split), first.data),
     args.num_images,
     first.data.mean,
     first.data.std,
@@ -56,4 +72,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  run(main)

@@ -15,7 +15,7 @@ import argparse
 from collections.abc import Sequence
 
 import numpy as np
-from run_utils import load_config
+from run_utils import load_config, run
 
 from locvit.init import apply as init_apply
 from locvit.init.impulse import solve_impulse, solver_config
@@ -51,4 +51,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  run(main)

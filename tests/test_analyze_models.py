@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import flax
 import jax
 import ml_collections
 import numpy as np
@@ -47,6 +48,7 @@ def test_attention_maps_share_one_log_scale_with_its_colour_bar():
   _, local, uniform = _panels(fig)  # the input image, then the heads
   assert isinstance(local.norm, colors.LogNorm)
   assert (local.norm.vmin, local.norm.vmax) == (uniform.norm.vmin, uniform.norm.vmax)
+  assert (local.norm.vmin, local.norm.vmax) == (0.1 / 15, 0.9)  # the smallest and largest weight
   # The nearly uniform head spans a sliver of the colours (each panel's own scale: all of them).
   shown = uniform.norm(maps[0][1])
   assert shown.max() - shown.min() < 0.02
@@ -55,6 +57,7 @@ def test_attention_maps_share_one_log_scale_with_its_colour_bar():
   maps[0][0][0, 0] = 1e-9
   fig = plots.attention_maps_figure(image, TokenGrid(4, 4), (1, 2), maps, {}, patch_size=2)
   assert _colour_bar(fig).get_ylabel().endswith("\n(below 9.0e-05: lowest colour)")
+  assert _panels(fig)[1].norm.vmin == 0.9 * 10.0**-plots.MAP_DECADES
 
 
 def test_mask_figure_shares_one_scale_and_attention_centres_label_their_axes():
@@ -73,6 +76,36 @@ def test_mask_figure_shares_one_scale_and_attention_centres_label_their_axes():
   assert (ax.get_xlabel(), ax.get_ylabel()) == ("column offset (tokens)", "row offset (tokens)")
   assert [t.get_text() for t in ax.get_legend().get_texts()] == [f"head {h}" for h in range(4)]
   assert fig.get_suptitle().startswith("cordonnier_sa, step 0\n")
+
+
+def test_attention_centres_name_the_heads_outside_the_window_or_without_a_centre():
+  """Was: a head centred beyond the window kept its legend entry but had no contour or marker,
+  as if it were not there (an 8x8 grid allows offsets up to 7; the window shows 5.5)."""
+  model = create_model(
+    "cordonnier_sa", num_classes=10, hidden_dim=16, mlp_dim=24, depth=1, num_heads=4
+  )
+  params = flax.linen.meta.unbox(model.init(jax.random.key(0), np.zeros((1, 8, 8, 3))))["params"]
+  layer = params["layers_0"]["attn"]["positional"]
+  layer["attention_centers"] = np.asarray(layer["attention_centers"]).copy()
+  layer["attention_centers"][2] = (6.25, -1.0)
+  [ax] = centers.attention_centers_figure(params).axes
+  assert [t.get_text() for t in ax.texts] == ["head 2 outside: row +6.2, col -1.0"]
+
+  # Was: a GPSA head preferring far keys (alpha <= 0) was left out, the next heads renumbered.
+  from locvit.models.convit import convit_overrides
+
+  shape = dict(num_heads=4, embed_dim=32, **convit_overrides(1, 1))
+  model = create_model("convit_tiny_patch4_32", num_classes=10, **shape)
+  params = flax.linen.meta.unbox(model.init(jax.random.key(0), np.zeros((1, 32, 32, 3))))["params"]
+  before = centers.gpsa_heads(params)["blocks_0/attn"][0]
+  kernel = np.asarray(params["blocks_0"]["attn"]["pos_proj"]["kernel"]).copy()
+  kernel[2, 1] = 0.5  # head 1: -alpha = 0.5
+  params["blocks_0"]["attn"]["pos_proj"]["kernel"] = kernel
+  [ax] = centers.attention_centers_figure(params).axes
+  assert [t.get_text() for t in ax.texts] == ["head 1: no centre (prefers far keys)"]
+  after = centers.gpsa_heads(params)["blocks_0/attn"][0]
+  np.testing.assert_array_equal(after[[0, 2, 3]], before[[0, 2, 3]])  # not renumbered
+  assert np.isnan(after[1]).all()
 
 
 MODELS = {
@@ -138,7 +171,8 @@ def test_init_maps_compare_inits_on_one_scale():
     assert _colour_bar(fig).get_ylabel() == init_maps.COLOUR_BAR_LABEL
   panels = _panels(init_maps.comparison_figure(maps, [0], zoom=8))
   shown = panels[2].norm(random[0])  # trunc_normal's full map
-  assert shown.max() - shown.min() < 0.01 and panels[2].norm.vmax == impulse.max()
+  assert shown.max() - shown.min() < 0.01
+  assert (panels[2].norm.vmin, panels[2].norm.vmax) == (0.0, impulse.max())  # linear from 0
 
 
 def test_nonlocality_axis_shows_values_not_an_offset_of_a_few_ulps():

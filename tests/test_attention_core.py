@@ -354,6 +354,20 @@ def test_the_one_layer_names_what_it_refuses():
     TalkingHeadsAttention(2, 2).init(jax.random.key(0), x, x, terms=(term,))
 
 
+def test_a_positional_term_that_does_not_fit_the_layer_is_named_in_one_line():
+  """One's own model with a class token but no num_prefix_tokens, another grid, or a term of
+  another head count: one line saying what to pass (was a broadcasting TypeError or a bare
+  AssertionError from JAX's kernel)."""
+  x, grid = jnp.ones((1, 17, 8)), TokenGrid(4, 4)
+  layer = Attention(num_heads=2, positional=QuadraticPositional(2))
+  with pytest.raises(ValueError, match=r"covers 16 patch tokens, but the layer got 17 tokens wi"):
+    layer.init(jax.random.key(0), x, grid=grid)
+  layer.init(jax.random.key(0), x, grid=grid, num_prefix_tokens=1)
+  other_heads = Attention(num_heads=2, head_dim=4, positional=QuadraticPositional(4))
+  with pytest.raises(ValueError, match="has 4 heads, the layer 2: build the term with num_heads"):
+    other_heads.init(jax.random.key(0), x[:, 1:], grid=grid)
+
+
 @pytest.mark.parametrize("platform", ["tpu", "cuda"])
 def test_a_train_step_lowers_for_accelerators(platform):
   """The 'xla' setting lowers for TPU and GPU from a CPU host (no compilation)."""

@@ -774,8 +774,10 @@ def test_class_limit_errors():
     D.make_source(_cfg(class_limit=11), "train")
   with pytest.raises(ValueError, match=r"data\.class_limit=0 must be an integer in \[1, "):
     D.make_source(_cfg(class_limit=0), "train")
-  with pytest.raises(ValueError, match=r"data\.num_classes=2 is smaller than the 3 classes"):
+  with pytest.raises(ValueError, match=r"data\.num_classes=2 is smaller than the 3 classes") as e:
     D.make_source(_cfg(class_limit=3, num_classes=2), "train")
+  assert str(e.value).endswith(": a label past the head has no output; "
+                               "--config.data.num_classes=3 fits the head to them")  # fmt: skip
 
 
 def test_class_limit_image_folder(cifar10_folder):

@@ -500,6 +500,18 @@ def test_analyze_rejects_bad_layers_and_queries(trained, tmp_path):
     analyze_lib.analyze(config, workdir, str(tmp_path), layers=(5,))
   with pytest.raises(ValueError, match=r"query=\(4, 0\) must be a \(row, col\) patch of the 4x4"):
     analyze_lib.analyze(config, workdir, str(tmp_path), query=(4, 0))
+  # From the command line (--config.analysis.*): the error names the field and its range.
+  fields = config.copy_and_resolve_references()
+  fields.analysis.map_layers = (5,)
+  with pytest.raises(ValueError, match=r"^analysis\.map_layers=\[5\]: choose layer indices in"):
+    analyze_lib.analyze(fields, workdir, str(tmp_path))
+  fields.analysis.map_layers, fields.analysis.query = None, (0, 4)
+  with pytest.raises(ValueError) as query:
+    analyze_lib.analyze(fields, workdir, str(tmp_path))
+  assert str(query.value) == (
+    "analysis.query=(0, 4) must be a (row, col) patch of the 4x4 grid: rows in [0, 3], "
+    "columns in [0, 3]."
+  )
   empty = tmp_path / "empty"
   empty.mkdir()
   with pytest.raises(FileNotFoundError) as no_run:  # an empty or mistyped workdir

@@ -80,3 +80,55 @@ def test_no_script_writes_into_docs_unless_told():
           if isinstance(d, ast.Constant) and str(d.value).startswith("docs/")
         ]
   assert into_docs == []
+
+
+@pytest.mark.parametrize(
+  "script, model, args",
+  [
+    ("cordonnier_centers", ("cordonnier_sa", {"downsample": 2}), ["--workdir={run}"]),
+    (
+      "gmm_masks",
+      ("gmm_vit_smalldata_d6_patch4_32", {"patch_size": 2, "layer_attention": ("gmm",) * 2}),
+      ["--vit_workdir={run}", "--elm_workdir={run}", "--gmm_workdir={run}", "--layers=0,1"],
+    ),
+  ],
+)
+def test_experiment_scripts_read_the_runs_own_config(script, model, args, tmp_path, monkeypatch):
+  """Was: the scripts, run as the config docstrings print them, rebuilt the shipped config's
+  model with 10 classes, so a run on one's own data (12 classes here) or with other overrides
+  stopped with 'written by an incompatible config ... to resume'."""
+  import ml_collections
+
+  from locvit import train
+  from tests.train_utils import tiny_config
+
+  c = tiny_config(total_steps=2)
+  c.model.name = model[0]
+  c.model.overrides = ml_collections.ConfigDict(
+    {"embed_dim" if "gmm" in script else "hidden_dim": 16, "depth": 2, "num_heads": 4, **model[1]}
+  )
+  c.data.num_classes = 12
+  run = str(tmp_path / "run")
+  train.train_and_evaluate(c, run)
+  monkeypatch.syspath_prepend(str(ROOT / "experiments"))
+  module = __import__(script)
+  module.main([a.format(run=run) for a in args])
+  assert os.listdir(f"{run}/analysis")
+
+
+def test_init_maps_see_the_images_at_the_models_size(tmp_path, monkeypatch):
+  """Was: experiments/structinit_init_maps.py on a folder of 40x48 images drew the attention over
+  a 10x12 token grid (the solved impulses are for the config's 8x8) without saying so."""
+  from PIL import Image
+
+  from locvit.configs import structinit_cifar10_small
+  from locvit.data import ImageFolderSource
+
+  (tmp_path / "train" / "cat").mkdir(parents=True)
+  Image.new("RGB", (48, 40)).save(tmp_path / "train" / "cat" / "0.jpg")
+  monkeypatch.syspath_prepend(str(ROOT / "experiments"))
+  from structinit_init_maps import AsEvaluated
+
+  data = structinit_cifar10_small.get_config("impulse3").data
+  view = AsEvaluated(ImageFolderSource(str(tmp_path), "train"), data)
+  assert len(view) == 1 and view[0]["image"].shape == (32, 32, 3)

@@ -130,18 +130,20 @@ def display_image(config: ml_collections.ConfigDict, image: np.ndarray) -> np.nd
   return np.clip(image * std + mean, 0.0, 1.0)
 
 
-def _check_layers(layers: Sequence[int], depth: int) -> tuple[int, ...]:
+def _check_layers(layers: Sequence[int], depth: int, name: str = "layers") -> tuple[int, ...]:
+  """``name``: the field the layers came from (``analysis.map_layers`` on the command line)."""
   layers = tuple(sorted({int(i) for i in layers}))
   bad = [i for i in layers if not 0 <= i < depth]
   if bad or not layers:
-    raise ValueError(f"layers={list(layers)}: choose layer indices in [0, {depth - 1}].")
+    raise ValueError(f"{name}={list(layers)}: choose layer indices in [0, {depth - 1}].")
   return layers
 
 
-def _check_query(query: Sequence[int], grid) -> tuple[int, int]:
+def _check_query(query: Sequence[int], grid, name: str = "query") -> tuple[int, int]:
   if len(query) != 2 or not (0 <= query[0] < grid.height and 0 <= query[1] < grid.width):
     raise ValueError(
-      f"query={tuple(query)} must be a (row, col) patch of the {grid.height}x{grid.width} grid."
+      f"{name}={tuple(query)} must be a (row, col) patch of the {grid.height}x{grid.width} grid: "
+      f"rows in [0, {grid.height - 1}], columns in [0, {grid.width - 1}]."
     )
   return int(query[0]), int(query[1])
 
@@ -307,12 +309,19 @@ def analyze(
     return curves
   images = locality.fixed_eval_images(config, analysis.map_image_index + 1, source=source)
   if analysis.map_image_index >= len(images):
-    raise ValueError(f"analysis.map_image_index={analysis.map_image_index}: only {len(images)}.")
+    raise ValueError(
+      f"analysis.map_image_index={analysis.map_image_index}: the eval split "
+      f"({config.data.eval_split!r}) has {len(images)} images, indices 0-{len(images) - 1}."
+    )
   image = images[analysis.map_image_index]
   grid, patch_size = image_grid(model, image.shape)
   default_layers = analysis.map_layers or [min(i, model.depth - 1) for i in PAPER_MAP_LAYERS]
-  layers = _check_layers(default_layers if layers is None else layers, model.depth)
-  query = _check_query(query or analysis.query or (grid.height // 2, grid.width // 2), grid)
+  if layers is None:
+    layers = _check_layers(default_layers, model.depth, "analysis.map_layers")
+  layers = _check_layers(layers, model.depth)
+  if query is None and analysis.query:
+    query = _check_query(analysis.query, grid, "analysis.query")
+  query = _check_query(query or (grid.height // 2, grid.width // 2), grid)
 
   vit = isinstance(model, VisionTransformer)  # locality is logged for these (locality.py)
   written = curves + curve_figures(workdir, output_dir, title=label, hint=vit)

@@ -92,7 +92,7 @@ def gpsa_heads(params: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   ConViT's positional logits ``w . (dx, dy, dx^2 + dy^2)`` equal ``-alpha ||delta - Delta||^2``
   up to a constant (ConViT Eq. 5), the Gaussian of Cordonnier et al. Eq. 9 with
   ``Sigma^{-1} = 2 alpha I``. Heads with ``alpha <= 0`` (the positional term prefers far keys)
-  have no centre and are left out.
+  have no centre: NaN, so that every head keeps its index.
   """
   tree, _ = (params["params"], True) if "params" in params else (params, False)
   out = {}
@@ -101,9 +101,9 @@ def gpsa_heads(params: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
       continue
     # (dx, dy) and span = 1 / alpha
     delta, span = (np.asarray(a, np.float64) for a in attention_centres(jnp.asarray(kernel)))
-    local = span > 0
-    centers = delta[local][:, ::-1]  # (dx, dy) -> (row, col) = (dy, dx)
-    inv = (2.0 / span[local])[:, None, None] * np.eye(2)
+    local = (span > 0)[:, None]
+    centers = np.where(local, delta[:, ::-1], np.nan)  # (dx, dy) -> (row, col) = (dy, dx)
+    inv = np.where(local[:, :, None], (2.0 / span)[:, None, None] * np.eye(2), np.nan)
     out[path[: -len("/pos_proj/kernel")]] = (centers, inv)
   return out
 
@@ -137,6 +137,24 @@ def _save(fig: Figure, path: str | os.PathLike) -> str:
   FigureCanvasAgg(fig)
   fig.savefig(path, format="png")
   return path
+
+
+def note_outside(ax, centers: np.ndarray, half: float) -> list[int]:
+  """Names, in the panel's lower left corner, the heads whose centre lies outside the window
+  ``|offset| <= half`` (their contours and markers are cut off or absent) or that have none (a
+  GPSA head preferring far keys, ``gpsa_heads``); returns them."""
+  centers = np.asarray(centers)
+  outside = [h for h, c in enumerate(centers) if not np.abs(c).max() <= half]  # NaN: no centre
+  if outside:
+    text = "\n".join(
+      f"head {h} outside: row {centers[h][0]:+.1f}, col {centers[h][1]:+.1f}"
+      if np.isfinite(centers[h]).all()
+      else f"head {h}: no centre (prefers far keys)"
+      for h in outside
+    )
+    ax.text(0.02, 0.02, text, transform=ax.transAxes, fontsize=5, va="bottom", ha="left",
+            bbox=dict(facecolor="white", alpha=0.8, linewidth=0))  # fmt: skip
+  return outside
 
 
 def _query_box(ax, row: float, col: float) -> None:
@@ -191,6 +209,8 @@ def attention_centers_figure(
     for h in range(centers.shape[0]):
       color = f"C{h % 10}"
       ax.plot([], [], color=color, label=f"head {h}")  # the legend's entry, drawn or not
+      if not np.isfinite(centers[h]).all():
+        continue  # no centre (note_outside names it)
       density = gaussian_on_mesh(centers[h], inv[h], d1, d2)
       if density.max() < levels.min():
         continue  # centre outside the window: no contour inside it
@@ -203,6 +223,7 @@ def attention_centers_figure(
         linestyles=[LINESTYLES[i % len(LINESTYLES)] for i in order],
       )
     _query_box(ax, 0.0, 0.0)
+    note_outside(ax, centers, half)
     ax.set_xlim(-half, half)
     ax.set_ylim(half, -half)  # rows grow downwards
     ax.set_aspect("equal")

@@ -159,6 +159,31 @@ def _apply_terms(logits: Array, terms: Sequence[Term], num_prefix_tokens: int) -
   return logits
 
 
+def check_term_shapes(
+  terms: Sequence[Term], num_heads: int | None, queries: int, keys: int, num_prefix_tokens: int
+) -> None:
+  """One clear line for a batch-shared ``(H, n, m)`` table that does not fit the layer's heads or
+  patch tokens (a layer of one's own given another grid, a class token without
+  ``num_prefix_tokens``, a term built for another head count), instead of a broadcasting error."""
+  patches = (queries - num_prefix_tokens, keys - num_prefix_tokens)
+  for term in terms:
+    if term.table.ndim != 3:
+      continue
+    heads, *covered = term.table.shape
+    if tuple(covered) != patches:
+      raise ValueError(
+        f"The positional term's table covers {covered[0]} patch tokens, but the layer got "
+        f"{queries} tokens with num_prefix_tokens={num_prefix_tokens}: pass "
+        "grid=TokenGrid(HEIGHT, WIDTH) of the patch tokens, and num_prefix_tokens=K for K class "
+        "tokens placed first."
+      )
+    if num_heads is not None and heads not in (1, num_heads):
+      raise ValueError(
+        f"The positional term's table has {heads} heads, the layer {num_heads}: build the term "
+        f"with num_heads={num_heads}."
+      )
+
+
 def attend(
   module: nn.Module,
   q: Array,
@@ -192,6 +217,8 @@ def attend(
       f"combine={rules[0]!r} attention has no prefix tokens (it is defined on patch tokens "
       f"only), got num_prefix_tokens={num_prefix_tokens}."
     )
+  heads = q.shape[2] if q.ndim == 4 else None  # 3-D: positional-only layers pass raw tokens
+  check_term_shapes(terms, heads, q.shape[1], k.shape[1], num_prefix_tokens)
   dropout = lambda p: nn.Dropout(attn_drop, name="attention_dropout")(p, deterministic=not train)
   dtype = v.dtype
 

@@ -516,7 +516,8 @@ def make_source(data_config: Any, split: str) -> Any:
   if cfg.num_classes is not None and cfg.num_classes < source.num_classes:
     raise ValueError(
       f"data.num_classes={cfg.num_classes} is smaller than the {source.num_classes} "
-      f"classes of {source!r}"
+      f"classes of {source!r}: a label past the head has no output; "
+      f"--config.data.num_classes={source.num_classes} fits the head to them"
     )
   if split == cfg.train_split and cfg.train_fraction < 1.0:
     source = SubsetSource(source, subsample_per_class(source.labels, cfg.train_fraction))

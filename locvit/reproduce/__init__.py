@@ -462,6 +462,29 @@ def train_images(config: ml_collections.ConfigDict) -> int | None:
     return None
 
 
+def check_batches(plan: dict[str, Any], configs: dict[str, Any]) -> None:
+  """A row whose image folder gives fewer training images than its batch is refused before any
+  probe (the run's own refusal names ``--config.batch_size``, which this command does not take)."""
+  from locvit.data.sources import make_source
+
+  if plan.get("protocol"):  # refused unless the folder holds the paper's dataset
+    return
+  for row, config in configs.items():
+    data, batch = complete_config(config).data, complete_config(config).batch_size
+    if data.source != "image_folder" or train_images(config) is None:
+      continue
+    count = len(make_source(data, data.train_split))
+    if count < batch:
+      share = f"data.train_fraction={data.train_fraction:g} of " if data.train_fraction < 1 else ""
+      raise ReproduceError(
+        f"row {row!r}: {data.root} gives {count} training images ({share}its "
+        f"{data.train_split!r} split), fewer than the row's batch of {batch}: the plan is made "
+        f"for CIFAR-10 ({DATA_HELP}). On your own images: python -m locvit.main "
+        f"--config={plan['rows'][row]['config']} --data=image_folder:{data.root} "
+        f"--config.batch_size={count} --workdir=DIR"
+      )
+
+
 def check_protocol_data(plan: dict[str, Any], configs: dict[str, Any]) -> None:
   """A paper-protocol plan trains the paper's epochs of the whole CIFAR-10 and sets its steps by
   that size: a folder of another size is refused, not trained for those steps."""
@@ -650,6 +673,7 @@ def dry_run(
     if probe_here:
       for row, config in configs.items():
         check_data(config, row)
+      check_batches(plan, configs)
       costs = measure(configs, os.path.join(scratch, "_probe"))
     if not plan.get("protocol"):
       text = describe_budget_dry_run(plan, configs, seeds or 2, minutes or 60.0, costs)
@@ -719,6 +743,7 @@ def reproduce(
   configs = plan_configs(plan, chosen, data, tfds_data_dir)
   for row, config in configs.items():
     check_data(config, row)
+  check_batches(plan, configs)
   with Interrupt():
     try:
       saved = load_or_make_plan(
@@ -740,21 +765,14 @@ def reproduce(
       for seed, row in todo:
         path = run_dir(workdir, row, seed)
         print(f"\n== {row} seed {seed}: {path}", flush=True)
-        start, load = time.time(), os.getloadavg()
+        start = time.time()
         result = train.train_and_evaluate(run_config(plan, saved, configs, row, seed), path)
         if result.get("preempted"):
           raise KeyboardInterrupt
-        # This session's time and load; the run's time over all its sessions, on every machine,
-        # is in its commits.json (locvit.provenance), which the report sums.
+        # This session's time; the run's time and load over all its sessions, on every machine,
+        # are in its commits.json (locvit.provenance), which the report reads.
         with open(os.path.join(path, "reproduce_run.json"), "w") as f:
-          json.dump(
-            {
-              "wall_seconds": time.time() - start,
-              "load_before": load,
-              "load_after": os.getloadavg(),
-            },
-            f,
-          )
+          json.dump({"wall_seconds": time.time() - start}, f)
     except KeyboardInterrupt:
       print(
         f"\nStopped. Everything is saved: run the same command again to resume ({workdir}; "
