@@ -199,7 +199,7 @@ def test_two_processes_save_to_a_bucket_and_one_process_resumes_on_half_the_devi
   tiny = [
     TINY,
     "--config.total_steps=24",
-    "--config.checkpoint_every_steps=8",
+    "--config.checkpoint_every_steps=4",
     f"--workdir={bucket.scheme}://{BUCKET}/topology",
   ]
   procs = _two_processes(tmp_path, bucket.env, tiny)
