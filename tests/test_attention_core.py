@@ -368,6 +368,25 @@ def test_a_positional_term_that_does_not_fit_the_layer_is_named_in_one_line():
     other_heads.init(jax.random.key(0), x[:, 1:], grid=grid)
 
 
+def test_a_layer_of_ones_own_model_names_a_bad_input_in_one_line():
+  """Tokens not (B, N, C), a grid that is not a TokenGrid, a num_prefix_tokens out of range,
+  num_heads 0: one line each before anything is traced (were a transpose TypeError, 'axis 4 is
+  out of bounds', 'Grid 4x4 does not match 12 tokens', AttributeError, ZeroDivisionError)."""
+  key, grid = jax.random.key(0), TokenGrid(4, 4)
+  for layer in (GPSA(num_heads=2), Attention(num_heads=2, positional=QuadraticPositional(2))):
+    name = type(layer).__name__
+    with pytest.raises(ValueError, match=rf"^{name} takes tokens of shape \(batch, tokens, cha"):
+      layer.init(key, jnp.ones((2, 4, 4, 8)), grid=grid)
+    with pytest.raises(ValueError, match=r"got grid=\(4, 4\), not a TokenGrid: pass grid=Tok"):
+      layer.init(key, jnp.ones((2, 16, 8)), grid=(4, 4))
+    with pytest.raises(ValueError, match=r"num_prefix_tokens=-1 for 16 tokens: .* in \[0, 15\]"):
+      layer.init(key, jnp.ones((2, 16, 8)), grid=grid, num_prefix_tokens=-1)
+  with pytest.raises(ValueError, match=r"^num_heads=0 must be a positive integer\.$"):
+    Attention(num_heads=0)
+  with pytest.raises(ValueError, match=r"TokenGrid needs integer sides .*, got 4.0x4.0\.$"):
+    TokenGrid(4.0, 4.0)
+
+
 @pytest.mark.parametrize("platform", ["tpu", "cuda"])
 def test_a_train_step_lowers_for_accelerators(platform):
   """The 'xla' setting lowers for TPU and GPU from a CPU host (no compilation)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 
 import jax.numpy as jnp
 import numpy as np
@@ -29,6 +30,12 @@ class TokenGrid:
   width: int
 
   def __post_init__(self):
+    sides = (self.height, self.width)
+    if any(isinstance(side, bool) or not isinstance(side, numbers.Integral) for side in sides):
+      raise ValueError(
+        f"TokenGrid needs integer sides (patch rows, patch columns), got "
+        f"{self.height!r}x{self.width!r}."
+      )
     if self.height < 1 or self.width < 1:
       raise ValueError(f"TokenGrid needs positive sides, got {self.height}x{self.width}.")
 
