@@ -91,6 +91,7 @@ class AttentionLayer(nn.Module):
       'cudnn' (GPU; the shapes of ``softmax_attention.cudnn_refusal``) or 'cpu_kernels' (the CPU
       code paths).
     dtype: computation dtype (bf16 for mixed precision); parameters stay ``param_dtype``.
+    param_dtype: dtype of the parameters.
     kernel_init: initializer of the projection kernels.
   """
 
