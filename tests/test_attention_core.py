@@ -381,6 +381,8 @@ def test_a_layer_of_ones_own_model_names_a_bad_input_in_one_line():
       layer.init(key, jnp.ones((2, 16, 8)), grid=(4, 4))
     with pytest.raises(ValueError, match=r"num_prefix_tokens=-1 for 16 tokens: .* in \[0, 15\]"):
       layer.init(key, jnp.ones((2, 16, 8)), grid=grid, num_prefix_tokens=-1)
+  with pytest.raises(ValueError, match=r"Grid 4x4 \(16 tokens\) does not match the 17 tokens g"):
+    GPSA(num_heads=2).init(key, jnp.ones((2, 17, 8)), grid=grid)
   with pytest.raises(ValueError, match=r"^num_heads=0 must be a positive integer\.$"):
     Attention(num_heads=0)
   with pytest.raises(ValueError, match=r"TokenGrid needs integer sides .*, got 4.0x4.0\.$"):

@@ -116,7 +116,8 @@ def grid_from_tokens(num_tokens: int) -> TokenGrid:
   side = round(num_tokens**0.5)
   if side * side != num_tokens:
     raise ValueError(
-      f"Cannot infer a square token grid from {num_tokens} tokens; pass the grid explicitly."
+      f"Cannot infer a square token grid from {num_tokens} tokens; pass "
+      "grid=TokenGrid(HEIGHT, WIDTH) of the patch tokens."
     )
   return TokenGrid(side, side)
 
@@ -125,5 +126,9 @@ def check_grid_tokens(grid: TokenGrid | None, num_tokens: int) -> TokenGrid:
   """``grid`` (inferred as square when None), with a clear error when it has another token count."""
   grid = grid or grid_from_tokens(num_tokens)
   if grid.num_tokens != num_tokens:
-    raise ValueError(f"Grid {grid.height}x{grid.width} does not match {num_tokens} tokens.")
+    raise ValueError(
+      f"Grid {grid.height}x{grid.width} ({grid.num_tokens} tokens) does not match the "
+      f"{num_tokens} tokens given: pass grid=TokenGrid(HEIGHT, WIDTH) of the patch tokens (this "
+      "layer takes no class token)."
+    )
   return grid
