@@ -18,10 +18,15 @@ import dataclasses
 import functools
 import numbers
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 
+# A static pytree (no leaves, the grid itself as the tree's structure): it passes through JAX and
+# Flax transforms as a plain keyword argument (``nn.remat(GPSA)(...)(x, grid=grid)``, ``jax.jit``,
+# ``jax.vmap``) without ``static_argnums``.
+@jax.tree_util.register_static
 @dataclasses.dataclass(frozen=True)
 class TokenGrid:
   """A ``height x width`` grid of patch tokens."""
