@@ -108,8 +108,9 @@ class GPSA(AttentionLayer):
   PSA (Eq. 4), with the convolutional init of Eq. 5.
 
   Called as ``attn(x, grid=grid, num_prefix_tokens=0, train=train)`` on ``(B, N, C)`` patch
-  tokens. The positional term is defined on patch tokens only: ConViT inserts the class token
-  after the last GPSA layer, so ``num_prefix_tokens > 0`` is an error.
+  tokens (``grid=None``: the square grid of N tokens). The positional term is defined on patch
+  tokens only: ConViT inserts the class token after the last GPSA layer, so
+  ``num_prefix_tokens > 0`` is an error.
 
   Attributes:
     num_heads: number of heads H.

@@ -298,7 +298,8 @@ class RelativeAttention(AttentionLayer):
 
   ``out = sum_h softmax(A_h) X W_h + b`` with ``W`` the ``value`` kernel ``(H, D_in, D_out)``;
   ``A_h = P_h`` (positional only) or ``P_h + q_h k_h^T / sqrt(Dh)`` (``content=True``).
-  Called as ``attn(x, grid=grid, train=train)`` on ``(B, N, D_in)`` tokens.
+  Called as ``attn(x, grid=grid, train=train)`` on ``(B, N, D_in)`` patch tokens; ``grid=None``
+  means the square grid of N tokens.
 
   Attributes:
     num_heads: H.
