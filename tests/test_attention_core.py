@@ -394,11 +394,11 @@ def test_the_grid_passes_through_jax_and_flax_transforms():
   """TokenGrid is a static pytree: nn.remat of a layer, jax.jit and jax.vmap take it as a plain
   argument (was 'Cannot interpret value of type TokenGrid as an abstract array')."""
   x, grid = jax.random.normal(jax.random.key(1), (2, 6, 8)), TokenGrid(2, 3)
-  variables = GPSA(num_heads=2).init(jax.random.key(0), x, grid=grid)
-  expected = GPSA(num_heads=2).apply(variables, x, grid=grid)
-  remat = nn.remat(GPSA)(num_heads=2)
+  variables = GPSA(num_heads=4).init(jax.random.key(0), x, grid=grid)
+  expected = GPSA(num_heads=4).apply(variables, x, grid=grid)
+  remat = nn.remat(GPSA)(num_heads=4)
   np.testing.assert_array_equal(remat.apply(variables, x, grid=grid), expected)
-  apply = lambda x, grid: GPSA(num_heads=2).apply(variables, x[None], grid=grid)[0]
+  apply = lambda x, grid: GPSA(num_heads=4).apply(variables, x[None], grid=grid)[0]
   np.testing.assert_allclose(jax.jit(jax.vmap(apply, (0, None)))(x, grid), expected, atol=1e-6)
 
 
