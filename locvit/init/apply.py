@@ -174,8 +174,9 @@ def apply_init(
   Args:
     init_cfg: mapping with ``name`` and that init's fields (see ``init_config``).
     params: the model's params tree (plain or boxed with logical axes; structure is kept).
-    model: the Linen module (needed for 'impulse': its ``patch_size`` gives the token grid).
-    image_size: input side (or ``(height, width)``), needed for 'impulse'.
+    model: the Linen module (for 'impulse' without ``grid``: its ``patch_size`` gives the token
+      grid).
+    image_size: input side (or ``(height, width)``), needed for 'impulse' without ``grid``.
     seed: overrides ``init_cfg.seed`` (the trainer passes ``config.seed`` when ``init.seed`` is
       None); every draw is deterministic in it, 0 when neither is set.
     return_solution: also return the impulse solve (``locvit.init.ImpulseSolution``: the solved
