@@ -172,8 +172,10 @@ class GPSA(AttentionLayer):
   def _prefix_token_error(self, num_prefix_tokens: int) -> str:
     return (
       f"{self.variant.upper()} attention is defined on patch tokens only, got "
-      f"num_prefix_tokens={num_prefix_tokens}. In ConViT the class token is inserted after the "
-      "last GPSA layer: set class_token_layer >= the number of GPSA layers."
+      f"num_prefix_tokens={num_prefix_tokens}: apply it to the patch tokens x[:, "
+      f"{num_prefix_tokens}:] and add the class token after it, as ConViT inserts its class token "
+      "after the last GPSA layer (locvit's ConViT: class_token_layer >= the number of GPSA "
+      "layers)."
     )
 
   def _forward(
