@@ -438,7 +438,7 @@ def test_init_config_fields_and_errors():
     init_config("mimetic", filter_size=3)
   model, params = tiny_vit()
   assert apply_init(init_config("none"), params, model, 12) is params
-  with pytest.raises(ValueError, match="needs the model and the image size"):
+  with pytest.raises(ValueError, match=r"needs the token grid: pass grid=TokenGrid\(H, W\), or"):
     apply_init(init_config("impulse", base="keep"), params)
 
 
