@@ -214,6 +214,7 @@ def test_a_corrupt_training_image_is_one_error_line(tmp_path):
   assert rc == 2
   assert err.splitlines()[-1:] == [
     f"locvit: error: cannot decode image file '{bad}' (UnidentifiedImageError: cannot identify "
-    f"image file '{bad}')"
+    f"image file '{bad}'); --config.data.on_corrupt=skip reads the next readable file in its "
+    "place"
   ]
   assert "also:" not in err

@@ -271,7 +271,9 @@ class ImageFolderSource:
         return _example(self.decode(i), self.labels[i]), step == 0
       except CorruptImageError as e:
         if self.on_corrupt == "error":
-          raise
+          raise CorruptImageError(
+            f"{e}; --config.data.on_corrupt=skip reads the next readable file in its place"
+          ) from e.__cause__
         self._record_skip(self.paths[i], str(e))
     raise CorruptImageError(f"every image under {str(self.root / self.split)!r} is unreadable")
 
