@@ -7,23 +7,24 @@ locvit commit (``locvit_commit``), the first step it trains, the device kind and
 (replaced whole: one object write on a bucket, a renamed temporary file locally). The entry is
 this session's (``Session``): at each checkpoint it gains the step saved (``last_step``) and the
 wall seconds since the run was built (``seconds``), written by the save itself (orbax's save
-thread for an asynchronous one: ``Checkpointer.on_saved``), and ``ended`` when the session
+thread for an asynchronous one: ``Checkpointer.on_saved``), the range of the machine's 1-minute
+load average seen at the start, the checkpoints and the end (``load_average``, the report's
+"during the runs" on every machine), and ``ended`` when the session
 closes, however it stops (finished, SIGTERM, Ctrl-C, an error); a session killed outright
 (SIGKILL) keeps the seconds of its last checkpoint. So a run's wall time across machines is the
 sum of its sessions' (``wall_time``), exact when every session ended, else a lower bound.
-``segments`` reads the entries back as step ranges by commit (``step_ranges``: by any field,
-e.g. the device kind); ``locvit.reproduce``'s report names them per row.
+``step_ranges`` reads the entries back as step ranges by a field (the commit, the device kind);
+``locvit.reproduce``'s report names them per row.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import json
 import os
 import subprocess
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 
@@ -73,7 +74,14 @@ class Session:
     self.workdir, self.entries, self.started = workdir, entries, started
 
   def _write(self, **fields: Any) -> None:
-    self.entries[-1].update(fields, seconds=round(time.monotonic() - self.started, 3))
+    entry = self.entries[-1]
+    load = os.getloadavg()[0]
+    low, high = entry.get("load_average", (load, load))
+    entry.update(
+      fields,
+      seconds=round(time.monotonic() - self.started, 3),
+      load_average=[min(low, load), max(high, load)],
+    )
     text = json.dumps(self.entries, indent=1) + "\n"
     target = paths.path(self.workdir) / FILENAME
     # On a bucket, an outage shorter than the run's limit is ridden out, as the metrics write is.
@@ -114,27 +122,22 @@ def wall_time(entries: list[dict[str, Any]]) -> tuple[float, bool]:
   return seconds, exact
 
 
-@dataclasses.dataclass(frozen=True)
-class Segment:
-  """Steps ``first``-``last`` of a run, trained at ``commit`` (``recorded``: by the run's own
-  record, else the commit assumed for steps trained before the run kept one)."""
+class StepRange(NamedTuple):
+  """Steps ``first``-``last`` of a run, trained where a record's field had ``value``
+  (``recorded``: by the run's own record, else the value assumed for steps trained before the
+  run kept one)."""
 
   first: int
   last: int
-  commit: str
-  recorded: bool = True
-
-
-def segments(entries: list[dict[str, Any]], last_step: int, unrecorded: str) -> list[Segment]:
-  """Steps 1-``last_step`` by the commit that trained them (``step_ranges`` of ``commit``)."""
-  return [Segment(*r) for r in step_ranges(entries, last_step, unrecorded, "commit")]
+  value: str
+  recorded: bool
 
 
 def step_ranges(
   entries: list[dict[str, Any]], last_step: int, unrecorded: str, field: str
-) -> list[tuple[int, int, str, bool]]:
-  """Steps 1-``last_step`` as ``(first, last, value, recorded)``: the ``field`` (``commit``,
-  ``device_kind``) of the session that trained them, adjacent equal values merged.
+) -> list[StepRange]:
+  """Steps 1-``last_step`` by the ``field`` (``commit``, ``device_kind``) of the session that
+  trained them, adjacent equal values merged.
 
   A start at step F supersedes whatever an earlier start trained from F on (a resume from an
   older checkpoint trains those steps again). Steps before the first entry (a run begun before
@@ -156,4 +159,4 @@ def step_ranges(
       merged[-1][1:] = [last, value, merged[-1][3] or recorded]
     else:
       merged.append([first, last, value, recorded])
-  return [tuple(r) for r in merged]
+  return [StepRange(*r) for r in merged]

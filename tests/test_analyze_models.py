@@ -48,6 +48,7 @@ def test_attention_maps_share_one_log_scale_with_its_colour_bar():
   _, local, uniform = _panels(fig)  # the input image, then the heads
   assert isinstance(local.norm, colors.LogNorm)
   assert (local.norm.vmin, local.norm.vmax) == (uniform.norm.vmin, uniform.norm.vmax)
+  assert (local.norm.vmin, local.norm.vmax) == (0.1 / 15, 0.9)  # the smallest and largest weight
   # The nearly uniform head spans a sliver of the colours (each panel's own scale: all of them).
   shown = uniform.norm(maps[0][1])
   assert shown.max() - shown.min() < 0.02
@@ -56,6 +57,7 @@ def test_attention_maps_share_one_log_scale_with_its_colour_bar():
   maps[0][0][0, 0] = 1e-9
   fig = plots.attention_maps_figure(image, TokenGrid(4, 4), (1, 2), maps, {}, patch_size=2)
   assert _colour_bar(fig).get_ylabel().endswith("\n(below 9.0e-05: lowest colour)")
+  assert _panels(fig)[1].norm.vmin == 0.9 * 10.0**-plots.MAP_DECADES
 
 
 def test_mask_figure_shares_one_scale_and_attention_centres_label_their_axes():
@@ -169,7 +171,8 @@ def test_init_maps_compare_inits_on_one_scale():
     assert _colour_bar(fig).get_ylabel() == init_maps.COLOUR_BAR_LABEL
   panels = _panels(init_maps.comparison_figure(maps, [0], zoom=8))
   shown = panels[2].norm(random[0])  # trunc_normal's full map
-  assert shown.max() - shown.min() < 0.01 and panels[2].norm.vmax == impulse.max()
+  assert shown.max() - shown.min() < 0.01
+  assert (panels[2].norm.vmin, panels[2].norm.vmax) == (0.0, impulse.max())  # linear from 0
 
 
 def test_nonlocality_axis_shows_values_not_an_offset_of_a_few_ulps():

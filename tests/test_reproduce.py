@@ -266,17 +266,16 @@ def test_a_protocol_report_names_its_fraction_and_leaves_out_rows_not_run(tmp_pa
   assert "locvit commit abc1234" in text and "Step cap" not in text
 
 
-def test_segments_follow_each_start_and_attribute_steps_before_the_record():
+def test_step_ranges_follow_each_start_and_attribute_steps_before_the_record():
   start = lambda commit, first: {"commit": commit, "first_step": first}
-  seg = provenance.Segment
+  ranges = lambda entries: provenance.step_ranges(entries, 200, "P", "commit")
+  seg = lambda first, last, commit, recorded=True: (first, last, commit, recorded)
   # A resume from an older checkpoint (step 100) trains 101-120 again: those steps are C's.
   starts = [start("A", 1), start("B", 121), start("B", 121), start("C", 101)]
-  assert provenance.segments(starts, 200, "P") == [seg(1, 100, "A"), seg(101, 200, "C")]
+  assert ranges(starts) == [seg(1, 100, "A"), seg(101, 200, "C")]
   # A run begun before runs kept the record: its first steps are the plan's commit, marked so.
-  assert provenance.segments([start("B", 51)], 200, "P") == [
-    seg(1, 50, "P", recorded=False), seg(51, 200, "B")
-  ]  # fmt: skip
-  assert provenance.segments([start("A", 1), start("A", 51)], 200, "P") == [seg(1, 200, "A")]
+  assert ranges([start("B", 51)]) == [seg(1, 50, "P", recorded=False), seg(51, 200, "B")]
+  assert ranges([start("A", 1), start("A", 51)]) == [seg(1, 200, "A")]
 
 
 def test_a_runs_sessions_record_their_checkpoints_and_wall_time(tmp_path):
@@ -547,6 +546,7 @@ def test_a_run_continues_on_another_machine_from_the_copied_workdir(tmp_path, ca
   _write_protocol_plan(first)
   monkeypatch.setattr(provenance, "locvit_commit", lambda: "aaaaaaa")  # the first machine's
   assert rp.main(["smoke_protocol", f"--workdir={whole}"]) == 0
+  monkeypatch.setattr(os, "getloadavg", lambda: (9.5, 1.0, 1.0))  # a busy first machine
   with sigterm_after_step(12, signal.SIGINT):  # the first machine stops mid-run
     assert rp.main(["smoke_protocol", f"--workdir={first}"]) == 130
   assert "on another machine, copy it there first" in capsys.readouterr().out
@@ -564,6 +564,7 @@ def test_a_run_continues_on_another_machine_from_the_copied_workdir(tmp_path, ca
   second = str(tmp_path / "machine2" / "first")
   # The second machine runs a later checkout, with local changes: its steps say so.
   monkeypatch.setattr(provenance, "locvit_commit", lambda: "bbbbbbb with local changes")
+  monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 1.0, 1.0))  # a quiet second machine
   assert rp.main(["smoke_protocol", f"--workdir={second}"]) == 0
   out = capsys.readouterr().out
   assert "0 of 1 runs finished" in out
@@ -597,6 +598,9 @@ def test_a_run_continues_on_another_machine_from_the_copied_workdir(tmp_path, ca
   last = json.loads(pathlib.Path(run_second, "reproduce_run.json").read_text())["wall_seconds"]
   assert seconds > last >= sessions[1]["seconds"] and results["training_wall_exact"]
   assert "Machine: JAX backend cpu, device cpu x " in text  # one device kind: this machine's
+  # The load during the runs is both machines' (was: the last session's only, 0.5-0.5).
+  assert [e["load_average"] for e in sessions] == [[9.5, 9.5], [0.5, 0.5]]
+  assert "1-minute load average 0.5-9.5 during the runs." in text
 
 
 def _tiny_cifar(root, per_class=2):

@@ -3,6 +3,7 @@ outages, the lease's conditional requests, s3fs's retries. Files go through s3fs
 through TensorStore's s3 driver. The faults a workdir in any bucket survives (SIGTERM, damaged
 objects, a second run, another topology) are tests/test_bucket.py's, run on GCS and on S3."""
 
+import concurrent.futures
 import json
 import re
 import time
@@ -33,20 +34,18 @@ def test_a_short_s3_outage_during_a_save_is_ridden_out_and_a_long_one_ends_the_r
 ):
   """tests/test_bucket.py's outages, on S3 (its own server)."""
   workdir = f"--workdir=s3://{BUCKET}/long"
-  with s3_server() as s3:
+  with s3_server() as s3, concurrent.futures.ThreadPoolExecutor(1) as pool:
     # A 14 s network outage from the first write of step 20's save, across the saves of step 20,
     # under a 30 s limit: longer than a call's own retries (botocore's 5 attempts, about 10 s; was:
     # "saving a checkpoint to s3://.../checkpoints failed (EndpointConnectionError: ...)"). The
-    # run goes on.
+    # run goes on. It runs alongside the long outage's run and its resume (each run through its
+    # own proxy), as in tests/test_bucket.py.
     limit = "--config.bucket_timeout_seconds=30"
     short = [limit if a.startswith("--config.bucket_timeout") else a for a in OUTAGE_RUN]
-    proc, out, err, _ = _run_through_an_outage(
-      tmp_path, s3.url, client_env, [*short, f"--workdir=s3://{BUCKET}/short"], "short", 14
+    short = [*short, f"--workdir=s3://{BUCKET}/short"]
+    riding_out = pool.submit(
+      _run_through_an_outage, tmp_path, s3.url, client_env, short, "short", 14
     )
-    assert proc.returncode == 0, out + err
-    assert "Final evaluation at step 20/20" in out and "locvit:" not in err, out + err
-    reference = _train_losses(s3, "short")
-    assert sorted(reference) == [1, 5, 10, 15, 20], reference  # each step once
 
     # The bucket goes away for good from step 20's save, after step 10's commit: exit 2 within
     # the limit (plus a probe), one line, no traceback.
@@ -68,6 +67,13 @@ def test_a_short_s3_outage_during_a_save_is_ridden_out_and_a_long_one_ends_the_r
     )
     first = next(line for line in out.splitlines() if line.startswith("step "))
     assert first.startswith("step 11/20 "), out
+
+    proc, out, err, _ = riding_out.result()
+    assert proc.returncode == 0, out + err
+    assert "Final evaluation at step 20/20" in out and "locvit:" not in err, out + err
+    reference = _train_losses(s3, "short")
+    assert sorted(reference) == [1, 5, 10, 15, 20], reference  # each step once
+
     saved = names("long/")
     commits = [
       n for n in saved if re.fullmatch(r"long/checkpoints/(best/)?\d+/commit_success.txt", n)

@@ -25,10 +25,10 @@ from typing import Any
 import flax.linen as nn
 import jax
 import numpy as np
-from matplotlib import cm, colors, patches
+from matplotlib import colors, patches
 from matplotlib.figure import Figure
 
-from locvit.analysis.plots import save
+from locvit.analysis.plots import save, shared_colour_bar, shared_norm
 from locvit.choices import ArgumentParser
 from locvit.data import augment
 from locvit.init.apply import INIT_NAMES, apply_init, init_config
@@ -77,9 +77,8 @@ def _show(ax, matrix: np.ndarray, title: str, norm: colors.Normalize, zoom: int 
 def _shared_scale(fig: Figure, axes: np.ndarray, maps: Sequence[np.ndarray]) -> colors.Normalize:
   """One linear scale from 0 to the largest probability of ``maps``, drawn as ``fig``'s colour
   bar: a near-uniform random init then looks flat beside an impulse, as it is."""
-  norm = colors.Normalize(vmin=0.0, vmax=max(float(np.max(m)) for m in maps))
-  bar = fig.colorbar(cm.ScalarMappable(norm=norm, cmap="viridis"), ax=axes, shrink=0.8)
-  bar.set_label(COLOUR_BAR_LABEL, fontsize=8)
+  norm = shared_norm(maps, vmin=0.0)
+  shared_colour_bar(fig, axes, norm, COLOUR_BAR_LABEL, maps, shrink=0.8, fontsize=8)
   return norm
 
 

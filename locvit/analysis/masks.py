@@ -24,6 +24,7 @@ import numpy as np
 from locvit.attention.geometry import TokenGrid, grid_from_tokens
 
 TABLE_SUFFIX = "/table"
+COLOUR_BAR_LABEL = "mask value (shared by all panels)"
 
 
 def unfold_mask(table: Any, grid: TokenGrid) -> np.ndarray:
@@ -63,25 +64,26 @@ def mask_table_figure(table: Any, grid: TokenGrid, *, title: str = "") -> Any:
   one colour scale, drawn as a colour bar (a flat mask looks flat beside a local one)."""
   # A bare Figure on the Agg canvas: no pyplot, so a notebook's backend is left alone.
   from matplotlib.backends.backend_agg import FigureCanvasAgg
-  from matplotlib.colors import Normalize
   from matplotlib.figure import Figure
+
+  from locvit.analysis.plots import shared_colour_bar, shared_norm
 
   table = _heads_to_plot(np.asarray(table, np.float32))
   heads = table.shape[0]
   fig = Figure(figsize=(2.4 * heads + 1.0, 5.0), layout="constrained")
   FigureCanvasAgg(fig)
   axes = fig.subplots(2, heads, squeeze=False)
-  norm = Normalize(vmin=float(table.min()), vmax=float(table.max()))
+  norm = shared_norm([table])
   for h in range(heads):
     for row, image in enumerate((table[h], unfold_mask(table[h], grid))):
       ax = axes[row, h]
-      shown = ax.imshow(image, cmap="viridis", norm=norm, interpolation="nearest")
+      ax.imshow(image, cmap="viridis", norm=norm, interpolation="nearest")
       ax.set_xticks([])
       ax.set_yticks([])
     axes[0, h].set_title(f"head {h}" if heads > 1 else "all heads", fontsize=8)
   axes[0, 0].set_ylabel("mask (query x key)", fontsize=8)
   axes[1, 0].set_ylabel("per query (its keys on the grid)", fontsize=8)
-  fig.colorbar(shown, ax=axes, shrink=0.8).set_label("mask value (shared by all panels)", size=8)
+  shared_colour_bar(fig, axes, norm, COLOUR_BAR_LABEL, [table], shrink=0.8, fontsize=8)
   fig.suptitle(title, fontsize=9)
   return fig
 

@@ -8,6 +8,8 @@
 - :func:`attention_maps_figure`: one query patch's attention for every head of chosen layers,
   on one logarithmic colour scale shared by every panel (with its colour bar), each head's gate
   in its title on a white-to-red background (Fig. 7).
+- :func:`shared_norm`, :func:`shared_colour_bar`: one colour scale for every panel of a figure,
+  drawn as one colour bar (here, and in ``init_maps`` and ``masks``' figures).
 
 Layers are labelled from 0, like the parameters (``blocks_i``); the paper counts from 1.
 """
@@ -19,8 +21,9 @@ import os
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from matplotlib import colormaps, colors, patches
+from matplotlib import cm, colormaps, colors, patches
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colorbar import Colorbar
 from matplotlib.figure import Figure
 
 from locvit import paths
@@ -178,13 +181,38 @@ MAP_DECADES = 4
 MAP_COLOURBAR_LABEL = "attention weight over the patches\n(log scale shared by all panels)"
 
 
-def shared_log_norm(values: Sequence[np.ndarray], decades: int = MAP_DECADES) -> colors.LogNorm:
-  """One logarithmic scale for all ``values``: their maximum down to their minimum, or to
-  ``10**-decades`` of the maximum when the minimum lies below (then clipped: the colour bar's
-  lower end is an arrow)."""
+def shared_norm(
+  values: Sequence[np.ndarray], *, vmin: float | None = None, decades: int | None = None
+) -> colors.Normalize:
+  """One colour scale for every panel's ``values`` (a flat panel then looks flat beside a peaked
+  one): linear from their minimum, or from ``vmin``, to their maximum; with ``decades``,
+  logarithmic, its lower end at most ``decades`` below the maximum (smaller values clipped)."""
   top = max(float(np.max(v)) for v in values)
-  bottom = min(float(np.min(v)) for v in values)
+  bottom = min(float(np.min(v)) for v in values) if vmin is None else vmin
+  if decades is None:
+    return colors.Normalize(vmin=bottom, vmax=top)
   return colors.LogNorm(vmin=max(bottom, top * 10.0**-decades), vmax=top)
+
+
+def shared_colour_bar(
+  fig: Figure,
+  axes: np.ndarray,
+  norm: colors.Normalize,
+  label: str,
+  values: Sequence[np.ndarray],
+  *,
+  shrink: float = 1.0,
+  fontsize: float | None = None,
+) -> Colorbar:
+  """``norm`` (viridis, as the panels) drawn as one colour bar beside ``axes``, the panels that
+  share it. Where ``values`` lie below the scale (drawn in the lowest colour), the bar's lower end
+  is an arrow and its label says where the scale stops."""
+  clipped = min(float(np.min(v)) for v in values) < norm.vmin
+  mappable = cm.ScalarMappable(norm=norm, cmap="viridis")
+  bar = fig.colorbar(mappable, ax=axes, shrink=shrink, extend="min" if clipped else "neither")
+  clip_note = f"\n(below {norm.vmin:.1e}: lowest colour)" if clipped else ""
+  bar.set_label(label + clip_note, **({} if fontsize is None else {"fontsize": fontsize}))
+  return bar
 
 
 def attention_maps_figure(
@@ -198,7 +226,7 @@ def attention_maps_figure(
 ) -> Figure:
   """Fig. 7: the input with the query patch boxed in red, then one row of heads per layer.
 
-  Every panel shares one logarithmic colour scale (``shared_log_norm``), drawn as a colour bar,
+  Every panel shares one logarithmic colour scale (``shared_norm``), drawn as a colour bar,
   so that a nearly uniform head looks uniform beside a local one.
 
   Args:
@@ -213,7 +241,8 @@ def attention_maps_figure(
   heads = max(np.asarray(maps[layer]).shape[0] for layer in layers)
   fig = Figure(figsize=(2.0 * (heads + 1) + 0.8, 2.2 * len(layers)))
   axes = fig.subplots(len(layers), heads + 1, squeeze=False)
-  norm = shared_log_norm([np.asarray(maps[layer], np.float64) for layer in layers])
+  values = [np.asarray(maps[layer], np.float64) for layer in layers]
+  norm = shared_norm(values, decades=MAP_DECADES)
   row, col = query
   for r, layer in enumerate(layers):
     ax = axes[r, 0]
@@ -236,7 +265,7 @@ def attention_maps_figure(
       if h >= attn.shape[0]:
         ax.set_visible(False)
         continue
-      image_artist = ax.imshow(attn[h], cmap="viridis", norm=norm)
+      ax.imshow(attn[h], cmap="viridis", norm=norm)
       ax.add_patch(patches.Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False, edgecolor="red"))
       g = None if gate is None else float(gate[h])
       style = {} if g is None else {"backgroundcolor": colormaps["Reds"](0.85 * g)}
@@ -244,8 +273,5 @@ def attention_maps_figure(
   for ax in axes.flat:
     ax.set_xticks([])
     ax.set_yticks([])
-  clipped = min(float(np.min(maps[layer])) for layer in layers) < norm.vmin
-  bar = fig.colorbar(image_artist, ax=axes[:, 1:], extend="min" if clipped else "neither")
-  clip_note = f"\n(below {norm.vmin:.1e}: lowest colour)" if clipped else ""
-  bar.set_label(MAP_COLOURBAR_LABEL + clip_note)
+  shared_colour_bar(fig, axes[:, 1:], norm, MAP_COLOURBAR_LABEL, values)
   return fig

@@ -765,21 +765,14 @@ def reproduce(
       for seed, row in todo:
         path = run_dir(workdir, row, seed)
         print(f"\n== {row} seed {seed}: {path}", flush=True)
-        start, load = time.time(), os.getloadavg()
+        start = time.time()
         result = train.train_and_evaluate(run_config(plan, saved, configs, row, seed), path)
         if result.get("preempted"):
           raise KeyboardInterrupt
-        # This session's time and load; the run's time over all its sessions, on every machine,
-        # is in its commits.json (locvit.provenance), which the report sums.
+        # This session's time; the run's time and load over all its sessions, on every machine,
+        # are in its commits.json (locvit.provenance), which the report reads.
         with open(os.path.join(path, "reproduce_run.json"), "w") as f:
-          json.dump(
-            {
-              "wall_seconds": time.time() - start,
-              "load_before": load,
-              "load_after": os.getloadavg(),
-            },
-            f,
-          )
+          json.dump({"wall_seconds": time.time() - start}, f)
     except KeyboardInterrupt:
       print(
         f"\nStopped. Everything is saved: run the same command again to resume ({workdir}; "

@@ -14,7 +14,6 @@ two-sided p (Student's t distribution).
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import math
@@ -45,13 +44,13 @@ def final_evaluation(workdir: str, steps: int) -> dict[str, float] | None:
 UNRECORDED_DEVICE = "an unrecorded device"  # steps trained before the run kept DIR/commits.json
 
 
-def device_ranges(entries: list[dict[str, Any]], steps: int) -> list[tuple[int, int, str, bool]]:
+def device_ranges(entries: list[dict[str, Any]], steps: int) -> list[provenance.StepRange]:
   """Steps 1-``steps`` of a run by the device kind that trained them (its ``commits.json``)."""
   return provenance.step_ranges(entries, steps, UNRECORDED_DEVICE, "device_kind")
 
 
 def training_rates(
-  workdir: str, entries: list[dict[str, Any]], ranges: list[tuple[int, int, str, bool]], steps: int
+  workdir: str, entries: list[dict[str, Any]], ranges: list[provenance.StepRange], steps: int
 ) -> dict[str, list]:
   """The run's logged training images/s (compilation and evaluation excluded) by the device kind
   that trained each logged step (``entries``: its ``DIR/commits.json``; ``ranges``: theirs by
@@ -69,7 +68,7 @@ def training_rates(
   return {kind: kept[kind] or every[kind] for kind in kept}
 
 
-def device_steps(ranges: list[tuple[int, int, str, bool]]) -> dict[str, list[list[int]]]:
+def device_steps(ranges: list[provenance.StepRange]) -> dict[str, list[list[int]]]:
   """The step ranges ``[first, last]`` of the run that each device kind trained (``ranges``: by
   ``device_ranges``)."""
   by_kind: dict[str, list[list[int]]] = {}
@@ -88,6 +87,15 @@ def run_wall_seconds(run: str, entries: list[dict[str, Any]]) -> tuple[float | N
   if timing is None:
     return None, False
   return timing["wall_seconds"], len(entries) <= 1
+
+
+def run_load_averages(run: str, entries: list[dict[str, Any]]) -> list[float]:
+  """The 1-minute load averages seen while the run trained, in every session on every machine;
+  runs from before the sessions kept them: the last session's, from ``reproduce_run.json``."""
+  if any("load_average" in e for e in entries):
+    return [load for e in entries for load in e.get("load_average", ())]
+  timing = _read_json(os.path.join(run, "reproduce_run.json")) or {}
+  return [timing[k][0] for k in ("load_before", "load_after") if k in timing]
 
 
 def ordering(rows: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
@@ -195,24 +203,21 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
     finals[row], rates, row_wall, trained_by, devices, row_exact = {}, {}, [], {}, {}, True
     for seed in range(seeds):
       run = os.path.join(workdir, row, f"seed{seed}")
-      final = final_evaluation(run, steps)
+      final, recorded = final_evaluation(run, steps), provenance.read(run)
       if final is not None:
         finals[row][seed] = final
-        recorded = provenance.read(run)
         kinds = device_ranges(recorded, steps)
         for kind, kind_rates in training_rates(run, recorded, kinds, steps).items():
           rates.setdefault(kind, []).extend(kind_rates)
         for kind, ranges in device_steps(kinds).items():
           devices.setdefault(kind, {})[seed] = ranges
-        trained_by[seed] = provenance.segments(recorded, steps, plan_commit)
+        trained_by[seed] = provenance.step_ranges(recorded, steps, plan_commit, "commit")
         any_recorded |= bool(recorded)
         seconds, exact = run_wall_seconds(run, recorded)
         if seconds is not None:
           row_wall.append(seconds)
           row_exact &= exact
-      timing = _read_json(os.path.join(run, "reproduce_run.json"))
-      if timing is not None:
-        loads += [timing["load_before"][0], timing["load_after"][0]]
+      loads += run_load_averages(run, recorded)
     top1_mean, top1_sd = mean_sd([f["top1"] for f in finals[row].values()])
     top5_mean, top5_sd = mean_sd([f["top5"] for f in finals[row].values()])
     rows[row] = {
@@ -248,7 +253,7 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
       * cost["batch_size"]
       / (spec["paper_epochs"] * spec["paper_train_examples"]),
       "steps_per_sec": cost["steps_per_sec"],
-      "trained_by": {s: [dataclasses.asdict(r) for r in rs] for s, rs in trained_by.items()},
+      "trained_by": {s: [commit_range(r) for r in rs] for s, rs in trained_by.items()},
     }
   comparisons = []
   for base, treat in plan["comparisons"]:
@@ -311,9 +316,14 @@ def _points(value: float | None, sign: bool = False) -> str:
   return f"{100 * value:+.2f}" if sign else f"{100 * value:.2f}"
 
 
+def commit_range(r: provenance.StepRange) -> dict[str, Any]:
+  """A range of steps by commit, as ``results.json`` keeps it."""
+  return {"first": r.first, "last": r.last, "commit": r.value, "recorded": r.recorded}
+
+
 def trained_by_words(ranges: list[dict[str, Any]]) -> str:
-  """'commit A', or 'steps 1-13 at commit A, 14-33 at commit B' (``provenance.Segment`` fields);
-  steps trained before the run kept a record are the plan's commit, and say so."""
+  """'commit A', or 'steps 1-13 at commit A, 14-33 at commit B' (``commit_range``s); steps
+  trained before the run kept a record are the plan's commit, and say so."""
   name = lambda s: s["commit"] if s["recorded"] else f"{s['commit']} (not recorded: the plan's)"
   if len(ranges) == 1:
     return f"commit {name(ranges[0])}"
