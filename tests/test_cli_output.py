@@ -175,7 +175,8 @@ def test_an_enum_typo_gets_its_close_match_before_anything_else(tmp_path):
     (
       ["--data={tmp_path}/missing"],
       "image folder root '{tmp_path}/missing' does not exist; expected "
-      "ROOT/<split>/<class_name>/*.{{jpg,jpeg,png}} (e.g. ROOT/train/cat/0001.jpg)",
+      "ROOT/<split>/<class_name>/*.{{jpg,jpeg,png}} (e.g. ROOT/train/cat/0001.jpg) (data.root; "
+      "--data=image_folder:DIR reads DIR instead)",
     ),
   ],
   ids=["batch_too_large", "missing_data_folder"],

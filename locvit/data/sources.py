@@ -483,7 +483,10 @@ def _image_folder_split(cfg: Any, split: str) -> ImageFolderSource:
   except FileNotFoundError as e:
     folder = parse_split(split)[0]
     root = Path(cfg.root)
-    if not root.is_dir() or (root / folder).is_dir():
+    if not root.is_dir():  # e.g. a finished run's data moved: eval and analyze read it too
+      hint = "data.root; --data=image_folder:DIR reads DIR instead"
+      raise FileNotFoundError(f"{e} ({hint})") from None
+    if (root / folder).is_dir():
       raise
     field = "train_split" if split == cfg.train_split else "eval_split"
     present = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
