@@ -566,7 +566,8 @@ def _main_with_clear_errors(argv):
   ) as e:
     if _TRACEBACK.value:
       raise
-    notes = getattr(e, "__notes__", ())
+    # Grain's and JAX's notes say they filtered the traceback that --traceback shows.
+    notes = [n for n in getattr(e, "__notes__", ()) if "removed its internal frames" not in n]
     if type(e) is OSError and e.filename and e.strerror:  # e.g. metrics.jsonl on a full disk
       _exit_with_error(f"{e.filename}: {e.strerror}; the checkpoints committed are kept", notes)
     _exit_with_error(str(e), notes)  # --traceback shows the stack

@@ -175,7 +175,8 @@ def test_an_enum_typo_gets_its_close_match_before_anything_else(tmp_path):
     (
       ["--data={tmp_path}/missing"],
       "image folder root '{tmp_path}/missing' does not exist; expected "
-      "ROOT/<split>/<class_name>/*.{{jpg,jpeg,png}} (e.g. ROOT/train/cat/0001.jpg)",
+      "ROOT/<split>/<class_name>/*.{{jpg,jpeg,png}} (e.g. ROOT/train/cat/0001.jpg) (data.root; "
+      "--data=image_folder:DIR reads DIR instead)",
     ),
   ],
   ids=["batch_too_large", "missing_data_folder"],
@@ -188,3 +189,33 @@ def test_a_setup_error_comes_alone_without_the_cpu_malloc_note(tmp_path, args, l
   assert (rc, out) == (2, "")
   assert err == f"locvit: error: {line.format(tmp_path=tmp_path)}\n"
   assert not (tmp_path / "run").exists()
+
+
+def test_a_corrupt_training_image_is_one_error_line(tmp_path):
+  """Was the error line, then 'locvit: also: ----... For simplicity, Grain has removed its
+  internal frames from the traceback ...': grain's note about a traceback not shown."""
+  from PIL import Image
+
+  for split in ("train", "test"):
+    for c in ("a", "b"):
+      (tmp_path / split / c).mkdir(parents=True)
+      for i in range(4):
+        Image.new("RGB", (8, 8)).save(tmp_path / split / c / f"{i}.png")
+  bad = tmp_path / "train" / "b" / "9.jpg"
+  bad.write_bytes(b"not a jpeg")
+  rc, _, err = run_main(
+    "--config=tests/configs/tiny.py",
+    f"--workdir={tmp_path / 'run'}",
+    f"--data={tmp_path}",
+    "--config.batch_size=8",
+    "--config.data.mean=(0.5, 0.5, 0.5)",
+    "--config.data.std=(0.5, 0.5, 0.5)",
+    "--cpu_malloc=default",
+  )
+  assert rc == 2
+  assert err.splitlines()[-1:] == [
+    f"locvit: error: cannot decode image file '{bad}' (UnidentifiedImageError: cannot identify "
+    f"image file '{bad}'); --config.data.on_corrupt=skip reads the next readable file in its "
+    "place"
+  ]
+  assert "also:" not in err
