@@ -92,6 +92,26 @@ def test_print_config_shows_the_resolved_config_and_creates_nothing(tmp_path):
   assert not workdir.exists()
 
 
+def test_local_paths_given_by_overrides_are_saved_absolute(tmp_path):
+  """Was 'previous' in the run's config.json: eval, analyze or a resume from another directory
+  looked for the other run there (--data's folders were made absolute first)."""
+  rc, out, err = run_main(
+    "--config=quickstart",
+    "--config.init_from.workdir=previous",
+    "--config.distillation.teacher_workdir=teacher",
+    "--config.data.data_dir=tf",
+    "--config.data.root=gs://bucket/c10",
+    "--print_config",
+    cwd=tmp_path,
+  )
+  assert (rc, err) == (0, "")
+  config = json.loads(out)
+  assert config["init_from"]["workdir"] == str(tmp_path / "previous")
+  assert config["distillation"]["teacher_workdir"] == str(tmp_path / "teacher")
+  assert config["data"]["data_dir"] == str(tmp_path / "tf")
+  assert config["data"]["root"] == "gs://bucket/c10"  # a bucket URL unchanged
+
+
 def test_a_run_without_workdir_is_one_line():
   rc, out, err = run_main("--config=quickstart")
   assert (rc, out) == (2, "")
