@@ -2,6 +2,7 @@
 nothing created), and progress rates that leave checkpoint, best-checkpoint and evaluation time
 out."""
 
+import itertools
 import json
 import os
 import subprocess
@@ -189,8 +190,13 @@ def test_an_enum_typo_gets_its_close_match_before_anything_else(tmp_path):
   [
     (
       ["--config.batch_size=5000"],
-      "batch_size=5000 is larger than the 1437 training examples of DigitsSource(split='train', "
-      "n=1437): a step needs a whole batch; use --config.batch_size of at most 1437, or more data.",
+      "batch_size=5000 is larger than the 1437 training examples of digits ('train'): a step "
+      "needs a whole batch; use --config.batch_size of at most 1437, or more data.",
+    ),
+    (  # was '... of DecodedCache(ImageFolderSource(root=..., split=..., n=6, classes=2))'
+      ["--data={tmp_path}/folder", "--config.data.num_classes=2"],
+      "batch_size=64 is larger than the 6 training examples of {tmp_path}/folder ('train'): a "
+      "step needs a whole batch; use --config.batch_size of at most 6, or more data.",
     ),
     (
       ["--data={tmp_path}/missing"],
@@ -199,11 +205,17 @@ def test_an_enum_typo_gets_its_close_match_before_anything_else(tmp_path):
       "--data=image_folder:DIR reads DIR instead)",
     ),
   ],
-  ids=["batch_too_large", "missing_data_folder"],
+  ids=["batch_too_large", "batch_too_large_folder", "missing_data_folder"],
 )
 def test_a_setup_error_comes_alone_without_the_cpu_malloc_note(tmp_path, args, line):
   """The run's setup (data, batch, freeze patterns) refuses it before the CPU TCMalloc note,
   which a run that trains prints (tests/test_cli.py)."""
+  from PIL import Image
+
+  for split, label in itertools.product(("train", "test"), ("a", "b")):  # 6 training images
+    (tmp_path / "folder" / split / label).mkdir(parents=True)
+    for i in range(3):
+      Image.new("RGB", (8, 8)).save(tmp_path / "folder" / split / label / f"{i}.png")
   args = [arg.format(tmp_path=tmp_path) for arg in args]
   rc, out, err = run_main("--config=quickstart", f"--workdir={tmp_path / 'run'}", *args)
   assert (rc, out) == (2, "")
