@@ -127,13 +127,19 @@ def _switch_splits(data: ml_collections.ConfigDict, to_folder: bool) -> None:
   data.eval_split = _renamed(data.eval_split, names)
 
 
+def absolute(path: str | None) -> str | None:
+  """A local ``path`` made absolute, so that a run's saved config reads the same folder from any
+  directory (eval, analyze, a resume); None and bucket URLs (``gs://...``) unchanged."""
+  return path if path is None or "://" in path else os.path.abspath(path)
+
+
 def use_image_folder(data: ml_collections.ConfigDict, root: str | None) -> None:
   """Reads ``data`` from the image folder ``root``: the dataset's folder split names, any slice
   (``test[:500]``) kept; the class count, image size and normalisation unchanged."""
   if data.get("source") != "image_folder":
     _switch_splits(data, to_folder=True)
   data.source = "image_folder"
-  data.root = root
+  data.root = absolute(root)
 
 
 def use_tfds(data: ml_collections.ConfigDict, data_dir: str | None = None) -> None:
@@ -143,7 +149,7 @@ def use_tfds(data: ml_collections.ConfigDict, data_dir: str | None = None) -> No
     _switch_splits(data, to_folder=False)
   data.source, data.root = "tfds", None
   if data_dir is not None:
-    data.data_dir = data_dir
+    data.data_dir = absolute(data_dir)
 
 
 def parse_data_flag(value: str) -> tuple[str, str | None]:

@@ -22,21 +22,6 @@ from locvit.analysis.init_maps import compare_inits, load_images
 from locvit.data import ImageFolderSource, build_eval_transform
 
 
-class AsEvaluated:
-  """``source`` with each image as the model sees it at evaluation: resized and centre-cropped to
-  ``data.image_size`` (a folder of 40x48 images gave maps over a 10x12 grid, not the model's)."""
-
-  def __init__(self, source, data_config):
-    self.source, self.transform = source, build_eval_transform(data_config)
-
-  def __len__(self) -> int:
-    return len(self.source)
-
-  def __getitem__(self, index: int) -> dict:
-    example = self.source[index]
-    return {**example, "image": self.transform(example["image"])}
-
-
 def main(argv: Sequence[str] | None = None) -> None:
   """Writes the init-map figures and prints their paths."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -52,10 +37,11 @@ def main(argv: Sequence[str] | None = None) -> None:
   configs = {name: load_config(f"{args.config}:{name}") for name in names}
   first = configs["impulse3"]
   images = load_images(
-    AsEvaluated(ImageFolderSource(args.image_folder, first.data.train_split), first.data),
+    ImageFolderSource(args.image_folder, first.data.train_split),
     args.num_images,
     first.data.mean,
     first.data.std,
+    build_eval_transform(first.data),  # a folder of 40x48 images: the model's 8x8 grid
   )
   paths = compare_inits(
     first.model.name,

@@ -407,9 +407,27 @@ def _with_data(config: ml_collections.ConfigDict, data: str | None) -> ml_collec
     raise ConfigError(str(e)) from None
 
 
+# Local paths that a run's saved config.json must find from any directory (eval, analyze, a
+# resume): an override such as --config.data.root=mine/c10 is saved absolute, as --data is.
+PATH_FIELDS = (
+  ("data", "root"),
+  ("data", "data_dir"),
+  ("init_from", "workdir"),
+  ("distillation", "teacher_workdir"),
+)
+
+
+def _with_absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  for block, field in PATH_FIELDS:
+    if config.get(block) is not None and config[block].get(field):
+      config[block][field] = datasets.absolute(config[block][field])
+  return config
+
+
 def the_config() -> ml_collections.ConfigDict:
-  """``--config`` with its overrides, reading its data as ``--data`` says, if given."""
-  return _with_data(_CONFIG.value, _DATA.value)
+  """``--config`` with its overrides, reading its data as ``--data`` says, if given; its local
+  paths (``PATH_FIELDS``) made absolute."""
+  return _with_absolute_paths(_with_data(_CONFIG.value, _DATA.value))
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -566,7 +584,8 @@ def _main_with_clear_errors(argv):
   ) as e:
     if _TRACEBACK.value:
       raise
-    notes = getattr(e, "__notes__", ())
+    # Grain's and JAX's notes say they filtered the traceback that --traceback shows.
+    notes = [n for n in getattr(e, "__notes__", ()) if "removed its internal frames" not in n]
     if type(e) is OSError and e.filename and e.strerror:  # e.g. metrics.jsonl on a full disk
       _exit_with_error(f"{e.filename}: {e.strerror}; the checkpoints committed are kept", notes)
     _exit_with_error(str(e), notes)  # --traceback shows the stack

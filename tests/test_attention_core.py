@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -366,6 +367,39 @@ def test_a_positional_term_that_does_not_fit_the_layer_is_named_in_one_line():
   other_heads = Attention(num_heads=2, head_dim=4, positional=QuadraticPositional(4))
   with pytest.raises(ValueError, match="has 4 heads, the layer 2: build the term with num_heads"):
     other_heads.init(jax.random.key(0), x[:, 1:], grid=grid)
+
+
+def test_a_layer_of_ones_own_model_names_a_bad_input_in_one_line():
+  """Tokens not (B, N, C), a grid that is not a TokenGrid, a num_prefix_tokens out of range,
+  num_heads 0: one line each before anything is traced (were a transpose TypeError, 'axis 4 is
+  out of bounds', 'Grid 4x4 does not match 12 tokens', AttributeError, ZeroDivisionError)."""
+  key, grid = jax.random.key(0), TokenGrid(4, 4)
+  for layer in (GPSA(num_heads=2), Attention(num_heads=2, positional=QuadraticPositional(2))):
+    name = type(layer).__name__
+    with pytest.raises(ValueError, match=rf"^{name} takes tokens of shape \(batch, tokens, cha"):
+      layer.init(key, jnp.ones((2, 4, 4, 8)), grid=grid)
+    with pytest.raises(ValueError, match=r"got grid=\(4, 4\), not a TokenGrid: pass grid=Tok"):
+      layer.init(key, jnp.ones((2, 16, 8)), grid=(4, 4))
+    with pytest.raises(ValueError, match=r"num_prefix_tokens=-1 for 16 tokens: .* in \[0, 15\]"):
+      layer.init(key, jnp.ones((2, 16, 8)), grid=grid, num_prefix_tokens=-1)
+  with pytest.raises(ValueError, match=r"Grid 4x4 \(16 tokens\) does not match the 17 tokens g"):
+    GPSA(num_heads=2).init(key, jnp.ones((2, 17, 8)), grid=grid)
+  with pytest.raises(ValueError, match=r"^num_heads=0 must be a positive integer\.$"):
+    Attention(num_heads=0)
+  with pytest.raises(ValueError, match=r"TokenGrid needs integer sides .*, got 4.0x4.0\.$"):
+    TokenGrid(4.0, 4.0)
+
+
+def test_the_grid_passes_through_jax_and_flax_transforms():
+  """TokenGrid is a static pytree: nn.remat of a layer, jax.jit and jax.vmap take it as a plain
+  argument (was 'Cannot interpret value of type TokenGrid as an abstract array')."""
+  x, grid = jax.random.normal(jax.random.key(1), (2, 6, 8)), TokenGrid(2, 3)
+  variables = GPSA(num_heads=4).init(jax.random.key(0), x, grid=grid)
+  expected = GPSA(num_heads=4).apply(variables, x, grid=grid)
+  remat = nn.remat(GPSA)(num_heads=4)
+  np.testing.assert_array_equal(remat.apply(variables, x, grid=grid), expected)
+  apply = lambda x, grid: GPSA(num_heads=4).apply(variables, x[None], grid=grid)[0]
+  np.testing.assert_allclose(jax.jit(jax.vmap(apply, (0, None)))(x, grid), expected, atol=1e-6)
 
 
 @pytest.mark.parametrize("platform", ["tpu", "cuda"])

@@ -519,3 +519,16 @@ def test_random_resized_crop_fallback_center_crop():
   out = A.random_resized_crop(image, np.random.default_rng(0), 16, scale=(2.0, 3.0))
   left = (60 - 27) // 2
   np.testing.assert_array_equal(out, A.resize(image[:, left : left + 27], (16, 16), "bicubic"))
+
+
+def test_training_resizes_a_non_square_image_as_evaluation_does():
+  """Was: training squashed a 40x48 image to 32x32 while evaluation kept its shape and cropped
+  the centre, so the model trained on shapes it was never evaluated on. A square image is resized
+  exactly as before."""
+  rng = np.random.default_rng(0)
+  cfg = _cfg(image_size=32, train_augment="crop_flip", crop_padding=0)
+  resize = A._OPS["resize"](cfg)
+  wide = rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)
+  np.testing.assert_array_equal(resize(wide, rng), A.build_eval_transform(cfg)(wide))
+  square = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+  np.testing.assert_array_equal(resize(square, rng), A.resize(square, (32, 32), cfg.interpolation))

@@ -2,6 +2,7 @@
 nothing created), and progress rates that leave checkpoint, best-checkpoint and evaluation time
 out."""
 
+import itertools
 import json
 import os
 import subprocess
@@ -92,6 +93,26 @@ def test_print_config_shows_the_resolved_config_and_creates_nothing(tmp_path):
   assert not workdir.exists()
 
 
+def test_local_paths_given_by_overrides_are_saved_absolute(tmp_path):
+  """Was 'previous' in the run's config.json: eval, analyze or a resume from another directory
+  looked for the other run there (--data's folders were made absolute first)."""
+  rc, out, err = run_main(
+    "--config=quickstart",
+    "--config.init_from.workdir=previous",
+    "--config.distillation.teacher_workdir=teacher",
+    "--config.data.data_dir=tf",
+    "--config.data.root=gs://bucket/c10",
+    "--print_config",
+    cwd=tmp_path,
+  )
+  assert (rc, err) == (0, "")
+  config = json.loads(out)
+  assert config["init_from"]["workdir"] == str(tmp_path / "previous")
+  assert config["distillation"]["teacher_workdir"] == str(tmp_path / "teacher")
+  assert config["data"]["data_dir"] == str(tmp_path / "tf")
+  assert config["data"]["root"] == "gs://bucket/c10"  # a bucket URL unchanged
+
+
 def test_a_run_without_workdir_is_one_line():
   rc, out, err = run_main("--config=quickstart")
   assert (rc, out) == (2, "")
@@ -169,22 +190,64 @@ def test_an_enum_typo_gets_its_close_match_before_anything_else(tmp_path):
   [
     (
       ["--config.batch_size=5000"],
-      "batch_size=5000 is larger than the 1437 training examples of DigitsSource(split='train', "
-      "n=1437): a step needs a whole batch; use --config.batch_size of at most 1437, or more data.",
+      "batch_size=5000 is larger than the 1437 training examples of digits ('train'): a step "
+      "needs a whole batch; use --config.batch_size of at most 1437, or more data.",
+    ),
+    (  # was '... of DecodedCache(ImageFolderSource(root=..., split=..., n=6, classes=2))'
+      ["--data={tmp_path}/folder", "--config.data.num_classes=2"],
+      "batch_size=64 is larger than the 6 training examples of {tmp_path}/folder ('train'): a "
+      "step needs a whole batch; use --config.batch_size of at most 6, or more data.",
     ),
     (
       ["--data={tmp_path}/missing"],
       "image folder root '{tmp_path}/missing' does not exist; expected "
-      "ROOT/<split>/<class_name>/*.{{jpg,jpeg,png}} (e.g. ROOT/train/cat/0001.jpg)",
+      "ROOT/<split>/<class_name>/*.{{jpg,jpeg,png}} (e.g. ROOT/train/cat/0001.jpg) (data.root; "
+      "--data=image_folder:DIR reads DIR instead)",
     ),
   ],
-  ids=["batch_too_large", "missing_data_folder"],
+  ids=["batch_too_large", "batch_too_large_folder", "missing_data_folder"],
 )
 def test_a_setup_error_comes_alone_without_the_cpu_malloc_note(tmp_path, args, line):
   """The run's setup (data, batch, freeze patterns) refuses it before the CPU TCMalloc note,
   which a run that trains prints (tests/test_cli.py)."""
+  from PIL import Image
+
+  for split, label in itertools.product(("train", "test"), ("a", "b")):  # 6 training images
+    (tmp_path / "folder" / split / label).mkdir(parents=True)
+    for i in range(3):
+      Image.new("RGB", (8, 8)).save(tmp_path / "folder" / split / label / f"{i}.png")
   args = [arg.format(tmp_path=tmp_path) for arg in args]
   rc, out, err = run_main("--config=quickstart", f"--workdir={tmp_path / 'run'}", *args)
   assert (rc, out) == (2, "")
   assert err == f"locvit: error: {line.format(tmp_path=tmp_path)}\n"
   assert not (tmp_path / "run").exists()
+
+
+def test_a_corrupt_training_image_is_one_error_line(tmp_path):
+  """Was the error line, then 'locvit: also: ----... For simplicity, Grain has removed its
+  internal frames from the traceback ...': grain's note about a traceback not shown."""
+  from PIL import Image
+
+  for split in ("train", "test"):
+    for c in ("a", "b"):
+      (tmp_path / split / c).mkdir(parents=True)
+      for i in range(4):
+        Image.new("RGB", (8, 8)).save(tmp_path / split / c / f"{i}.png")
+  bad = tmp_path / "train" / "b" / "9.jpg"
+  bad.write_bytes(b"not a jpeg")
+  rc, _, err = run_main(
+    "--config=tests/configs/tiny.py",
+    f"--workdir={tmp_path / 'run'}",
+    f"--data={tmp_path}",
+    "--config.batch_size=8",
+    "--config.data.mean=(0.5, 0.5, 0.5)",
+    "--config.data.std=(0.5, 0.5, 0.5)",
+    "--cpu_malloc=default",
+  )
+  assert rc == 2
+  assert err.splitlines()[-1:] == [
+    f"locvit: error: cannot decode image file '{bad}' (UnidentifiedImageError: cannot identify "
+    f"image file '{bad}'); --config.data.on_corrupt=skip reads the next readable file in its "
+    "place"
+  ]
+  assert "also:" not in err

@@ -102,6 +102,18 @@ def test_data_flag_keeps_a_split_slice_and_refuses_an_empty_folder_or_a_misspelt
   )
 
 
+def test_a_relative_folder_is_saved_absolute(tmp_path, monkeypatch):
+  """Was 'audit-data/c10' in the run's config.json: --mode=eval / analyze from another directory
+  stopped with 'image folder root ... does not exist'."""
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setenv("CIFAR10_ROOT", "cifar")
+  assert gmm_table1.get_config("vit,cifar10,gmm").data.root == str(tmp_path / "cifar")
+  config = datasets.apply_data_flag(gmm_table1.get_config("vit,cifar10,gmm"), "mine/c10")
+  assert config.data.root == str(tmp_path / "mine" / "c10")
+  assert datasets.apply_data_flag(config, "tfds:tf").data.data_dir == str(tmp_path / "tf")
+  assert datasets.apply_data_flag(config, "gs://bucket/c10").data.root == "gs://bucket/c10"
+
+
 def test_a_missing_tfds_dataset_names_both_ways(tmp_path, caplog):
   with pytest.raises(D.DatasetNotPreparedError) as e:
     D.TfdsSource("cifar10", "train", str(tmp_path))

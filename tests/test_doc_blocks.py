@@ -1,7 +1,7 @@
 """Every code block of README.md and docs/*.md, run as written or checked by a named stand-in.
 
-Python blocks are executed (in a fresh temporary directory). The NNX and Theorem 1 blocks are run by
-tests/test_readme.py, which also checks their results; here they are only counted.
+Python blocks are executed (in a fresh temporary directory). The own-model, NNX and Theorem 1 blocks
+are run by tests/test_readme.py, which also checks their results; here they are skipped.
 
 Bash commands, line by line (``\\`` continuations joined, ``for`` loops expanded):
 - ``python -m locvit.main --config=...``: the config is loaded with every override, as
@@ -54,7 +54,7 @@ from tests import torch_reference
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-CHECKED_ELSEWHERE = ("nnx.", "QuadraticPositional(")  # tests/test_readme.py
+CHECKED_ELSEWHERE = ("nnx.", "QuadraticPositional(", "nn.scan(")  # tests/test_readme.py
 NOT_RUN = re.compile(
   r"^(pip |python3? -m (venv|pip )|\S*/pip |\S*/tfds |XLA_FLAGS=\S+ pytest"
   r"|LD_PRELOAD=|GLIBC_TUNABLES=)"
@@ -127,7 +127,7 @@ def test_every_python_block_runs(tmp_path, monkeypatch):
     ran += 1
     if "logits" in namespace:
       assert namespace["logits"].shape[0] == namespace["images"].shape[0], body
-  assert ran == 3  # the model in five lines, timm weights, a GPSA block in your own model
+  assert ran == 2  # the model in five lines, timm weights
 
 
 def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):

@@ -8,11 +8,13 @@ import functools
 import importlib
 import inspect
 import pkgutil
+import re
 import types
 
 import flax.linen as nn
 
 import locvit
+import locvit.attention
 
 # Flax calls `setup` itself; it is an implementation hook, not API.
 _EXEMPT_METHODS = frozenset({"setup"})
@@ -155,3 +157,25 @@ def test_checker_on_flax_modules():
 
   assert not _has_class_doc(Layer)  # Flax's dataclass transform writes a signature docstring
   assert _missing_in_class(Layer, "Layer") == ["Layer.helper"]
+
+
+def _undocumented_fields(cls: type) -> list[str]:
+  """Fields of a Linen module that neither its docstring nor a Linen base's names."""
+  docs = " ".join(c.__doc__ or "" for c in cls.__mro__ if issubclass(c, nn.Module))
+  fields = [f.name for f in dataclasses.fields(cls) if f.name not in ("parent", "name", "_")]
+  return [field for field in fields if not re.search(rf"\b{field}\b", docs)]
+
+
+def test_the_layers_for_ones_own_model_document_every_field():
+  """The Linen modules a user imports (locvit.attention, locvit.models.layers): every field is
+  named in the class's docstring or a base's."""
+  from locvit.attention import GMMAttention
+  from locvit.models import layers
+
+  classes = [getattr(locvit.attention, name) for name in locvit.attention.__all__]
+  classes += [obj for name, obj in vars(layers).items() if not name.startswith("_")]
+  modules = [c for c in classes if inspect.isclass(c) and issubclass(c, nn.Module)]
+  modules = [c for c in modules if c.__module__.startswith("locvit.")]
+  assert GMMAttention in modules and layers.Block in modules
+  missing = {c.__name__: _undocumented_fields(c) for c in modules}
+  assert not {name: fields for name, fields in missing.items() if fields}

@@ -204,7 +204,7 @@ def test_prefix_tokens_are_rejected():
   module = GPSA(num_heads=4)
   variables = init(module, x)
   x_cls = jnp.concatenate([x[:, :1], x], axis=1)
-  with pytest.raises(ValueError, match=r"patch tokens only.*class_token_layer"):
+  with pytest.raises(ValueError, match=r"patch tokens only, .*: apply it to the patch tokens x\[:"):
     module.apply(variables, x_cls, grid=GRID, num_prefix_tokens=1)
 
 

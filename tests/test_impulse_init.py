@@ -27,6 +27,7 @@ from locvit.init import (
   apply_baseline,
   apply_init,
   apply_mimetic,
+  get_layout,
   impulse_attention_matrix,
   impulse_key_indices,
   init_config,
@@ -35,6 +36,7 @@ from locvit.init import (
   pseudo_input,
   solve_impulse,
   solver_config,
+  write_impulse,
 )
 from locvit.init.impulse import _features, attention_logits_dense, optimize_qk
 from locvit.init.pseudo_inputs import raw_pseudo_input
@@ -333,6 +335,22 @@ def test_unknown_backbones_and_custom_layouts():
   )
 
 
+def test_impulse_init_of_ones_own_layer_from_its_grid():
+  """A layer of one's own model: ``layer.init``'s boxed params and a grid, no ``patch_size``
+  (was 'qkv/kernel has shape ()' from write_impulse, 'has no patch_size' from apply_init)."""
+  layer, grid = Attention(num_heads=2), TokenGrid(4, 4)
+  params = layer.init(jax.random.key(0), jnp.ones((1, 16, 16)), grid=grid)["params"]
+  cfg = init_config("impulse", base="keep", qk_pattern=r"qkv/kernel$", cache_dir=None, **FAST)
+  out, sol = apply_init(cfg, params, grid=grid, return_solution=True)
+  assert isinstance(out["qkv"]["kernel"], flax.linen.LogicallyPartitioned)
+  q, _ = sol.layer(0)
+  np.testing.assert_array_equal(out["qkv"]["kernel"].value[:, 0], np.transpose(q, (1, 0, 2)))
+  written = write_impulse(params, sol, get_layout("vit", r"qkv/kernel$"))
+  np.testing.assert_array_equal(written["qkv"]["kernel"].value, out["qkv"]["kernel"].value)
+  with pytest.raises(ValueError, match=r"Attention has no patch_size: .* pass grid=TokenGrid"):
+    apply_init(cfg, params, layer, 16)
+
+
 # ------------------------------------------------------------------------------------------------
 # Mimetic and baselines
 
@@ -420,7 +438,7 @@ def test_init_config_fields_and_errors():
     init_config("mimetic", filter_size=3)
   model, params = tiny_vit()
   assert apply_init(init_config("none"), params, model, 12) is params
-  with pytest.raises(ValueError, match="needs the model and the image size"):
+  with pytest.raises(ValueError, match=r"needs the token grid: pass grid=TokenGrid\(H, W\), or"):
     apply_init(init_config("impulse", base="keep"), params)
 
 

@@ -362,6 +362,20 @@ def test_training_curves_draw_loss_and_accuracy_of_the_run(trained, tmp_path):
   assert mpimg.imread(path).shape[2] == 4
 
 
+def test_training_curves_of_one_logged_point_show_every_series():
+  """Was: one point of eval/loss drew a dot a third the size of train/loss's, and top-5 at 0
+  (or 100%) drew its dot over top-1's, which no longer showed."""
+  one = lambda value: (np.array([1]), np.array([value]))
+  series = {"train/loss": one(2.3), "eval/loss": one(2.2), "eval/top1": one(0.0)}
+  fig = plots.training_curves_figure({**series, "eval/top5": one(0.0)})
+  loss_ax, accuracy_ax = fig.axes
+  markers = lambda ax: [(ln.get_marker(), ln.get_markersize()) for ln in ax.get_lines()]
+  assert len(set(markers(loss_ax))) == 1 and markers(loss_ax)[0][0] == "o"
+  top1, top5 = accuracy_ax.get_lines()
+  assert (top1.get_marker(), top5.get_marker(), top5.get_markerfacecolor()) == ("o", "o", "none")
+  assert top5.get_markersize() > top1.get_markersize()  # a ring around top-1's dot
+
+
 def test_curves_are_the_logged_records(trained):
   _, workdir = trained
   records = metrics_lib.read_metrics(workdir)

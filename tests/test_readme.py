@@ -1,5 +1,5 @@
-"""The README's examples run as printed: Theorem 1 from the public API, and the Flax NNX model
-that trains.
+"""The README's examples run as printed: a GPSA block of one's own (plain and scanned), Theorem 1
+from the public API, and the Flax NNX model that trains.
 
 Runtime: about 45 s on 2 busy CPU cores (load average 9), nearly all of it compiling one train step
 of a small GPSA classifier and a 2-layer ConViT bridged the same way.
@@ -31,6 +31,16 @@ def readme_block(heading: str) -> str:
 
 def shapes(tree):
   return jax.tree.map(jnp.shape, tree)
+
+
+def test_readme_own_model_block_prints_what_its_comments_say(capsys):
+  """A GPSA block of one's own on a 5 x 7 grid, and the same block under nn.scan + nn.remat
+  (which needs metadata_params for locvit's logically partitioned parameters)."""
+  block = readme_block("## Using the modules in your own model")
+  exec(compile(block, README, "exec"), {"__name__": "readme_own_model"})
+  expected = re.findall(r"^print\(.*\)  # (.*)$", block, re.M)
+  assert len(expected) == 3
+  assert capsys.readouterr().out.splitlines() == expected
 
 
 def test_readme_nnx_example_trains_and_keeps_locvit_names():

@@ -377,8 +377,8 @@ def test_missing_cifar_fails_in_seconds_with_instructions(tmp_path, monkeypatch,
   assert capsys.readouterr().err == (
     "locvit.reproduce: error: row 'trunc_normal' reads CIFAR-10 from an image folder but "
     "$CIFAR10_ROOT is not set. Prepare it as described in docs/data_preparation.md and `export "
-    "CIFAR10_ROOT=DIR` (DIR/train/<class>/*.jpg, DIR/test/<class>/*.jpg), or pass --data=tfds to "
-    "read the TFDS copy.\n"
+    "CIFAR10_ROOT=DIR` (DIR/train/<class>/*.jpg, DIR/test/<class>/*.jpg) or pass "
+    "--data=image_folder:DIR, or pass --data=tfds to read the TFDS copy.\n"
   )
   monkeypatch.setenv("CIFAR10_ROOT", str(tmp_path))
   (tmp_path / "train").mkdir()

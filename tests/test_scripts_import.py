@@ -116,19 +116,24 @@ def test_experiment_scripts_read_the_runs_own_config(script, model, args, tmp_pa
   assert os.listdir(f"{run}/analysis")
 
 
-def test_init_maps_see_the_images_at_the_models_size(tmp_path, monkeypatch):
-  """Was: experiments/structinit_init_maps.py on a folder of 40x48 images drew the attention over
-  a 10x12 token grid (the solved impulses are for the config's 8x8) without saying so."""
+def test_init_maps_see_the_images_at_the_models_size(tmp_path, monkeypatch, capsys):
+  """Was: experiments/structinit_init_maps.py and python -m locvit.analysis.init_maps on a folder
+  of 40x48 images drew the attention over a 10x12 (or 20x24) token grid, not the model's 8x8
+  (16x16), without saying so. Both now feed the images as evaluation does."""
   from PIL import Image
 
-  from locvit.configs import structinit_cifar10_small
-  from locvit.data import ImageFolderSource
+  from locvit.analysis import init_maps
 
   (tmp_path / "train" / "cat").mkdir(parents=True)
   Image.new("RGB", (48, 40)).save(tmp_path / "train" / "cat" / "0.jpg")
   monkeypatch.syspath_prepend(str(ROOT / "experiments"))
-  from structinit_init_maps import AsEvaluated
+  import structinit_init_maps
 
-  data = structinit_cifar10_small.get_config("impulse3").data
-  view = AsEvaluated(ImageFolderSource(str(tmp_path), "train"), data)
-  assert len(view) == 1 and view[0]["image"].shape == (32, 32, 3)
+  fed = []
+  record = lambda model, inits, images, out, **kwargs: fed.append(images.shape) or []
+  monkeypatch.setattr(structinit_init_maps, "compare_inits", record)
+  monkeypatch.setattr(init_maps, "compare_inits", record)
+  folder, out = f"--image_folder={tmp_path}", f"--out={tmp_path / 'maps'}"
+  structinit_init_maps.main([folder, out])
+  assert init_maps.main([folder, out, "--inits=mimetic"]) == 0
+  assert fed == [(1, 32, 32, 3), (1, 32, 32, 3)]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -158,11 +158,19 @@ def compare_inits(
   return write_init_maps(maps, out_dir, layers, zoom)
 
 
-def load_images(source: Any, count: int, mean, std) -> np.ndarray:
+def load_images(
+  source: Any,
+  count: int,
+  mean,
+  std,
+  transform: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> np.ndarray:
   """``count`` evenly spaced images of a ``locvit.data`` source (so every class appears in
-  class-sorted sources), normalised, as float32 NHWC."""
+  class-sorted sources), each through ``transform`` (e.g. ``augment.build_eval_transform``: the
+  images as the model sees them at evaluation), normalised, as float32 NHWC."""
   index = np.unique(np.linspace(0, len(source) - 1, min(count, len(source))).astype(int))
-  raw = np.stack([source[int(i)]["image"] for i in index])
+  transform = transform or (lambda image: image)
+  raw = np.stack([transform(source[int(i)]["image"]) for i in index])
   return augment.normalize_batch(raw, tuple(mean), tuple(std)).astype(np.float32)
 
 
@@ -179,6 +187,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   )
   parser.add_argument("--image_folder", required=True, help="ROOT/<split>/<class>/*.jpg")
   parser.add_argument("--split", default="train")
+  parser.add_argument(
+    "--image_size",
+    type=int,
+    default=32,
+    help="the model's input side: each image is resized and centre-cropped to it, as evaluation "
+    "does (the default model's is 32)",
+  )
   parser.add_argument("--num_images", type=int, default=256, help="images averaged over")
   parser.add_argument("--layers", default="0,5,11", help="comma-separated layer indices")
   parser.add_argument("--zoom", type=int, default=48, help="side of the zoomed upper-left block")
@@ -192,7 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       extra = dict(filter_size=args.filter_size, mode=args.mode) if name == "impulse" else {}
       inits[name] = init_config(name, **extra)
     source = ImageFolderSource(args.image_folder, args.split)
-    images = load_images(source, args.num_images, CIFAR10_MEAN, CIFAR10_STD)
+    as_evaluated = lambda image: augment.resize_center_crop(image, args.image_size)
+    images = load_images(source, args.num_images, CIFAR10_MEAN, CIFAR10_STD, as_evaluated)
     layers = [int(x) for x in args.layers.split(",")]
     paths = compare_inits(args.model, inits, images, args.out, layers=layers, zoom=args.zoom)
   except (ValueError, FileNotFoundError) as e:  # a wrong name or layer, a missing folder

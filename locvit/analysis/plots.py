@@ -56,16 +56,23 @@ def training_curves_figure(
 ) -> Figure:
   """Two panels from series ``{key: (steps, values)}``: the ``*/loss`` keys on the left, the
   ``*/top1`` and ``*/top5`` keys as percentages (a 0-100 axis) on the right. Keys naming
-  ``--mode=eval`` are separate evaluations, drawn as crosses; a series of one point gets a
-  marker; an accuracy panel without series says there is no evaluation yet."""
+  ``--mode=eval`` are separate evaluations, drawn as crosses; a series of one point is one
+  marker of the same size whatever its key; top-5's markers are rings, so a top-1 point equal
+  to it (both 0 or 100%) shows inside; an accuracy panel without series says there is no
+  evaluation yet."""
   fig = Figure(figsize=(10, 4))
   loss_ax, accuracy_ax = fig.subplots(1, 2, sharex=True)
   for key in sorted(series):
     steps, values = series[key]
-    style = "x" if MODE_EVAL in key else "-" if key.startswith("train/") else ".-"
-    style += "o" if style == "-" and len(steps) == 1 else ""  # one point: no line to draw
-    ax, scale = (loss_ax, 1) if key.split(" ")[0].endswith("/loss") else (accuracy_ax, 100)
-    ax.plot(steps, scale * np.asarray(values), style, label=key)
+    metric, separate, one_point = key.split(" ")[0], MODE_EVAL in key, len(steps) == 1
+    style = dict(
+      linestyle="none" if separate or one_point else "-",
+      marker="x" if separate else "o" if one_point else "" if key.startswith("train/") else ".",
+    )
+    if metric.endswith("/top5") and not separate:
+      style.update(marker="o", markerfacecolor="none", markersize=7)
+    ax, scale = (loss_ax, 1) if metric.endswith("/loss") else (accuracy_ax, 100)
+    ax.plot(steps, scale * np.asarray(values), label=key, **style)
   loss_ax.set_ylabel("loss")
   _plain_values(loss_ax)
   accuracy_ax.set_ylabel("accuracy (%)")

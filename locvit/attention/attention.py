@@ -23,6 +23,7 @@ and key/value kernels and their ``LogitsHook``.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -44,6 +45,33 @@ from locvit.ops import check_implementation
 Array = jax.Array
 
 
+def check_layer_input(layer: str, x: Array, grid: TokenGrid | None, num_prefix_tokens: int) -> None:
+  """One line naming the problem for tokens that are not ``(B, N, C)``, a ``grid`` that is not
+  a ``TokenGrid`` and a ``num_prefix_tokens`` outside ``[0, N)``, before any projection is
+  traced (else a transpose or broadcasting error from deep inside)."""
+  if getattr(x, "ndim", None) != 3:
+    raise ValueError(
+      f"{layer} takes tokens of shape (batch, tokens, channels), got shape "
+      f"{getattr(x, 'shape', type(x).__name__)}: flatten a (B, H, W, C) grid of patches with "
+      "x.reshape(B, H * W, C) and pass grid=TokenGrid(H, W)."
+    )
+  if grid is not None and not isinstance(grid, TokenGrid):
+    raise ValueError(
+      f"{layer} got grid={grid!r}, not a TokenGrid: pass grid=TokenGrid(height, width) of the "
+      "patch tokens."
+    )
+  tokens = x.shape[1]
+  if (
+    isinstance(num_prefix_tokens, bool)
+    or not isinstance(num_prefix_tokens, numbers.Integral)
+    or not 0 <= num_prefix_tokens < tokens
+  ):
+    raise ValueError(
+      f"{layer} got num_prefix_tokens={num_prefix_tokens!r} for {tokens} tokens: the number of "
+      f"class / distillation tokens placed first, an integer in [0, {tokens - 1}]."
+    )
+
+
 class AttentionLayer(nn.Module):
   """Fields and call signature shared by every registered attention layer.
 
@@ -63,6 +91,7 @@ class AttentionLayer(nn.Module):
       'cudnn' (GPU; the shapes of ``softmax_attention.cudnn_refusal``) or 'cpu_kernels' (the CPU
       code paths).
     dtype: computation dtype (bf16 for mixed precision); parameters stay ``param_dtype``.
+    param_dtype: dtype of the parameters.
     kernel_init: initializer of the projection kernels.
   """
 
@@ -79,6 +108,10 @@ class AttentionLayer(nn.Module):
   call_extras: ClassVar[bool] = False
 
   def __post_init__(self):
+    if isinstance(self.num_heads, bool) or not isinstance(self.num_heads, numbers.Integral):
+      raise ValueError(f"num_heads={self.num_heads!r} must be a positive integer.")
+    if self.num_heads < 1:
+      raise ValueError(f"num_heads={self.num_heads} must be a positive integer.")
     for field, valid in self.choices.items():
       if getattr(self, field) not in valid:
         raise ValueError(f"{field}={getattr(self, field)!r} is not one of {valid}.")
@@ -126,6 +159,7 @@ class AttentionLayer(nn.Module):
     """``row_scale``: ``(B, 1, 1)`` factors of the output, applied inside the output
     projection's matmul (``ops.affine``; stochastic depth, ``layers.pre_norm_residual``)."""
     check_implementation(self.implementation)
+    check_layer_input(type(self).__name__, x, grid, num_prefix_tokens)
     error = self._prefix_token_error(num_prefix_tokens) if num_prefix_tokens else None
     if error:
       raise ValueError(error)

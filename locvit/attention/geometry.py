@@ -16,11 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 
+# A static pytree (no leaves, the grid itself as the tree's structure): it passes through JAX and
+# Flax transforms as a plain keyword argument (``nn.remat(GPSA)(...)(x, grid=grid)``, ``jax.jit``,
+# ``jax.vmap``) without ``static_argnums``.
+@jax.tree_util.register_static
 @dataclasses.dataclass(frozen=True)
 class TokenGrid:
   """A ``height x width`` grid of patch tokens."""
@@ -29,6 +35,12 @@ class TokenGrid:
   width: int
 
   def __post_init__(self):
+    sides = (self.height, self.width)
+    if any(isinstance(side, bool) or not isinstance(side, numbers.Integral) for side in sides):
+      raise ValueError(
+        f"TokenGrid needs integer sides (patch rows, patch columns), got "
+        f"{self.height!r}x{self.width!r}."
+      )
     if self.height < 1 or self.width < 1:
       raise ValueError(f"TokenGrid needs positive sides, got {self.height}x{self.width}.")
 
@@ -109,7 +121,8 @@ def grid_from_tokens(num_tokens: int) -> TokenGrid:
   side = round(num_tokens**0.5)
   if side * side != num_tokens:
     raise ValueError(
-      f"Cannot infer a square token grid from {num_tokens} tokens; pass the grid explicitly."
+      f"Cannot infer a square token grid from {num_tokens} tokens; pass "
+      "grid=TokenGrid(HEIGHT, WIDTH) of the patch tokens."
     )
   return TokenGrid(side, side)
 
@@ -118,5 +131,9 @@ def check_grid_tokens(grid: TokenGrid | None, num_tokens: int) -> TokenGrid:
   """``grid`` (inferred as square when None), with a clear error when it has another token count."""
   grid = grid or grid_from_tokens(num_tokens)
   if grid.num_tokens != num_tokens:
-    raise ValueError(f"Grid {grid.height}x{grid.width} does not match {num_tokens} tokens.")
+    raise ValueError(
+      f"Grid {grid.height}x{grid.width} ({grid.num_tokens} tokens) does not match the "
+      f"{num_tokens} tokens given: pass grid=TokenGrid(HEIGHT, WIDTH) of the patch tokens (this "
+      "layer takes no class token)."
+    )
   return grid

@@ -108,8 +108,9 @@ class GPSA(AttentionLayer):
   PSA (Eq. 4), with the convolutional init of Eq. 5.
 
   Called as ``attn(x, grid=grid, num_prefix_tokens=0, train=train)`` on ``(B, N, C)`` patch
-  tokens. The positional term is defined on patch tokens only: ConViT inserts the class token
-  after the last GPSA layer, so ``num_prefix_tokens > 0`` is an error.
+  tokens (``grid=None``: the square grid of N tokens). The positional term is defined on patch
+  tokens only: ConViT inserts the class token after the last GPSA layer, so
+  ``num_prefix_tokens > 0`` is an error.
 
   Attributes:
     num_heads: number of heads H.
@@ -171,8 +172,10 @@ class GPSA(AttentionLayer):
   def _prefix_token_error(self, num_prefix_tokens: int) -> str:
     return (
       f"{self.variant.upper()} attention is defined on patch tokens only, got "
-      f"num_prefix_tokens={num_prefix_tokens}. In ConViT the class token is inserted after the "
-      "last GPSA layer: set class_token_layer >= the number of GPSA layers."
+      f"num_prefix_tokens={num_prefix_tokens}: apply it to the patch tokens x[:, "
+      f"{num_prefix_tokens}:] and add the class token after it, as ConViT inserts its class token "
+      "after the last GPSA layer (locvit's ConViT: class_token_layer >= the number of GPSA "
+      "layers)."
     )
 
   def _forward(

@@ -165,6 +165,8 @@ class GaussianMixtureMask(nn.Module):
     implementation: the model's kernel setting (``locvit.ops``); 'cpu_kernels' evaluates the
       kernels on the grid's distinct distances (``gaussian_mixture``'s ``gather``).
 
+    param_dtype: dtype of ``alpha`` and ``sigma``; the table is computed in float32.
+
   Parameters ``alpha`` and ``sigma`` have shape ``(K, H)``. The table is sown as the
   ``'table'`` intermediate when the caller collects intermediates.
   """
@@ -213,6 +215,9 @@ class ElementwiseMask(nn.Module):
     num_heads: H (the table is broadcast to every head).
     allow_non_square: use the mask on ``h != w`` grids instead of raising.
     elm_init: initializer of the ``elm`` parameter; zeros as the official ``Simple_Mask``.
+    param_dtype: dtype of ``elm``; the table is float32.
+
+  The ``(H, N, N)`` table is sown as the ``'table'`` intermediate.
   """
 
   num_heads: int
@@ -311,7 +316,15 @@ def _mask_grid(kind: str, grid: TokenGrid | None) -> TokenGrid:
 
 class GMMAttention(Attention):
   """Multi-head GMM attention (Li & Zhang Sec. 3.3, Eq. 9: ``softmax((q k^T / sqrt(d)) * M) v``);
-  attention kind 'gmm'. ``Attention`` with a ``GaussianMixtureMask`` child named ``mask``."""
+  attention kind 'gmm'. ``Attention`` with a ``GaussianMixtureMask`` child named ``mask``.
+
+  Attributes (besides ``Attention``'s; ``positional`` stays None: the layer builds its mask):
+    combine: 'multiply' (Eq. 9, the official code) or 'add' (Sec. 3.3's "simply add"; runs in
+      the fused kernel).
+    num_kernels, kernel, alpha_std, sigma_mean, sigma_std, allow_non_square: the mask's fields
+      (``GaussianMixtureMask``: K of Eq. 1, 'faithful' / 'intended', the Sec. 4.2 init, the
+      rectangular geometry on ``h != w`` grids).
+  """
 
   mask_kind: ClassVar[str] = "gmm"
   combine: Literal["multiply", "add"] = "multiply"
@@ -346,7 +359,12 @@ class GMMAttention(Attention):
 
 class ELMAttention(Attention):
   """Attention with Li & Zhang's element-wise learnable mask (Sec. 3.1) on the logits, applied as
-  in Eq. 9 (attention kind 'elm'). ``Attention`` with an ``ElementwiseMask`` child ``mask``."""
+  in Eq. 9 (attention kind 'elm'). ``Attention`` with an ``ElementwiseMask`` child ``mask``.
+
+  Attributes (besides ``Attention``'s; ``positional`` stays None):
+    combine: 'multiply' (as Eq. 9 applies a mask; the official code) or 'add'.
+    allow_non_square: use the mask on ``h != w`` grids instead of raising.
+  """
 
   mask_kind: ClassVar[str] = "elm"
   combine: Literal["multiply", "add"] = "multiply"

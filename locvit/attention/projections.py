@@ -84,6 +84,9 @@ class DenseGeneral(nn.Module):
       (``ops.affine``: its gradient comes from the kernel's gradient matmul) in a training step
       compiled for XLA:GPU (``ops.bias_in_matmul``), unless the logical-axis rules partition a
       contracted axis.
+    use_bias, kernel_init, bias_init: the bias and the initializers (given the full kernel shape
+      ``(*inputs, *features)``).
+    dtype, param_dtype: computation and parameter dtypes.
   """
 
   features: tuple[int, ...]

@@ -146,6 +146,7 @@ class QuadraticPositional(nn.Module):
     center_init_std: std of the centre init (2.0 in the reference; see the module docstring).
     spread_init_std: std of the noise on the spread init (0.01 in the reference); with 'alpha'
       the init is ``alpha = s^2 / 2`` of those spreads.
+    param_dtype: dtype of the parameters; the logits are computed in float32.
   """
 
   num_heads: int
@@ -210,6 +211,7 @@ class LearnedRelativePositional(nn.Module):
     embed_dim: ``D_p``, width of each embedding table (400 in the paper, = the model width).
     max_position: ``M``; tables have ``2M - 1`` rows. None: the grid side at init. A grid larger
       than ``M`` raises.
+    param_dtype: dtype of the parameters; the logits are computed in float32.
   """
 
   num_heads: int
@@ -296,7 +298,8 @@ class RelativeAttention(AttentionLayer):
 
   ``out = sum_h softmax(A_h) X W_h + b`` with ``W`` the ``value`` kernel ``(H, D_in, D_out)``;
   ``A_h = P_h`` (positional only) or ``P_h + q_h k_h^T / sqrt(Dh)`` (``content=True``).
-  Called as ``attn(x, grid=grid, train=train)`` on ``(B, N, D_in)`` tokens.
+  Called as ``attn(x, grid=grid, train=train)`` on ``(B, N, D_in)`` patch tokens; ``grid=None``
+  means the square grid of N tokens.
 
   Attributes:
     num_heads: H.

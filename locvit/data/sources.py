@@ -271,7 +271,9 @@ class ImageFolderSource:
         return _example(self.decode(i), self.labels[i]), step == 0
       except CorruptImageError as e:
         if self.on_corrupt == "error":
-          raise
+          raise CorruptImageError(
+            f"{e}; --config.data.on_corrupt=skip reads the next readable file in its place"
+          ) from e.__cause__
         self._record_skip(self.paths[i], str(e))
     raise CorruptImageError(f"every image under {str(self.root / self.split)!r} is unreadable")
 
@@ -481,7 +483,10 @@ def _image_folder_split(cfg: Any, split: str) -> ImageFolderSource:
   except FileNotFoundError as e:
     folder = parse_split(split)[0]
     root = Path(cfg.root)
-    if not root.is_dir() or (root / folder).is_dir():
+    if not root.is_dir():  # e.g. a finished run's data moved: eval and analyze read it too
+      hint = "data.root; --data=image_folder:DIR reads DIR instead"
+      raise FileNotFoundError(f"{e} ({hint})") from None
+    if (root / folder).is_dir():
       raise
     field = "train_split" if split == cfg.train_split else "eval_split"
     present = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())

@@ -3,6 +3,12 @@
 >>> config.init = init_config('impulse', filter_size=3, mode='different')
 >>> params = apply_init(config.init, params, model, image_size)
 
+A model or layer of one's own (no ``patch_size``): pass its token grid, and the pattern of its
+stacked ``(C, 3, H, Dh)`` q/k kernels where they are not at ``blocks_<i>/attn/qkv``:
+
+>>> cfg = init_config('impulse', qk_pattern=r'qkv/kernel$')
+>>> params = apply_init(cfg, Attention(4).init(key, x, grid=grid)['params'], grid=grid)
+
 - ``impulse``: the backbone-agnostic impulse solver (Algorithm 1), ``solve_impulse``;
 - ``mimetic``: Trockman & Kolter's mimetic init, ``apply_mimetic``;
 - ``baselines``: PyTorch-default (Kaiming-uniform) and timm (trunc-normal) inits;

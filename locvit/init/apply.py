@@ -81,7 +81,10 @@ def token_grid(model: nn.Module, image_size: int | tuple[int, int]) -> TokenGrid
   """The model's patch grid for ``image_size`` (needs a ``patch_size`` field)."""
   patch = getattr(model, "patch_size", None)
   if patch is None:
-    raise ValueError(f"{type(model).__name__} has no patch_size: impulse init needs a token grid.")
+    raise ValueError(
+      f"{type(model).__name__} has no patch_size: impulse init needs the token grid; pass "
+      "grid=TokenGrid(H, W) of the attention layers' patch tokens."
+    )
   height, width = (image_size, image_size) if np.isscalar(image_size) else image_size
   if height % patch or width % patch:
     raise ValueError(f"Image size {height}x{width} is not divisible by patch_size={patch}.")
@@ -89,8 +92,12 @@ def token_grid(model: nn.Module, image_size: int | tuple[int, int]) -> TokenGrid
 
 
 def write_impulse(params: Any, solution, layout: AttentionLayout) -> Any:
-  """Query kernel of head h = ``Q[h]``, key kernel = ``K[h]^T`` in every layer (no scale)."""
-  flat = {k: np.asarray(v) for k, v in flatten(params).items()}
+  """Query kernel of head h = ``Q[h]``, key kernel = ``K[h]^T`` in every layer (no scale).
+
+  ``params`` plain or boxed with logical axes (what ``layer.init`` returns); the structure is
+  kept."""
+  values, boxes = _unbox(params)
+  flat = {k: np.asarray(v) for k, v in flatten(values).items()}
   paths = find_qk_kernels(flat, layout)
   if len(paths) != len(solution.layer_solve):
     raise ValueError(
@@ -99,7 +106,7 @@ def write_impulse(params: Any, solution, layout: AttentionLayout) -> Any:
   for index, path in enumerate(paths):
     q, k = solution.layer(index)  # (H, D, hd), (H, hd, D)
     flat[path] = set_qk(flat[path], layout, np.transpose(q, (1, 0, 2)), np.transpose(k, (2, 0, 1)))
-  return unflatten(flat, params)
+  return _rebox(unflatten(flat, values), boxes)
 
 
 def _solver_batching(model) -> str:
@@ -109,11 +116,10 @@ def _solver_batching(model) -> str:
   return "map" if cpu_kernels(implementation) else "vmap"
 
 
-def _impulse(cfg: Mapping, params: Any, model, image_size, layout, seed: int) -> tuple[Any, Any]:
+def _impulse(cfg: Mapping, params: Any, model, grid: TokenGrid, layout, seed: int):
   flat = flatten(params)
   paths = find_qk_kernels(flat, layout)
   dim, heads, head_dim = attention_dims(flat, paths)
-  grid = token_grid(model, image_size)
   if getattr(model, "pool", "gap") == "token":
     logging.warning(
       "Impulse init targets patch-to-patch attention; the reference uses it only with global "
@@ -161,19 +167,23 @@ def apply_init(
   *,
   seed: int | None = None,
   return_solution: bool = False,
+  grid: TokenGrid | None = None,
 ) -> Any:
   """Returns ``params`` re-initialised per ``init_cfg`` (a ``config.init`` block).
 
   Args:
     init_cfg: mapping with ``name`` and that init's fields (see ``init_config``).
     params: the model's params tree (plain or boxed with logical axes; structure is kept).
-    model: the Linen module (needed for 'impulse': its ``patch_size`` gives the token grid).
-    image_size: input side (or ``(height, width)``), needed for 'impulse'.
+    model: the Linen module (for 'impulse' without ``grid``: its ``patch_size`` gives the token
+      grid).
+    image_size: input side (or ``(height, width)``), needed for 'impulse' without ``grid``.
     seed: overrides ``init_cfg.seed`` (the trainer passes ``config.seed`` when ``init.seed`` is
       None); every draw is deterministic in it, 0 when neither is set.
     return_solution: also return the impulse solve (``locvit.init.ImpulseSolution``: the solved
       Q/K per layer, the target maps and their quality report) that was written into the
       params; ``None`` for the other inits.
+    grid: the attention layers' token grid for 'impulse', in place of ``model`` and
+      ``image_size`` (a model of one's own, without ``patch_size``).
 
   Returns host (NumPy) arrays with the input's structure and dtypes, or ``(params, solution)``
   with ``return_solution=True``.
@@ -190,7 +200,7 @@ def apply_init(
   elif name in ("trunc_normal", "kaiming_uniform"):
     values = apply_baseline(name, values, seed)
   else:
-    values, solution = _structured(name, init_cfg, values, model, image_size, seed)
+    values, solution = _structured(name, init_cfg, values, model, image_size, grid, seed)
   out = _rebox(values, boxes)
   return (out, solution) if return_solution else out
 
@@ -207,7 +217,7 @@ def _with_defaults(init_cfg: Mapping[str, Any]) -> dict[str, Any]:
   return {**full, **given}
 
 
-def _structured(name: str, init_cfg: Mapping, values: Any, model, image_size, seed: int):
+def _structured(name: str, init_cfg: Mapping, values: Any, model, image_size, grid, seed: int):
   """Mimetic or impulse on unboxed ``values``: ``(new values, impulse solution or None)``."""
 
   base = init_cfg["base"]
@@ -226,6 +236,13 @@ def _structured(name: str, init_cfg: Mapping, values: Any, model, image_size, se
       vproj=vproj,
     )
     return values, None
-  if model is None or image_size is None:
-    raise ValueError("init.name='impulse' needs the model and the image size (token grid).")
-  return _impulse(init_cfg, values, model, image_size, layout, seed)
+  if grid is None:
+    if model is None or image_size is None:
+      raise ValueError(
+        "init.name='impulse' needs the token grid: pass grid=TokenGrid(H, W), or the model "
+        "(with patch_size) and the image size."
+      )
+    grid = token_grid(model, image_size)
+  elif not isinstance(grid, TokenGrid):
+    raise ValueError(f"grid={grid!r} is not a TokenGrid: pass grid=TokenGrid(H, W).")
+  return _impulse(init_cfg, values, model, grid, layout, seed)

@@ -49,7 +49,14 @@ def patchify(images: Array, patch_size: int) -> Array:
 
 
 class PatchFields(nn.Module):
-  """Fields of the patch embedding: ``patch_size`` x ``patch_size`` patches to ``embed_dim``."""
+  """Fields of the patch embedding: ``patch_size`` x ``patch_size`` patches to ``embed_dim``.
+
+  Attributes:
+    patch_size, embed_dim: the patch side and the token width.
+    dtype, param_dtype: computation and parameter dtypes.
+    implementation: the model's kernel setting (``locvit.ops``): 'cpu_kernels' patchifies and
+      multiplies, the others run ``lax.conv``.
+  """
 
   patch_size: int
   embed_dim: int
@@ -148,7 +155,14 @@ def _gelu_jvp(primals, tangents):
 
 
 class Mlp(nn.Module):
-  """fc1 -> exact (erf) GELU -> dropout -> fc2 -> dropout."""
+  """fc1 -> exact (erf) GELU -> dropout -> fc2 -> dropout.
+
+  Attributes:
+    hidden_dim: width of ``fc1``; ``fc2`` maps back to the input width.
+    drop: dropout rate after the GELU and after ``fc2``.
+    dtype, param_dtype: computation and parameter dtypes.
+    implementation: the model's kernel setting (``locvit.ops``).
+  """
 
   hidden_dim: int
   drop: float = 0.0
@@ -273,7 +287,12 @@ def _normalize_jvp(eps, dtype, primals, tangents):
 
 class LayerNorm(nn.Module):
   """LayerNorm over the last axis (``normalize``) with ``nn.LayerNorm``'s parameters: ``scale``
-  (ones) and ``bias`` (zeros), float32, partitioned on the logical 'embed' axis."""
+  (ones) and ``bias`` (zeros), float32, partitioned on the logical 'embed' axis.
+
+  Attributes:
+    epsilon: added to the variance.
+    dtype: computation dtype; None: the inputs' and parameters' result type, as ``nn.LayerNorm``.
+  """
 
   epsilon: float
   dtype: Any = None  # None: the inputs' and parameters' result type, as nn.LayerNorm
@@ -328,7 +347,15 @@ def drop_examples(y: Array, keep: Array, rate: float) -> Array:
 
 class AttentionSettings(nn.Module):
   """Keyword-only fields of a backbone's wrapper of the shared attention layer (Swin's windows):
-  the attention kind's mask options, dropouts, dtypes and the kernel setting (``locvit.ops``)."""
+  the attention kind's mask options, dropouts, dtypes and the kernel setting (``locvit.ops``).
+
+  Attributes:
+    attention: a registered attention kind (``locvit.attention.list_attention``).
+    attention_kwargs: that kind's options (e.g. ``{'num_kernels': 5}`` for 'gmm').
+    attn_drop, proj_drop: dropout on the attention probabilities and after the projection.
+    dtype, param_dtype: computation and parameter dtypes.
+    implementation: the model's kernel setting (``locvit.ops``).
+  """
 
   _: dataclasses.KW_ONLY
   attention: str = "mhsa"
@@ -354,6 +381,7 @@ class BlockSettings(nn.Module):
     drop, attn_drop, drop_path: dropout after projections, on attention probabilities, and
       stochastic depth.
     norm_eps: LayerNorm epsilon.
+    dtype, param_dtype: computation and parameter dtypes.
     implementation: the model's kernel setting (``locvit.ops``).
   """
 
@@ -402,7 +430,14 @@ def block_settings(backbone: nn.Module, attention: str | None = None) -> dict[st
 
 
 class Block(BlockSettings):
-  """Pre-norm transformer block: ``x + drop_path(attn(LN(x)))``, ``x + drop_path(mlp(LN(x)))``."""
+  """Pre-norm transformer block: ``x + drop_path(attn(LN(x)))``, ``x + drop_path(mlp(LN(x)))``.
+
+  Attributes (besides ``BlockSettings``'):
+    num_heads, head_dim, qkv_bias: the attention layer's (``head_dim`` None: ``C // num_heads``).
+    mlp_ratio: the MLP's hidden width over the token width.
+
+  Called as ``block(x, grid, num_prefix_tokens=0, train=False)`` on ``(B, N, C)`` tokens.
+  """
 
   num_heads: int
   mlp_ratio: float = 4.0

@@ -139,7 +139,8 @@ def check_data(config: ml_collections.ConfigDict, row_name: str) -> None:
       raise ReproduceError(
         f"row {row_name!r} reads CIFAR-10 from an image folder but $CIFAR10_ROOT is not set. "
         f"Prepare it as described in {DATA_HELP} and `export CIFAR10_ROOT=DIR` (DIR/train/<class>/"
-        "*.jpg, DIR/test/<class>/*.jpg), or pass --data=tfds to read the TFDS copy."
+        "*.jpg, DIR/test/<class>/*.jpg) or pass --data=image_folder:DIR, or pass --data=tfds to "
+        "read the TFDS copy."
       )
     folders = [parse_split(s)[0] for s in (data.train_split, data.eval_split)]  # 'test[:500]'
     missing = [s for s in folders if not os.path.isdir(f"{root}/{s}")]

@@ -339,10 +339,12 @@ def _checked_setup(config, hooks):
   run = Training(config, mesh, rules, model, num_classes, image_shape, eval_source, None)
   run.train_source, run.warmstart, run.hooks = train_source, warmstart, hooks
   if len(train_source) < config.batch_size:  # refused before the workdir is created
+    folder = config.data.source == "image_folder"
     raise ValueError(
       f"batch_size={config.batch_size} is larger than the {len(train_source)} training examples "
-      f"of {train_source!r}: a step needs a whole batch; use --config.batch_size of at most "
-      f"{len(train_source)}, or more data."
+      f"of {config.data.root if folder else config.data.name} ({config.data.train_split!r}): a "
+      f"step needs a whole batch; use --config.batch_size of at most {len(train_source)}, or "
+      "more data."
     )
   run.total_steps, run.steps_per_epoch = training_length(config, len(train_source))
   boxed_params, _ = sharding.model_variable_shapes(model, image_shape)  # abstract, no compute
