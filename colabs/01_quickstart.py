@@ -46,7 +46,6 @@ os.chdir(root)
 # %%
 import jax
 import jax.numpy as jnp
-import matplotlib.pyplot as plt
 
 # %matplotlib inline
 print("JAX", jax.__version__, jax.devices())
@@ -87,18 +86,16 @@ workdir = tempfile.mkdtemp()
 final = train.train_and_evaluate(config, workdir)
 final
 
+# %% [markdown]
+# The curves as `python -m locvit.main --workdir=DIR --mode=analyze` draws them
+# (`training_curves.png`): train and eval loss, and eval top-1 / top-5 in % (top-5 in rings).
+
 # %%
-records = read_metrics(workdir)
-train_steps = [r["step"] for r in records if "train/loss" in r]
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
-ax1.plot(train_steps, [r["train/loss"] for r in records if "train/loss" in r])
-ax1.set(xlabel="step", ylabel="train loss", title="loss")
-evals = [r for r in records if "eval/top1" in r]
-ax2.plot([r["step"] for r in evals], [r["eval/top1"] for r in evals], "o-", label="top-1")
-ax2.plot([r["step"] for r in evals], [r["eval/top5"] for r in evals], "s--", label="top-5")
-ax2.set(xlabel="step", ylabel="accuracy", ylim=(0, 1.02), title="evaluation")
-ax2.legend()
-plt.show()
+from IPython.display import display
+
+from locvit.analysis import analyze, plots
+
+display(plots.training_curves_figure(analyze.training_series(read_metrics(workdir))))
 assert final["eval/top1"] > 0.8
 
 # %% [markdown]
