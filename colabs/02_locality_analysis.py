@@ -125,7 +125,7 @@ display(
 display(plots.gate_figure(epochs, series["gate"], xlabel="epoch"))
 
 # %% [markdown]
-# Sixty steps (1.3 epochs) barely move the gates: in the paper (Figs. 5-6) they separate over
+# Sixty steps (1.4 epochs) barely move the gates: in the paper (Figs. 5-6) they separate over
 # hundreds of epochs, the early layers staying positional and the later ones turning to content.
 # The notebook keeps the run short so that it finishes in seconds; set `LOCVIT_NB_STEPS` (e.g.
 # 2000, about 45 epochs) before running it to follow the curves further.
@@ -204,8 +204,10 @@ display(
 # `center_dx`, `center_dy`, `span`); the contours use `locvit.analysis.centers`
 # (`gaussian_mass_levels`, `gaussian_on_mesh`) as in Cordonnier et al.'s Figs. 3-4: per head, the
 # region holding 50% (solid) and 90% (dotted) of the positional attention around the query (black
-# square). Thin lines trace each centre over training, dots mark the end. The local init puts the
-# 9 heads on a 3x3 kernel with span 1 (`locality_strength = 1`).
+# square). Thin lines trace each centre over training, dots mark the end; a head whose centre
+# leaves the window, or that has none (it prefers far keys), is named in its panel's corner
+# (`centers.note_outside`). The local init puts the 9 heads on a 3x3 kernel with span 1
+# (`locality_strength = 1`).
 
 # %%
 from locvit.analysis import centers
@@ -227,6 +229,9 @@ for ax, i in zip(axes, gpsa_layers):
     density = centers.gaussian_on_mesh(centre, np.eye(2) * 2 / span, d1, d2)
     ax.contour(d2, d1, density, levels=levels, colors=[colour], linestyles=["dotted", "solid"])
   ax.add_patch(matplotlib.patches.Rectangle((-0.5, -0.5), 1, 1, fill=False, ec="black", lw=2))
+  # (row, col) of each head's final centre, NaN without one; heads beyond the window are named.
+  ends = np.stack([series["center_dy"][i][-1], series["center_dx"][i][-1]], axis=-1)
+  centers.note_outside(ax, np.where(final["span"][i][:, None] > 0, ends, np.nan), window / 2)
   ax.set(
     xlim=(-window / 2, window / 2),
     ylim=(window / 2, -window / 2),
