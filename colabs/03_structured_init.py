@@ -135,8 +135,14 @@ achieved = pseudo_attention(*solution.layer(0))
 
 
 def show_heads(rows, labels, query=None, size=1.45, vmax=1.0):
-  _fig, axes = plt.subplots(
-    len(rows), heads, figsize=(size * heads, size * len(rows)), squeeze=False
+  """One panel per head and row, all on one colour scale from 0 to vmax (its colour bar; an
+  arrow at its top where larger values are drawn in the top colour)."""
+  fig, axes = plt.subplots(
+    len(rows),
+    heads,
+    figsize=(size * heads + 1, size * len(rows)),
+    squeeze=False,
+    layout="constrained",
   )
   for r, (maps, label) in enumerate(zip(rows, labels)):
     for h in range(heads):
@@ -160,7 +166,10 @@ def show_heads(rows, labels, query=None, size=1.45, vmax=1.0):
       if r == 0:
         ax.set_title(f"head {h} ({offsets[h][0]:+d},{offsets[h][1]:+d})", fontsize=8)
     axes[r, 0].set_ylabel(label, fontsize=9)
-  plt.tight_layout()
+  clipped = max(float(np.max(maps)) for maps in rows) > vmax
+  scale = matplotlib.cm.ScalarMappable(matplotlib.colors.Normalize(0, vmax), cmap="viridis")
+  bar = fig.colorbar(scale, ax=axes, shrink=0.9, extend="max" if clipped else "neither")
+  bar.set_label("attention" + (f"\n(above {vmax:g}: top colour)" if clipped else ""), fontsize=8)
   plt.show()
 
 
@@ -228,10 +237,10 @@ axes[0].set(yscale="log", xlabel="head (layer 0)", ylabel="mean (A - H)^2", titl
 axes[1].set(
   xlabel="head (layer 0)",
   ylabel="fraction of rows",
-  ylim=(0, 1.05),
+  ylim=(0, 1.2),
   title="argmax = impulse target",
 )
-axes[1].legend(fontsize=8)
+axes[1].legend(fontsize=8, ncol=3, loc="upper center")
 plt.tight_layout()
 plt.show()
 show_heads([targets, *list(on_pseudo.values())], ["target", *list(on_pseudo)], query=(3, 4))
