@@ -264,6 +264,8 @@ plt.show()
 #
 # ```python
 # from locvit.attention.masks import mask_attention_kwargs
+# from locvit.models import create_model
+#
 # model = create_model("gmm_vit_smalldata_d9_patch4_32",
 #                      attention_kwargs=mask_attention_kwargs("gmm", kernel="intended"))
 # ```
