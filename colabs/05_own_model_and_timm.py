@@ -109,9 +109,13 @@ for name in ("gpsa", "gmm"):
 # kernel (at init the content softmax is nearly uniform, so the mixed attention is the positional
 # one, weighted by the gate `g = sigmoid(1) = 0.73`), and the GMM layer, whose random mask
 # (`alpha ~ N(0, 2^2)`, `sigma ~ N(10, 10^2)`, shown centred on 0: red positive, blue negative)
-# multiplies the content logits, so the digit's strokes show through.
+# multiplies the content logits. Those are small at init, so the GMM attention is nearly uniform
+# (about 1/64 on every patch), the digit's strokes showing faintly through. Each row has one
+# colour scale (its colour bar).
 
 # %%
+from locvit.analysis import plots
+
 _, state = net.apply(variables, images[:1], mutable=["intermediates"])
 inter = state["intermediates"]
 for path, value in jax.tree_util.tree_flatten_with_path(inter)[0]:
@@ -126,16 +130,24 @@ rows = {
   "GMM mask": inter["gmm"]["mask"]["table"][0],
 }
 gates = inter["gpsa"]["gate"][0]
-fig, axes = plt.subplots(len(rows), 5, figsize=(10, 8.6))
+fig, axes = plt.subplots(len(rows), 5, figsize=(11, 8.6), layout="constrained")
 axes[0, 0].imshow(images[0, ..., 0], cmap="gray")
 axes[0, 0].set_title("input", fontsize=8)
 for r, (label, maps) in enumerate(rows.items()):
+  panels = [np.asarray(maps[h, q]).reshape(8, 8) for h in range(4)]
+  # One colour scale per row (its colour bar): the mask centred on 0, attention from 0.
+  if "mask" in label:
+    norm = matplotlib.colors.CenteredNorm(halfrange=max(np.abs(p).max() for p in panels))
+    cmap, bar_label = "RdBu_r", "mask value"
+  else:
+    norm, cmap, bar_label = plots.shared_norm(panels, vmin=0.0), "viridis", "attention"
   axes[r, 1].set_ylabel(label, fontsize=9)
-  for h in range(4):
-    style = dict(cmap="RdBu_r", norm=matplotlib.colors.CenteredNorm()) if "mask" in label else {}
-    axes[r, h + 1].imshow(np.asarray(maps[h, q]).reshape(8, 8), **style)
+  for h, panel in enumerate(panels):
+    axes[r, h + 1].imshow(panel, cmap=cmap, norm=norm)
     title = f"head {h}" + (f"  g={gates[h]:.2f}" if label.startswith("GPSA") else "")
     axes[r, h + 1].set_title(title, fontsize=8)
+  bar = fig.colorbar(matplotlib.cm.ScalarMappable(norm, cmap), ax=axes[r, 1:], shrink=0.9)
+  bar.set_label(bar_label, fontsize=8)
   for ax in axes[r, (0 if r == 0 else 1) :]:
     ax.add_patch(
       matplotlib.patches.Rectangle(
@@ -151,8 +163,9 @@ for r, (label, maps) in enumerate(rows.items()):
 # %% [markdown]
 # The same layers are registered as attention kinds (`'gpsa'`, `'psa'`, `'gmm'`, `'elm'`,
 # `'quadratic'`, ...), so the library's `VisionTransformer` can use them per layer, e.g.
-# `create_model("deit_tiny_patch4_32", layer_attention=("gpsa",) * 4 + ("mhsa",) * 8,
-# class_token_layer=4)`; `locvit.attention.register_attention(name)` adds your own kind.
+# `create_model("deit_tiny_patch4_32", num_heads=4, layer_attention=("gpsa",) * 4 + ("mhsa",)
+# * 8, class_token_layer=4)` (4 heads as in ConViT-Ti: GPSA's local init places a square number
+# of heads on a kernel); `locvit.attention.register_attention(name)` adds your own kind.
 #
 # ## 2. Converting a timm checkpoint
 #
@@ -267,7 +280,8 @@ command = [
   f"--output={tmp / 'flax'}",
 ]
 print("$ python", " ".join(command[1:]).replace(str(tmp), "DIR"))
-print(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+converted = subprocess.run(command, check=True, capture_output=True, text=True)
+print(converted.stdout.replace(str(tmp), "DIR"))
 restored = load_converted(tmp / "flax")
 same = np.array_equal(np.asarray(jax.jit(model.apply)(restored, x)), flax_logits)
 print("restored checkpoint gives the same logits:", same)
