@@ -278,13 +278,21 @@ def test_every_printed_path_module_and_name_exists():
         missing.append(f"{path.name}: no file {file}")
       elif test and not re.search(rf"def {test[2:]}\b", (ROOT / file).read_text()):
         missing.append(f"{path.name}: no test {file}{test}")
-    for module in re.findall(r"python3? -m (locvit[\w.]*)", text):
-      if importlib.util.find_spec(module) is None:
-        missing.append(f"{path.name}: no module {module}")
-    for dotted in re.findall(r"(?<![\w/.])(locvit(?:\.\w+)+)", text):
-      if not python_name_exists(dotted):
-        missing.append(f"{path.name}: no name {dotted}")
-    for field in re.findall(r"--config\.([\w.]+)=", text):
-      if field not in SHOWN_MISTAKES | {"FIELD"} and not config_field_exists(field):
-        missing.append(f"{path.name}: no config field {field}")
+    missing += missing_modules_names_and_fields(path.name, text)
   assert not missing, "\n".join(missing)
+
+
+def missing_modules_names_and_fields(label: str, text: str) -> list[str]:
+  """The ``python -m`` modules, ``locvit.a.b`` names and ``--config.FIELD`` fields that ``text``
+  (labelled ``label``) prints and that do not exist, one line each."""
+  missing = []
+  for module in re.findall(r"python3? -m (locvit[\w.]*)", text):
+    if importlib.util.find_spec(module) is None:
+      missing.append(f"{label}: no module {module}")
+  for dotted in re.findall(r"(?<![\w/.])(locvit(?:\.\w+)+)", text):
+    if not python_name_exists(dotted):
+      missing.append(f"{label}: no name {dotted}")
+  for field in re.findall(r"--config\.([\w.]+)=", text):
+    if field not in SHOWN_MISTAKES | {"FIELD"} and not config_field_exists(field):
+      missing.append(f"{label}: no config field {field}")
+  return missing

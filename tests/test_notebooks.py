@@ -2,7 +2,8 @@
 
 colabs/NN_name.py (jupytext percent format, linted by ruff) is the source; colabs/NN_name.ipynb is
 generated from it, executed and committed with its outputs (colabs/README.md). pytest's nbmake
-plugin executes the .ipynb files again in CI. Runtime: about 1 s.
+plugin executes the .ipynb files again in CI. Runtime: about 5 s (most of it importing
+locvit for the names in the Markdown).
 """
 
 import configparser
@@ -46,6 +47,24 @@ def test_committed_notebook_is_in_sync_with_its_source_and_executed(source):
   assert not [o for o in outputs if o.output_type == "error"]
   assert any("image/png" in o.get("data", {}) for o in outputs), f"{notebook_path}: no figure"
   assert os.path.getsize(notebook_path) < MAX_BYTES
+
+
+def test_every_module_name_field_and_file_in_the_markdown_exists():
+  """The notebooks' Markdown names ``python -m`` modules, ``locvit.a.b`` names, ``--config.FIELD``
+  fields and repository files that exist as printed (as tests/test_doc_blocks.py checks the
+  docs)."""
+  from tests.test_doc_blocks import missing_modules_names_and_fields
+
+  missing = []
+  for source in SOURCES:
+    name = os.path.basename(source)
+    cells_ = jupytext.read(source).cells
+    text = "\n".join(cell.source for cell in cells_ if cell.cell_type == "markdown")
+    missing += missing_modules_names_and_fields(name, text)
+    for file in re.findall(r"(?<![\w/.$~])((?:configs|tests|docs)/[\w/.*-]*\w)", text):
+      if not glob.glob(os.path.join(ROOT, file)):
+        missing.append(f"{name}: no file {file}")
+  assert not missing, "\n".join(missing)
 
 
 def test_install_cells_pin_nothing_and_name_no_url():
