@@ -12,7 +12,7 @@ import jax
 import ml_collections
 
 from locvit import checkpoint as ckpt_lib
-from locvit import run_config, sharding
+from locvit import restore, run_config, sharding
 from locvit.analysis.analyze import restore_params
 from locvit.configs.common import complete_config
 from locvit.main import ConfigError, resolve_config
@@ -58,12 +58,7 @@ def load_config(spec: str | None, workdir: str | None = None) -> ml_collections.
 
 def run_num_classes(workdir: str) -> int:
   """The class count the head of ``workdir``'s checkpoints was built for."""
-  checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
-  meta = checkpointer.saved_meta(None)
-  checkpointer.close()
-  if meta is None:
-    raise FileNotFoundError(f"No checkpoints in {workdir}/checkpoints.")
-  return int(meta["config"]["num_classes"])
+  return int(restore.saved_config(workdir)["num_classes"])
 
 
 def initial_params(config: ml_collections.ConfigDict, model: nn.Module):
@@ -76,7 +71,9 @@ def initial_params(config: ml_collections.ConfigDict, model: nn.Module):
 
 def checkpoint_steps(workdir: str) -> list[int]:
   """Steps of the checkpoints kept in ``workdir/checkpoints`` (sorted; raises if none)."""
-  checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+  checkpointer = ckpt_lib.Checkpointer(
+    os.path.join(workdir, "checkpoints"), async_save=False, read_only=True
+  )
   steps = sorted(checkpointer.manager.all_steps())
   checkpointer.close()
   if not steps:

@@ -107,8 +107,9 @@ def restore_model_variables(
   return *read_model_variables(workdir, model, image_shape, step, shardings), step
 
 
-def saved_model_config(workdir: str, step: int | None = None) -> dict[str, Any]:
-  """The ``model`` entry (name, overrides) of the config that wrote ``workdir``'s checkpoint."""
+def saved_config(workdir: str, step: int | None = None) -> dict[str, Any]:
+  """The config fingerprint (``run_config.fingerprint``: model, data, class count) saved with
+  ``workdir``'s checkpoint (the latest by default); read only, nothing is created."""
   checkpointer = _reader(workdir)
   try:
     meta = checkpointer.saved_meta(step)
@@ -116,7 +117,12 @@ def saved_model_config(workdir: str, step: int | None = None) -> dict[str, Any]:
     checkpointer.close()
   if meta is None:
     raise FileNotFoundError(f"No checkpoint found in {workdir}/checkpoints.")
-  return meta["config"]["model"]
+  return meta["config"]
+
+
+def saved_model_config(workdir: str, step: int | None = None) -> dict[str, Any]:
+  """The ``model`` entry (name, overrides) of the config that wrote ``workdir``'s checkpoint."""
+  return saved_config(workdir, step)["model"]
 
 
 def restore_ema_params(workdir: str, step: int, shardings: Any, boxed_params: Any) -> Any:

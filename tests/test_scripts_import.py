@@ -83,17 +83,25 @@ def test_no_script_writes_into_docs_unless_told():
 
 
 @pytest.mark.parametrize(
-  "script, model, args",
+  "script, model, args, written",
   [
-    ("cordonnier_centers", ("cordonnier_sa", {"downsample": 2}), ["--workdir={run}"]),
+    (
+      "cordonnier_centers",
+      ("cordonnier_sa", {"downsample": 2}),
+      ["--workdir={run}"],
+      ["cordonnier_centers.png", "cordonnier_center_paths.png", "cordonnier_final.png"],
+    ),
     (
       "gmm_masks",
       ("gmm_vit_smalldata_d6_patch4_32", {"patch_size": 2, "layer_attention": ("gmm",) * 2}),
       ["--vit_workdir={run}", "--elm_workdir={run}", "--gmm_workdir={run}", "--layers=0,1"],
+      [f"masks_{kind}_layer{i}.png" for kind in ("gmm", "elm") for i in (0, 1)],
     ),
   ],
 )
-def test_experiment_scripts_read_the_runs_own_config(script, model, args, tmp_path, monkeypatch):
+def test_experiment_scripts_read_the_runs_own_config(
+  script, model, args, written, tmp_path, monkeypatch
+):
   """Was: the scripts, run as the config docstrings print them, rebuilt the shipped config's
   model with 10 classes, so a run on one's own data (12 classes here) or with other overrides
   stopped with 'written by an incompatible config ... to resume'."""
@@ -113,7 +121,13 @@ def test_experiment_scripts_read_the_runs_own_config(script, model, args, tmp_pa
   monkeypatch.syspath_prepend(str(ROOT / "experiments"))
   module = __import__(script)
   module.main([a.format(run=run) for a in args])
-  assert os.listdir(f"{run}/analysis")
+  assert set(written) <= set(os.listdir(f"{run}/analysis"))
+  # A mistyped workdir is refused, and nothing is created there (was: an empty checkpoints/).
+  from run_utils import run_num_classes
+
+  with pytest.raises(FileNotFoundError, match="No checkpoint found in"):
+    run_num_classes(str(tmp_path / "typo"))
+  assert not (tmp_path / "typo").exists()
 
 
 def test_init_maps_see_the_images_at_the_models_size(tmp_path, monkeypatch, capsys):

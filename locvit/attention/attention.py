@@ -23,7 +23,6 @@ and key/value kernels and their ``LogitsHook``.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -33,7 +32,7 @@ import jax.numpy as jnp
 
 from locvit.attention import projections
 from locvit.attention.core import COMBINE_RULES, LogitsHook, Term, attend
-from locvit.attention.geometry import TokenGrid
+from locvit.attention.geometry import TokenGrid, is_integer
 from locvit.attention.projections import (
   output_projection,
   qkv_projection,
@@ -61,11 +60,7 @@ def check_layer_input(layer: str, x: Array, grid: TokenGrid | None, num_prefix_t
       "patch tokens."
     )
   tokens = x.shape[1]
-  if (
-    isinstance(num_prefix_tokens, bool)
-    or not isinstance(num_prefix_tokens, numbers.Integral)
-    or not 0 <= num_prefix_tokens < tokens
-  ):
+  if not is_integer(num_prefix_tokens) or not 0 <= num_prefix_tokens < tokens:
     raise ValueError(
       f"{layer} got num_prefix_tokens={num_prefix_tokens!r} for {tokens} tokens: the number of "
       f"class / distillation tokens placed first, an integer in [0, {tokens - 1}]."
@@ -108,10 +103,8 @@ class AttentionLayer(nn.Module):
   call_extras: ClassVar[bool] = False
 
   def __post_init__(self):
-    if isinstance(self.num_heads, bool) or not isinstance(self.num_heads, numbers.Integral):
+    if not is_integer(self.num_heads) or self.num_heads < 1:
       raise ValueError(f"num_heads={self.num_heads!r} must be a positive integer.")
-    if self.num_heads < 1:
-      raise ValueError(f"num_heads={self.num_heads} must be a positive integer.")
     for field, valid in self.choices.items():
       if getattr(self, field) not in valid:
         raise ValueError(f"{field}={getattr(self, field)!r} is not one of {valid}.")

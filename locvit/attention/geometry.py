@@ -23,6 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def is_integer(value) -> bool:
+  """An integer (Python's or NumPy's), not a bool: ``True`` is an ``int`` to Python but never a
+  count here."""
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 # A static pytree (no leaves, the grid itself as the tree's structure): it passes through JAX and
 # Flax transforms as a plain keyword argument (``nn.remat(GPSA)(...)(x, grid=grid)``, ``jax.jit``,
 # ``jax.vmap``) without ``static_argnums``.
@@ -36,7 +42,7 @@ class TokenGrid:
 
   def __post_init__(self):
     sides = (self.height, self.width)
-    if any(isinstance(side, bool) or not isinstance(side, numbers.Integral) for side in sides):
+    if not all(is_integer(side) for side in sides):
       raise ValueError(
         f"TokenGrid needs integer sides (patch rows, patch columns), got "
         f"{self.height!r}x{self.width!r}."

@@ -471,7 +471,8 @@ def check_batches(plan: dict[str, Any], configs: dict[str, Any]) -> None:
   if plan.get("protocol"):  # refused unless the folder holds the paper's dataset
     return
   for row, config in configs.items():
-    data, batch = complete_config(config).data, complete_config(config).batch_size
+    complete = complete_config(config)
+    data, batch = complete.data, complete.batch_size
     if data.source != "image_folder" or train_images(config) is None:
       continue
     count = len(make_source(data, data.train_split))
