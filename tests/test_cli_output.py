@@ -2,7 +2,6 @@
 nothing created), and progress rates that leave checkpoint, best-checkpoint and evaluation time
 out."""
 
-import itertools
 import json
 import os
 import subprocess
@@ -14,6 +13,7 @@ from locvit import main as main_lib
 from locvit import metrics, run_config
 from locvit.configs import quickstart
 from locvit.models import list_models
+from tests.test_dataset_choice import image_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -210,12 +210,8 @@ def test_an_enum_typo_gets_its_close_match_before_anything_else(tmp_path):
 def test_a_setup_error_comes_alone_without_the_cpu_malloc_note(tmp_path, args, line):
   """The run's setup (data, batch, freeze patterns) refuses it before the CPU TCMalloc note,
   which a run that trains prints (tests/test_cli.py)."""
-  from PIL import Image
-
-  for split, label in itertools.product(("train", "test"), ("a", "b")):  # 6 training images
-    (tmp_path / "folder" / split / label).mkdir(parents=True)
-    for i in range(3):
-      Image.new("RGB", (8, 8)).save(tmp_path / "folder" / split / label / f"{i}.png")
+  two_classes = {"a": 3, "b": 3}  # 6 training images
+  image_folder(tmp_path / "folder", {"train": two_classes, "test": two_classes})
   args = [arg.format(tmp_path=tmp_path) for arg in args]
   rc, out, err = run_main("--config=quickstart", f"--workdir={tmp_path / 'run'}", *args)
   assert (rc, out) == (2, "")
@@ -226,13 +222,7 @@ def test_a_setup_error_comes_alone_without_the_cpu_malloc_note(tmp_path, args, l
 def test_a_corrupt_training_image_is_one_error_line(tmp_path):
   """Was the error line, then 'locvit: also: ----... For simplicity, Grain has removed its
   internal frames from the traceback ...': grain's note about a traceback not shown."""
-  from PIL import Image
-
-  for split in ("train", "test"):
-    for c in ("a", "b"):
-      (tmp_path / split / c).mkdir(parents=True)
-      for i in range(4):
-        Image.new("RGB", (8, 8)).save(tmp_path / split / c / f"{i}.png")
+  image_folder(tmp_path, {"train": {"a": 4, "b": 4}, "test": {"a": 4, "b": 4}})
   bad = tmp_path / "train" / "b" / "9.jpg"
   bad.write_bytes(b"not a jpeg")
   rc, _, err = run_main(

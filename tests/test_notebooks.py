@@ -58,8 +58,8 @@ def test_every_module_name_field_and_file_in_the_markdown_exists():
   missing = []
   for source in SOURCES:
     name = os.path.basename(source)
-    cells_ = jupytext.read(source).cells
-    text = "\n".join(cell.source for cell in cells_ if cell.cell_type == "markdown")
+    markdown = [text for kind, text in cells(jupytext.read(source)) if kind == "markdown"]
+    text = "\n".join(markdown)
     missing += missing_modules_names_and_fields(name, text)
     for file in re.findall(r"(?<![\w/.$~])((?:configs|tests|docs)/[\w/.*-]*\w)", text):
       if not glob.glob(os.path.join(ROOT, file)):
