@@ -318,10 +318,12 @@ def analyze(
   default_layers = analysis.map_layers or [min(i, model.depth - 1) for i in PAPER_MAP_LAYERS]
   if layers is None:
     layers = _check_layers(default_layers, model.depth, "analysis.map_layers")
-  layers = _check_layers(layers, model.depth)
+  else:
+    layers = _check_layers(layers, model.depth)
   if query is None and analysis.query:
     query = _check_query(analysis.query, grid, "analysis.query")
-  query = _check_query(query or (grid.height // 2, grid.width // 2), grid)
+  else:
+    query = _check_query(query or (grid.height // 2, grid.width // 2), grid)
 
   vit = isinstance(model, VisionTransformer)  # locality is logged for these (locality.py)
   written = curves + curve_figures(workdir, output_dir, title=label, hint=vit)
