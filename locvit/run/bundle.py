@@ -39,7 +39,13 @@ from locvit.run.step import NONFINITE_MODES
 
 # Fields that must be positive where the config has them. Model overrides that size the network:
 # zero would otherwise fail deep inside Flax (depth=0: NameInUseError).
-_POSITIVE = ("batch_size", "grad_accum_steps", "steps_per_dispatch", "log_every_steps")
+_POSITIVE = (
+  "batch_size",
+  "grad_accum_steps",
+  "steps_per_dispatch",
+  "log_every_steps",
+  "num_seeds",  # seeds side by side (locvit.run.seeds)
+)
 _NON_NEGATIVE = ("eval_batch_size", "eval_every_steps", "checkpoint_every_steps")
 _POSITIVE_MODEL = ("depth", "num_heads", "embed_dim", "patch_size", "mlp_ratio", "num_layers")
 

@@ -67,17 +67,6 @@ def seed_config(config: ml_collections.ConfigDict, seed: int) -> ml_collections.
   return config
 
 
-def config_errors(config: ml_collections.ConfigDict) -> list[str]:
-  """The mistakes of ``config.num_seeds`` that show in the config alone, a line each."""
-  num_seeds = config.num_seeds
-  if not isinstance(num_seeds, int) or isinstance(num_seeds, bool) or num_seeds < 1:
-    return [
-      f"--config.num_seeds={num_seeds}: must be an integer >= 1 (the number of seeds trained "
-      "side by side; 1 trains the config's seed alone)"
-    ]
-  return []
-
-
 def check_process_count(num_seeds: int) -> None:
   """Seeds side by side run in one process (each seed's data order and workdir are this
   process's); several processes train one run each."""
