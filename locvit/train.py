@@ -547,8 +547,8 @@ def train_loop(
   stopped = [lane.stopped for lane in lanes if lane.stopped]
   if stopped:
     raise NonFiniteError(
-      "\n".join(str(e) for e in stopped)
-      + f"\nThe other {len(lanes) - len(stopped)} of the {len(lanes)} seeds trained on."
+      "; ".join(str(e) for e in stopped)
+      + f" The other {len(lanes) - len(stopped)} of the {len(lanes)} seeds trained on."
     )
   return [lane.final for lane in lanes]
 

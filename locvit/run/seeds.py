@@ -31,6 +31,7 @@ alone, with ``--workdir=WORKDIR/seed<K>``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -61,8 +62,10 @@ def seed_workdir(workdir: str, seed: int) -> str:
 
 
 def seed_config(config: ml_collections.ConfigDict, seed: int) -> ml_collections.ConfigDict:
-  """The config of seed ``seed`` trained alone: ``config`` with that seed and ``num_seeds=1``."""
-  config = ml_collections.ConfigDict(config.to_dict())
+  """The config of seed ``seed`` trained alone: ``config`` with that seed and ``num_seeds=1``, as
+  ``--config.seed`` sets it (a field that refers to the seed, such as ``init.seed`` in the
+  structured-init configs, follows it)."""
+  config = copy.deepcopy(config)  # keeps the config's references; to_dict() would resolve them
   config.seed, config.num_seeds = seed, 1
   return config
 
