@@ -511,6 +511,57 @@ def test_protocol_dry_runs_print_the_papers_protocol_and_create_nothing(
              for line in lines)  # fmt: skip
 
 
+def test_a_protocol_dry_run_shows_each_row_in_full(capsys, monkeypatch):
+  monkeypatch.delenv("CIFAR10_ROOT", raising=False)
+  assert rp.main(["cordonnier_table1", "--dry_run", "--seeds=2"]) == 0
+  out = capsys.readouterr().out
+  for line in (
+    # The paper's parameter counts: 12.1M and 12.3M (Table 1), ResNet18's 11.2M.
+    "quadratic: cordonnier_sa: depth 6, width 400, 9 heads, patch 2, 12.09M parameters",
+    "learned: cordonnier_sa_learned: depth 6, width 400, 9 heads, patch 2, 12.28M parameters",
+    "resnet18: resnet18_cifar: width 64, 11.17M parameters",
+    "  precision: bf16 compute, fp32 parameters (mixed_precision); batch 100; 300 epochs "
+    "(150,000 steps)",
+    "  evaluations: 300 (every epoch and at the end: the official code's, train.py tests every "
+    "epoch and returns the best accuracy)",
+    "  paper: 91.80% top-1 (Table 1; the best evaluation its code reported)",
+  ):
+    assert line in out.splitlines(), (line, out)
+  gap = 10 * math.sqrt(2) / stats.t.ppf(0.975, 1)  # 2 seeds against the 2.00-point gap
+  assert (
+    "Seeds: 2 per row. The paper's gap quadratic vs resnet18 is 0.00 points: no seed count "
+    "separates it, and the report counts it within the seed spread. The paper's smallest gap, "
+    "quadratic vs learned, is 2.00 points: 2 seeds separate it (paired t, p < 0.05) only if the "
+    f"per-seed differences spread by less than {gap / 5:.2f} points (sd)" in out
+  )
+
+
+def test_print_config_gives_each_rows_run_config_as_config_json(tmp_path, capsys, monkeypatch):
+  """``--dry_run --print_config``: every row's resolved config in the format of DIR/config.json,
+  equal to the config its run trains with."""
+  from locvit import run_config
+
+  monkeypatch.delenv("CIFAR10_ROOT", raising=False)
+  plan = rp.PLANS["structinit_table2_cifar10"]
+  argv = ["structinit_table2_cifar10", "--dry_run", "--print_config", "--fraction=0.5"]
+  assert rp.main(argv) == 0
+  records = json.loads(capsys.readouterr().out)
+  assert list(records) == ["trunc_normal", "mimetic", "impulse3"]
+  for row, record in records.items():
+    saved = tmp_path / f"{row}.json"
+    saved.write_text(json.dumps(record))
+    expected = rp.protocol.protocol_config(rp.row_config(plan["rows"][row]), 50_000, 0.5, 0, 1)
+    assert run_config.read(str(saved)).to_dict() == expected.to_dict()
+    config = record["config"]
+    assert (config["total_steps"], config["eval_every_steps"], config["seed"]) == (9700, 97, 0)
+  assert rp.main([argv[0], "--print_config"]) == 2
+  assert capsys.readouterr().err == "locvit.reproduce: error: --print_config goes with --dry_run\n"
+  assert rp.main(["structinit", "--dry_run", "--print_config"]) == 2
+  assert capsys.readouterr().err.startswith(
+    "locvit.reproduce: error: --print_config: 'structinit' is a budget plan, whose steps a probe "
+  )
+
+
 def test_a_protocol_plan_that_does_not_fit_the_budget_is_refused(tmp_path, monkeypatch, capsys):
   assert rp.main(["gmm_table1_cifar10", "--dry_run", "--minutes=10"]) == 2
   captured = capsys.readouterr()

@@ -10,8 +10,9 @@ import signal
 import sys
 import tempfile
 from collections.abc import Sequence
+from typing import Any
 
-from locvit import cpu_malloc
+from locvit import cpu_malloc, run_config
 from locvit.choices import ArgumentParser
 from locvit.configs.reproduce_plans import PLANS
 from locvit.reproduce import protocol
@@ -25,6 +26,7 @@ from locvit.reproduce.plans import (
   ReproduceError,
   default_seeds,
   get_plan,
+  official_evaluation,
   parse_fraction,
   plan_configs,
   select_rows,
@@ -46,10 +48,12 @@ def dry_run(
   data: str = "image_folder",
   tfds_data_dir: str | None = None,
   allow_lossy_data: bool = False,
+  print_config: bool = False,
 ) -> str:
   """The plan, printed, and nothing created: rows, seeds, model, batch, epochs, images per run
   and the estimated wall time (a probe here with ``probe_here``, else the kit's H200 figures);
-  a protocol plan's rows in full. A protocol plan that does not fit ``minutes``, or reads a JPEG
+  a protocol plan's rows in full. With ``print_config``, each row's resolved config instead, as
+  JSON (``row_configs_json``). A protocol plan that does not fit ``minutes``, or reads a JPEG
   folder without ``allow_lossy_data``, raises ``ReproduceError``."""
   plan = get_plan(name)
   configs = plan_configs(plan, select_rows(plan, rows), data, tfds_data_dir)
@@ -64,17 +68,40 @@ def dry_run(
     with tempfile.TemporaryDirectory(prefix="locvit-dry-run-") as scratch:
       costs = measure(configs, os.path.join(scratch, "_probe"))
   if not plan.get("protocol"):
+    if print_config:
+      raise ReproduceError(
+        f"--print_config: {name!r} is a budget plan, whose steps a probe on the machine sets "
+        "when it runs; its rows' configs are the shipped ones: python -m locvit.main "
+        f"--config={plan['rows'][next(iter(configs))]['config']} --print_config"
+      )
     text = describe_budget_dry_run(plan, configs, seeds, minutes or 60.0, costs)
     print(text + "\nNothing was created (--dry_run).", flush=True)
     return text
   table, fraction, total, source = protocol.protocol_estimate(
     plan, configs, seeds, minutes, fraction, costs
   )
+  if print_config:
+    protocol.check_fits(name, total, minutes, 0.0, table, seeds)
+    text = row_configs_json(plan, configs, fraction)
+    print(text, flush=True)
+    return text
   text = protocol.describe_protocol(plan, table, fraction, seeds, total, source)
   text += "\n" + seeds_words(plan, seeds, list(configs))
   print(text + "\nNothing was created (--dry_run).", flush=True)
   protocol.check_fits(name, total, minutes, 0.0, table, seeds)
   return text
+
+
+def row_configs_json(plan: dict[str, Any], configs, fraction: float) -> str:
+  """``{row: DIR/config.json's record}`` of each row's seed-0 run at ``fraction`` of the protocol
+  (another seed differs only in ``seed``), as JSON: every setting a run will train with."""
+  every = official_evaluation(plan)["every_epochs"]
+  records = {}
+  for row, config in configs.items():
+    spec = plan["rows"][row]
+    run = protocol.protocol_config(config, spec["paper_train_examples"], fraction, 0, every)
+    records[row] = run_config.record(run)
+  return json.dumps(records, indent=2)
 
 
 def pack_workdir(name: str, workdir: str, path: str) -> int:
@@ -129,6 +156,12 @@ def parser() -> ArgumentParser:
     "--dry_run", action="store_true", help="print the plan and its estimate; create nothing"
   )
   p.add_argument(
+    "--print_config",
+    action="store_true",
+    help="with --dry_run, protocol plans: print each row's resolved config (seed 0's) as JSON, in "
+    "the format of a run's DIR/config.json, instead of the plan",
+  )
+  p.add_argument(
     "--estimate",
     choices=("probe", "kit"),
     default=None,
@@ -170,6 +203,8 @@ def checked_args(args) -> float | str:
   plan (an unknown one is refused first, whatever the mode) and ``--seeds``."""
   fraction = parse_fraction(args.fraction)
   plan = get_plan(args.plan)
+  if args.print_config and not args.dry_run:
+    raise ReproduceError("--print_config goes with --dry_run")
   if args.seeds is not None and args.seeds < 1:
     raise ReproduceError(f"--seeds={args.seeds}: must be 1 or more")
   if fraction != 1 and not plan.get("protocol"):
@@ -196,7 +231,7 @@ def run_mode(args) -> int:
   if args.dry_run:
     dry_run(
       args.plan, args.minutes, args.seeds, fraction, args.rows, args.estimate == "probe",
-      args.data, args.tfds_data_dir, args.allow_lossy_data,
+      args.data, args.tfds_data_dir, args.allow_lossy_data, args.print_config,
     )  # fmt: skip
     return 0
   if args.workdir is None:
