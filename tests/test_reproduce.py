@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from locvit import metrics, optim, provenance
+from locvit import metrics, optim
 from locvit import reproduce as rp
 from locvit.reproduce import report
+from locvit.workdir import provenance
 from tests.train_utils import sigterm_after_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -41,17 +41,17 @@ from typing import Any
 
 import ml_collections
 
-from locvit import cpu_malloc
 from locvit import metrics as metrics_lib
 from locvit.choices import ArgumentParser
 from locvit.configs import datasets
 from locvit.configs.common import complete_config
 from locvit.configs.reproduce_plans import KIT_H200, PLANS
 from locvit.data.config import parse_split
-from locvit.provenance import locvit_commit
+from locvit.platform import cpu_malloc
 from locvit.reproduce import protocol
 from locvit.reproduce.protocol import ReproduceError
 from locvit.run import preemption
+from locvit.workdir.provenance import locvit_commit
 
 PROBE_STEPS = 8
 DATA_HELP = "docs/data_preparation.md"
@@ -775,7 +775,7 @@ def reproduce(
         if result.get("preempted"):
           raise KeyboardInterrupt
         # This session's time; the run's time and load over all its sessions, on every machine,
-        # are in its commits.json (locvit.provenance), which the report reads.
+        # are in its commits.json (locvit.workdir.provenance), which the report reads.
         with open(os.path.join(path, "reproduce_run.json"), "w") as f:
           json.dump({"wall_seconds": time.time() - start}, f)
     except KeyboardInterrupt:

@@ -14,12 +14,12 @@ from __future__ import annotations
 import os
 import tarfile
 
-from locvit import checkpoint as ckpt_lib
+from locvit.workdir import checkpoint
 
 
 def _newest_step(checkpoints: str) -> int | None:
   """The newest committed step under ``checkpoints`` (orbax's own reading of the folder)."""
-  return ckpt_lib.Checkpointer(checkpoints, keep_best=False, read_only=True).latest_step()
+  return checkpoint.Checkpointer(checkpoints, keep_best=False, read_only=True).latest_step()
 
 
 def pack(workdir: str, path: str) -> list[str]:

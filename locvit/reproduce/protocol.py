@@ -24,7 +24,7 @@ import ml_collections
 
 from locvit.configs.common import complete_config
 from locvit.configs.reproduce_plans import KIT_H200
-from locvit.flops import xla_flops
+from locvit.platform.flops import xla_flops
 from locvit.run.bundle import training_length
 
 
@@ -79,8 +79,8 @@ def protocol_config(
 
 def forward_flops(config: ml_collections.ConfigDict) -> tuple[float, int]:
   """(XLA's FLOP count of one image's forward pass, parameter count) of ``config``'s model, from
-  its lowering (attention written out, float32; ``locvit.flops.xla_flops``: compiled only where
-  the backend counts nothing before compiling, as XLA:GPU)."""
+  its lowering (attention written out, float32; ``locvit.platform.flops.xla_flops``: compiled only
+  where the backend counts nothing before compiling, as XLA:GPU)."""
   import jax
   import jax.numpy as jnp
 
