@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from locvit import metrics, optim, provenance
+from locvit import metrics, optim
 from locvit import reproduce as rp
 from locvit.reproduce import report
+from locvit.workdir import provenance
 from tests.train_utils import sigterm_after_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -539,7 +540,7 @@ def test_a_protocol_dry_run_shows_each_row_in_full(capsys, monkeypatch):
 def test_print_config_gives_each_rows_run_config_as_config_json(tmp_path, capsys, monkeypatch):
   """``--dry_run --print_config``: every row's resolved config in the format of DIR/config.json,
   equal to the config its run trains with."""
-  from locvit import run_config
+  from locvit.workdir import saved_config
 
   monkeypatch.delenv("CIFAR10_ROOT", raising=False)
   plan = rp.PLANS["structinit_table2_cifar10"]
@@ -551,7 +552,7 @@ def test_print_config_gives_each_rows_run_config_as_config_json(tmp_path, capsys
     saved = tmp_path / f"{row}.json"
     saved.write_text(json.dumps(record))
     expected = rp.protocol.protocol_config(rp.row_config(plan["rows"][row]), 50_000, 0.5, 0, 1)
-    assert run_config.read(str(saved)).to_dict() == expected.to_dict()
+    assert saved_config.read(str(saved)).to_dict() == expected.to_dict()
     config = record["config"]
     assert (config["total_steps"], config["eval_every_steps"], config["seed"]) == (9700, 97, 0)
   assert rp.main([argv[0], "--print_config"]) == 2
@@ -711,8 +712,8 @@ def test_a_run_continues_on_another_machine_from_the_copied_workdir(tmp_path, ca
 
 def test_pack_closes_the_checkpoint_readers_it_opens(tmp_path, monkeypatch):
   """Was: a read-only Checkpointer per run, opened to find its newest step and never closed."""
-  from locvit import checkpoint
   from locvit.reproduce import pack
+  from locvit.workdir import checkpoint
 
   opened, closed = [], []
   monkeypatch.setattr(

@@ -12,9 +12,9 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from locvit import cpu_malloc, run_config
 from locvit.choices import ArgumentParser
 from locvit.configs.reproduce_plans import PLANS
+from locvit.platform import cpu_malloc
 from locvit.reproduce import protocol
 from locvit.reproduce.budget import describe_budget_dry_run, measure
 from locvit.reproduce.data_checks import (
@@ -34,6 +34,7 @@ from locvit.reproduce.plans import (
 from locvit.reproduce.runs import reproduce
 from locvit.reproduce.seeds import seeds_words
 from locvit.run import preemption
+from locvit.workdir import saved_config
 
 USAGE = "Reproduce a paper table in one command, within a time budget."
 
@@ -100,7 +101,7 @@ def row_configs_json(plan: dict[str, Any], configs, fraction: float) -> str:
   for row, config in configs.items():
     spec = plan["rows"][row]
     run = protocol.protocol_config(config, spec["paper_train_examples"], fraction, 0, every)
-    records[row] = run_config.record(run)
+    records[row] = saved_config.record(run)
   return json.dumps(records, indent=2)
 
 
