@@ -1,6 +1,6 @@
-"""Does bounding how far the host runs ahead of the device (``train.RunAhead``, 2 steps) slow the
-training step? The quickstart's loop body (next batch, device transfer, jitted step) timed with
-and without the bound, side by side.
+"""Does bounding how far the host runs ahead of the device (``locvit.run.cadence.RunAhead``, 2
+steps) slow the training step? The quickstart's loop body (next batch, device transfer, jitted step)
+timed with and without the bound, side by side.
 
   python benchmarks/run_ahead.py [--repeats=5] [--steps=100]
 
@@ -21,9 +21,11 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from locvit import sharding, train
+from locvit import train
 from locvit.configs import quickstart
-from locvit.run import bundle
+from locvit.platform import sharding
+from locvit.run import bundle, cadence
+from locvit.run.step import initial_health
 
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Interleaved repeats of each variant.")
 _STEPS = flags.DEFINE_integer("steps", 100, "Steps per timed repeat.")
@@ -42,11 +44,11 @@ def main(argv):
   ):
     _, state = train.restore_or_initialise(run)
     step_fn = train.make_step_fn(run)
-    health = jax.device_put(train.initial_health(), sharding.replicated(run.mesh))
+    health = jax.device_put(initial_health(), sharding.replicated(run.mesh))
     with contextlib.closing(run.train_batches(0)) as batches:
 
       def steps(state, health, limit):
-        run_ahead = train.RunAhead(limit)
+        run_ahead = cadence.RunAhead(limit)
         for _ in range(_STEPS.value):
           batch = sharding.global_batch(next(batches), run.batch_sharding)
           run_ahead.wait()

@@ -5,7 +5,10 @@
     evaluate, analysis hooks, preemption.
 
 The step itself (augmentation, distillation, gradient accumulation, EMA, non-finite guard) is
-``locvit.run.step``; the state and its shardings ``locvit.run.state``.
+``locvit.run.step``; the state and its shardings ``locvit.run.state``; when the loop acts on the
+host ``locvit.run.cadence``. With ``config.num_seeds > 1`` the same loop trains several seeds side
+by side: one vmapped step over their stacked states (``locvit.run.seeds``), then each seed's host
+work (``after_dispatch``: log, evaluate, save) on its slice, in its own workdir.
 
 Determinism: the dropout key of step ``s`` is ``fold_in(key(seed), s)``, the augmentation key
 ``fold_in(key(seed + 2), s)``, and the data position is a function of the global step, so a run
@@ -16,7 +19,6 @@ docs/reliability.md).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import functools
@@ -30,32 +32,24 @@ import jax
 import ml_collections
 from absl import logging
 
-from locvit import checkpoint as ckpt_lib
-from locvit import evaluate as eval_lib
 from locvit import metrics as metrics_lib
-from locvit import paths, provenance, run_config, sharding, xla_options
-from locvit import restore as restore_lib
-from locvit import workdir as workdir_lib
 from locvit.configs.common import complete_config
 from locvit.data import device_augment
-from locvit.models.factory import build_model  # noqa: F401  (also importable as train.build_model)
-from locvit.run import bundle
+from locvit.platform import sharding, xla_options
+from locvit.run import bundle, evaluation
 from locvit.run import seeds as seeds_lib
-from locvit.run.bundle import training_length, validate, validate_recipe  # noqa: F401
+from locvit.run.cadence import RunAhead, dispatch_end, is_evaluation_step, is_log_step, is_save_step
 from locvit.run.preemption import EvaluationInterruptedError, PreemptionWatcher
-from locvit.run.state import TrainState, apply_initializer, ema_enabled, state_shardings  # noqa: F401
-from locvit.run.step import (  # noqa: F401  (the step's names, as train.* for callers)
+from locvit.run.state import TrainState, apply_initializer
+from locvit.run.step import (
   NonFiniteError,
   all_finite,
   check_finite_state,
   check_health,
-  ema_update,
-  guarded_step,
   guarded_steps,
   initial_health,
-  loss_and_metrics,
-  train_step,
 )
+from locvit.workdir import checkpoint, fingerprint, lock, paths, provenance, saved_config
 
 # ------------------------------------------------------------------------------------------------
 # Loop helpers, in the order the loop calls them
@@ -64,24 +58,24 @@ from locvit.run.step import (  # noqa: F401  (the step's names, as train.* for c
 def restore_or_initialise(run: bundle.Training) -> tuple[int, TrainState]:
   """``(start step, state)``: the newest intact checkpoint of the workdir, else a fresh state
   (``config.init`` or ``init_from`` applied); the commit that trains on from there is appended to
-  ``DIR/commits.json`` (``locvit.provenance``: this session's entry, ``run.session``, which then
-  records each checkpoint's step and the session's wall time). Runs inside the run's mesh."""
+  ``DIR/commits.json`` (``locvit.workdir.provenance``: this session's entry, ``run.session``, which
+  then records each checkpoint's step and the session's wall time). Runs inside the run's mesh."""
   config, layout, checkpointer = run.config, run.layout, run.checkpointer
 
-  def restore(step):
+  def restore_step(step):
     restored = checkpointer.restore(step, layout.abstract)
     if not all_finite(restored):
-      raise ckpt_lib.DamagedCheckpointError("non-finite values in the restored state")
+      raise checkpoint.DamagedCheckpointError("non-finite values in the restored state")
     return restored
 
   start, state, meta = checkpointer.restore_newest_intact(
-    restore,
-    lambda meta: run_config.check_compatible(meta["config"], config, run.workdir, run.num_classes),
+    restore_step,
+    lambda meta: fingerprint.check_compatible(meta["config"], config, run.workdir, run.num_classes),
   )
   if jax.process_index() == 0:  # accepted: only now replace the config.json of the workdir
-    run_config.write(run.workdir, config)
+    saved_config.write(run.workdir, config)
   if start is not None:
-    run_config.report_changed_hyperparameters(meta, config, run.workdir, start)
+    fingerprint.report_changed_hyperparameters(meta, config, run.workdir, start)
     run.writer.truncate_after(start)
     logging.info("Resumed from step %d in %s", start, run.workdir)
     keep_best_honest(run, start)
@@ -107,16 +101,16 @@ def keep_best_honest(run: bundle.Training, start: int) -> None:
   if run.checkpointer.best_step() is not None:
     return
   logged = [
-    row[ckpt_lib.BEST_METRIC]
+    row[checkpoint.BEST_METRIC]
     for row in metrics_lib.read_metrics(run.workdir)
-    if row["step"] <= start and ckpt_lib.BEST_METRIC in row
+    if row["step"] <= start and checkpoint.BEST_METRIC in row
   ]
   if logged:
     run.checkpointer.set_best_score_to_beat(max(logged))
     logging.warning(
       "No best checkpoint in %s: the next one must beat %s %.4f, the best logged so far.",
       run.workdir,
-      ckpt_lib.BEST_METRIC,
+      checkpoint.BEST_METRIC,
       max(logged),
     )
 
@@ -160,59 +154,6 @@ def make_step_fn(run: bundle.Training, seed_values: list[int] | None = None) -> 
   return lambda state, batches, teacher_variables, health: jitted(
     state, batches, teacher_variables, health, train_split
   )
-
-
-class RunAhead:
-  """Bounds how far the host runs ahead of the device: before a dispatch (one step, or
-  ``config.steps_per_dispatch``), the dispatch ``limit`` earlier has finished. A stop request read
-  after step ``s`` (``should_stop``) then saves at most ``limit`` dispatches after the one the
-  device was running, instead of after every step dispatched since the last log line. ``limit`` 2
-  keeps the device fed (one dispatch queued while one runs): benchmarks/run_ahead.py."""
-
-  def __init__(self, limit: int | None = 2):
-    self.limit = limit
-    self._in_flight: collections.deque = collections.deque()  # outputs, oldest first
-
-  def wait(self) -> None:
-    """Blocks until fewer than ``limit`` dispatched steps may still be running."""
-    while self.limit is not None and len(self._in_flight) >= self.limit:
-      jax.block_until_ready(self._in_flight.popleft())
-
-  def dispatched(self, output) -> None:
-    """Records a step's output (arrays that step never donates) to wait on later."""
-    self._in_flight.append(output)
-
-
-def is_log_step(config, step: int, total_steps: int) -> bool:
-  """Whether the loop logs ``step``'s training row: every ``log_every_steps``, the first step and
-  the last."""
-  every = config.log_every_steps
-  return bool(every and step % every == 0) or step in (1, total_steps)
-
-
-def is_save_step(config, step: int, total_steps: int) -> bool:
-  """Whether the loop saves ``step`` (besides a stop request's step): every
-  ``checkpoint_every_steps``, and the last step."""
-  every = config.checkpoint_every_steps
-  return bool(every and step % every == 0) or step == total_steps
-
-
-def host_step(config, step: int, start: int, total_steps: int) -> bool:
-  """Whether the loop acts on ``step`` on the host: the first step after ``start`` (a progress
-  line), and the steps it logs, saves or evaluates."""
-  rules = (is_log_step, is_save_step, is_evaluation_step)
-  return step == start + 1 or any(rule(config, step, total_steps) for rule in rules)
-
-
-def dispatch_end(config, done: int, start: int, total_steps: int) -> int:
-  """The last step of the dispatch that follows step ``done``: ``config.steps_per_dispatch``
-  steps when none of them but the last is a host step, else one. So every host step ends a
-  dispatch, and a dispatch runs either K steps or one (two compiled programs)."""
-  k = config.steps_per_dispatch
-  steps = range(done + 1, done + k)  # all but the last
-  if done + k > total_steps or any(host_step(config, s, start, total_steps) for s in steps):
-    return done + 1
-  return done + k
 
 
 class AnalysisHooks:
@@ -271,12 +212,6 @@ def save_checkpoint(run, step: int, state: TrainState, meta, progress) -> None:
   progress.checkpoint(time.perf_counter() - save_start, waited=run.checkpointer.waited)
 
 
-def is_evaluation_step(config: ml_collections.ConfigDict, step: int, total_steps: int) -> bool:
-  """Whether the loop evaluates at ``step``: every ``eval_every_steps``, and at the last step."""
-  every = config.eval_every_steps
-  return bool(every and step % every == 0) or step == total_steps
-
-
 def evaluate_unevaluated_step(lane, step: int, state, evaluate) -> dict[str, Any]:
   """The evaluation of the resumed ``step`` (an evaluation step) when the run that saved it
   logged none: it was stopped during the evaluation (or the evaluation failed). Evaluates now
@@ -298,41 +233,6 @@ def evaluate_unevaluated_step(lane, step: int, state, evaluate) -> dict[str, Any
   run.writer.flush()
   run.checkpointer.save_best(step, state, lane.meta, final)
   return final
-
-
-def evaluate_with_ema(
-  eval_fn,
-  variables,
-  ema_params,
-  batches,
-  batch_sharding,
-  print_line: Callable[[str], None],
-  interrupted: Callable[[], bool] = lambda: False,
-) -> dict[str, Any]:
-  """``eval/*`` of ``variables`` (params, model_state); with EMA weights also ``eval_ema/*`` (timm
-  evaluates both the model and its EMA). A long evaluation prints its progress with
-  ``print_line``; it raises ``EvaluationInterruptedError`` after the batch during which
-  ``interrupted()`` became True."""
-
-  def on_batch():
-    show = metrics_lib.eval_progress(len(batches), print_line)
-
-    def call(done: int) -> None:
-      show(done)
-      if interrupted():
-        raise EvaluationInterruptedError(
-          f"the evaluation stopped after batch {done}/{len(batches)}"
-        )
-
-    return call
-
-  result = eval_lib.evaluate(eval_fn, variables, batches, batch_sharding, on_batch())
-  if ema_params is not None:
-    ema_metrics = eval_lib.evaluate(
-      eval_fn, (ema_params, variables[1]), batches, batch_sharding, on_batch()
-    )
-    result.update({k.replace("eval/", "eval_ema/"): v for k, v in ema_metrics.items()})
-  return result
 
 
 # ------------------------------------------------------------------------------------------------
@@ -399,7 +299,7 @@ def train_side_by_side(
           f"--workdir={seeds_lib.seed_workdir(workdir, config.seed)} (and the others' seed<K>)."
         )
       if jax.process_index() == 0:
-        run_config.write(workdir, config)
+        saved_config.write(workdir, config)
       start, states = started[0][0], [state for _, state in started]
       del started  # train_loop stacks the states and lets go of them
       finals = train_loop(runs, start, states)
@@ -436,7 +336,7 @@ def make_lanes(runs, start: int, states: list[TrainState]) -> list[Lane]:
     name = str(paths.path(run.workdir).name) if len(runs) > 1 else ""
     progress = metrics_lib.Progress(run.total_steps, run.config.batch_size, start, name)
     monitor = HealthMonitor(run.config, name)
-    meta = run_config.checkpoint_meta(run.config, run.num_classes)
+    meta = fingerprint.checkpoint_meta(run.config, run.num_classes)
     lanes.append(Lane(run, progress, AnalysisHooks(run, state, start), monitor, meta))
   return lanes
 
@@ -461,7 +361,7 @@ def train_loop(
     step_fn = make_step_fn(run)
     health = jax.device_put(initial_health(), sharding.replicated(run.mesh))
   teacher_variables = run.teacher.variables if run.teacher else ()
-  eval_fn = eval_lib.make_eval_step(
+  eval_fn = evaluation.make_eval_step(
     run.model,
     run.mesh,
     run.rules,
@@ -583,7 +483,7 @@ def after_dispatch(
   on_grid = is_log_step(config, step, total_steps)
   if on_grid or step == start + 1:  # a resumed run's first step: a progress line only
     lane.monitor.check(health_of(), step)
-    workdir_lib.check_lock(run.workdir)
+    lock.check_lock(run.workdir)
     train_row = log_train_metrics(run, step, train_metrics_of(), lane.progress)
     # The rows of an uninterrupted run: a point one step after the resume would draw the noise of
     # a single batch as a jump in the loss curve.
@@ -642,45 +542,6 @@ def _evaluate(run, state, eval_fn, progress, preemption) -> dict[str, float]:
   ema = state.ema_params if run.use_ema else None
   variables = (state.params, state.model_state)
   interrupt = preemption.interrupts_evaluation
-  return evaluate_with_ema(
+  return evaluation.evaluate_with_ema(
     eval_fn, variables, ema, run.eval_batches, run.batch_sharding, progress.print_line, interrupt
   )
-
-
-def evaluate_checkpoint(
-  config: ml_collections.ConfigDict,
-  workdir: str,
-  step: int | None = None,
-  print_progress: Callable[[str], None] = lambda line: None,
-) -> dict[str, Any]:
-  """Eval-only mode: restores parameters from ``workdir`` (latest or ``step``) and evaluates;
-  ``print_progress`` gets a line every 10 s of a long evaluation.
-
-  With ``config.ema.decay > 0`` the EMA weights are evaluated too (``eval_ema/*``).
-  """
-  run = bundle.build_evaluation(config)
-  config, mesh, rules = run.config, run.mesh, run.rules  # completed with the defaults
-  # A checkpoint this config cannot read is refused before the model is traced (and warns).
-  step = restore_lib.vetted_step(
-    workdir, step, lambda meta: run_config.check_compatible(meta["config"], config, workdir)
-  )
-  boxed_params, boxed_model_state = sharding.model_variable_shapes(run.model, run.image_shape)
-  variable_shardings = (
-    sharding.tree_shardings(boxed_params, mesh, rules),
-    sharding.tree_shardings(boxed_model_state, mesh, rules),
-  )
-  params, model_state = restore_lib.read_model_variables(
-    workdir, run.model, run.image_shape, step, variable_shardings
-  )
-  ema = None
-  if ema_enabled(config):
-    ema = restore_lib.restore_ema_params(workdir, step, variable_shardings[0], boxed_params)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    normalize = functools.partial(device_augment.normalize, data_config=config.data)
-    eval_fn = eval_lib.make_eval_step(run.model, mesh, rules, variable_shardings, normalize)
-    variables = (params, model_state)
-    result = evaluate_with_ema(
-      eval_fn, variables, ema, run.eval_batches, run.batch_sharding, print_progress
-    )
-  result["step"] = step
-  return result

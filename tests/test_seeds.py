@@ -22,11 +22,14 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import structinit_cifar10_small
-from locvit import checkpoint as ckpt_lib
-from locvit import run_config, sharding, train
+from locvit import train
 from locvit.analysis.analyze import analyze
 from locvit.metrics import read_metrics
+from locvit.platform import sharding
+from locvit.run import evaluation
 from locvit.run import seeds as seeds_lib
+from locvit.run.step import NonFiniteError
+from locvit.workdir import checkpoint, saved_config
 from tests.test_cli import ROOT, _env
 from tests.train_utils import sigterm_after_step, tiny_config
 
@@ -58,7 +61,7 @@ def evaluations(workdir):
 
 
 def final_params(workdir, step):
-  reader = ckpt_lib.Checkpointer(str(workdir / "checkpoints"), async_save=False, read_only=True)
+  reader = checkpoint.Checkpointer(str(workdir / "checkpoints"), async_save=False, read_only=True)
   state = reader.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
   reader.close()
   return state["state"]["params"]
@@ -105,12 +108,12 @@ def test_each_seed_is_its_lone_run_in_a_workdir_of_its_own(lone_runs, side_by_si
   assert sorted(result["seeds"]) == list(SEEDS)
   for seed in SEEDS:
     assert_same_run(workdir / f"seed{seed}", lone_runs[seed])
-    saved = run_config.read(str(workdir / f"seed{seed}" / "config.json"))
+    saved = saved_config.read(str(workdir / f"seed{seed}" / "config.json"))
     assert (saved.seed, saved.num_seeds) == (seed, 1)  # the lone run's config
     assert (workdir / f"seed{seed}" / "checkpoints" / "best").is_dir()
     final = result["seeds"][seed]
     assert final["eval/loss"] == evaluations(workdir / f"seed{seed}")[6]["eval/loss"]
-  assert run_config.read(str(workdir / "config.json")).num_seeds == 2  # resumes side by side
+  assert saved_config.read(str(workdir / "config.json")).num_seeds == 2  # resumes side by side
 
 
 def test_eval_and_analyze_read_a_seed_workdir_alone(lone_runs, side_by_side, tmp_path):
@@ -118,8 +121,8 @@ def test_eval_and_analyze_read_a_seed_workdir_alone(lone_runs, side_by_side, tmp
   evaluation; on ``WORKDIR`` itself, one error line naming the seed workdirs."""
   workdir, _ = side_by_side
   seed_dir = workdir / "seed1"
-  config = run_config.read(str(seed_dir / "config.json"))
-  result = train.evaluate_checkpoint(config, str(seed_dir))
+  config = saved_config.read(str(seed_dir / "config.json"))
+  result = evaluation.evaluate_checkpoint(config, str(seed_dir))
   want = evaluations(lone_runs[1])[6]
   assert result["step"] == 6
   np.testing.assert_allclose(result["eval/loss"], want["eval/loss"], rtol=RTOL)
@@ -162,7 +165,7 @@ def test_sigterm_resume_side_by_side_and_one_seed_alone(lone_runs, tmp_path):
   assert "preempted" not in second
   for seed in SEEDS:
     assert_same_run(workdir / f"seed{seed}", lone_runs[seed])
-  train.train_and_evaluate(run_config.read(str(alone / "config.json")), str(alone))
+  train.train_and_evaluate(saved_config.read(str(alone / "config.json")), str(alone))
   assert_same_run(alone, lone_runs[1])
 
 
@@ -226,7 +229,7 @@ def test_a_nonfinite_seed_stops_alone_and_is_named(tmp_path, poisoned_seed, capl
   poisoned_seed["at"] = 3
   config = one_device(tiny_config(num_seeds=2, checkpoint_every_steps=1, keep_checkpoints=6))
   workdir = tmp_path / "run"
-  with pytest.raises(train.NonFiniteError) as error:
+  with pytest.raises(NonFiniteError) as error:
     train.train_and_evaluate(config, str(workdir))
   assert str(error.value) == (  # locvit.main prints it as its one error line
     "seed1: non-finite loss or gradient norm at step 3; stopped at step 3 without saving it. "

@@ -44,9 +44,10 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from locvit import paths, sharding
+from locvit.platform import sharding
 from locvit.run import bundle
 from locvit.run.step import guarded_steps, initial_health
+from locvit.workdir import paths
 
 SEED_DIR_PREFIX = "seed"
 
