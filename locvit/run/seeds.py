@@ -142,7 +142,9 @@ def build_runs(
   runs: list[bundle.Training] = []
   try:
     for seed in seeds:  # after the first, the teacher is the first run's
-      run = dataclasses.replace(runs[0] if runs else shared, config=seed_config(config, seed))
+      # shared.config: completed and checked (with init_from's pruned heads applied, if any)
+      seed_run = seed_config(shared.config, seed)
+      run = dataclasses.replace(runs[0] if runs else shared, config=seed_run)
       run.checkpointer, run.writer, run.session = None, None, None
       runs.append(bundle.open_workdir(run, seed_workdir(workdir, seed)))  # closes it if it fails
   except BaseException as e:
