@@ -20,7 +20,7 @@ from locvit.convert import imagenet_class_names, load_pretrained
 from locvit.convert.pretrained import IMAGENET_MEAN, IMAGENET_STD
 from locvit.data import augment
 from locvit.data.sources import decode_image
-from locvit.restore import restore_model_variables
+from locvit.workdir.restore import restore_model_variables
 
 torch = pytest.importorskip("torch")
 import torch_reference as tr  # noqa: E402  (after the torch check)

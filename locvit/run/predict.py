@@ -23,10 +23,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from locvit import paths
 from locvit.convert.pretrained import Pretrained, load_pretrained, resolve_weights
 from locvit.data import augment
 from locvit.data.sources import IMAGE_EXTENSIONS, CorruptImageError, decode_image
+from locvit.workdir import paths
 
 PREDICTIONS = "predictions.jsonl"
 PROGRESS_SECONDS = 10.0  # a progress line at most this often on a long folder
