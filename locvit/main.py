@@ -506,6 +506,7 @@ def main(argv):
   cpu_malloc.reexec_with(_CPU_MALLOC.value)  # before any device or thread starts
   _init_distributed()
   from locvit import train
+  from locvit.run import evaluation
 
   logging.info(
     "JAX %s: %d processes, %d devices", jax.__version__, jax.process_count(), jax.device_count()
@@ -527,11 +528,11 @@ def main(argv):
     start = time.perf_counter()
     progress = functools.partial(print, flush=True)
     if from_weights:  # published weights, no training run: their model and preprocessing
-      result = train.evaluate_weights(config, progress)
+      result = evaluation.evaluate_weights(config, progress)
       config = result.pop("config")
       paths.path(_WORKDIR.value).mkdir(parents=True, exist_ok=True)  # for eval.jsonl
     else:
-      result = train.evaluate_checkpoint(config, _WORKDIR.value, _STEP.value, progress)
+      result = evaluation.evaluate_checkpoint(config, _WORKDIR.value, _STEP.value, progress)
     print(evaluation_line(result["step"], result, time.perf_counter() - start), flush=True)
     from locvit.configs.common import complete_config
 
