@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from locvit import metrics, optim, provenance
+from locvit import metrics, optim
 from locvit import reproduce as rp
 from locvit.reproduce import report
+from locvit.workdir import provenance
 from tests.train_utils import sigterm_after_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -604,8 +605,8 @@ def test_a_run_continues_on_another_machine_from_the_copied_workdir(tmp_path, ca
 
 def test_pack_closes_the_checkpoint_readers_it_opens(tmp_path, monkeypatch):
   """Was: a read-only Checkpointer per run, opened to find its newest step and never closed."""
-  from locvit import checkpoint
   from locvit.reproduce import pack
+  from locvit.workdir import checkpoint
 
   opened, closed = [], []
   monkeypatch.setattr(

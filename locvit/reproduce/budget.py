@@ -20,9 +20,9 @@ import ml_collections
 
 from locvit import metrics as metrics_lib
 from locvit.configs.common import complete_config
-from locvit.provenance import locvit_commit
 from locvit.reproduce.data_checks import describe_data
 from locvit.reproduce.plans import ReproduceError, saved_cost
+from locvit.workdir.provenance import locvit_commit
 
 PROBE_STEPS = 8
 

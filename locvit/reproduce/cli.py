@@ -11,9 +11,9 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from locvit import cpu_malloc
 from locvit.choices import ArgumentParser
 from locvit.configs.reproduce_plans import PLANS
+from locvit.platform import cpu_malloc
 from locvit.reproduce import protocol
 from locvit.reproduce.budget import describe_budget_dry_run, measure
 from locvit.reproduce.data_checks import (

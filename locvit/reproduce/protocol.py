@@ -27,12 +27,12 @@ import ml_collections
 
 from locvit.configs.common import complete_config
 from locvit.configs.reproduce_plans import KIT_H200
-from locvit.flops import xla_flops
-from locvit.provenance import locvit_commit
+from locvit.platform.flops import xla_flops
 from locvit.reproduce.budget import RowCost, measure
 from locvit.reproduce.data_checks import check_protocol_data, describe_data
 from locvit.reproduce.plans import ReproduceError, fraction_words
 from locvit.run.bundle import training_length
+from locvit.workdir.provenance import locvit_commit
 
 EVALUATIONS_PER_RUN = 10  # the run's own curve, to read an ordering against
 CHECKPOINTS_PER_RUN = 50  # a run moved to another machine loses at most 2% of itself...
@@ -81,8 +81,8 @@ def protocol_config(
 
 def forward_flops(config: ml_collections.ConfigDict) -> tuple[float, int]:
   """(XLA's FLOP count of one image's forward pass, parameter count) of ``config``'s model, from
-  its lowering (attention written out, float32; ``locvit.flops.xla_flops``: compiled only where
-  the backend counts nothing before compiling, as XLA:GPU)."""
+  its lowering (attention written out, float32; ``locvit.platform.flops.xla_flops``: compiled only
+  where the backend counts nothing before compiling, as XLA:GPU)."""
   import jax
   import jax.numpy as jnp
 

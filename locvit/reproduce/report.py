@@ -3,8 +3,8 @@
 Per row, the paper's top-1, ours (final top-1 as mean +- sample sd over the finished seeds) and
 the difference; the ordering the paper's numbers claim and whether ours held it; the data, the
 devices, the images/s, the wall time and the locvit commit that trained the runs (per row, with
-step ranges, where runs continued under another commit: ``locvit.provenance``); any step cap. A
-run continued across machines counts the wall time of all its sessions (each run's
+step ranges, where runs continued under another commit: ``locvit.workdir.provenance``); any step
+cap. A run continued across machines counts the wall time of all its sessions (each run's
 ``commits.json``; a lower bound, and said so, when a session was killed before recording its end),
 and its images/s per device kind that trained its steps.
 Per comparison (baseline, treatment), the per-seed paired differences of top-1, their mean, and
@@ -25,9 +25,9 @@ from typing import Any
 from scipy import stats
 
 from locvit import metrics as metrics_lib
-from locvit import provenance
 from locvit.configs.reproduce_plans import PLANS
-from locvit.provenance import locvit_commit
+from locvit.workdir import provenance
+from locvit.workdir.provenance import locvit_commit
 
 NOISE_P = 0.05
 

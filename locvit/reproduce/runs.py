@@ -167,7 +167,8 @@ def chosen_rows(plan: dict[str, Any], workdir: str, rows: str | None) -> list[st
 def train_runs(plan, saved, configs, workdir: str) -> None:
   """Trains the saved plan's unfinished runs in order, after printing their estimated end; a stop
   signal inside a run raises ``KeyboardInterrupt`` once the run has saved its step. Each run
-  records its own sessions' wall time and load (``locvit.provenance``), which the report reads."""
+  records its own sessions' wall time and load (``locvit.workdir.provenance``), which the report
+  reads."""
   from locvit import train
 
   runs = plan_runs(plan, saved["seeds"], saved_rows(saved, plan))
