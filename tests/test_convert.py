@@ -220,7 +220,9 @@ def test_cli_npz_input_and_overrides(tr, tmp_path, capsys):
 
 def test_cli_writes_a_locvit_runs_weights(tmp_path, capsys):
   """``--workdir=RUN``: the run's parameters, model name, overrides and class count."""
-  from locvit import restore, train
+  from locvit import train
+  from locvit.models.factory import build_model
+  from locvit.workdir import restore
   from tests.test_dataset_choice import folder_config, image_folder
   from tests.train_utils import tiny_config
 
@@ -232,7 +234,7 @@ def test_cli_writes_a_locvit_runs_weights(tmp_path, capsys):
   out = tmp_path / "weights"
   assert cli_main([f"--workdir={workdir}", f"--output={out}"]) == 0
   assert capsys.readouterr().out == f"Wrote deit_tiny_patch2_32 (num_classes=2) to {out}\n"
-  model = train.build_model(config, 2)
+  model = build_model(config, 2)
   params, _, step = restore.restore_model_variables(workdir, model, (8, 8, 3))
   written = load_converted(out)["params"]
   jax.tree.map(np.testing.assert_array_equal, written, jax.device_get(params))

@@ -88,9 +88,9 @@ def export_run(
   import flax.linen as nn
   import jax
 
-  from locvit import restore
   from locvit.convert.timm import resolve_model_name
   from locvit.models import create_model
+  from locvit.workdir import restore
 
   saved = restore.saved_config(workdir, step)
   name = resolve_model_name(saved["model"]["name"])
