@@ -146,6 +146,9 @@ def build_runs(
       seed_run = seed_config(shared.config, seed)
       run = dataclasses.replace(runs[0] if runs else shared, config=seed_run)
       run.checkpointer, run.writer, run.session = None, None, None
+      if seed != seeds[0] and seed_run.init_from is not None and seed_run.init_from.get("weights"):
+        # published weights fitted with a fresh head: each seed draws its own, as alone
+        run.warmstart = bundle.weights_warmstart(seed_run, run.num_classes)
       runs.append(bundle.open_workdir(run, seed_workdir(workdir, seed)))  # closes it if it fails
   except BaseException as e:
     close_runs(runs, e)
