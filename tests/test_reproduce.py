@@ -251,11 +251,11 @@ def test_a_protocol_report_names_its_fraction_and_leaves_out_rows_not_run(tmp_pa
   _write_finals(workdir, steps, {"vit": [0.8712], "gmm": [0.8650]})
   result = report.write_report("gmm_table1_cifar10", workdir)
   text = pathlib.Path(workdir, "results.md").read_text()
-  assert text.startswith("# Li & Zhang Table 1, CIFAR-10: ViT vs GMM-ViT") and (
-    "batch 128), at 0.142 of the paper's protocol\n" in text
+  assert text.startswith("# Li & Zhang, CIFAR-10: ViT vs GMM-ViT") and (
+    "batch 128, float32, at 0.142 of the paper's protocol\n" in text
   )
-  assert (
-    "| vit | 93.65 | 87.12 | -6.53 | 1 |" in text and "| gmm | 95.06 | 86.50 | -8.56 | 1 |" in text
+  assert (  # Table 3's depth-9 numbers
+    "| vit | 94.17 | 87.12 | -7.05 | 1 |" in text and "| gmm | 94.87 | 86.50 | -8.37 | 1 |" in text
   )
   assert "gmm_impulse3" not in text and [c["treatment"] for c in result["comparisons"]] == ["gmm"]
   assert (
@@ -453,6 +453,8 @@ def test_protocol_dry_runs_print_the_papers_protocol_and_create_nothing(tmp_path
     "gmm_table1_cifar10": [
       "vit vit_smalldata_d9_patch4_32 1 128 300 300 117000 14,976,000",
       "gmm gmm_vit_smalldata_d9_patch4_32 1 128 300 300 117000 14,976,000",
+      "vit_d15 vit_smalldata_d15_patch4_32 1 128 300 300 117000 14,976,000",
+      "gmm_d15 gmm_vit_smalldata_d15_patch4_32 1 128 300 300 117000 14,976,000",
     ],
     "structinit_table2_cifar10": [
       f"{init} structvit_tiny_patch2_32 1 512 200 200 19400 9,932,800"
@@ -487,20 +489,20 @@ def test_protocol_dry_runs_print_the_papers_protocol_and_create_nothing(tmp_path
 def test_a_protocol_plan_that_does_not_fit_the_budget_is_refused(tmp_path, monkeypatch, capsys):
   assert rp.main(["gmm_table1_cifar10", "--dry_run", "--minutes=10"]) == 2
   captured = capsys.readouterr()
-  assert "Estimated wall time 60.6 minutes for 2 runs (seed 0)" in captured.out
+  assert "Estimated wall time 121.3 minutes for 4 runs (seed 0)" in captured.out
   # The rate is the H200 training loop's measured step, longer than the kit's resident step.
   assert (
     "rate set by a GPU training loop's step (15.3 ms at batch 128, its training split fed by "
     "the host)" in captured.out
   )
   refusal = (
-    "locvit.reproduce: error: plan 'gmm_table1_cifar10' needs an estimated 60.6 minutes for 2 "
-    "runs but --minutes=10; give more --minutes, fewer --seeds, or --fraction (at most 0.152 of "
+    "locvit.reproduce: error: plan 'gmm_table1_cifar10' needs an estimated 121.3 minutes for 4 "
+    "runs but --minutes=10; give more --minutes, fewer --seeds, or --fraction (at most 0.068 of "
     "this length fits; --fraction=fit picks it)\n"
   )
   assert captured.err == refusal
   assert rp.main(["gmm_table1_cifar10", "--dry_run", "--minutes=10", "--fraction=fit"]) == 0
-  assert "at 0.152 of the paper's protocol" in capsys.readouterr().out
+  assert "at 0.068 of the paper's protocol" in capsys.readouterr().out
   # A run is refused the same way, before anything is created (the kit's estimate: no probe).
   monkeypatch.setenv("CIFAR10_ROOT", str(tmp_path))
   for split in ("train", "test"):
@@ -625,7 +627,7 @@ def test_a_protocol_plan_refuses_a_folder_of_another_size(tmp_path, capsys):
     f"locvit.reproduce: error: row 'vit': {folder} holds 20 training images, not the 50,000 of "
     "the paper's dataset: a paper-protocol plan trains the paper's epochs of the whole dataset, "
     "its steps set by that size. On your own images: python -m locvit.main "
-    f"--config=gmm_table1:vit,cifar10,base --data=image_folder:{folder} --workdir=DIR\n"
+    f"--config=gmm_table3:d9,base --data=image_folder:{folder} --workdir=DIR\n"
   )
   run = ["gmm_table1_cifar10", f"--data={folder}"]
   assert rp.main([*run, "--dry_run"]) == 2
@@ -662,9 +664,16 @@ def test_the_combined_row_changes_only_q_and_k_and_trains(tmp_path, monkeypatch)
   monkeypatch.setenv("CIFAR10_ROOT", str(_tiny_cifar(tmp_path / "cifar")))
   rows = rp.PLANS["gmm_table1_cifar10"]["rows"]
   config = rp.row_config(rows["gmm_impulse3"])
-  assert rp.select_rows(rp.PLANS["gmm_table1_cifar10"], None) == ["vit", "gmm"]
+  assert rp.select_rows(rp.PLANS["gmm_table1_cifar10"], None) == [
+    "vit",
+    "gmm",
+    "vit_d15",
+    "gmm_d15",
+  ]
+  gmm_init = rp.row_config(rows["gmm"]).init
   assert config.model.name == rp.row_config(rows["gmm"]).model.name
-  assert (config.init.name, config.init.filter_size, config.init.base) == ("impulse", 3, "keep")
+  assert (config.init.name, config.init.filter_size) == ("impulse", 3)
+  assert config.init.base == gmm_init.name == "xavier_normal"
   config.model.overrides.depth = 2
   config.model.overrides.layer_attention = ("gmm",) * 2
   config.init.solver = "fast"
@@ -672,7 +681,7 @@ def test_the_combined_row_changes_only_q_and_k_and_trains(tmp_path, monkeypatch)
 
   model = build_model(config, 10)
   params = model.init(jax.random.key(0), np.zeros((1, 32, 32, 3), np.float32), train=False)
-  params = flax.linen.meta.unbox(params["params"])
+  params = apply_init(gmm_init, flax.linen.meta.unbox(params["params"]), model, 32, seed=0)
   impulse = apply_init(config.init, params, model, 32, seed=0)
   before, after = (flax.traverse_util.flatten_dict(p, sep="/") for p in (params, impulse))
   changed = {k for k in before if not np.array_equal(before[k], after[k])}
