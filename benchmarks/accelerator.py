@@ -12,9 +12,9 @@ Three tables, one run, one device (``jax.devices()[0]``):
    at batch 128, DeiT-S and ConViT-S also at 256 and 512, and the CIFAR small-data models at 32
    at their papers' batch sizes. Per row, side by side and interleaved round by round: locvit's
    step under each ``--variants`` setting (``VARIANTS``: the default, XLA's ``gpu_tuned`` and
-   ``gpu_graphs`` compiler options of ``locvit.xla_options``, cuDNN attention, fp32, K steps per
-   dispatch, the flat optimizer, the old lam draw, ``model_only``: the work timm's side does)
-   and, where ``torch`` imports and timm has the model, timm's same model
+   ``gpu_graphs`` compiler options of ``locvit.platform.xla_options``, cuDNN attention, fp32, K
+   steps per dispatch, the flat optimizer, the old lam draw, ``model_only``: the work timm's side
+   does) and, where ``torch`` imports and timm has the model, timm's same model
    (``timm.create_model``, bf16 autocast on CUDA, AdamW, label smoothing 0.1) eager and under
    ``torch.compile`` (``--torch``). Each side
    dispatches ``--steps`` steps back to back and waits for the last (as a training loop does):
@@ -77,7 +77,7 @@ import step_profile
 from device_augment import deit_jpeg_folder
 
 from locvit import data as data_lib
-from locvit import ops, optim, sharding, train, xla_options
+from locvit import optim
 from locvit.configs import (
   convit_cifar10_small,
   gmm_cifar10_small,
@@ -88,9 +88,12 @@ from locvit.configs import (
 from locvit.configs.common import base_config, complete_config
 from locvit.configs.recipes import deit_recipe
 from locvit.data import device_augment as device_augment_ops
-from locvit.flops import xla_flops
 from locvit.models.convit import convit_overrides
-from locvit.models.factory import check_attention_kernels
+from locvit.models.factory import build_model, check_attention_kernels
+from locvit.platform import ops, sharding, xla_options
+from locvit.platform.flops import xla_flops
+from locvit.run.state import TrainState
+from locvit.run.step import guarded_steps, initial_health, train_step
 
 # Dense bf16 peak TFLOP/s by device kind (vendor data sheets, without sparsity); the first
 # fragment contained in ``device.device_kind`` wins, so more specific names come first.
@@ -154,7 +157,7 @@ SMOKE_ROWS_32 = (("GMM-ViT d9", 128),)
 PIPELINE_32 = ("ConViT-Ti CIFAR", "GMM-ViT d6 (GMM masks)", "StructViT d8 (struct. init)")
 SMOKE_PIPELINE_32 = ("GMM-ViT d6 (GMM masks)",)
 # locvit's settings, timed side by side on every row (``--variants``): name -> config fields,
-# with ``xla_options`` (``locvit.xla_options``) going to the step's compilation.
+# with ``xla_options`` (``locvit.platform.xla_options``) going to the step's compilation.
 VARIANTS = {
   "default": {},
   "cudnn": {"attention_implementation": "cudnn"},
@@ -240,7 +243,7 @@ def _shrink(config) -> None:
   if config.model.name.startswith("convit"):
     overrides.update(convit_overrides(1, SMOKE_DEPTH))
     return
-  layers = getattr(train.build_model(config, 10), "layer_attention", None)  # the registered kinds
+  layers = getattr(build_model(config, 10), "layer_attention", None)  # the registered kinds
   overrides.depth = SMOKE_DEPTH
   if layers:
     overrides.layer_attention = tuple(layers[: SMOKE_DEPTH - 1]) + tuple(layers[-1:])
@@ -256,11 +259,11 @@ def _torch_sizes(name: str, smoke: bool) -> dict:
 def _state_and_step(
   config, image_shape: tuple, num_classes: int, state=None, loop=False, platform=None
 ):
-  """``(state, jitted step)``: ``locvit.train.train_step`` for ``config`` on one device, or with
+  """``(state, jitted step)``: ``locvit.run.step.train_step`` for ``config`` on one device, or with
   ``loop`` the training loop's step (``guarded_steps(state, batches, (), health)``: the
   non-finite guard, ``config.steps_per_dispatch`` batches per call); a given ``state`` (of the
   same model) is reused rather than initialised. ``platform``: a compile-only device's."""
-  model = train.build_model(config, num_classes)
+  model = build_model(config, num_classes)
   if state is None:
     init = functools.partial(sharding.init_model_variables, model, image_shape)
     params, model_state = nn.meta.unbox(jax.jit(init)(jax.random.key(0)))
@@ -269,21 +272,21 @@ def _state_and_step(
   schedule = optim.make_schedule(config, 1000, 100)
   tx = optim.make_optimizer(config, params, schedule)
   if state is None:
-    state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), model_state)
+    state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), model_state)
   kwargs = dict(model=model, tx=tx, schedule=schedule, config=config, num_classes=num_classes)
   if platform is not None:
     kwargs["platform"] = platform
   if loop:
-    return state, jax.jit(functools.partial(train.guarded_steps, **kwargs), donate_argnums=(0, 3))
-  return state, jax.jit(functools.partial(train.train_step, **kwargs), donate_argnums=0)
+    return state, jax.jit(functools.partial(guarded_steps, **kwargs), donate_argnums=(0, 3))
+  return state, jax.jit(functools.partial(train_step, **kwargs), donate_argnums=0)
 
 
 def model_flops(config, state, batch, num_classes: int) -> float:
   """FLOPs of one training step (forward, backward, optimizer): XLA's count of the lowered,
   unoptimised step with attention written out (``attention_implementation='xla'``), by
-  ``locvit.flops.xla_flops``; NaN where XLA counts nothing. The compiled step's own count leaves
-  out what runs as library calls (cuBLAS GEMMs, cuDNN attention on GPU: about a quarter of the
-  FLOPs counted for DeiT-Ti on an H200), yet it is the count where the lowering has none
+  ``locvit.platform.flops.xla_flops``; NaN where XLA counts nothing. The compiled step's own count
+  leaves out what runs as library calls (cuBLAS GEMMs, cuDNN attention on GPU: about a quarter of
+  the FLOPs counted for DeiT-Ti on an H200), yet it is the count where the lowering has none
   (XLA:GPU, for the ViT d9 step)."""
   written_out = config.copy_and_resolve_references()
   written_out.attention_implementation = "xla"
@@ -349,7 +352,7 @@ def compile_loop_step(
   )
   k = config.steps_per_dispatch
   batches = [_synthetic_batch(config.batch_size, image_size, num_classes)] * k
-  health = train.initial_health()
+  health = initial_health()
   args = (state, batches, (), health)
   if device is None:
     options = xla_options.compiler_options(setting, jax.default_backend())
@@ -436,7 +439,7 @@ def cudnn_refusal(config, image_size: int, num_classes: int) -> str | None:
   the first shape cuDNN's fused attention cannot train, as one line, or None."""
   config = complete_config(config)
   config.update(VARIANTS["cudnn"])
-  model = train.build_model(config, num_classes)
+  model = build_model(config, num_classes)
   try:
     check_attention_kernels(model, (image_size, image_size, 3))
   except ValueError as error:

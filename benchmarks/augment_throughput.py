@@ -35,10 +35,13 @@ import numpy as np
 from PIL import Image
 
 from locvit import data as data_lib
-from locvit import optim, sharding, train
+from locvit import optim
 from locvit.configs import recipes
 from locvit.configs.common import base_config
+from locvit.models.factory import build_model
+from locvit.platform import sharding
 from locvit.run import state as state_lib
+from locvit.run.step import train_step
 
 
 class JpegSource:
@@ -79,7 +82,7 @@ def pipeline_rate(config, source, batch_size: int, batches: int) -> float:
 def step_rate(config, num_classes: int, image_size: int, batch_size: int, steps: int) -> float:
   """images/s of the library's training step on one resident batch (after one compile step)."""
   mesh, rules = sharding.make_mesh(config.mesh), sharding.logical_rules(config.mesh)
-  model = train.build_model(config, num_classes)
+  model = build_model(config, num_classes)
   shape = (image_size, image_size, 3)
   boxed_params, _ = sharding.model_variable_shapes(model, shape)
   schedule = optim.make_schedule(config, 1000, 100)
@@ -96,7 +99,7 @@ def step_rate(config, num_classes: int, image_size: int, batch_size: int, steps:
     state = layout.init(jax.random.key(0))
     step = jax.jit(
       functools.partial(
-        train.train_step,
+        train_step,
         model=model,
         tx=tx,
         schedule=schedule,

@@ -57,12 +57,15 @@ import numpy as np
 from PIL import Image
 
 from locvit import data as data_lib
-from locvit import optim, sharding, train, xla_options
+from locvit import optim
 from locvit.configs.common import base_config
 from locvit.configs.gmm_table1 import get_config
 from locvit.configs.recipes import deit_recipe
 from locvit.data import device_autoaugment, resample
+from locvit.models.factory import build_model
+from locvit.platform import sharding, xla_options
 from locvit.run import state as state_lib
+from locvit.run.step import train_step
 
 HOST_PATHS = {
   "host, streaming": {"augment_on": "host", "decoded_cache_mb": 0},
@@ -137,7 +140,7 @@ def make_step(augment_on: str, batch_size: int, mesh, rules, auto_augment: str |
   config.batch_size = batch_size
   config.data.auto_augment = auto_augment
   config.data.train_augment, config.data.augment_on = "crop_flip", augment_on
-  model = train.build_model(config, 10)
+  model = build_model(config, 10)
   boxed, _ = sharding.model_variable_shapes(model, (32, 32, 3))
   schedule = optim.make_schedule(config, 1000, 100)
   tx = optim.make_optimizer(config, nn.meta.unbox(boxed), schedule)
@@ -145,7 +148,7 @@ def make_step(augment_on: str, batch_size: int, mesh, rules, auto_augment: str |
   batch_sh = sharding.batch_sharding(mesh, rules)
   step = jax.jit(
     functools.partial(
-      train.train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=10
+      train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=10
     ),
     in_shardings=(layout.shardings, batch_sh),
     out_shardings=(layout.shardings, None),

@@ -11,7 +11,7 @@ The models are Li & Zhang's small-dataset ViT at 32x32 / patch 4 (dim 192, depth
   gmm_add  GMM-ViT with the mask added as a bias (fused kernel);
   elm      ELM-ViT (multiplied).
 
-Each step is the library's real jitted training step (``locvit.train.train_step``: forward,
+Each step is the library's real jitted training step (``locvit.run.step.train_step``: forward,
 backward and AdamW with the paper's recipe, label smoothing, drop path) on one resident batch of
 the paper's config (``configs/gmm_table1.py``). Models are timed in interleaved rounds so load
 from other processes hits them alike; the median round is reported. Goal: GMM costs at most 15%
@@ -28,9 +28,12 @@ import time
 import flax.linen as nn
 import jax
 
-from locvit import optim, sharding, train
+from locvit import optim
 from locvit.configs.gmm_table1 import get_config
+from locvit.models.factory import build_model
+from locvit.platform import sharding
 from locvit.run import state as state_lib
+from locvit.run.step import train_step
 
 MODELS = {
   "vit": ("vit,cifar10,base", {}),
@@ -52,7 +55,7 @@ def make_step(name: str, batch_size: int, mesh, rules):
   arg, overrides = MODELS[name]
   config = get_config(arg)
   config.batch_size = batch_size
-  model = train.build_model(config, 10).clone(**overrides)
+  model = build_model(config, 10).clone(**overrides)
   boxed, _ = sharding.model_variable_shapes(model, (32, 32, 3))
   schedule = optim.make_schedule(config, 1000, 100)
   tx = optim.make_optimizer(config, nn.meta.unbox(boxed), schedule)
@@ -62,7 +65,7 @@ def make_step(name: str, batch_size: int, mesh, rules):
 
   step = jax.jit(
     functools.partial(
-      train.train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=10
+      train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=10
     ),
     in_shardings=(shardings, batch_sh),
     out_shardings=(shardings, None),

@@ -22,8 +22,11 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from locvit import data as data_lib
-from locvit import optim, sharding, train
+from locvit import optim
+from locvit.models.factory import build_model
+from locvit.platform import sharding
 from locvit.run import state as state_lib
+from locvit.run.step import train_step
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/cifar10_deit.py", lock_config=True)
 _STEPS = flags.DEFINE_integer("steps", 30, "Timed steps per measurement.")
@@ -44,7 +47,7 @@ def main(argv):
     batch = next(it)
   pipeline = steps * batch_size / (time.perf_counter() - t0)
 
-  model = train.build_model(config, source.num_classes)
+  model = build_model(config, source.num_classes)
   shape = batch["image"].shape[1:]
   boxed, _ = sharding.model_variable_shapes(model, shape)
   schedule = optim.make_schedule(config, 1000, 100)
@@ -56,7 +59,7 @@ def main(argv):
     state = layout.init(jax.random.key(0))
     step = jax.jit(
       functools.partial(
-        train.train_step,
+        train_step,
         model=model,
         tx=tx,
         schedule=schedule,

@@ -2,7 +2,7 @@
 
   python benchmarks/step_hlo_diff.py --baseline=PATH [--model=convit_tiny] [--image_size=112]
 
-Compiles the training step of ``convit_throughput.py`` (``locvit.train.train_step``, DeiT recipe,
+Compiles the training step of ``convit_throughput.py`` (``locvit.run.step.train_step``, DeiT recipe,
 batch ``--batch_size``, one CPU device) in two fresh processes, one importing ``locvit`` and
 ``configs`` from each checkout, and compares XLA's optimised HLO after dropping what does not
 change the program (source metadata, stack frames, instruction and computation names). Equal

@@ -175,7 +175,7 @@ def test_profile_summary_of_a_gpu_trace():
 
 
 def test_the_beta_loops_side_draws_lam_with_jax_random_beta_and_the_default_without_a_loop():
-  from locvit import train
+  from locvit.run.step import initial_health
 
   accelerator = _benchmarks_module("accelerator")
 
@@ -184,7 +184,7 @@ def test_the_beta_loops_side_draws_lam_with_jax_random_beta_and_the_default_with
     state, step = accelerator._state_and_step(config, (32, 32, 3), 10, loop=True)
     batches = [accelerator._synthetic_batch(2, 32, 10)]
     with accelerator._tracing(variant):
-      traced = step.trace(state, batches, (), train.initial_health())
+      traced = step.trace(state, batches, (), initial_health())
     return traced.lower(lowering_platforms=("cuda",)).as_text()
 
   assert "stablehlo.while" in lowered_for_a_gpu("beta_loops")
@@ -194,7 +194,7 @@ def test_the_beta_loops_side_draws_lam_with_jax_random_beta_and_the_default_with
 def test_the_bias_add_side_keeps_the_biases_out_of_the_gpu_steps_matmuls():
   """The step compiled for XLA:GPU (a compile-only device's platform) puts a ones column into
   each dense layer's matmul (``ops.bias_in_matmul``); the 'bias_add' side does not."""
-  from locvit import train
+  from locvit.run.step import initial_health
 
   accelerator = _benchmarks_module("accelerator")
   config = accelerator.complete_config(accelerator._config_32("ViT d9", 2, True))
@@ -204,7 +204,7 @@ def test_the_bias_add_side_keeps_the_biases_out_of_the_gpu_steps_matmuls():
   def concatenations(variant):  # a step per side, as compile_loop_step builds (jit caches traces)
     state, step = accelerator._state_and_step(config, (32, 32, 3), 10, loop=True, platform="gpu")
     with accelerator._tracing(variant):
-      jaxpr = jax.make_jaxpr(step)(state, batches, (), train.initial_health())
+      jaxpr = jax.make_jaxpr(step)(state, batches, (), initial_health())
     return str(jaxpr).count("concatenate")
 
   # Two blocks of proj, fc1 and fc2, forward (their transposes slice; qkv has no bias here).
@@ -217,7 +217,7 @@ def test_gpu_compiler_options_are_valid_xla_options(setting):
   import jax
   import jax.numpy as jnp
 
-  from locvit import xla_options
+  from locvit.platform import xla_options
 
   assert xla_options.resolve("auto", "gpu") == "gpu_tuned"
   assert xla_options.compiler_options("auto", "cpu") == {}
