@@ -1,4 +1,4 @@
-"""The GMM paper's protocol as its official code ran it (CatworldLee/Gaussian-Mixture-Mask-Attention):
+"""The GMM paper's protocol as its official code ran it (Gaussian-Mixture-Mask-Attention):
 the initialisation and stochastic depth of ``models/vit.py``, and the plan's depth-9 and depth-15
 rows with the numbers of Tables 3 and 6. About 15 s on 2 CPU cores.
 """
@@ -29,7 +29,7 @@ def plan_config(row: str):
 def test_depth9_and_depth15_rows_carry_table3s_numbers_and_the_official_models():
   """Depth 9 (the official ``create_model('vit')``) against Table 3's 94.17 / 94.87, depth 15
   (``create_model('vit_d15')``) against the 93.65 / 95.06 that Table 1 prints; ELM-ViT d9 (Table
-  6, 94.65) optional; the title says where the paper contradicts itself."""
+  6, 94.65) optional; the title and note say where the paper contradicts itself."""
   expected = {
     "vit": (9, 192, "token", 0.9417),
     "gmm": (9, 192, "gap", 0.9487),
@@ -43,8 +43,9 @@ def test_depth9_and_depth15_rows_carry_table3s_numbers_and_the_official_models()
     assert (model.depth, model.embed_dim, model.num_heads, model.patch_size) == (depth, dim, 12, 4)
     assert model.pool == pool and model.mlp_ratio == 2 and not model.qkv_bias
     assert GMM_PLAN["rows"][row]["paper_top1"] == config.paper.top1 == top1, row
-  assert GMM_PLAN["rows"]["elm"]["optional"] and "depth 9, 2.7M" in GMM_PLAN["title"]
-  assert "2,523,610 / 2,523,760" in GMM_PLAN["title"]
+  assert GMM_PLAN["rows"]["elm"]["optional"]
+  assert "Table 1 prints the depth-15 pair, 93.65 / 95.06, as depth 9" in GMM_PLAN["title"]
+  assert "'depth 9, 2.7M'" in GMM_PLAN["note"] and "2,523,610 / 2,523,760" in GMM_PLAN["note"]
 
 
 def test_depth15_parameter_counts_against_the_printed_ones():
