@@ -119,3 +119,19 @@ def test_every_printed_setting_is_the_plans_resolved_value(plan):
         assert round(float(cell) / 100, 4) == PLANS[plan]["rows"][row]["paper_top1"], (plan, row)
   assert set(configs) <= printed_rows, f"{plan}: rows missing from the page"
   assert checked >= 25, plan
+
+
+@pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])
+def test_structinit_crop_is_the_whole_image_whatever_the_filter(interpolation):
+  """The page's claim for ``data.interpolation``: the reference's ``--scale 1 1 --ratio 1 1`` crop
+  of a 32 x 32 image is the image itself, so its random train interpolation has no effect."""
+  import jax
+  import numpy as np
+
+  from locvit.data import device_augment
+
+  data = plan_rows("structinit_table2_cifar10")["impulse3"].data
+  data.interpolation = interpolation
+  images = np.random.default_rng(0).integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
+  out = device_augment.random_resized_crop(jax.random.key(0), images, data)
+  np.testing.assert_array_equal(out, images)
