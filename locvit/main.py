@@ -495,6 +495,7 @@ def main(argv):
   cpu_malloc.reexec_with(_CPU_MALLOC.value)  # before any device or thread starts
   _init_distributed()
   from locvit import train
+  from locvit.run import evaluation
 
   logging.info(
     "JAX %s: %d processes, %d devices", jax.__version__, jax.process_count(), jax.device_count()
@@ -511,7 +512,7 @@ def main(argv):
   if _MODE.value == "eval":
     start = time.perf_counter()
     progress = functools.partial(print, flush=True)
-    result = train.evaluate_checkpoint(config, _WORKDIR.value, _STEP.value, progress)
+    result = evaluation.evaluate_checkpoint(config, _WORKDIR.value, _STEP.value, progress)
     print(evaluation_line(result["step"], result, time.perf_counter() - start), flush=True)
     from locvit.configs.common import complete_config
 
