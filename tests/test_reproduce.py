@@ -523,8 +523,7 @@ def test_a_protocol_dry_run_shows_each_row_in_full(capsys, monkeypatch):
     "quadratic: cordonnier_sa: depth 6, width 400, 9 heads, patch 2, 12.09M parameters",
     "learned: cordonnier_sa_learned: depth 6, width 400, 9 heads, patch 2, 12.28M parameters",
     "resnet18: resnet18_cifar: width 64, 11.17M parameters",
-    "  precision: bf16 compute, fp32 parameters (mixed_precision); batch 100; 300 epochs "
-    "(150,000 steps)",
+    "  precision: fp32; batch 100; 300 epochs (150,000 steps)",  # the official code's
     "  evaluations: 300 (every epoch and at the end: the official code's, train.py tests every "
     "epoch and returns the best accuracy)",
     "  paper: 91.80% top-1 (Table 1; the best evaluation its code reported)",
@@ -776,7 +775,8 @@ def test_a_protocol_plan_refuses_a_jpeg_folder_unless_told_it_is_lossy(
   """The papers trained on the original images: a JPEG copy is refused before anything is
   created, with the lossless ways; ``--allow_lossy_data`` takes it, and the report's title says
   so."""
-  for row in ("vit", "gmm"):  # a tiny folder stands in for CIFAR-10's 50,000 training images
+  # A tiny folder stands in for CIFAR-10's 50,000 training images.
+  for row in ("vit", "gmm", "vit_d15", "gmm_d15"):
     monkeypatch.setitem(rp.PLANS["gmm_table1_cifar10"]["rows"][row], "paper_train_examples", 20)
   folder, workdir = _tiny_cifar(tmp_path / "jpeg"), tmp_path / "w"
   run = ["gmm_table1_cifar10", f"--data={folder}", "--estimate=kit"]
