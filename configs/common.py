@@ -73,6 +73,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.schedule.min_lr = 1e-5
   c.schedule.boundaries_epochs = ()  # for 'step'
   c.schedule.decay_factor = 0.1
+  # 'step': the learning rate changes every optimizer step; 'epoch': it holds the schedule's value
+  # at each epoch's first step for the whole epoch (timm's and epfml/attention-cnn's schedulers,
+  # stepped once per epoch).
+  c.schedule.update_every = "step"
+  # 'cosine' after a warmup: True counts the cosine from the warmup's end (it starts at the peak);
+  # False from step 0 (timm's default ``warmup_prefix=False``: the first rate after the warmup is
+  # the cosine's value at the warmup's length).
+  c.schedule.warmup_prefix = True
 
   # Attention initialisation applied after model.init (locvit.init): 'none', 'trunc_normal',
   # 'kaiming_uniform', 'mimetic' or 'impulse' (structured initialization).
