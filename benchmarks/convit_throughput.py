@@ -6,10 +6,10 @@
 Three tables, one run, one machine, the same resident batch for every model of a table:
 
 1. locvit ConViT-Ti/S vs DeiT-Ti/S: images/s of the library's jitted training step
-   (``locvit.train.train_step``: forward, backward, AdamW with the DeiT recipe, label smoothing).
+   (``locvit.run.step.train_step``: forward, backward, AdamW with the DeiT recipe, label smoothing).
    Goal: ConViT >= 0.85x its DeiT (the paper's implementation runs at ~0.5x, Table 1).
-2. locvit ConViT-Ti/S vs the PyTorch ConViT of ``tests/torch_reference.py`` (the official forward
-   pass, timm names): forward, backward (cross entropy with label smoothing 0.1) and
+2. locvit ConViT-Ti/S vs the PyTorch ConViT of ``benchmarks/torch_reference.py`` (the official
+   forward pass, timm names): forward, backward (cross entropy with label smoothing 0.1) and
    ``torch.optim.AdamW``, ``torch.set_num_threads(threads)``. Goal: locvit >= 1.0x on CPU. By
    default at 112x112 (7x7 patches), batch 8, so that it runs in a few minutes on 2 cores.
 3. (``--tables=kernels``) locvit with its CPU code paths (the default on CPU: the einsum attention
@@ -94,7 +94,14 @@ def compiled_step(name: str, image_size: int, batch_size: int, cpu_kernels: bool
 
   from configs.common import base_config
   from configs.recipes import deit_recipe
-  from locvit import optim, train
+  from locvit import optim
+
+  try:  # where they live; an older checkout (--baseline) has them as locvit.train's names
+    from locvit.models.factory import build_model
+    from locvit.run.state import TrainState
+    from locvit.run.step import train_step
+  except ImportError:
+    from locvit.train import TrainState, build_model, train_step
 
   config = deit_recipe(base_config())
   # The model step only: the PyTorch reference has no on-device Mixup/CutMix/erasing either.
@@ -104,20 +111,20 @@ def compiled_step(name: str, image_size: int, batch_size: int, cpu_kernels: bool
   config.model.overrides.drop_path_rate = 0.0
   if not cpu_kernels:
     config.model.overrides.attention_implementation = "xla"
-  model = train.build_model(config, NUM_CLASSES)
+  model = build_model(config, NUM_CLASSES)
   # plain flax (model.init), so that the step also runs from an older checkout (--baseline)
   images = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
   params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), images)["params"])
   schedule = optim.make_schedule(config, 1000, 100)
   tx = optim.make_optimizer(config, params, schedule)
-  state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+  state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
   rng = np.random.default_rng(0)
   batch = {
     "image": jnp.asarray(rng.normal(size=(batch_size, image_size, image_size, 3)), jnp.float32),
     "label": jnp.asarray(rng.integers(0, NUM_CLASSES, batch_size), jnp.int32),
   }
   step = functools.partial(
-    train.train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=1000
+    train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=1000
   )
   return jax.jit(step, donate_argnums=0).lower(state, batch).compile(), state, batch
 
@@ -150,8 +157,7 @@ def torch_step(name: str, image_size: int, batch_size: int, threads: int):
   """``run()`` performs one training step of the PyTorch reference ConViT on a resident batch."""
   import torch
   import torch.nn.functional as F
-
-  from tests import torch_reference
+  import torch_reference
 
   torch.set_num_threads(threads)
   torch.manual_seed(0)
@@ -179,7 +185,7 @@ def _minor_faults() -> int:
   return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def _use_checkout(root: str) -> None:
+def use_checkout(root: str) -> None:
   """Makes this process import ``locvit`` and ``configs`` from the checkout at ``root``."""
   for module in [m for m in sys.modules if m.split(".")[0] in ("locvit", "configs", "tests")]:
     del sys.modules[module]
@@ -193,7 +199,7 @@ def _step_server(conn, spec: tuple, warmup: int) -> None:
   """
   framework, name, image_size, batch_size, threads, cpu_kernels = spec[:6]
   if len(spec) > 7 and spec[7]:
-    _use_checkout(spec[7])
+    use_checkout(spec[7])
   if framework == "jax":
     run, xla_mb, gflops = jax_step(name, image_size, batch_size, cpu_kernels)
   else:

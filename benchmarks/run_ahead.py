@@ -24,6 +24,7 @@ from absl import app, flags
 from locvit import sharding, train
 from locvit.configs import quickstart
 from locvit.run import bundle
+from locvit.run.step import initial_health
 
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Interleaved repeats of each variant.")
 _STEPS = flags.DEFINE_integer("steps", 100, "Steps per timed repeat.")
@@ -42,7 +43,7 @@ def main(argv):
   ):
     _, state = train.restore_or_initialise(run)
     step_fn = train.make_step_fn(run)
-    health = jax.device_put(train.initial_health(), sharding.replicated(run.mesh))
+    health = jax.device_put(initial_health(), sharding.replicated(run.mesh))
     with contextlib.closing(run.train_batches(0)) as batches:
 
       def steps(state, health, limit):

@@ -2,7 +2,7 @@
 
   python benchmarks/step_hlo_diff.py --baseline=PATH [--model=convit_tiny] [--image_size=112]
 
-Compiles the training step of ``convit_throughput.py`` (``locvit.train.train_step``, DeiT recipe,
+Compiles the training step of ``convit_throughput.py`` (``locvit.run.step.train_step``, DeiT recipe,
 batch ``--batch_size``, one CPU device) in two fresh processes, one importing ``locvit`` and
 ``configs`` from each checkout, and compares XLA's optimised HLO after dropping what does not
 change the program (source metadata, stack frames, instruction and computation names). Equal
@@ -46,7 +46,7 @@ def compiled_hlo(root: str, model: str, image_size: int, batch_size: int) -> str
   """Optimised HLO of ``convit_throughput``'s training step with ``root``'s locvit and configs."""
   import convit_throughput
 
-  convit_throughput._use_checkout(root)
+  convit_throughput.use_checkout(root)
   return convit_throughput.compiled_step(model, image_size, batch_size)[0].as_text()
 
 
