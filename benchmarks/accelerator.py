@@ -12,9 +12,9 @@ Three tables, one run, one device (``jax.devices()[0]``):
    at batch 128, DeiT-S and ConViT-S also at 256 and 512, and the CIFAR small-data models at 32
    at their papers' batch sizes. Per row, side by side and interleaved round by round: locvit's
    step under each ``--variants`` setting (``VARIANTS``: the default, XLA's ``gpu_tuned`` and
-   ``gpu_graphs`` compiler options of ``locvit.xla_options``, cuDNN attention, fp32, K steps per
-   dispatch, the flat optimizer, the old lam draw, ``model_only``: the work timm's side does)
-   and, where ``torch`` imports and timm has the model, timm's same model
+   ``gpu_graphs`` compiler options of ``locvit.platform.xla_options``, cuDNN attention, fp32, K
+   steps per dispatch, the flat optimizer, the old lam draw, ``model_only``: the work timm's side
+   does) and, where ``torch`` imports and timm has the model, timm's same model
    (``timm.create_model``, bf16 autocast on CUDA, AdamW, label smoothing 0.1) eager and under
    ``torch.compile`` (``--torch``). Each side
    dispatches ``--steps`` steps back to back and waits for the last (as a training loop does):
@@ -84,8 +84,8 @@ from kit import (
 
 from locvit import data as data_lib
 from locvit.configs.common import complete_config
-from locvit.flops import xla_flops
 from locvit.models.factory import build_model, check_attention_kernels
+from locvit.platform.flops import xla_flops
 
 # Dense bf16 peak TFLOP/s by device kind (vendor data sheets, without sparsity); the first
 # fragment contained in ``device.device_kind`` wins, so more specific names come first.
@@ -174,9 +174,9 @@ def _torch_sizes(name: str, smoke: bool) -> dict:
 def model_flops(config, state, batch, num_classes: int) -> float:
   """FLOPs of one training step (forward, backward, optimizer): XLA's count of the lowered,
   unoptimised step with attention written out (``attention_implementation='xla'``), by
-  ``locvit.flops.xla_flops``; NaN where XLA counts nothing. The compiled step's own count leaves
-  out what runs as library calls (cuBLAS GEMMs, cuDNN attention on GPU: about a quarter of the
-  FLOPs counted for DeiT-Ti on an H200), yet it is the count where the lowering has none
+  ``locvit.platform.flops.xla_flops``; NaN where XLA counts nothing. The compiled step's own count
+  leaves out what runs as library calls (cuBLAS GEMMs, cuDNN attention on GPU: about a quarter of
+  the FLOPs counted for DeiT-Ti on an H200), yet it is the count where the lowering has none
   (XLA:GPU, for the ViT d9 step)."""
   written_out = config.copy_and_resolve_references()
   written_out.attention_implementation = "xla"

@@ -11,11 +11,11 @@ respect to every input and weight, ``jax.jit``-compiled, pinned to the first ``t
    (heads-first layout, hand-written backward pass) and the PyTorch form of timm/ConViT
    (``permute``, ``q @ k^T``, ``softmax``, ``@ v``);
 2. fused qkv projection ``(B, N, C) -> 3 x (B, N, H, Dh)`` with a ``(C, 3, H, Dh)`` kernel:
-   ``jnp.tensordot`` on the full-rank kernel against ``locvit.ops.contract(flatten=True)`` (the
-   2-D matmul of the CPU code paths)
+   ``jnp.tensordot`` on the full-rank kernel against ``locvit.platform.ops.contract(flatten=True)``
+   (the 2-D matmul of the CPU code paths)
    and ``torch.nn.Linear`` + reshape;
 3. MLP ``fc2(tanh(fc1(x)))`` at 4x width: ``x @ W`` on the 3-D tokens against the flattened
-   matmul of ``locvit.ops.dense_dot_general('einsum')``;
+   matmul of ``locvit.platform.ops.dense_dot_general('einsum')``;
 4. GPSA's gated mix ``((1 - g) softmax(q k^T / sqrt(Dh)) + g P) v`` with ``P`` shared by the
    batch: the decomposition ``(1 - g) SDPA + g P v`` (SDPA in the einsum kernel) against the fused
    ``gated_positional_attention`` kernel and the reference's PyTorch form (per-example mixed map,
@@ -122,7 +122,7 @@ def qkv_runs(b, n, h, d, use_torch):
   import jax.numpy as jnp
   import numpy as np
 
-  from locvit import ops
+  from locvit.platform import ops
 
   c = h * d
   rng = np.random.default_rng(0)
@@ -136,7 +136,7 @@ def qkv_runs(b, n, h, d, use_torch):
     "tensordot, (C, 3, H, Dh) kernel": jax_runner(
       lambda x, w: split(jnp.tensordot(x, w, axes=1)), [x, kernel]
     ),
-    "locvit.ops.contract": jax_runner(
+    "locvit.platform.ops.contract": jax_runner(
       lambda x, w: split(ops.contract(x, w, flatten=True)), [x, kernel]
     ),
   }
@@ -159,7 +159,7 @@ def mlp_runs(b, n, h, d, use_torch):
   import numpy as np
   from jax import lax
 
-  from locvit import ops
+  from locvit.platform import ops
 
   c = h * d
   rng = np.random.default_rng(0)
@@ -173,7 +173,7 @@ def mlp_runs(b, n, h, d, use_torch):
 
   runs = {
     "lax.dot_general on (B, N, C)": jax_runner(mlp(lax.dot_general), [x, w1, w2]),
-    "locvit.ops.dense_dot_general": jax_runner(
+    "locvit.platform.ops.dense_dot_general": jax_runner(
       mlp(ops.dense_dot_general("cpu_kernels")), [x, w1, w2]
     ),
   }
@@ -237,8 +237,8 @@ def patch_runs(b, n, h, d, use_torch):
   import jax.numpy as jnp
   import numpy as np
 
-  from locvit import ops
   from locvit.models.layers import patchify
+  from locvit.platform import ops
 
   c, side = h * d, 16 * math.isqrt(n)
   rng = np.random.default_rng(0)

@@ -56,11 +56,11 @@ import kit
 import numpy as np
 
 from locvit import data as data_lib
-from locvit import sharding, xla_options
 from locvit.configs.common import base_config
 from locvit.configs.gmm_table1 import get_config
 from locvit.configs.recipes import deit_recipe
 from locvit.data import device_autoaugment, resample
+from locvit.platform import sharding, xla_options
 
 HOST_PATHS = {
   "host, streaming": {"augment_on": "host", "decoded_cache_mb": 0},

@@ -35,9 +35,9 @@ import numpy as np
 from PIL import Image
 
 from locvit import data as data_lib
-from locvit import sharding
 from locvit.configs import recipes
 from locvit.configs.common import base_config
+from locvit.platform import sharding
 
 
 class JpegSource:

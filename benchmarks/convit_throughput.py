@@ -15,8 +15,8 @@ Three tables, one run, one machine, the same resident batch for every model of a
 3. (``--tables=kernels``) locvit with its CPU code paths (the default on CPU: the einsum attention
    kernels with hand-written backward passes, projections and patch embedding as 2-D matmuls)
    against the same models with them off (``attention_implementation='xla'``, the one kernel
-   setting, ``locvit.ops``: ``jax.nn.dot_product_attention``, the ``(1 - g) SDPA + g P v`` GPSA
-   decomposition, full-rank ``dot_general`` and ``lax.conv``), at ``--torch_image_size``.
+   setting, ``locvit.platform.ops``: ``jax.nn.dot_product_attention``, the ``(1 - g) SDPA + g P v``
+   GPSA decomposition, full-rank ``dot_general`` and ``lax.conv``), at ``--torch_image_size``.
 
 Both frameworks are pinned to the first ``threads`` cores (``sched_setaffinity``). On a machine
 shared with other work, PyTorch's OpenMP threads slow down far more than XLA's when the load
@@ -28,7 +28,7 @@ steps per model per round, after ``--warmup`` untimed steps, with a 0.2 s pause 
 so load from other processes hits them alike; the median round is reported, with the 1-minute
 load average before and after.
 
-4. (``--tables=malloc``) the same step under each ``locvit.cpu_malloc`` mode, per model and
+4. (``--tables=malloc``) the same step under each ``locvit.platform.cpu_malloc`` mode, per model and
    framework, at ``--torch_image_size``: ``default``; ``tcmalloc`` (TCMalloc preloaded, if
    installed); ``retain`` (glibc: one arena, no ``mmap``, no trimming). XLA:CPU allocates its
    temporaries afresh at every execution, so with glibc's defaults a ConViT-Ti step at 224x224
@@ -68,8 +68,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-from locvit import cpu_malloc  # noqa: E402  (imports no JAX)
-from locvit.flops import xla_flops  # noqa: E402  (imports no JAX)
+from locvit.platform import cpu_malloc  # noqa: E402  (imports no JAX)
+from locvit.platform.flops import xla_flops  # noqa: E402  (imports no JAX)
 
 LOCVIT_PAIRS = (("convit_tiny", "deit_tiny"), ("convit_small", "deit_small"))
 TORCH_MODELS = ("convit_tiny", "convit_small")
@@ -95,13 +95,9 @@ def compiled_step(name: str, image_size: int, batch_size: int, cpu_kernels: bool
   from configs.common import base_config
   from configs.recipes import deit_recipe
   from locvit import optim
-
-  try:  # where they live; an older checkout (--baseline) has them as locvit.train's names
-    from locvit.models.factory import build_model
-    from locvit.run.state import TrainState
-    from locvit.run.step import train_step
-  except ImportError:
-    from locvit.train import TrainState, build_model, train_step
+  from locvit.models.factory import build_model
+  from locvit.run.state import TrainState
+  from locvit.run.step import train_step
 
   config = deit_recipe(base_config())
   # The model step only: the PyTorch reference has no on-device Mixup/CutMix/erasing either.
@@ -229,8 +225,8 @@ def time_interleaved(
   """``(step seconds, xla MiB, GFLOPs)`` per model: median over rounds, models interleaved.
 
   ``specs`` maps a label to ``(framework, name, image_size, batch_size, threads, cpu_kernels)``,
-  optionally with a 7th entry: the ``locvit.cpu_malloc`` mode that process starts under, and an
-  8th: the checkout that process imports ``locvit`` from (None: this one).
+  optionally with a 7th entry: the ``locvit.platform.cpu_malloc`` mode that process starts under,
+  and an 8th: the checkout that process imports ``locvit`` from (None: this one).
   ``faults``, if given, receives the median minor page faults per step of each label.
   Every model runs in its own process, as in real training: a model's heap, allocator state and
   thread pools are not disturbed by the others (measured in one process, a JAX step that

@@ -28,9 +28,9 @@ import flax.linen as nn
 import jax
 import kit
 
-from locvit import sharding
 from locvit.configs.gmm_table1 import get_config
 from locvit.models.factory import build_model
+from locvit.platform import sharding
 
 MODELS = {
   "vit": ("vit,cifar10,base", {}),

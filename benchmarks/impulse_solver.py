@@ -27,7 +27,6 @@ import time
 import jax
 import numpy as np
 
-from locvit import ops
 from locvit.attention import TokenGrid
 from locvit.init.impulse import (
   SOLVER_PRESETS,
@@ -37,6 +36,7 @@ from locvit.init.impulse import (
   _setup,
   optimize_qk,
 )
+from locvit.platform import ops
 
 PRESETS = {**SOLVER_PRESETS, "fast1000": dict(steps=1_000, lr=1e-3, norm_every=10)}
 GRID, DIM, HEADS, HEAD_DIM = TokenGrid(16, 16), 192, 3, 64

@@ -22,7 +22,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from locvit import data as data_lib
-from locvit import sharding
+from locvit.platform import sharding
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/cifar10_deit.py", lock_config=True)
 _STEPS = flags.DEFINE_integer("steps", 30, "Timed steps per measurement.")

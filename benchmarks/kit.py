@@ -41,7 +41,7 @@ import jax
 import numpy as np
 from PIL import Image
 
-from locvit import ops, optim, sharding, xla_options
+from locvit import optim
 from locvit.configs import (
   convit_cifar10_small,
   gmm_cifar10_small,
@@ -54,6 +54,7 @@ from locvit.configs.recipes import deit_recipe
 from locvit.data import device_augment
 from locvit.models.convit import convit_overrides
 from locvit.models.factory import build_model
+from locvit.platform import ops, sharding, xla_options
 from locvit.run import state as state_lib
 from locvit.run import step as step_lib
 
@@ -231,7 +232,7 @@ def sharded_step(built: Parts):
 # The training loop's step under a benchmark's settings
 
 # locvit's settings, timed side by side (``accelerator.py --variants``): name -> config fields,
-# with ``xla_options`` (``locvit.xla_options``) going to the step's compilation.
+# with ``xla_options`` (``locvit.platform.xla_options``) going to the step's compilation.
 VARIANTS = {
   "default": {},
   "cudnn": {"attention_implementation": "cudnn"},

@@ -21,8 +21,9 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from locvit import sharding, train
+from locvit import train
 from locvit.configs import quickstart
+from locvit.platform import sharding
 from locvit.run import bundle
 from locvit.run.step import initial_health
 

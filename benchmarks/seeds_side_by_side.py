@@ -34,8 +34,8 @@ import jax
 import jax.numpy as jnp
 import kit
 
-from locvit import xla_options
 from locvit.configs.common import complete_config
+from locvit.platform import xla_options
 from locvit.run import step as step_lib
 
 RECIPES = {"GMM-ViT d9": 128, "StructInit ViT-T/2": 512}  # label of kit.MODELS_32 -> paper batch

@@ -227,3 +227,13 @@ def perturb_(model: nn.Module, scale: float = 0.05, seed: int = 0) -> nn.Module:
 
 def num_params(model: nn.Module) -> int:
   return sum(math.prod(p.shape) for p in model.parameters())
+
+
+def resample_abs_pos_embed(posemb: torch.Tensor, new_size, num_prefix_tokens: int = 1):
+  """timm's ``resample_abs_pos_embed``: the prefix rows kept, the square patch grid resized by
+  ``F.interpolate(bicubic, antialias=True)``."""
+  prefix, grid = posemb[:, :num_prefix_tokens], posemb[:, num_prefix_tokens:]
+  side = int(math.sqrt(grid.shape[1]))
+  grid = grid.reshape(1, side, side, -1).permute(0, 3, 1, 2)
+  grid = F.interpolate(grid.float(), size=tuple(new_size), mode="bicubic", antialias=True)
+  return torch.cat([prefix, grid.permute(0, 2, 3, 1).reshape(1, -1, posemb.shape[-1])], dim=1)

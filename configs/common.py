@@ -41,11 +41,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.overrides = ml_collections.ConfigDict()
   # The attention kernels, a hardware choice kept out of the model's identity (resuming with
   # another value is allowed): None (CPU code paths on CPU, JAX's choice elsewhere), 'xla',
-  # 'cudnn' or 'cpu_kernels' (locvit.ops; 'einsum' is accepted as its alias).
+  # 'cudnn' or 'cpu_kernels' (locvit.platform.ops; 'einsum' is accepted as its alias).
   c.attention_implementation = ml_collections.config_dict.placeholder(str)
-  # XLA options for the training step's compilation, one setting (locvit.xla_options): 'none'
-  # (XLA's defaults), 'gpu_tuned', 'gpu_graphs' or 'auto' ('gpu_tuned' on a GPU). Hardware only,
-  # like the above.
+  # XLA options for the training step's compilation, one setting (locvit.platform.xla_options):
+  # 'none' (XLA's defaults), 'gpu_tuned', 'gpu_graphs' or 'auto' ('gpu_tuned' on a GPU). Hardware
+  # only, like the above.
   c.xla_options = "none"
 
   c.data = defaults.data_config()

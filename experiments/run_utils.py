@@ -11,11 +11,11 @@ import flax.linen as nn
 import jax
 import ml_collections
 
-from locvit import checkpoint as ckpt_lib
-from locvit import restore, run_config, sharding
 from locvit.analysis.analyze import restore_params
 from locvit.configs.common import complete_config
 from locvit.main import ConfigError, resolve_config
+from locvit.platform import sharding
+from locvit.workdir import checkpoint, restore, saved_config
 
 
 def image_shape(config: ml_collections.ConfigDict) -> tuple[int, int, int]:
@@ -39,13 +39,13 @@ def load_config(spec: str | None, workdir: str | None = None) -> ml_collections.
   ``get_config(arg)``; None: the config
   the run in ``workdir`` saved (``WORKDIR/config.json``: its overrides, data and class count)."""
   if spec is None:
-    saved = run_config.path(workdir)
+    saved = saved_config.path(workdir)
     if not saved.exists():
       raise FileNotFoundError(
         f"{saved} does not exist (no training run saved its config there): give the run's "
         "--workdir, or its config as --config=path/to/config.py[:arg]"
       )
-    return complete_config(run_config.read(str(saved)))
+    return complete_config(saved_config.read(str(saved)))
   try:  # as locvit.main's --config: a file, or a shipped config's name (configs/NAME.py[:ARG])
     path, _, arg = resolve_config(spec).partition(":")
   except ConfigError as e:
@@ -71,7 +71,7 @@ def initial_params(config: ml_collections.ConfigDict, model: nn.Module):
 
 def checkpoint_steps(workdir: str) -> list[int]:
   """Steps of the checkpoints kept in ``workdir/checkpoints`` (sorted; raises if none)."""
-  checkpointer = ckpt_lib.Checkpointer(
+  checkpointer = checkpoint.Checkpointer(
     os.path.join(workdir, "checkpoints"), async_save=False, read_only=True
   )
   steps = sorted(checkpointer.manager.all_steps())

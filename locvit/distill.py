@@ -36,13 +36,12 @@ import ml_collections
 import optax
 from absl import logging
 
-from locvit import restore as restore_lib
-from locvit import sharding
-
 # Plain data beside the shipped configs (which must not import JAX); the library names stay.
 from locvit.configs.defaults import distillation_config as default_distillation_config  # noqa: F401
 from locvit.models import create_model
 from locvit.models.factory import distillation_enabled
+from locvit.platform import sharding
+from locvit.workdir import restore
 
 Array = jax.Array
 TYPES = ("none", "hard", "soft")
@@ -93,7 +92,7 @@ def load_teacher(
   dist = config.distillation
   workdir = dist.teacher_workdir
   step = None if dist.teacher_step < 0 else dist.teacher_step
-  saved = restore_lib.saved_model_config(workdir, step)
+  saved = restore.saved_model_config(workdir, step)
   name = dist.teacher_model or saved["name"]
   overrides = dict(saved.get("overrides") or {}) if not dist.teacher_model else {}
   overrides.update(dict(dist.teacher_overrides or {}))
@@ -103,7 +102,7 @@ def load_teacher(
   boxed = sharding.model_variable_shapes(model, image_shape)
   shardings = tuple(sharding.tree_shardings(b, mesh, rules) for b in boxed)
   try:
-    params, model_state, step = restore_lib.restore_model_variables(
+    params, model_state, step = restore.restore_model_variables(
       workdir, model, image_shape, step=step, shardings=shardings
     )
   except ValueError as e:  # orbax: the saved tree does not fit the rebuilt model

@@ -39,12 +39,12 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 import locvit.configs
-from locvit import cpu_malloc, paths, run_config
-from locvit import workdir as workdir_lib
 from locvit.configs import args as config_args
 from locvit.configs import datasets
 from locvit.metrics import append_evaluation, evaluation_line
+from locvit.platform import cpu_malloc
 from locvit.run import preemption
+from locvit.workdir import lock, paths, saved_config
 
 MODES = ("train", "eval", "analyze")
 
@@ -93,7 +93,7 @@ _CPU_MALLOC = flags.DEFINE_enum(
   "Allocator for CPU training. 'tcmalloc' (if installed) or 'retain' (glibc settings) re-run the "
   "command once so that XLA's per-step temporaries stay mapped: faster steps, more resident "
   "memory. 'auto': tcmalloc where JAX can only use the CPU and TCMalloc is installed, else "
-  "default. See locvit/cpu_malloc.py.",
+  "default. See locvit/platform/cpu_malloc.py.",
 )
 _TRACEBACK = flags.DEFINE_bool("traceback", False, "Show full tracebacks for config errors.")
 _LIST_MODELS = flags.DEFINE_string(
@@ -159,21 +159,17 @@ def list_configs_text() -> str:
   )
 
 
-def _saved_config(config_json: str) -> str:
-  return f"{os.path.abspath(run_config.__file__)}:{config_json}"
-
-
 def resolve_config(value: str) -> str:
   """The ``--config`` value config_flags should load: ``value`` if it names a file; a shipped
   config's file for ``NAME[:ARG]`` or ``configs/NAME.py[:ARG]`` that is not a file here; the saved
   config loader for a ``config.json`` or a workdir holding one. Raises ``ConfigError`` otherwise."""
   path, sep, arg = value.partition(":")
-  if os.path.isdir(path) and os.path.isfile(run_config.path(path)):
-    path = str(run_config.path(path))  # an epath.Path: no endswith
+  if os.path.isdir(path) and os.path.isfile(saved_config.path(path)):
+    path = str(saved_config.path(path))  # an epath.Path: no endswith
   if path.endswith(".json") and os.path.isfile(path):
     if sep:
       raise ConfigError(f"--config={value}: a saved config.json takes no ':ARG'")
-    return _saved_config(path)
+    return saved_config.config_file_argument(path)
   if os.path.isfile(path):
     return value
   name = os.path.basename(path).removesuffix(".py")
@@ -217,10 +213,10 @@ def resolve_config_argv(argv: Sequence[str]) -> list[str]:
   _, workdir = _flag_value(argv, "workdir")
   if workdir is None:
     return argv  # absl reports the missing --workdir
-  saved = run_config.path(workdir)
+  saved = saved_config.path(workdir)
   if not saved.is_file():
     raise ConfigError(f"no --config given and {saved} does not exist (no run saved its config)")
-  return [argv[0], f"--config={_saved_config(saved)}", *argv[1:]]
+  return [argv[0], f"--config={saved_config.config_file_argument(saved)}", *argv[1:]]
 
 
 def _config_as_loaded(argv: Sequence[str]) -> ml_collections.ConfigDict | None:
@@ -580,7 +576,7 @@ def _main_with_clear_errors(argv):
     OSError,  # FileNotFoundError, a full disk, CheckpointSaveError
     AttributeError,
     KeyError,
-    workdir_lib.WorkdirError,
+    lock.WorkdirError,
   ) as e:
     if _TRACEBACK.value:
       raise

@@ -21,7 +21,7 @@ import jax
 from absl import logging
 from etils import epath
 
-from locvit import outage, paths
+from locvit.workdir import outage, paths
 
 METRICS = "metrics.jsonl"
 EVALUATIONS = "eval.jsonl"  # --mode=eval results; metrics.jsonl keeps one row per training step

@@ -32,8 +32,8 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from locvit import ops, sharding
 from locvit.choices import Errors, check_choice
+from locvit.platform import ops, sharding
 
 # Parameter-name fragments never decayed under the 'intended' mask.
 NO_DECAY_NAMES = (

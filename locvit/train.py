@@ -28,30 +28,20 @@ import jax
 import ml_collections
 from absl import logging
 
-from locvit import checkpoint as ckpt_lib
-from locvit import evaluate as eval_lib
 from locvit import metrics as metrics_lib
-from locvit import provenance, run_config, sharding, xla_options
-from locvit import restore as restore_lib
-from locvit import workdir as workdir_lib
 from locvit.data import device_augment
-from locvit.models.factory import build_model  # noqa: F401  (also importable as train.build_model)
-from locvit.run import bundle
-from locvit.run.bundle import training_length, validate, validate_recipe  # noqa: F401
+from locvit.platform import sharding, xla_options
+from locvit.run import bundle, evaluation
 from locvit.run.preemption import EvaluationInterruptedError, PreemptionWatcher
-from locvit.run.state import TrainState, apply_initializer, ema_enabled, state_shardings  # noqa: F401
-from locvit.run.step import (  # noqa: F401  (the step's names, as train.* for callers)
-  NonFiniteError,
+from locvit.run.state import TrainState, apply_initializer, ema_enabled
+from locvit.run.step import (
   all_finite,
   check_finite_state,
   check_health,
-  ema_update,
-  guarded_step,
   guarded_steps,
   initial_health,
-  loss_and_metrics,
-  train_step,
 )
+from locvit.workdir import checkpoint, fingerprint, lock, provenance, restore, saved_config
 
 # ------------------------------------------------------------------------------------------------
 # Loop helpers, in the order the loop calls them
@@ -60,24 +50,24 @@ from locvit.run.step import (  # noqa: F401  (the step's names, as train.* for c
 def restore_or_initialise(run: bundle.Training) -> tuple[int, TrainState]:
   """``(start step, state)``: the newest intact checkpoint of the workdir, else a fresh state
   (``config.init`` or ``init_from`` applied); the commit that trains on from there is appended to
-  ``DIR/commits.json`` (``locvit.provenance``: this session's entry, ``run.session``, which then
-  records each checkpoint's step and the session's wall time). Runs inside the run's mesh."""
+  ``DIR/commits.json`` (``locvit.workdir.provenance``: this session's entry, ``run.session``, which
+  then records each checkpoint's step and the session's wall time). Runs inside the run's mesh."""
   config, layout, checkpointer = run.config, run.layout, run.checkpointer
 
-  def restore(step):
+  def restore_step(step):
     restored = checkpointer.restore(step, layout.abstract)
     if not all_finite(restored):
-      raise ckpt_lib.DamagedCheckpointError("non-finite values in the restored state")
+      raise checkpoint.DamagedCheckpointError("non-finite values in the restored state")
     return restored
 
   start, state, meta = checkpointer.restore_newest_intact(
-    restore,
-    lambda meta: run_config.check_compatible(meta["config"], config, run.workdir, run.num_classes),
+    restore_step,
+    lambda meta: fingerprint.check_compatible(meta["config"], config, run.workdir, run.num_classes),
   )
   if jax.process_index() == 0:  # accepted: only now replace the config.json of the workdir
-    run_config.write(run.workdir, config)
+    saved_config.write(run.workdir, config)
   if start is not None:
-    run_config.report_changed_hyperparameters(meta, config, run.workdir, start)
+    fingerprint.report_changed_hyperparameters(meta, config, run.workdir, start)
     run.writer.truncate_after(start)
     logging.info("Resumed from step %d in %s", start, run.workdir)
     keep_best_honest(run, start)
@@ -103,16 +93,16 @@ def keep_best_honest(run: bundle.Training, start: int) -> None:
   if run.checkpointer.best_step() is not None:
     return
   logged = [
-    row[ckpt_lib.BEST_METRIC]
+    row[checkpoint.BEST_METRIC]
     for row in metrics_lib.read_metrics(run.workdir)
-    if row["step"] <= start and ckpt_lib.BEST_METRIC in row
+    if row["step"] <= start and checkpoint.BEST_METRIC in row
   ]
   if logged:
     run.checkpointer.set_best_score_to_beat(max(logged))
     logging.warning(
       "No best checkpoint in %s: the next one must beat %s %.4f, the best logged so far.",
       run.workdir,
-      ckpt_lib.BEST_METRIC,
+      checkpoint.BEST_METRIC,
       max(logged),
     )
 
@@ -315,9 +305,9 @@ def evaluate_with_ema(
 
     return call
 
-  result = eval_lib.evaluate(eval_fn, variables, batches, batch_sharding, on_batch())
+  result = evaluation.evaluate(eval_fn, variables, batches, batch_sharding, on_batch())
   if ema_params is not None:
-    ema_metrics = eval_lib.evaluate(
+    ema_metrics = evaluation.evaluate(
       eval_fn, (ema_params, variables[1]), batches, batch_sharding, on_batch()
     )
     result.update({k.replace("eval/", "eval_ema/"): v for k, v in ema_metrics.items()})
@@ -363,7 +353,7 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
   step_fn = make_step_fn(run)
   health = jax.device_put(initial_health(), sharding.replicated(run.mesh))
   teacher_variables = run.teacher.variables if run.teacher else ()
-  eval_fn = eval_lib.make_eval_step(
+  eval_fn = evaluation.make_eval_step(
     run.model,
     run.mesh,
     run.rules,
@@ -374,7 +364,7 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
   progress = metrics_lib.Progress(total_steps, config.batch_size, start)
   final = {}
   monitor = HealthMonitor(config)
-  meta = run_config.checkpoint_meta(config, run.num_classes)
+  meta = fingerprint.checkpoint_meta(config, run.num_classes)
   watcher = PreemptionWatcher(multiprocess=jax.process_count() > 1, checkpointer=run.checkpointer)
   run_ahead = RunAhead()
   # closing: stops grain's worker processes (data.num_workers) however the loop ends.
@@ -406,7 +396,7 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
       on_grid = is_log_step(config, step, total_steps)
       if on_grid or step == start + 1:  # a resumed run's first step: a progress line only
         monitor.check(health, step)
-        workdir_lib.check_lock(run.workdir)
+        lock.check_lock(run.workdir)
         train_row = log_train_metrics(run, step, train_metrics, progress)
         # The rows of an uninterrupted run: a point one step after the resume would draw the
         # noise of a single batch as a jump in the loss curve.
@@ -479,23 +469,23 @@ def evaluate_checkpoint(
   run = bundle.build_evaluation(config)
   config, mesh, rules = run.config, run.mesh, run.rules  # completed with the defaults
   # A checkpoint this config cannot read is refused before the model is traced (and warns).
-  step = restore_lib.vetted_step(
-    workdir, step, lambda meta: run_config.check_compatible(meta["config"], config, workdir)
+  step = restore.vetted_step(
+    workdir, step, lambda meta: fingerprint.check_compatible(meta["config"], config, workdir)
   )
   boxed_params, boxed_model_state = sharding.model_variable_shapes(run.model, run.image_shape)
   variable_shardings = (
     sharding.tree_shardings(boxed_params, mesh, rules),
     sharding.tree_shardings(boxed_model_state, mesh, rules),
   )
-  params, model_state = restore_lib.read_model_variables(
+  params, model_state = restore.read_model_variables(
     workdir, run.model, run.image_shape, step, variable_shardings
   )
   ema = None
   if ema_enabled(config):
-    ema = restore_lib.restore_ema_params(workdir, step, variable_shardings[0], boxed_params)
+    ema = restore.restore_ema_params(workdir, step, variable_shardings[0], boxed_params)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     normalize = functools.partial(device_augment.normalize, data_config=config.data)
-    eval_fn = eval_lib.make_eval_step(run.model, mesh, rules, variable_shardings, normalize)
+    eval_fn = evaluation.make_eval_step(run.model, mesh, rules, variable_shardings, normalize)
     variables = (params, model_state)
     result = evaluate_with_ema(
       eval_fn, variables, ema, run.eval_batches, run.batch_sharding, print_progress

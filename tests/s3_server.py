@@ -1,6 +1,6 @@
 """A real S3-API server on loopback for tests: moto's server mode (PyPI ``moto[server]``), reached
 the standard ways: ``AWS_ENDPOINT_URL`` and the ``AWS_*`` credentials for s3fs/botocore; TensorStore
-(orbax's array writer) gets the same endpoint in its kvstore spec (``locvit.paths``)."""
+(orbax's array writer) gets the same endpoint in its kvstore spec (``locvit.workdir.paths``)."""
 
 from __future__ import annotations
 

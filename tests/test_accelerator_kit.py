@@ -253,7 +253,7 @@ def test_gpu_compiler_options_are_valid_xla_options(setting):
   import jax
   import jax.numpy as jnp
 
-  from locvit import xla_options
+  from locvit.platform import xla_options
 
   assert xla_options.resolve("auto", "gpu") == "gpu_tuned"
   assert xla_options.compiler_options("auto", "cpu") == {}

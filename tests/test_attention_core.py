@@ -22,7 +22,6 @@ import pytest
 from test_dataset_choice import image_folder
 
 from configs.common import base_config
-from locvit import run_config
 from locvit.attention import (
   GPSA,
   Attention,
@@ -40,6 +39,7 @@ from locvit.attention.softmax_attention import (
 from locvit.models import create_model, default_image_size, list_models
 from locvit.models.cait import TalkingHeadsAttention
 from locvit.models.factory import build_model
+from locvit.workdir import fingerprint
 
 
 def _family(name: str) -> tuple:
@@ -151,7 +151,7 @@ def test_the_config_chooses_the_kernels_from_the_command_line():
   assert build_model(config, 10).attention_implementation == "cpu_kernels"  # None, resolved on CPU
   config.attention_implementation = "cudnn"
   assert build_model(config, 10).attention_implementation == "cudnn"
-  assert "attention_implementation" not in run_config.fingerprint(config, 10)["model"]
+  assert "attention_implementation" not in fingerprint.fingerprint(config, 10)["model"]
 
 
 ODD_LENGTH = (

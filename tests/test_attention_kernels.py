@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from locvit import ops
 from locvit.attention import softmax_attention
 from locvit.attention.softmax_attention import dot_product_attention
+from locvit.platform import ops
 
 
 def _qkv(batch=2, tokens=7, heads=3, head_dim=4, value_dim=None, dtype=jnp.float32):

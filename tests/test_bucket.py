@@ -399,7 +399,7 @@ def test_a_dead_holder_on_this_host_is_taken_over_and_another_hosts_lease_says_w
 
   from google.cloud import storage
 
-  from locvit import workdir as workdir_lib
+  from locvit.workdir import lock
 
   workdir = f"gs://{BUCKET}/lease"
   lease = storage.Client().bucket(BUCKET).blob("lease/lock")
@@ -411,15 +411,15 @@ def test_a_dead_holder_on_this_host_is_taken_over_and_another_hosts_lease_says_w
     {"pid": os.getpid(), "pid_start": "1", **here},  # this pid, but started at another time
   ):
     lease.upload_from_string(json.dumps(holder))
-    workdir_lib.acquire_lock(workdir)
+    lock.acquire_lock(workdir)
     assert json.loads(lease.download_as_text())["pid"] == os.getpid()
-    workdir_lib.release_lock(workdir)
+    lock.release_lock(workdir)
 
   expires = time.time() + 48.4
   other = {"pid": 4242, "host": "other-host", "started": "now", "expires": expires}
   lease.upload_from_string(json.dumps(other))
-  with pytest.raises(workdir_lib.WorkdirError) as refused:
-    workdir_lib.acquire_lock(workdir)
+  with pytest.raises(lock.WorkdirError) as refused:
+    lock.acquire_lock(workdir)
   at = time.strftime("%H:%M:%S UTC", time.gmtime(expires))
   assert str(refused.value) == (
     f"workdir {workdir} is in use by pid 4242 on host other-host (started now); its lease "
@@ -429,11 +429,11 @@ def test_a_dead_holder_on_this_host_is_taken_over_and_another_hosts_lease_says_w
 
 
 def test_a_lease_that_cannot_be_released_is_reported_after_the_runs_own_error(server):
-  from locvit import workdir as workdir_lib
   from locvit.run import bundle
+  from locvit.workdir import lock
 
   workdir = f"gs://{BUCKET}/release"
-  workdir_lib.acquire_lock(workdir)
+  lock.acquire_lock(workdir)
   cause = ValueError("the run's own error")
   server.stop()
   try:
@@ -462,7 +462,7 @@ def test_gcsfs_retries_a_bucket_that_does_not_answer_for_the_runs_limit_on_every
   import gcsfs
   import jax
 
-  from locvit import workdir as workdir_lib
+  from locvit.workdir import lock
 
   fs = gcsfs.GCSFileSystem(endpoint_url=f"http://127.0.0.1:{_free_port()}", token="anon")
 
@@ -478,11 +478,11 @@ def test_gcsfs_retries_a_bucket_that_does_not_answer_for_the_runs_limit_on_every
 
   workdir = f"gs://{BUCKET}/process-1"
   with mock.patch.object(jax, "process_index", return_value=1):
-    workdir_lib.claim(workdir, 60)
+    lock.claim(workdir, 60)
   try:
     waits = waits_of_a_refused_call()
   finally:
-    workdir_lib.release_lock(workdir)
+    lock.release_lock(workdir)
   assert 60 <= sum(waits) < 60 + 33, waits
   waits = waits_of_a_refused_call()
   assert len(waits) == 5 and 31 <= sum(waits) < 36, waits
@@ -499,7 +499,7 @@ def test_a_bucket_run_goes_through_gcsfs_also_where_tensorflow_imports(tmp_path,
   from etils import epath
   from etils.epath import backend
 
-  from locvit import workdir as workdir_lib
+  from locvit.workdir import lock
 
   (tmp_path / "tensorflow").mkdir()
   (tmp_path / "tensorflow" / "__init__.py").write_text("")  # found, never imported
@@ -508,11 +508,11 @@ def test_a_bucket_run_goes_through_gcsfs_also_where_tensorflow_imports(tmp_path,
   workdir = f"gs://{BUCKET}/process-1"
   assert epath.Path(workdir)._backend is backend.tf_backend
   with mock.patch.object(jax, "process_index", return_value=1):
-    workdir_lib.claim(workdir, 60)
+    lock.claim(workdir, 60)
   try:
     assert epath.Path(workdir)._backend is backend.fsspec_backend
   finally:
-    workdir_lib.release_lock(workdir)
+    lock.release_lock(workdir)
   assert epath.Path(workdir)._backend is backend.tf_backend
   assert "EPATH_USE_TF" not in os.environ
 

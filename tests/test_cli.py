@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from locvit import cpu_malloc, main
+from locvit import main
 from locvit.metrics import read_metrics
+from locvit.platform import cpu_malloc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -10,9 +10,10 @@ import sys
 import pytest
 
 from locvit import main as main_lib
-from locvit import metrics, run_config
+from locvit import metrics
 from locvit.configs import quickstart
 from locvit.models import list_models
+from locvit.workdir import fingerprint
 from tests.test_dataset_choice import image_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -165,7 +166,7 @@ def test_long_evaluations_show_progress(monkeypatch):
 def test_resume_warning_shows_values_as_the_user_sets_them():
   saved = {"total_steps": -1, "optimizer": {"lr": 1e-3, "b1": 0.9}, "batch_size": 32}
   current = {"total_steps": 700, "optimizer": {"lr": 5e-4, "b1": 0.9}, "batch_size": 32}
-  assert run_config.describe_changes(saved, current) == [
+  assert fingerprint.describe_changes(saved, current) == [
     "total_steps: unset (from num_epochs) -> 700",
     "optimizer.lr: 0.001 -> 0.0005",
   ]

@@ -4,7 +4,7 @@ hand-built config) gets the defaults, and a checkpoint recorded from one still r
 import ml_collections
 
 from configs.common import base_config, complete_config
-from locvit import run_config
+from locvit.workdir import fingerprint
 
 
 def _partial():
@@ -38,14 +38,14 @@ def test_a_checkpoint_recorded_from_a_partial_config_is_not_refused_or_reported_
   # What an older version recorded: the fields its config had, None where it had none.
   derived = {"num_classes": 10, "ema.enabled": False}
   saved_config = {
-    k: derived[k] if k in derived else run_config._get(old, k)
-    for k in run_config.FINGERPRINT_FIELDS
+    k: derived[k] if k in derived else fingerprint._get(old, k)
+    for k in fingerprint.FINGERPRINT_FIELDS
   }
-  saved_hyper = {k: run_config._get(old, k) for k in run_config.HYPERPARAMETER_FIELDS}
+  saved_hyper = {k: fingerprint._get(old, k) for k in fingerprint.HYPERPARAMETER_FIELDS}
   assert saved_config["distillation.type"] is None and "b1" not in saved_hyper["optimizer"]
   config = complete_config(old)
-  run_config.check_compatible(saved_config, config, "WORKDIR")
-  changed = run_config.report_changed_hyperparameters(
+  fingerprint.check_compatible(saved_config, config, "WORKDIR")
+  changed = fingerprint.report_changed_hyperparameters(
     {"hyperparameters": saved_hyper}, config, "WORKDIR", 1
   )
   assert changed == []
@@ -54,4 +54,4 @@ def test_a_checkpoint_recorded_from_a_partial_config_is_not_refused_or_reported_
 def test_a_block_set_to_none_resumes_against_its_own_record():
   config = complete_config(_partial())
   config.distillation = None  # off, as the code has always accepted
-  run_config.check_compatible(run_config.fingerprint(config, 10), config, "WORKDIR", 10)
+  fingerprint.check_compatible(fingerprint.fingerprint(config, 10), config, "WORKDIR", 10)

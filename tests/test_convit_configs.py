@@ -23,9 +23,11 @@ from configs import (
   convit_table2,
   convit_table3,
 )
-from locvit import optim, train
+from locvit import optim
 from locvit.attention import GPSA
 from locvit.data import validate_data_config
+from locvit.models.factory import build_model
+from locvit.run.bundle import training_length
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGENET = 1_281_167
@@ -40,7 +42,7 @@ def unboxed(tree):
 
 
 def param_paths(config, num_classes=1000):
-  model = train.build_model(config, num_classes)
+  model = build_model(config, num_classes)
   size = config.data.image_size
   shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))
   return model, unboxed(shapes["params"])
@@ -51,7 +53,7 @@ def count(params):
 
 
 def schedule_values(config, steps_per_epoch=IMAGENET // 1024):
-  total, spe = train.training_length(config, steps_per_epoch * config.batch_size)
+  total, spe = training_length(config, steps_per_epoch * config.batch_size)
   schedule = optim.make_schedule(config, total, spe)
   warmup = round(config.schedule.warmup_epochs * spe)
   return float(schedule(0)), float(schedule(warmup)), float(schedule(total)), total
@@ -159,7 +161,7 @@ def test_table2_fractions_scale_the_epochs(percent):
     assert c.model.name == model and c.data.train_fraction == percent / 100
     assert c.optimizer.decay_mask == "official_convit"
     subset = sum(max(1, int(n * percent / 100)) for n in [1281] * 1000)
-    total, _ = train.training_length(c, subset)
+    total, _ = training_length(c, subset)
     assert total == math.ceil(300 / (percent / 100) * (subset // 1024))
     assert c.eval_every_steps == IMAGENET // 1024  # every ~1.28M images
   assert convit_table2.PAPER[("convit", 10)] == (59.6, 80.3)
@@ -225,11 +227,11 @@ def test_fig8_arguments(imagenet100_root):
   assert tuple(model.layer_attention) == ("gpsa",) * 6 + ("mhsa",) * 6
   assert model.class_token_layer == 6 and model.embed_dim == 576
   assert model.attention_kwargs["gpsa"]["locality_strength"] == 2.5
-  default = train.build_model(convit_fig8.get_config(), 100)
+  default = build_model(convit_fig8.get_config(), 100)
   assert (
     default.class_token_layer == 10 and default.attention_kwargs["gpsa"]["locality_strength"] == 1
   )
-  assert train.build_model(convit_fig8.get_config("gpsa=0"), 100).layer_attention == ("mhsa",) * 12
+  assert build_model(convit_fig8.get_config("gpsa=0"), 100).layer_attention == ("mhsa",) * 12
   for bad, message in [
     ("layers=3", "unknown field 'layers' in 'layers=3' for convit_fig8.py; fields: gpsa, alpha"),
     ("gpsa=x", "gpsa='x' for convit_fig8.py is not an int"),

@@ -1,4 +1,5 @@
-"""malloc modes for XLA:CPU (``locvit.cpu_malloc``): variables, re-execution, page faults."""
+"""malloc modes for XLA:CPU (``locvit.platform.cpu_malloc``): variables, re-execution, page
+faults."""
 
 import os
 import subprocess
@@ -7,7 +8,7 @@ import textwrap
 
 import pytest
 
-from locvit import cpu_malloc
+from locvit.platform import cpu_malloc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_glibc = pytest.mark.skipif(not cpu_malloc.uses_glibc(), reason="glibc only")
@@ -125,7 +126,7 @@ def test_reexec_with_runs_the_command_once_under_the_mode():
   out = _run(
     """
     import os
-    from locvit import cpu_malloc
+    from locvit.platform import cpu_malloc
     print("start", flush=True)
     cpu_malloc.reexec_with("retain")
     print("active", os.environ["GLIBC_TUNABLES"])

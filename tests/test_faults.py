@@ -24,10 +24,13 @@ import orbax.checkpoint as ocp
 import pytest
 from PIL import Image
 
-from locvit import checkpoint as ckpt_lib
-from locvit import run_config, sharding, train
+from locvit import train
 from locvit.data import CorruptImageError
 from locvit.metrics import read_metrics
+from locvit.platform import sharding
+from locvit.run import evaluation
+from locvit.run.step import NonFiniteError
+from locvit.workdir import checkpoint, fingerprint, saved_config
 from tests.test_cli import ROOT, _env, _finish_all, _free_port, _main
 from tests.train_utils import sigterm_after_step, tiny_config
 
@@ -122,8 +125,8 @@ def test_sigterm_to_one_of_two_processes_saves_the_same_step_and_resumes_on_othe
     np.testing.assert_allclose([loss for _, loss in _losses(directory)], expected, rtol=1e-5)
   assert _steps(workdir)[-1] == 20 and os.listdir(workdir / "checkpoints" / "best")
   for step in _steps(workdir):  # asynchronous saves get their manifest too, and it verifies
-    assert ckpt_lib.verify_checksums(str(workdir / "checkpoints" / str(step))) is None
-    assert (workdir / "checkpoints" / str(step) / ckpt_lib.CHECKSUMS).exists()
+    assert checkpoint.verify_checksums(str(workdir / "checkpoints" / str(step))) is None
+    assert (workdir / "checkpoints" / str(step) / checkpoint.CHECKSUMS).exists()
 
 
 def test_a_fully_sharded_checkpoint_resumes_data_parallel_on_half_the_devices(tmp_path, caplog):
@@ -174,9 +177,9 @@ from jax._src import distributed
 
 process, port, directory = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 jax.distributed.initialize(f"localhost:{port}", 2, process)
-from locvit import checkpoint as ckpt_lib
+from locvit.workdir import checkpoint
 
-checkpointer = ckpt_lib.Checkpointer(directory)
+checkpointer = checkpoint.Checkpointer(directory)
 last = 10 - process
 assert not any(checkpointer.reached_preemption(s) for s in range(1, 5))
 checkpointer.save(4, {"x": np.arange(4)}, {})
@@ -224,14 +227,14 @@ def test_sigterm_interrupts_an_evaluation_at_a_batch_boundary_and_saves_the_step
 ):
   config = tiny_config(total_steps=8, eval_every_steps=4, eval_batch_size=8)  # 45 eval batches
   workdir = str(tmp_path / "run")
-  evaluate = train.eval_lib.evaluate
+  evaluate = evaluation.evaluate
 
   def evaluate_and_signal(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGTERM)  # arrives while the evaluation runs
-    monkeypatch.setattr(train.eval_lib, "evaluate", evaluate)
+    monkeypatch.setattr(evaluation, "evaluate", evaluate)
     return evaluate(*args, **kwargs)
 
-  monkeypatch.setattr(train.eval_lib, "evaluate", evaluate_and_signal)
+  monkeypatch.setattr(evaluation, "evaluate", evaluate_and_signal)
   assert train.train_and_evaluate(config, workdir) == {"preempted": True, "step": 4}
   assert (
     "Stop requested at step 4: the evaluation stopped after batch 1/45; saving the step "
@@ -406,15 +409,16 @@ def test_sigterm_in_start_up_and_a_second_ctrl_c_stop_with_one_line(tmp_path):
 # there left the lock behind.
 SIGTERM_WHILE_LOCKING = """
 import os, signal, sys
-from locvit import main, workdir
+from locvit import main
+from locvit.workdir import lock
 
-def then_stop(lock):
+def then_stop(init):
   def lock_then_stop(self, *args):
-    lock(self, *args)
+    init(self, *args)
     os.kill(os.getpid(), signal.SIGTERM)
   return lock_then_stop
 
-for kind in (workdir._LocalLock, workdir._Lease):
+for kind in (lock._LocalLock, lock._Lease):
   kind.__init__ = then_stop(kind.__init__)
 sys.argv = ["locvit.main", *sys.argv[1:]]
 main.run()
@@ -490,15 +494,15 @@ def test_a_save_whose_peer_process_stopped_names_that_not_the_collective():
   )
   full = RuntimeError("Error writing /data/gloo-barrier-runs/ckpt/4: [os_error_code='28']")
   with mock.patch.object(jax, "process_count", return_value=2):
-    assert ckpt_lib._save_failure(gloo) == (
+    assert checkpoint._save_failure(gloo) == (
       "another process of this run did not reach the save's exchange (it stopped, or is late); "
       "its own output says why: RuntimeError: UNKNOWN: Gloo AllGather failed: "
       "[external/gloo/gloo/transport/tcp/pair.cc:547] Connection closed by peer [127.0.0.1]:40569"
     )
-    assert ckpt_lib._save_failure(full) == "No space left on device"
+    assert checkpoint._save_failure(full) == "No space left on device"
     path_only = RuntimeError("Error writing /runs/nccl-barrier/ckpt/4: permission denied")
-    assert ckpt_lib._save_failure(path_only).startswith("RuntimeError: Error writing")
-  assert ckpt_lib._save_failure(gloo).startswith("RuntimeError: UNKNOWN: Gloo")  # one process
+    assert checkpoint._save_failure(path_only).startswith("RuntimeError: Error writing")
+  assert checkpoint._save_failure(gloo).startswith("RuntimeError: UNKNOWN: Gloo")  # one process
 
 
 def test_an_asynchronous_save_records_its_step_in_the_save_thread_and_its_failure_fails_the_save(
@@ -509,7 +513,7 @@ def test_an_asynchronous_save_records_its_step_in_the_save_thread_and_its_failur
   error it raises fails that save with the save's one line, as a full disk does."""
   import threading
 
-  checkpointer = ckpt_lib.Checkpointer(str(tmp_path / "c"), keep_best=False, async_save=True)
+  checkpointer = checkpoint.Checkpointer(str(tmp_path / "c"), keep_best=False, async_save=True)
   seen = []
   on_main_thread = lambda: threading.current_thread() is threading.main_thread()
   checkpointer.on_saved(
@@ -525,7 +529,7 @@ def test_an_asynchronous_save_records_its_step_in_the_save_thread_and_its_failur
 
   checkpointer.on_saved(full)
   checkpointer.save(2, state, {}, force=True)
-  with pytest.raises(ckpt_lib.CheckpointSaveError) as failed:
+  with pytest.raises(checkpoint.CheckpointSaveError) as failed:
     checkpointer.save(3, state, {}, force=True)
   assert str(failed.value) == (
     f"saving a checkpoint to {tmp_path / 'c'} failed (No space left on device); stopped at step "
@@ -603,7 +607,7 @@ def test_a_nan_batch_stops_the_run_naming_the_step_after_the_last_good_checkpoin
 ):
   poisoned_step["at"] = 3
   config = tiny_config(checkpoint_every_steps=1)
-  with pytest.raises(train.NonFiniteError, match="non-finite loss or gradient norm at step 3;"):
+  with pytest.raises(NonFiniteError, match="non-finite loss or gradient norm at step 3;"):
     train.train_and_evaluate(config, str(tmp_path))
   assert _steps(tmp_path) == [1, 2]
 
@@ -619,7 +623,7 @@ def test_nonfinite_skip_drops_the_update_and_counts_it(tmp_path, poisoned_step, 
     caplog.text
   )
   # The skipped step kept the state (parameters, optimizer state); only its counter moved on.
-  reader = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"), async_save=False, read_only=True)
+  reader = checkpoint.Checkpointer(str(tmp_path / "checkpoints"), async_save=False, read_only=True)
   read = lambda step: reader.manager.restore(
     step, args=ocp.args.Composite(state=ocp.args.StandardRestore())
   )["state"]
@@ -658,7 +662,9 @@ def test_damaged_checkpoints_fall_back_to_the_newest_intact_one_and_resume_exact
     f.seek(os.path.getsize(f.name) // 2)
     f.write(b"\xff" * 16)
   os.truncate(_largest_data_file(ckpts / "4"), 100)  # a truncated data file
-  with pytest.raises(ckpt_lib.DamagedCheckpointError, match=r"Checkpoint step 6 in .* is damaged"):
+  with pytest.raises(
+    checkpoint.DamagedCheckpointError, match=r"Checkpoint step 6 in .* is damaged"
+  ):
     train.evaluate_checkpoint(config, str(workdir))  # --mode=eval names the damage too
   train.train_and_evaluate(config, str(workdir))
   warnings = [r.getMessage() for r in caplog.records if "Damaged checkpoints" in r.getMessage()]
@@ -678,7 +684,7 @@ def test_no_intact_checkpoint_is_a_clear_error_and_nothing_is_touched(tmp_path):
     os.remove(tmp_path / "checkpoints" / str(step) / "state" / "_METADATA")
   listing = lambda: sorted(str(p) for p in (tmp_path / "checkpoints").rglob("*"))
   before = listing()
-  with pytest.raises(ckpt_lib.NoIntactCheckpointError) as err:
+  with pytest.raises(checkpoint.NoIntactCheckpointError) as err:
     train.train_and_evaluate(config, str(tmp_path))
   assert str(err.value) == (
     f"No intact checkpoint in {tmp_path}/checkpoints: step 4: state/_METADATA missing; "
@@ -770,11 +776,11 @@ def test_a_changed_dataset_is_refused_and_changed_hyperparameters_are_reported(t
   train.train_and_evaluate(config, str(tmp_path))
   changed = tiny_config(total_steps=2)
   changed.data.num_classes = 12
-  saved_config = (tmp_path / run_config.FILENAME).read_bytes()
+  saved_bytes = (tmp_path / saved_config.FILENAME).read_bytes()
   with pytest.raises(ValueError, match="  num_classes: checkpoint has 10, config has 12"):
     train.train_and_evaluate(changed, str(tmp_path))
   # The refused run left the run's config.json as it was (eval/analyze/resume still use it).
-  assert (tmp_path / run_config.FILENAME).read_bytes() == saved_config
+  assert (tmp_path / saved_config.FILENAME).read_bytes() == saved_bytes
   # An older checkpoint (no dataset fields, no checksums, no hyperparameters) still resumes.
   step_dir = tmp_path / "checkpoints" / "2"
   meta = json.loads((step_dir / "meta" / "metadata").read_text())
@@ -782,14 +788,16 @@ def test_a_changed_dataset_is_refused_and_changed_hyperparameters_are_reported(t
     del meta["config"][field]
   del meta["hyperparameters"]
   (step_dir / "meta" / "metadata").write_text(json.dumps(meta))
-  os.remove(step_dir / ckpt_lib.CHECKSUMS)
+  os.remove(step_dir / checkpoint.CHECKSUMS)
   caplog.clear()
   with caplog.at_level(logging.WARNING):
     train.train_and_evaluate(tiny_config(total_steps=3), str(tmp_path))
-  assert not (tmp_path / run_config.RESUME_LOG).exists()
+  assert not (tmp_path / fingerprint.RESUME_LOG).exists()
   # ... and gets its manifest once orbax has read it back: no committed step stays unverified.
   assert "Checkpoint step 2 had no checksums.json" in caplog.text
-  assert ckpt_lib.verify_checksums(step_dir) is None and (step_dir / ckpt_lib.CHECKSUMS).exists()
+  assert (
+    checkpoint.verify_checksums(step_dir) is None and (step_dir / checkpoint.CHECKSUMS).exists()
+  )
   # Changed learning rate and batch size: one warning, and an entry in resume_log.json.
   changed = tiny_config(total_steps=4, batch_size=16)
   changed.optimizer.lr = 5e-4
@@ -801,7 +809,7 @@ def test_a_changed_dataset_is_refused_and_changed_hyperparameters_are_reported(t
   ]
   assert len(warnings) == 1 and "batch_size: 32 -> 16" in warnings[0]
   assert "optimizer.lr: 0.001 -> 0.0005" in warnings[0]
-  log = json.loads((tmp_path / run_config.RESUME_LOG).read_text())
+  log = json.loads((tmp_path / fingerprint.RESUME_LOG).read_text())
   assert [entry["step"] for entry in log] == [3]
   assert set(log[0]["changed"]) == {"optimizer", "batch_size", "total_steps"}
   assert log[0]["changed"]["batch_size"] == {"checkpoint": 32, "config": 16}
@@ -811,14 +819,14 @@ def test_a_new_best_at_or_below_the_kept_best_step_replaces_it(tmp_path):
   """A run resumed below ``best/`` (its newest step damaged, or killed between the best and the
   rolling save) that evaluates better at a step <= the kept best's step (was: `Checkpoint for
   step N already exists`, exit 2)."""
-  checkpointer = ckpt_lib.Checkpointer(tmp_path / "checkpoints", async_save=False)
+  checkpointer = checkpoint.Checkpointer(tmp_path / "checkpoints", async_save=False)
   state = {"w": np.zeros(3, np.float32)}
   assert checkpointer.save_best(6, state, {}, {"eval/top1": 0.5})
   assert checkpointer.save_best(6, {"w": np.ones(3, np.float32)}, {}, {"eval/top1": 0.6})
   assert checkpointer.save_best(4, state, {}, {"eval/top1": 0.7})
   assert not checkpointer.save_best(2, state, {}, {"eval/top1": 0.65})  # worse: kept as it is
   checkpointer.close()
-  reader = ckpt_lib.Checkpointer(tmp_path / "checkpoints", read_only=True)
+  reader = checkpoint.Checkpointer(tmp_path / "checkpoints", read_only=True)
   assert (reader.best_step(), reader.best_score()) == (4, 0.7)
 
 

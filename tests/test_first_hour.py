@@ -20,9 +20,10 @@ import zipfile
 
 import pytest
 
-from locvit import main, run_config
+from locvit import main
 from locvit.metrics import _eval_numbers, read_evaluations, read_metrics
 from locvit.models import list_models
+from locvit.workdir import saved_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICKSTART = "--config=configs/quickstart.py"
@@ -341,7 +342,8 @@ def test_a_workdir_that_is_a_file_is_named_as_one(tmp_path):
 def test_config_may_name_a_runs_workdir_or_its_config_json(tmp_path):
   (tmp_path / "config.json").write_text("{}")  # resolving reads only the file's name
   saved = main.resolve_config(str(tmp_path / "config.json"))
-  assert saved == f"{os.path.abspath(run_config.__file__)}:{tmp_path / 'config.json'}"
+  assert saved == f"{os.path.abspath(saved_config.__file__)}:{tmp_path / 'config.json'}"
+  assert saved == saved_config.config_file_argument(tmp_path / "config.json")
   assert main.resolve_config(str(tmp_path)) == saved  # was: 'PosixGPath' has no 'endswith'
 
 
@@ -349,8 +351,8 @@ def test_saved_config_round_trips_every_shipped_config(tmp_path):
   """Types JSON drops (tuples, typed None placeholders) come back, so overrides still parse."""
   for name in main.shipped_config_names():
     config = importlib.import_module(f"locvit.configs.{name}").get_config()
-    run_config.write(str(tmp_path), config, ["python", "-m", "locvit.main", f"--config={name}"])
-    restored = run_config.read(run_config.path(str(tmp_path)))
+    saved_config.write(str(tmp_path), config, ["python", "-m", "locvit.main", f"--config={name}"])
+    restored = saved_config.read(saved_config.path(str(tmp_path)))
     assert restored.to_dict() == config.to_dict(), name
     assert restored.data.get_type("root") is str and restored.mesh.shape == config.mesh.shape
 

@@ -1,5 +1,5 @@
-"""``locvit.flops.xla_flops``: XLA's count from a lowering, from the compiled executable where the
-lowering counts nothing (XLA:GPU), through each form of JAX's cost analysis."""
+"""``locvit.platform.flops.xla_flops``: XLA's count from a lowering, from the compiled executable
+where the lowering counts nothing (XLA:GPU), through each form of JAX's cost analysis."""
 
 import math
 
@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from locvit.flops import xla_flops
+from locvit.platform.flops import xla_flops
 
 MATMUL_FLOPS = 2 * 8**3  # x @ x, x 8x8
 

@@ -28,23 +28,21 @@ CONFIGS = ROOT.parent / "configs"
 # Lowest first. A module may import its own group (top-level module or subpackage of locvit) and
 # the groups of lower layers, never a group of its own layer or a higher one.
 LAYERS = (
-  # the path layer for local disks and object stores; choice errors; a bucket's deadline
-  ("paths", "choices", "outage"),
-  # No model knowledge.
-  ("ops", "sharding", "metrics", "cpu_malloc", "xla_options", "flops", "checksums", "workdir"),
-  ("provenance",),  # which locvit commit trained which steps of a workdir
-  ("checkpoint",),  # orbax and integrity
-  ("restore",),  # a model's variables from a workdir's checkpoints
-  # The shipped configs and the default blocks they build on (``configs/defaults.py``), plain
-  # data that the library modules consuming them import.
-  ("configs",),
-  # The run's saved config and what a checkpoint records of it, completed with the defaults.
-  ("run_config",),
+  # Choice errors; the shipped configs and the default blocks they build on
+  # (``configs/defaults.py``): plain data that the library modules consuming them import.
+  ("choices", "configs"),
+  # The machine: the kernel setting, sharding, XLA options, the allocator, FLOP counts. No model
+  # knowledge.
+  ("platform",),
+  # Everything a run keeps in its directory: paths and bucket clients, the outage deadline, the
+  # lock, checkpoints, checksums, provenance, restore, the saved config and the fingerprint.
+  ("workdir",),
+  ("metrics",),  # the metric writer (through the workdir's paths and its outage deadline)
   ("attention",),  # positional terms, the attention core
   ("models",),  # backbones, registry, build_model, parameter surgery
-  ("init", "data", "convert", "optim", "evaluate", "distill"),  # use models, never each other
+  ("init", "data", "convert", "optim", "distill"),  # use models, never each other
   ("analysis",),  # reports and plots
-  ("run",),  # the run bundle, the state, the step
+  ("run",),  # the run bundle, the state, the step, the evaluation pass
   ("train",),  # the loop; analysis reaches it only as hooks passed in
   ("main",),  # the CLI
   ("reproduce",),  # plans of runs: trains through train, beside the CLI

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from locvit import ops
 from locvit.attention.projections import DenseGeneral, partitioned, zeros
 from locvit.models.layers import dense, gelu, layer_norm, normalize
+from locvit.platform import ops
 
 # Both tails (where erf and erfc differ most) and the region around 0.
 X = jnp.linspace(-12.0, 12.0, 4801, dtype=jnp.float32)
@@ -228,7 +228,7 @@ def test_layer_norm_parameter_sums_per_example_equal_the_plain_sums():
   True)``) LayerNorm's scale and bias gradients are summed over each example's tokens, then over
   the examples (``ops.broadcast_per_example``): the plain sums to float rounding; the loss and the
   input's gradient bit for bit."""
-  from locvit.ops import training_step_fusions
+  from locvit.platform.ops import training_step_fusions
 
   x, cotangent = (jax.random.normal(jax.random.key(k), (4, 9, 48)) for k in (0, 2))
   norm = layer_norm(1e-6, jnp.float32, "norm")
@@ -314,7 +314,7 @@ def test_training_step_fusions_keep_outputs_and_gradients_exactly():
   import contextlib
 
   from locvit.models import create_model
-  from locvit.ops import training_step_fusions
+  from locvit.platform.ops import training_step_fusions
 
   images = jax.random.normal(jax.random.key(0), (2, 32, 32, 3))
 
@@ -348,8 +348,10 @@ def test_training_step_fusions_keep_outputs_and_gradients_exactly():
 def test_the_training_step_adds_biases_inside_the_matmuls_only_when_compiled_for_xla_gpu():
   """``train_step``'s ``platform`` (the default backend's unless given) decides: 'gpu' puts the
   ones columns in (a concatenation per dense layer), 'tpu' keeps the plain bias add."""
-  from locvit import optim, train
+  from locvit import optim
   from locvit.models.factory import build_model
+  from locvit.run.state import TrainState
+  from locvit.run.step import train_step
   from tests.train_utils import tiny_config
 
   config = tiny_config(attention_implementation="xla")
@@ -358,12 +360,12 @@ def test_the_training_step_adds_biases_inside_the_matmuls_only_when_compiled_for
   params = nn.meta.unbox(model.init(jax.random.key(0), images)["params"])
   schedule = optim.make_schedule(config, 10, 1)
   tx = optim.make_optimizer(config, params, schedule)
-  state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), {})
+  state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), {})
   batch = {"image": images, "label": jnp.zeros((4,), jnp.int32)}
 
   def concatenations(platform):
     step = functools.partial(
-      train.train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=10
+      train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=10
     )
     return str(jax.make_jaxpr(functools.partial(step, platform=platform))(state, batch)).count(
       "concatenate"

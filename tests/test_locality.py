@@ -22,13 +22,15 @@ import pytest
 from matplotlib import image as mpimg
 
 from locvit import metrics as metrics_lib
-from locvit import sharding, train
+from locvit import train
 from locvit.analysis import analyze as analyze_lib
 from locvit.analysis import locality, plots
 from locvit.analysis.hooks import training_hooks
 from locvit.attention import GPSA, TokenGrid
 from locvit.attention.gpsa import kernel_centres
 from locvit.models import apply_with_intermediates, convit_overrides, create_model
+from locvit.models.factory import build_model
+from locvit.platform import sharding
 from tests.train_utils import tiny_config
 
 DIGITS_STEPS_PER_EPOCH = 1437 // 32
@@ -54,7 +56,7 @@ def perturb(params, seed=1, scale=0.3):
 def initial():
   """(config, model, initial params) of the tiny ConViT on 8x8x1 digits (4x4 patch grid)."""
   config = tiny_convit_config()
-  model = train.build_model(config, 10)
+  model = build_model(config, 10)
   init = functools.partial(sharding.init_model_variables, model, (8, 8, 1))
   return config, model, nn.meta.unbox(jax.jit(init)(jax.random.key(config.seed + 1))[0])
 
@@ -393,7 +395,7 @@ def test_curves_are_the_logged_records(trained):
 
 def test_attention_maps_show_each_heads_gate(trained):
   config, workdir = trained
-  model = train.build_model(config, 10)
+  model = build_model(config, 10)
   image = locality.fixed_eval_images(config, 1)[0]
   restored, step = analyze_lib.restore_params(config, workdir, model, image.shape)
   assert step == 6  # the latest

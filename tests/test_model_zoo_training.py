@@ -9,10 +9,12 @@ import jax
 import numpy as np
 import pytest
 
-from locvit import optim, sharding, train
+from locvit import optim
 from locvit.models import create_model
 from locvit.models.convit import convit_overrides
+from locvit.platform import sharding
 from locvit.run import state as state_lib
+from locvit.run.step import train_step
 from tests.train_utils import tiny_config
 
 FAMILIES = {
@@ -54,7 +56,7 @@ def test_family_trains_on_a_tensor_parallel_mesh(name):
     state = jax.jit(layout.init, out_shardings=layout.shardings)(jax.random.key(0))
     before = jax.device_get(state.params)
     step = jax.jit(
-      lambda s, b: train.train_step(
+      lambda s, b: train_step(
         s, b, model=model, tx=tx, schedule=schedule, config=config, num_classes=10
       ),
       in_shardings=(layout.shardings, batch_sharding),

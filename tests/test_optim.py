@@ -7,11 +7,14 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 
-from locvit import checkpoint as ckpt_lib
-from locvit import optim, run_config, sharding, train
+from locvit import optim, train
 from locvit.data import device_augment
 from locvit.metrics import read_metrics
 from locvit.models import create_model
+from locvit.models.factory import build_model
+from locvit.platform import sharding
+from locvit.run.step import loss_and_metrics
+from locvit.workdir import checkpoint, fingerprint
 from tests.train_utils import tiny_config
 
 
@@ -81,7 +84,7 @@ def test_step_schedule_and_linear_lr_scaling():
 def test_frozen_parameters_do_not_move(tmp_path):
   config = tiny_config(freeze=("blocks_0/attn/",))
   config.total_steps = 3
-  model = train.build_model(config, 10)
+  model = build_model(config, 10)
   init = lambda rng: sharding.init_model_variables(model, (8, 8, 1), rng)[0]
   import flax.linen as nn
 
@@ -102,7 +105,7 @@ def test_training_with_frozen_parameters_and_fsdp(tmp_path):
   config.total_steps = 2
   config.checkpoint_every_steps = 1
   train.train_and_evaluate(config, str(tmp_path))
-  ckpt = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
+  ckpt = checkpoint.Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
   read = lambda step: ckpt.manager.restore(
     step, args=ocp.args.Composite(state=ocp.args.StandardRestore())
   )["state"]["params"]
@@ -129,7 +132,7 @@ def test_label_smoothing_loss_matches_formula():
   model = type("M", (), {"apply": lambda self, v, x, train, rngs: logits})()
   labels = jnp.array([0])
   targets = device_augment.soft_targets(labels, 3, 0.3)  # what the step feeds the loss
-  loss, _ = train.loss_and_metrics({}, model, None, targets, labels, None)
+  loss, _ = loss_and_metrics({}, model, None, targets, labels, None)
   logp = jax.nn.log_softmax(logits)[0]
   target = np.array([0.7 + 0.1, 0.1, 0.1])
   assert float(loss) == pytest.approx(float(-(target * logp).sum()), rel=1e-6)
@@ -143,28 +146,28 @@ def test_mixed_precision_keeps_fp32_params_and_tracks_fp32_loss(tmp_path):
   l16 = [r["train/loss"] for r in read_metrics(tmp_path / "bf16")]
   np.testing.assert_allclose(l16, l32, rtol=0.02)
   assert abs(bf16["eval/loss"] - fp32["eval/loss"]) < 0.05
-  model = train.build_model(config, 10)
+  model = build_model(config, 10)
   assert model.dtype == jnp.bfloat16 and model.param_dtype == jnp.float32
 
 
 def test_checkpoints_keep_last_n_and_best(tmp_path):
-  ckpt = ckpt_lib.Checkpointer(str(tmp_path), keep=2, async_save=False)
+  ckpt = checkpoint.Checkpointer(str(tmp_path), keep=2, async_save=False)
   config = tiny_config()
   state = {"w": jnp.arange(3.0)}
   top1 = {1: 0.2, 2: 0.9, 3: 0.5, 4: 0.4, 5: 0.3}
   for step, acc in top1.items():
-    ckpt.save(step, state, run_config.checkpoint_meta(config))
-    ckpt.save_best(step, state, run_config.checkpoint_meta(config), {"eval/top1": acc})
+    ckpt.save(step, state, fingerprint.checkpoint_meta(config))
+    ckpt.save_best(step, state, fingerprint.checkpoint_meta(config), {"eval/top1": acc})
   ckpt.wait()
   assert sorted(ckpt.manager.all_steps()) == [4, 5]
   assert ckpt.best_step() == 2 and ckpt.best_score() == 0.9
   ckpt.close()
   # A restarted run keeps the best across rotations of the last-N steps.
-  ckpt = ckpt_lib.Checkpointer(str(tmp_path), keep=2, async_save=False)
+  ckpt = checkpoint.Checkpointer(str(tmp_path), keep=2, async_save=False)
   for step, acc in {6: 0.1, 7: 0.95, 8: 0.2}.items():
     state = {"w": jnp.full(3, float(step))}
-    ckpt.save(step, state, run_config.checkpoint_meta(config))
-    ckpt.save_best(step, state, run_config.checkpoint_meta(config), {"eval/top1": acc})
+    ckpt.save(step, state, fingerprint.checkpoint_meta(config))
+    ckpt.save_best(step, state, fingerprint.checkpoint_meta(config), {"eval/top1": acc})
   ckpt.wait()
   assert sorted(ckpt.manager.all_steps()) == [7, 8]
   assert ckpt.best_step() == 7 and ckpt.best_score() == 0.95
@@ -190,7 +193,7 @@ def test_intended_mask_spares_gmm_and_elm_mask_parameters():
 
 
 def _final_params(workdir):
-  ckpt = ckpt_lib.Checkpointer(str(workdir / "checkpoints"), async_save=False)
+  ckpt = checkpoint.Checkpointer(str(workdir / "checkpoints"), async_save=False)
   step = ckpt.manager.latest_step()
   state = ckpt.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
   ckpt.close()
@@ -252,7 +255,7 @@ def test_the_learning_rate_read_from_a_vector_leaves_the_updates_bitwise_equal(m
 
   config = tiny_config(grad_clip_norm=0.5)
   config.optimizer.weight_decay = 0.05
-  model = train.build_model(config, 10)
+  model = build_model(config, 10)
   params = nn.meta.unbox(sharding.init_model_variables(model, (8, 8, 1), jax.random.key(0))[0])
   schedule = optim.make_schedule(config, 6, 1)
   txs = [optim.make_optimizer(config, params, schedule)]

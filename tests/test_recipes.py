@@ -12,12 +12,16 @@ import pytest
 
 from configs import recipes
 from configs.common import base_config
-from locvit import distill, sharding, train
-from locvit import restore as restore_lib
+from locvit import distill, train
 from locvit.analysis.hooks import training_hooks
 from locvit.data import validate_data_config
 from locvit.metrics import read_metrics
 from locvit.models import create_model, surgery
+from locvit.models.factory import build_model
+from locvit.platform import sharding
+from locvit.run.bundle import validate_recipe
+from locvit.run.step import ema_update
+from locvit.workdir import restore
 from tests.train_utils import sigterm_after_step, tiny_config
 
 IMAGE_SHAPE = (8, 8, 1)
@@ -82,7 +86,7 @@ def test_presets_hold_the_papers_hyperparameters():
   assert sgd.optimizer.weight_decay == 1e-4 and sgd.data.train_augment == "crop_flip"
   for c in (deit, small, vit, sgd):
     validate_data_config(c.data)
-    train.validate_recipe(c, 10)
+    validate_recipe(c, 10)
 
 
 def test_unknown_preset_lists_valid_ones():
@@ -115,12 +119,12 @@ def test_recipe_run_evaluates_model_and_ema(recipe_run):
   assert {"eval/top1", "eval_ema/top1", "eval_ema/loss"} <= set(final)
   assert np.all(np.isfinite(losses(workdir)))
   # ema_t = d ema_{t-1} + (1 - d) params_t, with the EMA starting at the initial parameters.
-  model = train.build_model(config, 10)
+  model = build_model(config, 10)
   boxed = sharding.model_variable_shapes(model, IMAGE_SHAPE)[0]
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   shardings = jax.tree.map(lambda _: device, nn.meta.unbox(boxed))
-  ema = {s: restore_lib.restore_ema_params(workdir, s, shardings, boxed) for s in (2, 3)}
-  params3, _, _ = restore_lib.restore_model_variables(workdir, model, IMAGE_SHAPE, step=3)
+  ema = {s: restore.restore_ema_params(workdir, s, shardings, boxed) for s in (2, 3)}
+  params3, _, _ = restore.restore_model_variables(workdir, model, IMAGE_SHAPE, step=3)
   jax.tree.map(
     lambda e3, e2, p3: np.testing.assert_allclose(e3, 0.5 * e2 + 0.5 * p3, rtol=1e-5, atol=1e-7),
     ema[3],
@@ -219,9 +223,9 @@ def test_hard_distillation_from_a_checkpointed_teacher(tmp_path):
   student.distillation.teacher_workdir = teacher_dir
   final = train.train_and_evaluate(student, str(tmp_path / "student"))
   assert 0 <= final["eval/top1"] <= 1 and np.all(np.isfinite(losses(str(tmp_path / "student"))))
-  model = train.build_model(student, 10)
+  model = build_model(student, 10)
   assert model.distilled
-  params, _, _ = restore_lib.restore_model_variables(str(tmp_path / "student"), model, IMAGE_SHAPE)
+  params, _, _ = restore.restore_model_variables(str(tmp_path / "student"), model, IMAGE_SHAPE)
   assert {"dist_token", "head_dist"} <= set(params)
   # The teacher is restored exactly as trained (its variables are inputs, never updated).
   loaded = distill.load_teacher(
@@ -243,7 +247,7 @@ def test_distillation_bad_input(tmp_path):
   c.model.name = "resnet18_cifar"
   c.model.overrides = {}
   with pytest.raises(ValueError, match="needs a student with a distillation token"):
-    train.build_model(c, 10)
+    build_model(c, 10)
 
 
 # ----------------------------------------------------------------------------- init_from
@@ -259,8 +263,8 @@ def test_start_from_a_checkpoint_and_from_pruned_heads(tmp_path, monkeypatch):
 
   source_dir = str(tmp_path / "source")
   train.train_and_evaluate(generalized(total_steps=2), source_dir)
-  source_model = train.build_model(generalized(), 10)
-  source, _, _ = restore_lib.restore_model_variables(source_dir, source_model, IMAGE_SHAPE)
+  source_model = build_model(generalized(), 10)
+  source, _, _ = restore.restore_model_variables(source_dir, source_model, IMAGE_SHAPE)
 
   def frozen_start(**init_from):  # lr 0: the run's parameters are its starting point
     c = generalized(total_steps=1)
@@ -271,8 +275,8 @@ def test_start_from_a_checkpoint_and_from_pruned_heads(tmp_path, monkeypatch):
 
   plain = frozen_start()
   train.train_and_evaluate(plain, str(tmp_path / "plain"))
-  started, _, _ = restore_lib.restore_model_variables(
-    str(tmp_path / "plain"), train.build_model(plain, 10), IMAGE_SHAPE
+  started, _, _ = restore.restore_model_variables(
+    str(tmp_path / "plain"), build_model(plain, 10), IMAGE_SHAPE
   )
   jax.tree.map(np.testing.assert_array_equal, started, source)
 
@@ -282,8 +286,8 @@ def test_start_from_a_checkpoint_and_from_pruned_heads(tmp_path, monkeypatch):
   )
   pruned_config = frozen_start(prune_degenerate_heads=True)
   train.train_and_evaluate(pruned_config, str(tmp_path / "pruned"))
-  pruned_model = train.build_model(pruned_config, 10).clone(layer_heads=(2, 4))
-  started, _, _ = restore_lib.restore_model_variables(
+  pruned_model = build_model(pruned_config, 10).clone(layer_heads=(2, 4))
+  started, _, _ = restore.restore_model_variables(
     str(tmp_path / "pruned"), pruned_model, IMAGE_SHAPE
   )
   expected, _ = surgery.prune_heads(jax.device_get(source), {"layers_0/attn": [1, 3]})
@@ -299,11 +303,11 @@ def test_ema_update_rule():
   params, ema = {"w": jnp.ones(3)}, {"w": jnp.zeros(3)}
   c = recipe_config()
   c.ema.decay, c.ema.warmup = 0.9, True
-  out = train.ema_update(c, jnp.asarray(0), params, ema)  # warmup: decay min(0.9, 1/10)
+  out = ema_update(c, jnp.asarray(0), params, ema)  # warmup: decay min(0.9, 1/10)
   np.testing.assert_allclose(out["w"], 0.9 * np.ones(3), rtol=1e-6)
   c.ema.warmup = False
   np.testing.assert_allclose(
-    train.ema_update(c, jnp.asarray(0), params, ema)["w"],
+    ema_update(c, jnp.asarray(0), params, ema)["w"],
     optax.incremental_update(params, ema, 0.1)["w"],
     rtol=1e-6,
   )

@@ -12,6 +12,9 @@ from locvit import data as data_lib
 from locvit import train
 from locvit.data import resident
 from locvit.metrics import read_metrics
+from locvit.models.factory import build_model
+from locvit.run.state import TrainState
+from locvit.run.step import guarded_steps, initial_health
 from tests.test_faults import _two_processes
 from tests.train_utils import sigterm_after_step, tiny_config
 
@@ -132,21 +135,22 @@ def test_the_step_takes_the_split_as_an_argument_when_lowered_for(platform):
   import jax
   import jax.numpy as jnp
 
-  from locvit import optim, sharding
+  from locvit import optim
   from locvit.configs.common import complete_config
+  from locvit.platform import sharding
 
   config = complete_config(_config())
-  model = train.build_model(config, 10)
+  model = build_model(config, 10)
   init = functools.partial(sharding.init_model_variables, model, (8, 8, 1))
   params, model_state = nn.meta.unbox(jax.eval_shape(init, jax.random.key(0)))
   schedule = optim.make_schedule(config, 6, 1)
   tx = optim.make_optimizer(config, params, schedule)
-  state = train.TrainState(jnp.int32(0), params, jax.eval_shape(tx.init, params), model_state)
+  state = TrainState(jnp.int32(0), params, jax.eval_shape(tx.init, params), model_state)
   kwargs = dict(model=model, tx=tx, schedule=schedule, config=config, num_classes=10)
-  step = jax.jit(functools.partial(train.guarded_steps, **kwargs))
+  step = jax.jit(functools.partial(guarded_steps, **kwargs))
   split = {"image": jnp.zeros((1437, 8, 8, 1), jnp.uint8), "label": jnp.zeros(1437, jnp.int32)}
   batches = [{"index": jnp.arange(32, dtype=jnp.int32)}]
-  traced = step.trace(state, batches, (), train.initial_health(), split)
+  traced = step.trace(state, batches, (), initial_health(), split)
   text = traced.lower(lowering_platforms=(platform,)).as_text()
   signature = text[text.index("func.func public @main") :].split("{", 1)[0]
   assert "tensor<1437x8x8x1xui8>" in signature and "tensor<1437xi32>" in signature

@@ -89,9 +89,10 @@ def test_a_short_s3_outage_during_a_save_is_ridden_out_and_a_long_one_ends_the_r
 # once the file `go` exists, a second row, at close.
 RIDE_OUT = """
 import os, sys, time
-from locvit import metrics, workdir
+from locvit import metrics
+from locvit.workdir import lock
 directory, go = sys.argv[1:]
-workdir.claim(directory, 30)
+lock.claim(directory, 30)
 writer = metrics.MetricWriter(directory)
 writer.write(1, {"train/loss": 1.0})
 writer.flush()
@@ -100,7 +101,7 @@ while not os.path.exists(go):
   time.sleep(0.05)
 writer.write(2, {"train/loss": 2.0})
 writer.close()
-workdir.release_lock(directory)
+lock.release_lock(directory)
 print("closed", flush=True)
 """
 
@@ -135,31 +136,31 @@ def test_a_metrics_write_rides_out_an_s3_outage_that_outlasts_s3fs_own_retries(t
 def test_the_s3_lease_is_refreshed_under_its_etag_and_never_deletes_another_runs_lock(server):
   """The lease's conditional requests, in process: a refresh after another writer replaced or
   deleted the lock is refused (the run would stop), and release leaves another run's lock."""
-  from locvit import workdir
+  from locvit.workdir import lock
 
   directory = f"s3://{BUCKET}/lease"
-  workdir.acquire_lock(directory)
-  lease = workdir._HELD[workdir._lock_key(directory)]
+  lock.acquire_lock(directory)
+  lease = lock._HELD[lock._lock_key(directory)]
   try:
     lease.version = lease._put(lease._body(), lease.version)  # a refresh, as the thread does
     other = {"pid": 7, "host": "other-host", "started": "now", "expires": time.time() + 600}
     client().put_object(Bucket=BUCKET, Key="lease/lock", Body=json.dumps(other))
-    with pytest.raises(workdir._ConflictError):
+    with pytest.raises(lock._ConflictError):
       lease._put(lease._body(), lease.version)
   finally:
-    workdir.release_lock(directory)
+    lock.release_lock(directory)
   assert json.loads(objects("lease/lock")["lease/lock"])["pid"] == 7, "another run's lock is kept"
 
   client().delete_object(Bucket=BUCKET, Key="lease/lock")
-  workdir.acquire_lock(directory)
-  lease = workdir._HELD[workdir._lock_key(directory)]
+  lock.acquire_lock(directory)
+  lease = lock._HELD[lock._lock_key(directory)]
   try:
     client().delete_object(Bucket=BUCKET, Key="lease/lock")
-    with pytest.raises(workdir._ConflictError):
+    with pytest.raises(lock._ConflictError):
       lease._put(lease._body(), lease.version)
     assert lease._get() is None
   finally:
-    workdir.release_lock(directory)
+    lock.release_lock(directory)
   assert names("lease/") == []
 
 
@@ -176,7 +177,7 @@ def test_s3fs_retries_a_bucket_that_does_not_answer_for_the_runs_limit_on_every_
   import s3fs.core
   from botocore.exceptions import EndpointConnectionError
 
-  from locvit import workdir
+  from locvit.workdir import lock
 
   def waits_of_a_refused_call() -> list[float]:
     waits, tries = [], []
@@ -194,9 +195,9 @@ def test_s3fs_retries_a_bucket_that_does_not_answer_for_the_runs_limit_on_every_
 
   directory = f"s3://{BUCKET}/process-1"
   with mock.patch.object(jax, "process_index", return_value=1):
-    workdir.claim(directory, 60)
+    lock.claim(directory, 60)
   try:
     assert 60 <= sum(waits_of_a_refused_call()) < 60 + 15
   finally:
-    workdir.release_lock(directory)
+    lock.release_lock(directory)
   assert waits_of_a_refused_call() == []

@@ -9,9 +9,12 @@ import jax
 import numpy as np
 import pytest
 
-from locvit import sharding, train
+from locvit import train
 from locvit.metrics import read_metrics
+from locvit.models.factory import build_model
+from locvit.platform import sharding
 from locvit.run import bundle
+from locvit.run.state import state_shardings
 from tests.train_utils import sigterm_after_step, tiny_config
 
 
@@ -49,7 +52,7 @@ def _param_specs(layout, shape):
   config.mesh.shape, config.mesh.layout = shape, layout
   mesh = sharding.make_mesh(config.mesh)
   rules = sharding.logical_rules(config.mesh)
-  model = train.build_model(config, 10)
+  model = build_model(config, 10)
   boxed, _ = sharding.model_variable_shapes(model, (8, 8, 1))
   shardings = sharding.tree_shardings(boxed, mesh, rules)
   return jax.tree.map(lambda s: s.spec, shardings, is_leaf=lambda x: hasattr(x, "spec"))
@@ -77,10 +80,10 @@ def test_optimizer_state_sharded_like_parameters():
   config = tiny_config(freeze=("blocks_0/",))
   config.mesh.layout = "fsdp"
   mesh, rules = sharding.make_mesh(config.mesh), sharding.logical_rules(config.mesh)
-  boxed, _ = sharding.model_variable_shapes(train.build_model(config, 10), (8, 8, 1))
+  boxed, _ = sharding.model_variable_shapes(build_model(config, 10), (8, 8, 1))
   params = nn.meta.unbox(boxed)
   tx = optim.make_optimizer(config, params, optim.make_schedule(config, 6, 1))
-  shardings = train.state_shardings(boxed, tx, mesh, rules)
+  shardings = state_shardings(boxed, tx, mesh, rules)
   specs = [
     (jax.tree_util.keystr(path), tuple(s.spec))
     for path, s in jax.tree_util.tree_flatten_with_path(shardings.opt_state)[0]
@@ -189,7 +192,7 @@ def test_eval_only_mode_matches_final_evaluation(tmp_path):
 @pytest.mark.parametrize("batch", [8, 40, 64, 360])
 def test_evaluation_counts_every_example_once(tmp_path, batch):
   from locvit import data as data_lib
-  from locvit import evaluate as eval_lib
+  from locvit.run import evaluation
 
   config = tiny_config()
   source = data_lib.make_source(config.data, "test")
@@ -205,7 +208,7 @@ def test_evaluation_counts_every_example_once(tmp_path, batch):
     return {"top1": 0.0, "top5": 0.0, "loss": 0.0, "count": float(mask.sum())}
 
   with jax.set_mesh(mesh):
-    result = eval_lib.evaluate(counting_step, None, batches, sharding.batch_sharding(mesh, rules))
+    result = evaluation.evaluate(counting_step, None, batches, sharding.batch_sharding(mesh, rules))
   assert result["eval/num_examples"] == len(source)
   np.testing.assert_array_equal(seen, np.bincount(source.labels, minlength=10))
 
@@ -357,10 +360,10 @@ def test_config_init_is_applied_to_a_fresh_run(tmp_path):
   config.optimizer.lr, config.schedule.warmup_init_lr = 0.0, 0.0  # step 1 leaves params as is
   config.optimizer.weight_decay = 0.0
   train.train_and_evaluate(config, str(tmp_path))
-  ckpt = train.ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
+  ckpt = train.checkpoint.Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
   saved = ckpt.manager.restore(1, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
   ckpt.close()
-  model = train.build_model(config, 10)
+  model = build_model(config, 10)
   fresh, _ = sharding.init_model_variables(model, (8, 8, 1), jax.random.key(config.seed + 1))
   fresh = nn.meta.unbox(fresh)
   expected = apply_init(config.init, fresh, model, 8)

@@ -42,14 +42,13 @@ from absl import logging
 
 from locvit import data as data_lib
 from locvit import metrics as metrics_lib
-from locvit import paths, run_config
-from locvit import restore as restore_lib
 from locvit.analysis import centers, locality, masks, plots
 from locvit.attention import TokenGrid
 from locvit.configs.common import complete_config
 from locvit.models.cordonnier import CordonnierNet
 from locvit.models.factory import build_model
 from locvit.models.vit import VisionTransformer
+from locvit.workdir import fingerprint, paths, restore
 
 # The paper's Fig. 7 shows layers 2 and 10 (1-based), i.e. blocks 1 and 9.
 PAPER_MAP_LAYERS = (1, 9)
@@ -112,12 +111,12 @@ def restore_params(
 ) -> tuple[Any, int]:
   """``(params, step)`` of a checkpoint in ``workdir/checkpoints`` (latest by default), restored
   onto one device without the optimizer state."""
-  params, _, step = restore_lib.restore_model_variables(
+  params, _, step = restore.restore_model_variables(
     workdir,
     model,
     image_shape,
     step=step,
-    check=lambda meta: run_config.check_compatible(meta["config"], config, workdir),
+    check=lambda meta: fingerprint.check_compatible(meta["config"], config, workdir),
   )
   return params, step
 

@@ -26,8 +26,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colorbar import Colorbar
 from matplotlib.figure import Figure
 
-from locvit import paths
 from locvit.attention import TokenGrid
+from locvit.workdir import paths
 
 
 def save(fig: Figure, path: str | os.PathLike, dpi: int = 120) -> str:

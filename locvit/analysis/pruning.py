@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from locvit import restore as restore_lib
 from locvit.attention import TokenGrid
 from locvit.configs.common import complete_config
 from locvit.models.factory import build_model
 from locvit.models.surgery import PruneReport, PruneThresholds, prune_degenerate_heads
+from locvit.workdir import restore
 
 
 def load_params(
@@ -35,7 +35,7 @@ def load_params(
   classes = num_classes or config.data.num_classes or 10
   model = build_model(config, classes)
   size = config.data.image_size
-  params, _, step = restore_lib.restore_model_variables(
+  params, _, step = restore.restore_model_variables(
     workdir, model, (size, size, channels), step=step
   )
   return params, step

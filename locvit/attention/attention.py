@@ -39,7 +39,7 @@ from locvit.attention.projections import (
   split_projections,
   trunc_normal,
 )
-from locvit.ops import check_implementation
+from locvit.platform.ops import check_implementation
 
 Array = jax.Array
 
@@ -82,7 +82,8 @@ class AttentionLayer(nn.Module):
     qkv_bias: bias on the query/key/value projections.
     attn_drop: dropout on the attention probabilities (forces the explicit path when training).
     proj_drop: dropout after the output projection.
-    implementation: the model's kernel setting (``locvit.ops``): None (JAX's choice), 'xla',
+    implementation: the model's kernel setting (``locvit.platform.ops``): None (JAX's choice),
+    'xla',
       'cudnn' (GPU; the shapes of ``softmax_attention.cudnn_refusal``) or 'cpu_kernels' (the CPU
       code paths).
     dtype: computation dtype (bf16 for mixed precision); parameters stay ``param_dtype``.

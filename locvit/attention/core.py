@@ -47,7 +47,7 @@ from locvit.attention.softmax_attention import (
   gated_positional_attention,
   sum_batch,
 )
-from locvit.ops import check_implementation, cpu_kernels
+from locvit.platform.ops import check_implementation, cpu_kernels
 
 Array = jax.Array
 COMBINE_RULES = ("add", "multiply", "gate", "replace")

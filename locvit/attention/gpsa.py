@@ -118,7 +118,8 @@ class GPSA(AttentionLayer):
     qkv_bias: bias on ``qk`` and ``v`` (False in ConViT).
     attn_drop: dropout on the mixed attention (forces the explicit path when training).
     proj_drop: dropout after ``proj``.
-    implementation: the model's kernel setting (``locvit.ops``): None (JAX's choice), 'xla',
+    implementation: the model's kernel setting (``locvit.platform.ops``): None (JAX's choice),
+    'xla',
       'cudnn' or 'cpu_kernels' (see the module docstring).
     locality_strength: ``alpha`` of Eq. 5 (1.0 in ConViT).
     use_local_init: convolutional init (``v = I``, ``pos_proj`` centres) rather than plain

@@ -54,7 +54,7 @@ from locvit.attention.attention import Attention, register_attention
 from locvit.attention.core import Term
 from locvit.attention.geometry import TokenGrid, squared_distances
 from locvit.attention.projections import normal_init, partitioned
-from locvit.ops import cpu_kernels
+from locvit.platform.ops import cpu_kernels
 
 Array = jax.Array
 Kernel = Literal["faithful", "intended"]
@@ -162,7 +162,8 @@ class GaussianMixtureMask(nn.Module):
     alpha_std, sigma_mean, sigma_std: init ``alpha ~ N(0, alpha_std^2)``,
       ``sigma ~ N(sigma_mean, sigma_std^2)`` (Sec. 4.2: 2, 10, 10).
     allow_non_square: use the rectangular geometry on ``h != w`` grids instead of raising.
-    implementation: the model's kernel setting (``locvit.ops``); 'cpu_kernels' evaluates the
+    implementation: the model's kernel setting (``locvit.platform.ops``); 'cpu_kernels' evaluates
+    the
       kernels on the grid's distinct distances (``gaussian_mixture``'s ``gather``).
 
     param_dtype: dtype of ``alpha`` and ``sigma``; the table is computed in float32.
@@ -275,7 +276,7 @@ def mask_terms(
 
   For Swin's windows, CaiT's talking heads and T2T's token transformer; call it inside a compact
   method: the mask module becomes the caller's child ``mask``. ``implementation``: the caller's
-  kernel setting (``locvit.ops``).
+  kernel setting (``locvit.platform.ops``).
   """
   if kind not in MASK_KINDS:
     return ()

@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from locvit.ops import affine, bias_in_matmul, cast_parameter, contract, cpu_kernels
+from locvit.platform.ops import affine, bias_in_matmul, cast_parameter, contract, cpu_kernels
 
 Array = jax.Array
 
@@ -79,7 +79,8 @@ class DenseGeneral(nn.Module):
     features: output shape, e.g. ``(3, H, Dh)`` for a fused qkv projection.
     kernel_axes: logical axis names of the kernel ``(*inputs, *features)``.
     num_inputs: how many trailing input axes are contracted (2 to merge heads).
-    implementation: the model's kernel setting (``locvit.ops``): 'cpu_kernels' computes the product
+    implementation: the model's kernel setting (``locvit.platform.ops``): 'cpu_kernels' computes the
+    product
       as one 2-D matmul and adds the bias; the others add the bias inside the matmul
       (``ops.affine``: its gradient comes from the kernel's gradient matmul) in a training step
       compiled for XLA:GPU (``ops.bias_in_matmul``), unless the logical-axis rules partition a

@@ -313,7 +313,7 @@ class RelativeAttention(AttentionLayer):
       dimension, so, as in the reference, one dropout mask is shared by the whole batch.
     proj_drop: dropout after ``value`` (0 in the Cordonnier network, whose layer applies dropout
       after its own ``dense``).
-    implementation: the model's kernel setting (``locvit.ops``) for the content path.
+    implementation: the model's kernel setting (``locvit.platform.ops``) for the content path.
     center_init_std, spread_init_std, embed_dim, max_position: see the positional terms;
       ``embed_dim=None`` means D_in.
     fused: with content, use the fused kernel when no maps are collected and no attention

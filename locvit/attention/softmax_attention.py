@@ -13,11 +13,11 @@ Every attention variant in locvit ends in this product. Two backends:
 
 ``implementation=None`` lets JAX choose (XLA in every JAX locvit supports: JAX never picks cuDNN
 itself); a model resolves None to 'cpu_kernels' on CPU once, when it is built
-(``locvit.ops.resolve_implementation``). 'cudnn' takes only some shapes (``cudnn_refusal``): this
-module refuses the others with a ValueError naming the shape, the rule and the other choices
-before JAX's kernel is called (JAX would raise NotImplementedError from deep inside its rules).
-The 'cpu_kernels' backend supports reverse-mode differentiation only (``jax.grad``,
-``jax.vjp``); use 'xla' for forward-mode (``jax.jvp``, ``jax.hessian``).
+(``locvit.platform.ops.resolve_implementation``). 'cudnn' takes only some shapes
+(``cudnn_refusal``): this module refuses the others with a ValueError naming the shape, the rule and
+the other choices before JAX's kernel is called (JAX would raise NotImplementedError from deep
+inside its rules). The 'cpu_kernels' backend supports reverse-mode differentiation only
+(``jax.grad``, ``jax.vjp``); use 'xla' for forward-mode (``jax.jvp``, ``jax.hessian``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,12 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from locvit.ops import IMPLEMENTATIONS, check_implementation, cpu_kernels, resolve_implementation
+from locvit.platform.ops import (
+  IMPLEMENTATIONS,
+  check_implementation,
+  cpu_kernels,
+  resolve_implementation,
+)
 
 Array = jax.Array
 __all__ = [

@@ -111,12 +111,18 @@ def to_numpy(value: Any) -> np.ndarray:
   return np.asarray(value)
 
 
-def expected_state_dict_shapes(model_name: str, **overrides: Any) -> dict[str, tuple[int, ...]]:
-  """timm key -> PyTorch shape expected for ``create_model(model_name, **overrides)``."""
-  return {key: torch_shape for key, (_, _, _, torch_shape) in _plan(model_name, overrides).items()}
+def expected_state_dict_shapes(
+  model_name: str, *, image_size: int | None = None, **overrides: Any
+) -> dict[str, tuple[int, ...]]:
+  """timm key -> PyTorch shape expected for ``create_model(model_name, **overrides)`` on
+  ``image_size`` inputs (default: the model's own)."""
+  plan = _plan(model_name, overrides, image_size)
+  return {key: torch_shape for key, (_, _, _, torch_shape) in plan.items()}
 
 
-def _plan(model_name: str, overrides: Mapping[str, Any]) -> dict[str, tuple]:
+def _plan(
+  model_name: str, overrides: Mapping[str, Any], image_size: int | None = None
+) -> dict[str, tuple]:
   """timm key -> (locvit path, locvit shape, layout, torch shape)."""
   name = resolve_model_name(model_name)
   model = create_model(name, **overrides)
@@ -125,7 +131,7 @@ def _plan(model_name: str, overrides: Mapping[str, Any]) -> dict[str, tuple]:
     "token",
   ):
     raise ValueError(f"{name!r} is not a class-token ViT with a learned pos_embed.")
-  size = default_image_size(name)
+  size = image_size or default_image_size(name)
   abstract = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, size, size, 3)))
   params = flax.linen.meta.unbox(abstract["params"])
   plan = {}
@@ -137,7 +143,11 @@ def _plan(model_name: str, overrides: Mapping[str, Any]) -> dict[str, tuple]:
 
 
 def from_timm(
-  model_name: str, state_dict: Mapping[str, Any], **overrides: Any
+  model_name: str,
+  state_dict: Mapping[str, Any],
+  *,
+  image_size: int | None = None,
+  **overrides: Any,
 ) -> dict[str, dict[str, Any]]:
   """Converts a timm (or official ConViT/DeiT) state dict into Flax variables.
 
@@ -145,6 +155,8 @@ def from_timm(
     model_name: a registered ConViT/DeiT name (``supported_models()``, which include timm's
       ``convit_tiny`` and ``deit_tiny_patch16_224``); a ``.pretrained_tag`` suffix is ignored.
     state_dict: timm key -> ``np.ndarray`` or ``torch.Tensor``.
+    image_size: the input side the checkpoint's ``pos_embed`` covers (default: the model's own;
+      ``locvit.convert.load_pretrained`` resamples it to another).
     **overrides: ``create_model`` overrides the checkpoint was trained with, e.g.
       ``num_classes=100`` for a fine-tuned head.
 
@@ -154,7 +166,7 @@ def from_timm(
   Raises:
     ConversionError: listing every missing, unexpected and mis-shaped key.
   """
-  plan = _plan(model_name, overrides)
+  plan = _plan(model_name, overrides, image_size)
   arrays = {key: to_numpy(value) for key, value in state_dict.items()}
   missing = [f"  {k}: expected {plan[k][3]}" for k in plan if k not in arrays]
   unexpected = [f"  {k}: shape {tuple(arrays[k].shape)}" for k in arrays if k not in plan]

@@ -45,7 +45,7 @@ from locvit.init.layout import (
   unflatten,
 )
 from locvit.init.mimetic import VPROJ_MODES, apply_mimetic
-from locvit.ops import cpu_kernels, model_implementation
+from locvit.platform.ops import cpu_kernels, model_implementation
 
 
 def init_config(name: str = "impulse", **overrides: Any) -> ml_collections.ConfigDict:

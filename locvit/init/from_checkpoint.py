@@ -26,12 +26,12 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from locvit import restore as restore_lib
 from locvit.attention.geometry import TokenGrid
 
 # Plain data beside the shipped configs (which must not import JAX); the library names stay.
 from locvit.configs.defaults import init_from_config as default_init_from_config  # noqa: F401
 from locvit.models import create_model, surgery
+from locvit.workdir import restore
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,9 +55,9 @@ def load(
   """Restores (and prunes) the source run's variables; see the module docstring."""
   init_from = config.init_from
   step = None if init_from.step < 0 else init_from.step
-  saved = restore_lib.saved_model_config(init_from.workdir, step)
+  saved = restore.saved_model_config(init_from.workdir, step)
   model = create_model(saved["name"], num_classes=num_classes, **(saved.get("overrides") or {}))
-  params, model_state, step = restore_lib.restore_model_variables(
+  params, model_state, step = restore.restore_model_variables(
     init_from.workdir, model, image_shape, step=step
   )
   params, model_state = jax.device_get((params, model_state))

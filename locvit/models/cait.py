@@ -43,7 +43,7 @@ from locvit.models.layers import (
   pre_norm_residual,
 )
 from locvit.models.smalldata import SmallDataBackbone, check_attention, smalldata_models
-from locvit.ops import cast_parameter, contract, cpu_kernels
+from locvit.platform.ops import cast_parameter, contract, cpu_kernels
 
 Array = jax.Array
 CAIT_ATTENTION = ("mhsa", *MASK_KINDS)

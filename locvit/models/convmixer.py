@@ -36,7 +36,7 @@ import numpy as np
 from locvit.attention.projections import partitioned
 from locvit.configs.defaults import FROZEN_FILTERS  # noqa: F401  (plain data, shared with the configs)
 from locvit.models.layers import classify, gelu
-from locvit.ops import promote_parameters
+from locvit.platform.ops import promote_parameters
 
 Array = jax.Array
 FILTER_INITS = ("random", "impulse", "box")

@@ -156,7 +156,7 @@ class CordonnierNet(nn.Module):
       ``{'quadratic': {'center_init_std': 1.0}}``.
     drop_rate, attn_drop_rate: hidden and attention-probability dropout (0.1 and 0.1).
     norm_eps: LayerNorm epsilon (1e-12, BERT's).
-    attention_implementation: the kernel setting of every layer (``locvit.ops``; None is
+    attention_implementation: the kernel setting of every layer (``locvit.platform.ops``; None is
       resolved by ``create_model``: 'cpu_kernels' on CPU, JAX's choice elsewhere).
     dtype: computation dtype; parameters are ``param_dtype``. Positional logits and softmaxes are
       float32.

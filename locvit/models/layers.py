@@ -14,7 +14,7 @@ import numpy as np
 
 from locvit.attention import TokenGrid, get_attention
 from locvit.attention.projections import DenseGeneral, partitioned, trunc_normal, zeros
-from locvit.ops import (
+from locvit.platform.ops import (
   bias_in_matmul,
   broadcast_per_example,
   cast_parameter,
@@ -54,7 +54,8 @@ class PatchFields(nn.Module):
   Attributes:
     patch_size, embed_dim: the patch side and the token width.
     dtype, param_dtype: computation and parameter dtypes.
-    implementation: the model's kernel setting (``locvit.ops``): 'cpu_kernels' patchifies and
+    implementation: the model's kernel setting (``locvit.platform.ops``): 'cpu_kernels' patchifies
+    and
       multiplies, the others run ``lax.conv``.
   """
 
@@ -69,7 +70,7 @@ class PatchProjection(PatchFields):
   """A ``patch_size`` x ``patch_size``, stride ``patch_size`` convolution with ``nn.Conv``'s
   parameters (``kernel`` ``(p, p, C, embed_dim)`` HWIO, lecun-normal; ``bias`` zeros).
 
-  On the CPU code paths (``implementation='cpu_kernels'``, ``locvit.ops``) it runs as
+  On the CPU code paths (``implementation='cpu_kernels'``, ``locvit.platform.ops``) it runs as
   ``patchify(images) @ kernel.reshape(p * p * C, D)``: the same numbers as the convolution, faster
   on XLA:CPU (``benchmarks/attention_kernels.py --sections=patch``); otherwise
   ``lax.conv_general_dilated``.
@@ -161,7 +162,7 @@ class Mlp(nn.Module):
     hidden_dim: width of ``fc1``; ``fc2`` maps back to the input width.
     drop: dropout rate after the GELU and after ``fc2``.
     dtype, param_dtype: computation and parameter dtypes.
-    implementation: the model's kernel setting (``locvit.ops``).
+    implementation: the model's kernel setting (``locvit.platform.ops``).
   """
 
   hidden_dim: int
@@ -196,8 +197,8 @@ def dense(
   **kwargs: Any,
 ) -> nn.Module:
   """``nn.Dense`` (trunc-normal(0.02) weights and zero biases by default) on logical axes
-  ``names``, on the CPU code paths with their ``dot_general`` (``locvit.ops``). Under the other
-  kernel settings the same parameters (names, shapes, initial values) in a ``DenseGeneral``,
+  ``names``, on the CPU code paths with their ``dot_general`` (``locvit.platform.ops``). Under the
+  other kernel settings the same parameters (names, shapes, initial values) in a ``DenseGeneral``,
   which adds the bias inside the matmul in a training step compiled for XLA:GPU (``ops.affine``:
   one kernel fewer per layer's gradient)."""
   if not cpu_kernels(implementation):
@@ -347,14 +348,15 @@ def drop_examples(y: Array, keep: Array, rate: float) -> Array:
 
 class AttentionSettings(nn.Module):
   """Keyword-only fields of a backbone's wrapper of the shared attention layer (Swin's windows):
-  the attention kind's mask options, dropouts, dtypes and the kernel setting (``locvit.ops``).
+  the attention kind's mask options, dropouts, dtypes and the kernel setting
+  (``locvit.platform.ops``).
 
   Attributes:
     attention: a registered attention kind (``locvit.attention.list_attention``).
     attention_kwargs: that kind's options (e.g. ``{'num_kernels': 5}`` for 'gmm').
     attn_drop, proj_drop: dropout on the attention probabilities and after the projection.
     dtype, param_dtype: computation and parameter dtypes.
-    implementation: the model's kernel setting (``locvit.ops``).
+    implementation: the model's kernel setting (``locvit.platform.ops``).
   """
 
   _: dataclasses.KW_ONLY
@@ -382,7 +384,7 @@ class BlockSettings(nn.Module):
       stochastic depth.
     norm_eps: LayerNorm epsilon.
     dtype, param_dtype: computation and parameter dtypes.
-    implementation: the model's kernel setting (``locvit.ops``).
+    implementation: the model's kernel setting (``locvit.platform.ops``).
   """
 
   _: dataclasses.KW_ONLY

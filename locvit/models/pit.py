@@ -32,7 +32,7 @@ from locvit.models.smalldata import (
   check_stages,
   smalldata_models,
 )
-from locvit.ops import promote_parameters
+from locvit.platform.ops import promote_parameters
 
 Array = jax.Array
 

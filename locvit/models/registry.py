@@ -36,7 +36,7 @@ from locvit.models import (
   swin,
   t2t,
 )
-from locvit.ops import resolve_implementation
+from locvit.platform.ops import resolve_implementation
 
 FAMILIES = {
   "deit": deit.MODELS,  # DeiT (Touvron et al.), at 224 and small-image resolutions
@@ -237,8 +237,8 @@ def boolean_override(name: str, field: str) -> bool:
 def create_model(name: str, num_classes: int = 1000, **overrides: Any) -> nn.Module:
   """Builds a registered model; ``overrides`` replace fields of the module (e.g. ``depth=6``).
 
-  The kernel setting ``attention_implementation`` is resolved here, once (``locvit.ops``): None
-  becomes 'cpu_kernels' (the CPU code paths) on CPU and stays None (JAX's choice) elsewhere.
+  The kernel setting ``attention_implementation`` is resolved here, once (``locvit.platform.ops``):
+  None becomes 'cpu_kernels' (the CPU code paths) on CPU and stays None (JAX's choice) elsewhere.
   """
   if name not in _MODELS:
     raise _unknown(name)

@@ -40,7 +40,7 @@ from locvit.attention.projections import (
   torch_linear_kernel_init,
 )
 from locvit.models.layers import classify
-from locvit.ops import promote_parameters
+from locvit.platform.ops import promote_parameters
 
 Array = jax.Array
 

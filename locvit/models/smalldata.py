@@ -31,7 +31,7 @@ class SmallDataBackbone(nn.Module):
     attention_kwargs: per kind, the mask options, e.g. ``{'gmm': {'num_kernels': 5}}``.
     drop_rate, drop_path_rate: dropout and stochastic depth.
     norm_eps: LayerNorm epsilon (PyTorch's 1e-5, as the official code).
-    attention_implementation: the kernel setting of every layer (``locvit.ops``; None is
+    attention_implementation: the kernel setting of every layer (``locvit.platform.ops``; None is
       resolved by ``create_model``).
   """
 

@@ -50,7 +50,8 @@ class VisionTransformer(nn.Module):
       only when it is inserted at the input (timm's DeiT layout).
     layer_attention: per-layer attention kinds, length ``depth``; None means 'mhsa' everywhere.
     attention_kwargs: per kind, extra constructor arguments, e.g. ``{'gpsa': {...}}``.
-    attention_implementation: the kernel setting of every layer (``locvit.ops``): None (resolved
+    attention_implementation: the kernel setting of every layer (``locvit.platform.ops``): None
+    (resolved
       by ``create_model``: 'cpu_kernels' on CPU, JAX's choice elsewhere), 'xla', 'cudnn' or
       'cpu_kernels'.
     drop_rate, attn_drop_rate, drop_path_rate: dropout, attention dropout and stochastic depth

@@ -11,15 +11,19 @@ A run continued without ``best/`` saves a new best only when it beats every eval
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tarfile
 
-from locvit import checkpoint as ckpt_lib
+from locvit.workdir import checkpoint
 
 
 def _newest_step(checkpoints: str) -> int | None:
-  """The newest committed step under ``checkpoints`` (orbax's own reading of the folder)."""
-  return ckpt_lib.Checkpointer(checkpoints, keep_best=False, read_only=True).latest_step()
+  """The newest committed step under ``checkpoints`` (orbax's own reading of the folder); the
+  read-only managers are closed before the folder is archived."""
+  reader = checkpoint.Checkpointer(checkpoints, keep_best=False, read_only=True)
+  with contextlib.closing(reader):
+    return reader.latest_step()
 
 
 def pack(workdir: str, path: str) -> list[str]:

@@ -19,18 +19,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import time
+from typing import Any
 
 import ml_collections
 
 from locvit.configs.common import complete_config
 from locvit.configs.reproduce_plans import KIT_H200
-from locvit.flops import xla_flops
+from locvit.platform.flops import xla_flops
+from locvit.reproduce.budget import RowCost, measure
+from locvit.reproduce.data_checks import check_protocol_data, describe_data
+from locvit.reproduce.plans import ReproduceError, fraction_words
 from locvit.run.bundle import training_length
-
-
-class ReproduceError(ValueError):
-  """A problem the user fixes (unknown plan, missing data, budget too small): one clear line."""
-
+from locvit.workdir.provenance import locvit_commit
 
 EVALUATIONS_PER_RUN = 10  # the run's own curve, to read an ordering against
 CHECKPOINTS_PER_RUN = 50  # a run moved to another machine loses at most 2% of itself...
@@ -79,8 +81,8 @@ def protocol_config(
 
 def forward_flops(config: ml_collections.ConfigDict) -> tuple[float, int]:
   """(XLA's FLOP count of one image's forward pass, parameter count) of ``config``'s model, from
-  its lowering (attention written out, float32; ``locvit.flops.xla_flops``: compiled only where
-  the backend counts nothing before compiling, as XLA:GPU)."""
+  its lowering (attention written out, float32; ``locvit.platform.flops.xla_flops``: compiled only
+  where the backend counts nothing before compiling, as XLA:GPU)."""
   import jax
   import jax.numpy as jnp
 
@@ -157,17 +159,151 @@ def fit_fraction(per_run_seconds: dict[str, tuple[float, float]], seeds: int, se
   return min(1.0, max(0.0, math.floor(1000 * (seconds - overhead) / training) / 1000))
 
 
-def describe_data(config: ml_collections.ConfigDict) -> str:
-  """What the row trains on, in words: the papers used the original CIFAR-10."""
-  data = complete_config(config).data
-  if data.source == "image_folder":
-    return (
-      f"the CIFAR-10 JPEG copy (image folder {data.root or '$CIFAR10_ROOT'}, quality 75, "
-      f"{data.train_fraction:.0%} of the training set): the papers trained on the original "
-      "CIFAR-10, and the JPEG copy costs some accuracy"
+def protocol_estimate(
+  plan, configs, seeds, minutes, fraction, costs=None, spent=0.0
+) -> tuple[dict[str, dict[str, Any]], float, float, str]:
+  """Per row (model, batch, epochs, steps, images, images/s, seconds per run) at ``fraction``
+  ('fit': the largest that fits ``minutes``), the fraction, the total seconds and the source of
+  the rates: ``costs`` (a probe here, ``RowCost`` per row) or the kit's H200 figures."""
+  import jax
+
+  rows, per_run = {}, {}
+  for row, config in configs.items():
+    spec, full = plan["rows"][row], complete_config(config)
+    n = spec["paper_train_examples"]
+    full_steps, _ = protocol_steps(full, n, 1.0)
+    info = {"model": full.model.name, "batch_size": full.batch_size, "full_steps": full_steps}
+    info["paper_epochs"], info["full_epochs"] = spec["paper_epochs"], full.num_epochs
+    if costs is not None:
+      step_seconds, overhead = 1 / costs[row].steps_per_sec, costs[row].overhead_sec
+      info["basis"] = "probe"
+    elif "kit" not in spec:
+      raise ReproduceError(
+        f"row {row!r} has no accelerator-kit figures: estimate it with --estimate=probe"
+      )
+    else:
+      flops, params = forward_flops(full)
+      kit = kit_estimate(spec["kit"], full.batch_size, flops)
+      step_seconds = full.batch_size / kit.images_per_sec
+      overhead = KIT_H200["models"][spec["kit"]]["compile_s"]
+      info.update(basis=kit.basis, params=params, gflops=flops / 1e9)
+    info["images_per_sec"] = full.batch_size / step_seconds
+    info["overhead_sec"], info["full_training_sec"] = overhead, full_steps * step_seconds
+    per_run[row] = (overhead, full_steps * step_seconds)
+    rows[row] = info
+  if fraction == "fit":
+    fraction = fit_fraction(per_run, seeds, (minutes or 0) * 60 - spent)
+    if fraction <= 0:
+      overhead = seeds * sum(o for o, _ in per_run.values())
+      raise ReproduceError(
+        f"--minutes={minutes:g} leaves no time to train: the runs' compilation and evaluation "
+        f"alone take an estimated {overhead / 60:.1f} minutes"
+        + (f", after {spent / 60:.1f} minutes of probing" if spent else "")
+      )
+  total = 0.0
+  for row, info in rows.items():
+    steps, _ = protocol_steps(configs[row], plan["rows"][row]["paper_train_examples"], fraction)
+    info.update(
+      steps=steps, epochs=info["full_epochs"] * fraction, images=steps * info["batch_size"]
     )
-  if data.source == "tfds":
-    return f"TFDS {data.name} (the original images)"
-  if data.source == "digits":
-    return "scikit-learn's 8x8 digits"
-  return f"{data.name} ({data.source})"
+    info["seconds_per_run"] = (
+      info["overhead_sec"] + info["full_training_sec"] * steps / info["full_steps"]
+    )
+    total += seeds * info["seconds_per_run"]
+  source = (
+    f"a probe on this machine ({jax.devices()[0].device_kind})"
+    if costs is not None
+    else f"the accelerator kit's {KIT_H200['device']} figures of {KIT_H200['date']} "
+    f"({KIT_H200['source']})"
+  )
+  return rows, fraction, total, source
+
+
+def describe_protocol(title, rows, fraction, seeds, total, source) -> str:
+  """The protocol plan as printed: per row the model, batch, epochs, images and the estimate."""
+  lines = [f"{title}, at {fraction_words(fraction)}", ""]
+  lines.append(
+    f"{'row':<14} {'model':<32} {'seeds':>5} {'batch':>5} {'epochs':>7} {'paper epochs':>12} "
+    f"{'steps':>7} {'images per run':>14} {'img/s':>7} {'min/run':>7}"
+  )
+  for row, r in rows.items():
+    lines.append(
+      f"{row:<14} {r['model']:<32} {seeds:>5} {r['batch_size']:>5} {r['epochs']:>7.4g} "
+      f"{r['paper_epochs']:>12} {r['steps']:>7} {r['images']:>14,} {r['images_per_sec']:>7,.0f} "
+      f"{r['seconds_per_run'] / 60:>7.1f}"
+    )
+  lines.append("")
+  for row, r in rows.items():
+    if r.get("basis") not in (None, "probe"):
+      lines.append(
+        f"{row}: {r['params'] / 1e6:.2f}M parameters, {r['gflops']:.2f} GFLOP forward per image; "
+        f"rate set by {r['basis']}"
+      )
+  lines.append(
+    f"Estimated wall time {total / 60:.1f} minutes for {_runs(seeds * len(rows))} (seed"
+    f"{'s' if seeds > 1 else ''} {', '.join(map(str, range(seeds)))}), compilation included, "
+    f"from {source}."
+  )
+  return "\n".join(lines)
+
+
+def _runs(count: int) -> str:
+  return f"{count} run{'s' if count != 1 else ''}"
+
+
+def check_fits(name: str, total: float, minutes: float | None, spent: float, rows, seeds) -> None:
+  """Refuses a protocol plan whose estimate (``total`` seconds) does not fit ``minutes``."""
+  available = (minutes or 0) * 60 - spent
+  if minutes is None or total <= available:
+    return
+  per_run = {row: (r["overhead_sec"], r["full_training_sec"]) for row, r in rows.items()}
+  fits = fit_fraction(per_run, seeds, available)
+  raise ReproduceError(
+    f"plan {name!r} needs an estimated {total / 60:.1f} minutes for {_runs(seeds * len(rows))} "
+    f"but --minutes={minutes:g}"
+    + (f" leaves {available / 60:.1f} after probing" if spent else "")
+    + f"; give more --minutes, fewer --seeds, or --fraction (at most {fits:.3f} of this length "
+    "fits; --fraction=fit picks it)"
+  )
+
+
+def make_protocol_plan(
+  name, plan, configs, workdir, seeds, minutes, fraction, started, probe_here=True
+):
+  """Probes each row here (or takes the kit's H200 figures), fits ``fraction`` and refuses a plan
+  that does not fit ``minutes`` or a dataset of another size than the paper's."""
+  check_protocol_data(plan, configs)
+  costs = measure(configs, os.path.join(workdir, "_probe")) if probe_here else None
+  spent = time.time() - started if probe_here else 0.0  # the budget counts the probe's minutes
+  rows, fraction, total, source = protocol_estimate(
+    plan, configs, seeds, minutes, fraction, costs, spent
+  )
+  print(describe_protocol(plan["title"], rows, fraction, seeds, total, source), flush=True)
+  check_fits(name, total, minutes, spent, rows, seeds)
+  if costs is None:
+    costs = {
+      row: RowCost(
+        steps_per_sec=r["images_per_sec"] / r["batch_size"],
+        overhead_sec=r["overhead_sec"],
+        steps_per_epoch=round(r["full_steps"] / r["full_epochs"]),
+        batch_size=r["batch_size"],
+      )
+      for row, r in rows.items()
+    }
+  return {
+    "plan": name,
+    "protocol": True,
+    "fraction": fraction,
+    "seeds": seeds,
+    "row_names": list(configs),
+    "minutes": minutes,
+    "started": started,
+    "estimate_source": source,
+    "load_at_probe": os.getloadavg(),
+    "locvit_commit": locvit_commit(),
+    "estimated_minutes": total / 60,
+    "data": describe_data(next(iter(configs.values()))),
+    "rows": {
+      row: {**dataclasses.asdict(costs[row]), "steps": rows[row]["steps"]} for row in configs
+    },
+  }

@@ -3,8 +3,8 @@
 Per row, the paper's top-1, ours (final top-1 as mean +- sample sd over the finished seeds) and
 the difference; the ordering the paper's numbers claim and whether ours held it; the data, the
 devices, the images/s, the wall time and the locvit commit that trained the runs (per row, with
-step ranges, where runs continued under another commit: ``locvit.provenance``); any step cap. A
-run continued across machines counts the wall time of all its sessions (each run's
+step ranges, where runs continued under another commit: ``locvit.workdir.provenance``); any step
+cap. A run continued across machines counts the wall time of all its sessions (each run's
 ``commits.json``; a lower bound, and said so, when a session was killed before recording its end),
 and its images/s per device kind that trained its steps.
 Per comparison (baseline, treatment), the per-seed paired differences of top-1, their mean, and
@@ -14,6 +14,7 @@ two-sided p (Student's t distribution).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -24,9 +25,9 @@ from typing import Any
 from scipy import stats
 
 from locvit import metrics as metrics_lib
-from locvit import provenance
 from locvit.configs.reproduce_plans import PLANS
-from locvit.provenance import locvit_commit
+from locvit.workdir import provenance
+from locvit.workdir.provenance import locvit_commit
 
 NOISE_P = 0.05
 
@@ -77,25 +78,9 @@ def device_steps(ranges: list[provenance.StepRange]) -> dict[str, list[list[int]
   return by_kind
 
 
-def run_wall_seconds(run: str, entries: list[dict[str, Any]]) -> tuple[float | None, bool]:
-  """The run's training wall seconds over all its sessions, on every machine, and whether that is
-  exact (else a lower bound: ``provenance.wall_time``). Runs from before the sessions kept their
-  seconds: the last session's ``reproduce_run.json``, exact only if it was the only session."""
-  if any("seconds" in e for e in entries):
-    return provenance.wall_time(entries)
-  timing = _read_json(os.path.join(run, "reproduce_run.json"))
-  if timing is None:
-    return None, False
-  return timing["wall_seconds"], len(entries) <= 1
-
-
-def run_load_averages(run: str, entries: list[dict[str, Any]]) -> list[float]:
-  """The 1-minute load averages seen while the run trained, in every session on every machine;
-  runs from before the sessions kept them: the last session's, from ``reproduce_run.json``."""
-  if any("load_average" in e for e in entries):
-    return [load for e in entries for load in e.get("load_average", ())]
-  timing = _read_json(os.path.join(run, "reproduce_run.json")) or {}
-  return [timing[k][0] for k in ("load_before", "load_after") if k in timing]
+def run_load_averages(entries: list[dict[str, Any]]) -> list[float]:
+  """The 1-minute load averages seen while the run trained, in every session on every machine."""
+  return [load for e in entries for load in e.get("load_average", ())]
 
 
 def ordering(rows: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
@@ -186,6 +171,122 @@ def _read_json(path: str) -> dict[str, Any] | None:
     return json.load(f)
 
 
+@dataclasses.dataclass
+class RowRuns:
+  """What a row's finished runs left: per seed their final evaluation, the device kinds and the
+  commits that trained their steps; their training images/s per device kind and wall seconds."""
+
+  finals: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
+  rates: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+  devices: dict[str, dict[int, list[list[int]]]] = dataclasses.field(default_factory=dict)
+  trained_by: dict[int, list[provenance.StepRange]] = dataclasses.field(default_factory=dict)
+  wall_seconds: list[float] = dataclasses.field(default_factory=list)
+  wall_exact: bool = True
+  loads: list[float] = dataclasses.field(default_factory=list)
+  recorded: bool = False  # whether any run kept DIR/ROW/seedK/commits.json
+
+
+def read_row_runs(workdir: str, row: str, seeds: int, steps: int, plan_commit: str) -> RowRuns:
+  """The finished runs of ``row`` in ``workdir`` (``DIR/ROW/seedK``), read from their metrics and
+  their sessions (``commits.json``: wall time over every session, on every machine)."""
+  runs = RowRuns()
+  for seed in range(seeds):
+    run = os.path.join(workdir, row, f"seed{seed}")
+    final, recorded = final_evaluation(run, steps), provenance.read(run)
+    runs.loads += run_load_averages(recorded)
+    if final is None:
+      continue
+    runs.finals[seed] = final
+    kinds = device_ranges(recorded, steps)
+    for kind, kind_rates in training_rates(run, recorded, kinds, steps).items():
+      runs.rates.setdefault(kind, []).extend(kind_rates)
+    for kind, ranges in device_steps(kinds).items():
+      runs.devices.setdefault(kind, {})[seed] = ranges
+    runs.trained_by[seed] = provenance.step_ranges(recorded, steps, plan_commit, "commit")
+    runs.recorded |= bool(recorded)
+    if any("seconds" in e for e in recorded):
+      seconds, exact = provenance.wall_time(recorded)
+      runs.wall_seconds.append(seconds)
+      runs.wall_exact &= exact
+  return runs
+
+
+def row_result(spec: dict[str, Any], cost: dict[str, Any], steps: int, runs: RowRuns):
+  """One row of ``results.json``: the paper's top-1 beside the mean and sd of ours, the rates, the
+  wall time, the length against the paper's and the commits that trained it."""
+  top1_mean, top1_sd = mean_sd([f["top1"] for f in runs.finals.values()])
+  top5_mean, top5_sd = mean_sd([f["top5"] for f in runs.finals.values()])
+  paper = spec["paper_top1"]
+  rates = runs.rates
+  return {
+    "config": spec["config"],
+    "overrides": spec["overrides"],
+    "seeds_finished": sorted(runs.finals),
+    "top1_per_seed": {s: f["top1"] for s, f in runs.finals.items()},
+    "top1_mean": top1_mean,
+    "top1_sd": top1_sd,
+    "top5_mean": top5_mean,
+    "top5_sd": top5_sd,
+    "paper_top1": paper,
+    "difference": top1_mean - paper if None not in (top1_mean, paper) else None,
+    # The median logged rate where one device kind trained the row; else per kind (devices).
+    "images_per_sec": median_or_none(*rates.values()) if len(rates) == 1 else None,
+    "devices": [
+      {
+        "device_kind": kind,
+        "images_per_sec": median_or_none(rates[kind]),
+        "steps": by_seed,  # per seed: the [first, last] step ranges this kind trained
+      }
+      for kind, by_seed in runs.devices.items()
+    ],
+    "wall_minutes_per_run": statistics.fmean(runs.wall_seconds) / 60 if runs.wall_seconds else None,
+    "wall_seconds_per_seed": runs.wall_seconds,  # of the finished seeds, over all their sessions
+    "wall_exact": runs.wall_exact,  # else a lower bound: a session did not record its end
+    "steps": steps,
+    "epochs": steps / cost["steps_per_epoch"],
+    "paper_epochs": spec["paper_epochs"],
+    "paper_budget_fraction": steps
+    * cost["batch_size"]
+    / (spec["paper_epochs"] * spec["paper_train_examples"]),
+    "steps_per_sec": cost["steps_per_sec"],
+    "trained_by": {s: [commit_range(r) for r in rs] for s, rs in runs.trained_by.items()},
+  }
+
+
+def comparisons(pairs, finals: dict[str, dict[int, dict[str, float]]]) -> list[dict[str, Any]]:
+  """Per (baseline, treatment) pair whose rows ran: the per-seed paired differences of final
+  top-1 and their paired t test."""
+  compared = []
+  for base, treat in pairs:
+    if base not in finals or treat not in finals:  # a row this plan's --rows left out
+      continue
+    paired = sorted(set(finals[base]) & set(finals[treat]))
+    diffs = [finals[treat][s]["top1"] - finals[base][s]["top1"] for s in paired]
+    test = paired_t(diffs)
+    compared.append(
+      {
+        "baseline": base,
+        "treatment": treat,
+        "seeds": paired,
+        "top1_differences": diffs,
+        **test,
+        "verdict": verdict(test),
+      }
+    )
+  return compared
+
+
+def report_title(plan: dict[str, Any], saved: dict[str, Any]) -> str:
+  """The plan's title; a protocol plan's says at what fraction of the paper's protocol."""
+  title = plan["title"]
+  if saved.get("protocol"):
+    fraction = saved.get("fraction", 1.0)
+    title += ", at " + (
+      "the paper's protocol" if fraction == 1 else f"{fraction:.3g} of the paper's protocol"
+    )
+  return title
+
+
 def build_report(name: str, workdir: str) -> dict[str, Any]:
   """Per-row means and per-comparison paired statistics of the finished runs in ``workdir``."""
   plan = PLANS[name]
@@ -196,105 +297,30 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
       "first"
     )
   seeds, plan_commit = saved["seeds"], saved.get("locvit_commit") or "unknown"
-  rows, finals, loads, any_recorded = {}, {}, [], False
+  rows, runs = {}, {}
   for row in saved.get("row_names") or plan["rows"]:
-    spec, cost = plan["rows"][row], saved["rows"][row]
+    cost = saved["rows"][row]
     steps = cost.get("steps", saved.get("steps"))
-    finals[row], rates, row_wall, trained_by, devices, row_exact = {}, {}, [], {}, {}, True
-    for seed in range(seeds):
-      run = os.path.join(workdir, row, f"seed{seed}")
-      final, recorded = final_evaluation(run, steps), provenance.read(run)
-      if final is not None:
-        finals[row][seed] = final
-        kinds = device_ranges(recorded, steps)
-        for kind, kind_rates in training_rates(run, recorded, kinds, steps).items():
-          rates.setdefault(kind, []).extend(kind_rates)
-        for kind, ranges in device_steps(kinds).items():
-          devices.setdefault(kind, {})[seed] = ranges
-        trained_by[seed] = provenance.step_ranges(recorded, steps, plan_commit, "commit")
-        any_recorded |= bool(recorded)
-        seconds, exact = run_wall_seconds(run, recorded)
-        if seconds is not None:
-          row_wall.append(seconds)
-          row_exact &= exact
-      loads += run_load_averages(run, recorded)
-    top1_mean, top1_sd = mean_sd([f["top1"] for f in finals[row].values()])
-    top5_mean, top5_sd = mean_sd([f["top5"] for f in finals[row].values()])
-    rows[row] = {
-      "config": spec["config"],
-      "overrides": spec["overrides"],
-      "seeds_finished": sorted(finals[row]),
-      "top1_per_seed": {s: f["top1"] for s, f in finals[row].items()},
-      "top1_mean": top1_mean,
-      "top1_sd": top1_sd,
-      "top5_mean": top5_mean,
-      "top5_sd": top5_sd,
-      "paper_top1": spec["paper_top1"],
-      "difference": top1_mean - spec["paper_top1"]
-      if top1_mean is not None and spec["paper_top1"] is not None
-      else None,
-      # The median logged rate where one device kind trained the row; else per kind (devices).
-      "images_per_sec": median_or_none(*rates.values()) if len(rates) == 1 else None,
-      "devices": [
-        {
-          "device_kind": kind,
-          "images_per_sec": median_or_none(rates[kind]),
-          "steps": by_seed,  # per seed: the [first, last] step ranges this kind trained
-        }
-        for kind, by_seed in devices.items()
-      ],
-      "wall_minutes_per_run": statistics.fmean(row_wall) / 60 if row_wall else None,
-      "wall_seconds_per_seed": row_wall,  # of the finished seeds, over all their sessions
-      "wall_exact": row_exact,  # else a lower bound: a session did not record its end
-      "steps": steps,
-      "epochs": steps / cost["steps_per_epoch"],
-      "paper_epochs": spec["paper_epochs"],
-      "paper_budget_fraction": steps
-      * cost["batch_size"]
-      / (spec["paper_epochs"] * spec["paper_train_examples"]),
-      "steps_per_sec": cost["steps_per_sec"],
-      "trained_by": {s: [commit_range(r) for r in rs] for s, rs in trained_by.items()},
-    }
-  comparisons = []
-  for base, treat in plan["comparisons"]:
-    if base not in finals or treat not in finals:  # a row this plan's --rows left out
-      continue
-    paired = sorted(set(finals[base]) & set(finals[treat]))
-    diffs = [finals[treat][s]["top1"] - finals[base][s]["top1"] for s in paired]
-    test = paired_t(diffs)
-    comparisons.append(
-      {
-        "baseline": base,
-        "treatment": treat,
-        "seeds": paired,
-        "top1_differences": diffs,
-        **test,
-        "verdict": verdict(test),
-      }
-    )
-  fraction = saved.get("fraction", 1.0)
-  title = plan["title"]
-  if saved.get("protocol"):
-    title += ", at " + (
-      "the paper's protocol" if fraction == 1 else f"{fraction:.3g} of the paper's protocol"
-    )
+    runs[row] = read_row_runs(workdir, row, seeds, steps, plan_commit)
+    rows[row] = row_result(plan["rows"][row], cost, steps, runs[row])
+  loads = [load for r in runs.values() for load in r.loads]
   return {
     "plan": name,
-    "title": title,
+    "title": report_title(plan, saved),
     "protocol": bool(saved.get("protocol")),
-    "fraction": fraction,
+    "fraction": saved.get("fraction", 1.0),
     "max_steps": None if saved.get("protocol") else plan.get("max_steps"),
     "data": saved.get("data"),
     "rows": rows,
     "ordering": ordering(rows),
-    "comparisons": comparisons,
+    "comparisons": comparisons(plan["comparisons"], {r: runs[r].finals for r in runs}),
     "machine": machine(),
     "locvit_commit": saved.get("locvit_commit"),  # of the plan; plans before it was kept lack it
-    "runs_recorded_commits": any_recorded,  # runs before DIR/ROW/seedK/commits.json kept none
+    "runs_recorded_commits": any(r.recorded for r in runs.values()),
     "report_commit": locvit_commit(),
     "budget_minutes": saved["minutes"],
     "estimated_minutes": saved.get("estimated_minutes"),
-    "runs_finished": sum(len(f) for f in finals.values()),
+    "runs_finished": sum(len(r.finals) for r in runs.values()),
     "runs_planned": seeds * len(rows),
     "training_wall_minutes": sum(sum(r["wall_seconds_per_seed"]) for r in rows.values()) / 60,
     "training_wall_exact": all(r["wall_exact"] for r in rows.values()),
@@ -391,10 +417,9 @@ def machine_words(report: dict[str, Any], load: list[float] | None) -> str:
   )
 
 
-def markdown(report: dict[str, Any]) -> str:
-  """``report`` as the markdown tables of ``results.md``."""
-  lines = [f"# {report['title']}", ""]
-  lines += [
+def rows_table(report: dict[str, Any]) -> list[str]:
+  """The rows as a markdown table: the paper's top-1 beside ours, the length and the rates."""
+  lines = [
     "| row | paper top-1 % | ours top-1 % | ours - paper (points) | seeds | top-5 % | "
     "epochs | paper epochs | of paper budget | img/s | minutes per run |",
     "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -409,69 +434,86 @@ def markdown(report: dict[str, Any]) -> str:
       f"{r['paper_budget_fraction']:.2%} | {rate_words(r)} | "
       f"{f'{at_least}{wall:.1f}' if wall else '-'} |"
     )
-  order = report.get("ordering")
-  lines.append("")
+  return lines
+
+
+def ordering_words(order: dict[str, Any] | None) -> str:
+  """The ordering the paper claims, ours, and whether it held, in one sentence."""
   if order is None:
-    lines.append("Ordering: fewer than two rows have a paper number; none is claimed.")
-  else:
-    held = {True: "held", False: "did not hold", None: "not yet known (rows unfinished)"}
-    lines.append(
-      f"Ordering the paper claims: {order['paper']}. Ours: {order['ours'] or '-'}. "
-      f"The paper's ordering {held[order['held']]}"
-      + (
-        " (" + ", ".join(f"{b} not above {w}" for b, w in order["broken_pairs"]) + ")."
-        if order["broken_pairs"]
-        else "."
-      )
-    )
-  if report["comparisons"]:
-    lines += [
-      "",
-      "| comparison | per-seed top-1 differences (points) | mean | paired t (df) | verdict |",
-      "|---|---|---|---|---|",
-    ]
-  for c in report["comparisons"]:
+    return "Ordering: fewer than two rows have a paper number; none is claimed."
+  held = {True: "held", False: "did not hold", None: "not yet known (rows unfinished)"}
+  broken = ", ".join(f"{b} not above {w}" for b, w in order["broken_pairs"])
+  return (
+    f"Ordering the paper claims: {order['paper']}. Ours: {order['ours'] or '-'}. "
+    f"The paper's ordering {held[order['held']]}" + (f" ({broken})." if broken else ".")
+  )
+
+
+def comparisons_table(compared: list[dict[str, Any]]) -> list[str]:
+  """The paired comparisons as a markdown table (none: no lines)."""
+  if not compared:
+    return []
+  lines = [
+    "",
+    "| comparison | per-seed top-1 differences (points) | mean | paired t (df) | verdict |",
+    "|---|---|---|---|---|",
+  ]
+  for c in compared:
     diffs = ", ".join(f"{100 * d:+.2f}" for d in c["top1_differences"]) or "-"
     mean = f"{100 * c['mean']:+.2f}" if c["mean"] is not None else "-"
     t = f"{c['t']:.2f} ({c['df']})" if c["t"] is not None else "-"
     lines.append(
       f"| {c['treatment']} - {c['baseline']} | {diffs} | {mean} | {t} | {c['verdict']} |"
     )
-  load = report["load_average_range"]
-  lines += [""]
+  return lines
+
+
+def step_cap_words(report: dict[str, Any]) -> str:
+  """Whether the plan's step cap stopped the runs, or the budget gave them fewer steps."""
+  cap, steps = report["max_steps"], sorted({r["steps"] for r in report["rows"].values()})
+  if steps == [cap]:
+    return (
+      f"Step cap: every run stopped at the plan's cap of {cap} steps (its max_steps), fewer than "
+      "the budget allowed."
+    )
+  return (
+    f"Step cap: the plan caps runs at {cap} steps (its max_steps); the budget gave these "
+    f"runs fewer ({'/'.join(map(str, steps))})."
+  )
+
+
+def wall_time_words(report: dict[str, Any]) -> str:
+  """The commits, the budget, the runs finished and their training wall time, in one line."""
+  exact = report.get("training_wall_exact", True)
+  budget = report["budget_minutes"]
+  planned = report["estimated_minutes"]
+  return (
+    f"{commit_words(report)} (report: {report['report_commit']}); "
+    + (f"budget {budget:g} minutes; " if budget is not None else "")
+    + f"{report['runs_finished']} of {report['runs_planned']} runs finished in "
+    f"{'' if exact else 'at least '}{report['training_wall_minutes']:.1f} minutes of training "
+    "wall time"
+    + (
+      ""
+      if exact
+      else " (a lower bound: a session stopped without recording its time, e.g. killed outright)"
+    )
+    + (f" (planned: {planned:.1f} for all)." if planned is not None else ".")
+  )
+
+
+def markdown(report: dict[str, Any]) -> str:
+  """``report`` as the markdown tables of ``results.md``."""
+  lines = [f"# {report['title']}", "", *rows_table(report), "", ordering_words(report["ordering"])]
+  lines += comparisons_table(report["comparisons"])
+  lines.append("")
   if report.get("data"):
     lines.append(f"Data: {report['data']}.")
   if report.get("max_steps"):
-    cap, steps = report["max_steps"], sorted({r["steps"] for r in report["rows"].values()})
-    lines.append(
-      f"Step cap: every run stopped at the plan's cap of {cap} steps (its max_steps), fewer than "
-      "the budget allowed."
-      if steps == [cap]
-      else f"Step cap: the plan caps runs at {cap} steps (its max_steps); the budget gave these "
-      f"runs fewer ({'/'.join(map(str, steps))})."
-    )
-  at_least = "" if report.get("training_wall_exact", True) else "at least "
+    lines.append(step_cap_words(report))
   lines += [
-    machine_words(report, load),
-    f"{commit_words(report)} (report: {report['report_commit']}); "
-    + (
-      f"budget {report['budget_minutes']:g} minutes; "
-      if report["budget_minutes"] is not None
-      else ""
-    )
-    + f"{report['runs_finished']} of {report['runs_planned']} "
-    f"runs finished in {at_least}{report['training_wall_minutes']:.1f} minutes of training wall "
-    "time"
-    + (
-      ""
-      if report.get("training_wall_exact", True)
-      else " (a lower bound: a session stopped without recording its time, e.g. killed outright)"
-    )
-    + (
-      f" (planned: {report['estimated_minutes']:.1f} for all)."
-      if report["estimated_minutes"] is not None
-      else "."
-    ),
+    machine_words(report, report["load_average_range"]),
+    wall_time_words(report),
     "Top-1/top-5: final evaluation on the full test split, mean +- sample sd over seeds; img/s: "
     "median logged training rate (compilation and evaluation excluded).",
   ]

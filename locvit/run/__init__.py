@@ -2,5 +2,6 @@
 
 - ``state``: the ``TrainState``, its shardings and abstract shape, initialisation;
 - ``step``: the jitted training step and the non-finite guard;
+- ``evaluation``: the evaluation pass (loss and accuracy over an eval split, every example once);
 - ``bundle``: ``build``, everything a run needs, built from a validated config.
 """

@@ -20,11 +20,9 @@ import ml_collections
 import optax
 from absl import logging
 
-from locvit import checkpoint as ckpt_lib
 from locvit import data as data_lib
-from locvit import distill, ops, optim, paths, provenance, sharding, xla_options
+from locvit import distill, optim
 from locvit import metrics as metrics_lib
-from locvit import workdir as workdir_lib
 from locvit.analysis.locality import MODES as LOCALITY_MODES
 from locvit.choices import Errors, check_choice
 from locvit.configs.common import complete_config
@@ -33,9 +31,11 @@ from locvit.init import check_init_config, from_checkpoint
 from locvit.models.factory import build_model, check_attention_kernels
 from locvit.models.layers import check_patchable
 from locvit.models.registry import check_overrides, default_image_size
+from locvit.platform import ops, sharding, xla_options
 from locvit.run import preemption
 from locvit.run import state as state_lib
 from locvit.run.step import NONFINITE_MODES
+from locvit.workdir import checkpoint, lock, paths, provenance
 
 # Fields that must be positive where the config has them. Model overrides that size the network:
 # zero would otherwise fail deep inside Flax (depth=0: NameInUseError).
@@ -196,7 +196,7 @@ class Training(Evaluation):
   layout: state_lib.StateLayout | None = None
   teacher: distill.Teacher | None = None
   warmstart: Any = None
-  checkpointer: ckpt_lib.Checkpointer | None = None
+  checkpointer: checkpoint.Checkpointer | None = None
   writer: metrics_lib.MetricWriter | None = None
   hooks: dict[str, Callable | None] = dataclasses.field(default_factory=dict)
   train_split: Any = ()  # data.train_split_on='device': the decoded split, on every device
@@ -227,8 +227,8 @@ class Training(Evaluation):
     return self
 
   def __exit__(self, exc_type, exc, _) -> None:
-    # On a bucket, every close below runs under the one deadline of locvit.outage: a bucket that
-    # does not answer ends the process once, not once per component.
+    # On a bucket, every close below runs under the one deadline of locvit.workdir.outage: a bucket
+    # that does not answer ends the process once, not once per component.
     try:  # pending saves of earlier steps are committed even when a step or evaluation fails
       if self.checkpointer is not None:  # None: stopped while being built
         self.checkpointer.close()
@@ -253,8 +253,8 @@ class Training(Evaluation):
           # without ``ended``, which the report reads as a lower bound of the run's time.
         finally:
           try:
-            workdir_lib.release_lock(self.workdir)
-          except workdir_lib.WorkdirError as e:
+            lock.release_lock(self.workdir)
+          except lock.WorkdirError as e:
             if exc is None:
               raise
             exc.add_note(str(e))  # reported after the run's own error, never instead of it
@@ -366,9 +366,9 @@ def _checked_setup(config, hooks):
 
 @preemption.defer_stops_in
 def _claim(workdir: str, bucket_timeout: float) -> None:
-  """``workdir_lib.claim`` as one piece: a stop that arrives while the lock is being taken is sent
+  """``lock.claim`` as one piece: a stop that arrives while the lock is being taken is sent
   again once it is (and the run's exit releases it), instead of leaving a lock file no one holds."""
-  workdir_lib.claim(workdir, bucket_timeout)
+  lock.claim(workdir, bucket_timeout)
 
 
 def build_training(
@@ -394,7 +394,7 @@ def build_training(
       run.teacher = distill.load_teacher(
         config, run.num_classes, run.image_shape, run.mesh, run.rules
       )
-    run.checkpointer = ckpt_lib.Checkpointer(
+    run.checkpointer = checkpoint.Checkpointer(
       paths.path(workdir) / "checkpoints",
       keep=config.keep_checkpoints,
       async_save=config.async_checkpointing,

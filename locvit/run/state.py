@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import ml_collections
 
 from locvit import init as init_lib
-from locvit import sharding
 from locvit.init import from_checkpoint
+from locvit.platform import sharding
 
 
 @flax.struct.dataclass

@@ -17,8 +17,9 @@ import jax.numpy as jnp
 import optax
 from absl import logging
 
-from locvit import distill, ops, optim
+from locvit import distill, optim
 from locvit.data import device_augment, resident
+from locvit.platform import ops
 from locvit.run.state import TrainState, ema_enabled
 
 

@@ -187,7 +187,7 @@ def retry_s3_for(seconds: float | None) -> None:
   """Makes s3fs retry a call to a bucket that does not answer for ``seconds`` (None: as s3fs does
   by default again). By default a call gives up after botocore's own 5 attempts, about 10 s:
   s3fs retries timeouts and broken replies 5 times, but not botocore's connection errors
-  (``EndpointConnectionError``). A bucket workdir's outage is ended by ``locvit.outage``'s
+  (``EndpointConnectionError``). A bucket workdir's outage is ended by ``locvit.workdir.outage``'s
   deadline, ``config.bucket_timeout_seconds``, not by whichever call gave up first."""
   global _S3FS_DEFAULTS
   if seconds is None and _S3FS_DEFAULTS is None:

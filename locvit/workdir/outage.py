@@ -1,7 +1,7 @@
 """One deadline for a bucket that stops answering: the run ends within a stated time, with one line.
 
 A run on ``gs://`` or ``s3://`` talks to its bucket from several places: orbax's save threads,
-the metric writer, the lease thread (``locvit.workdir``). Each client retries on its own terms
+the metric writer, the lease thread (``locvit.workdir.lock``). Each client retries on its own terms
 (gcsfs for about 30 s, google-cloud-storage for 120 s, TensorStore for minutes), and a shutdown
 that closed each in turn waited for each in turn. Instead, the process keeps one ``Watch``:
 
@@ -11,10 +11,10 @@ that closed each in turn waited for each in turn. Instead, the process keeps one
   (``config.bucket_timeout_seconds``); any answer before it clears it, so a shorter outage is
   ridden out: by the clients' own retries, made to span the limit on every process of the run
   (by default s3fs gives up after about 10 s, gcsfs after 31 to 36 s;
-  ``locvit.paths.use_bucket_clients``, set by ``locvit.workdir.claim``: each process writes its
-  own part of a checkpoint through them, orbax's ``state/array_metadatas/process_N``), and, for a
-  whole-object write that a client gives up on sooner anyway, by ``retrying``, which writes
-  again once the bucket answers;
+  ``locvit.workdir.paths.use_bucket_clients``, set by ``locvit.workdir.lock.claim``: each process
+  writes its own part of a checkpoint through them, orbax's ``state/array_metadatas/process_N``),
+  and, for a whole-object write that a client gives up on sooner anyway, by ``retrying``, which
+  writes again once the bucket answers;
 - when the deadline passes, the process prints one ``locvit: error:`` line (the bucket, what was
   being written, the steps already committed) and exits with status 2 at once, whatever thread is
   still waiting: a committed checkpoint is already safe, an uncommitted one is left as orbax left it

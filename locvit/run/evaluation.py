@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from locvit import sharding
+from locvit.platform import sharding
 
 
 def eval_step(

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from locvit import outage, paths
+from locvit.workdir import outage, paths
 
 FILENAME = "commits.json"
 

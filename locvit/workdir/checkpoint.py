@@ -2,7 +2,7 @@
 
 ``DIR/<step>`` keeps the last N steps and ``DIR/best/<step>`` the best one. A step holds:
 - ``state``: the sharded ``TrainState`` (restored with the shardings of the abstract target);
-- ``meta``: JSON given by the caller (the config fingerprint, ``locvit.run_config``), so an
+- ``meta``: JSON given by the caller (the config fingerprint, ``locvit.workdir.fingerprint``), so an
   incompatible workdir is caught before compiling.
 
 No data-iterator state is saved: the input position is a function of the global step
@@ -18,8 +18,8 @@ verifies it (and that the restored state is finite), falls back to the newest in
 moves damaged steps to ``DIR/damaged/`` (never deleting anything). A committed step found without
 its manifest (written by a synchronous save killed before hashing it, or by an older locvit) gets
 it once orbax has read it back. On a bucket, what
-the checkpointer is writing is named to ``locvit.outage`` for the line a dead bucket ends the run
-with. See docs/reliability.md.
+the checkpointer is writing is named to ``locvit.workdir.outage`` for the line a dead bucket ends
+the run with. See docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -37,16 +37,11 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from locvit import outage, paths
-from locvit.checksums import CHECKSUMS, verify_checksums, write_checksums
+from locvit.workdir import outage, paths
+from locvit.workdir.checksums import CHECKSUMS, verify_checksums, write_checksums
 
 BEST_METRIC = "eval/top1"
 DAMAGED = "damaged"  # DIR/damaged/<step>: quarantined steps that failed verification
-
-
-def _one_line(error: BaseException) -> str:
-  text = str(error).strip().splitlines()
-  return f"{type(error).__name__}: {text[0][:200] if text else ''}"
 
 
 # A save's exchange between the run's processes failed: a peer process stopped or is late.
@@ -69,9 +64,9 @@ def _save_failure(error: BaseException) -> str:
   if jax.process_count() > 1 and _PEER_LOST.search(str(error)):
     return (
       "another process of this run did not reach the save's exchange (it stopped, or is late); "
-      "its own output says why: " + _one_line(error)
+      "its own output says why: " + outage.one_line(error)
     )
-  return _one_line(error)
+  return outage.one_line(error)
 
 
 def _manager(
@@ -325,7 +320,7 @@ class Checkpointer:
 
   def save(self, step: int, state: Any, meta: dict, force: bool = False) -> bool:
     """Saves ``step``'s ``state`` into ``DIR``; ``meta`` is JSON kept beside it
-    (``run_config.checkpoint_meta``). ``save_best`` keeps the best step, after evaluation."""
+    (``fingerprint.checkpoint_meta``). ``save_best`` keeps the best step, after evaluation."""
     items = self._items(step, state, meta, {})
     return self._save(self.manager, step, items, force)
 
@@ -371,7 +366,7 @@ class Checkpointer:
       try:
         self.best_score()
       except Exception as e:  # orbax/JSON raise many types for a damaged file
-        problem = _one_line(e)
+        problem = outage.one_line(e)
     if problem is None:
       self._add_missing_checksums(self.best, step, "its metadata")
     else:
@@ -407,7 +402,7 @@ class Checkpointer:
         try:
           meta = self.saved_meta(step)
         except Exception as e:  # a damaged metadata file: orbax/JSON raise many types
-          problem = f"metadata unreadable ({_one_line(e)})"
+          problem = f"metadata unreadable ({outage.one_line(e)})"
       if problem is None:
         check_fn(meta)  # an incompatible config is an error, not damage
         try:
@@ -415,7 +410,7 @@ class Checkpointer:
         except DamagedCheckpointError as e:
           problem = str(e)
         except Exception as e:  # TensorStore, orbax structure and I/O errors
-          problem = f"restore failed ({_one_line(e)})"
+          problem = f"restore failed ({outage.one_line(e)})"
       if problem is None:
         break
       damaged.append((step, problem))

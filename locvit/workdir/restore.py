@@ -1,8 +1,8 @@
 """Restoring a model's variables (no optimizer state) from a workdir's checkpoints: for
 evaluation, analysis, distillation teachers and fine-tuning (``config.init_from``).
 
-Reads through ``locvit.checkpoint.Checkpointer`` (read-only) and verifies the step's checksums
-first, so a damaged step is named instead of restored.
+Reads through ``locvit.workdir.checkpoint.Checkpointer`` (read-only) and verifies the step's
+checksums first, so a damaged step is named instead of restored.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import flax.linen as nn
 import jax
 import orbax.checkpoint as ocp
 
-from locvit import paths
-from locvit.checkpoint import Checkpointer, DamagedCheckpointError
-from locvit.checksums import verify_checksums
-from locvit.sharding import model_variable_shapes, with_shardings
+from locvit.platform.sharding import model_variable_shapes, with_shardings
+from locvit.workdir import paths
+from locvit.workdir.checkpoint import Checkpointer, DamagedCheckpointError
+from locvit.workdir.checksums import verify_checksums
 
 
 def restore_variables_args(abstract: dict[str, Any]) -> ocp.args.Composite:
@@ -108,7 +108,7 @@ def restore_model_variables(
 
 
 def saved_config(workdir: str, step: int | None = None) -> dict[str, Any]:
-  """The config fingerprint (``run_config.fingerprint``: model, data, class count) saved with
+  """The config fingerprint (``fingerprint.fingerprint``: model, data, class count) saved with
   ``workdir``'s checkpoint (the latest by default); read only, nothing is created."""
   checkpointer = _reader(workdir)
   try:

@@ -14,9 +14,9 @@ every 15 s; a run killed on another host blocks its workdir for at most a minute
 says when the lease expires.
 
 The lease's thread is also how the run hears from its bucket: it reports each failure and each
-answer to ``locvit.outage``, probing every few seconds while something waits on the bucket, so a
-bucket that stays away ends the run after ``config.bucket_timeout_seconds`` with one line. A lease
-outlives that limit, so a run that cannot reach its bucket stops before its lease can expire.
+answer to ``locvit.workdir.outage``, probing every few seconds while something waits on the bucket,
+so a bucket that stays away ends the run after ``config.bucket_timeout_seconds`` with one line. A
+lease outlives that limit, so a run that cannot reach its bucket stops before its lease can expire.
 
 Either way, a run notices when its lock was removed or taken by someone else (``check_lock``), and
 all processes agree on the outcome of ``claim`` before any of them goes on.
@@ -37,7 +37,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from locvit import outage, paths
+from locvit.workdir import outage, paths
 
 LOCK_NAME = "lock"
 LEASE_SECONDS = 60.0
@@ -385,8 +385,8 @@ def _lock_key(workdir) -> str:
 def acquire_lock(workdir, bucket_timeout: float = LEASE_SECONDS) -> None:
   """Locks ``DIR/lock`` for this process, or raises ``WorkdirError`` naming the holder.
 
-  On a bucket, also starts the process's ``locvit.outage`` watch: a bucket that does not answer
-  for ``bucket_timeout`` seconds ends the process with one line (exit status 2).
+  On a bucket, also starts the process's ``locvit.workdir.outage`` watch: a bucket that does not
+  answer for ``bucket_timeout`` seconds ends the process with one line (exit status 2).
   A lock this process already holds (a run in this process that ended by an exception) is kept.
   """
   key = _lock_key(workdir)
@@ -440,8 +440,8 @@ def claim(workdir, bucket_timeout: float = LEASE_SECONDS) -> None:
   TensorFlow is installed), and those clients retry a bucket that does not answer for
   ``bucket_timeout`` seconds (``paths.use_bucket_clients``; s3fs gives up after about 10 s,
   gcsfs after about 30 s): a shorter outage is ridden out, during a checkpoint save too, and
-  process 0's deadline (``locvit.outage``), not whichever call gave up first, ends a longer one.
-  ``release_lock`` puts both back, also when the claim fails.
+  process 0's deadline (``locvit.workdir.outage``), not whichever call gave up first, ends a longer
+  one. ``release_lock`` puts both back, also when the claim fails.
   """
   paths.use_bucket_clients(workdir, bucket_timeout)
   error = None

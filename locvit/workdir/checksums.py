@@ -15,11 +15,11 @@ import os
 
 from etils import epath
 
-from locvit import paths
+from locvit.workdir import paths
 
 CHECKSUMS = "checksums.json"  # in each committed step directory
 # Not hashed: the manifest itself, and orbax's step metadata, which orbax rewrites as it commits
-# the step (commit_timestamp_nsecs), after the manifest is written (``locvit.checkpoint``).
+# the step (commit_timestamp_nsecs), after the manifest is written (``locvit.workdir.checkpoint``).
 UNHASHED = (CHECKSUMS, "_CHECKPOINT_METADATA")
 
 

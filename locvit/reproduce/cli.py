@@ -1,0 +1,215 @@
+"""``python -m locvit.reproduce``: flags, modes (run, ``--dry_run``, ``--report``, ``--pack``) and
+exits. Every refusal is one ``locvit.reproduce: error: ...`` line and exit status 2, before
+anything is created."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Sequence
+
+from locvit.choices import ArgumentParser
+from locvit.configs.reproduce_plans import PLANS
+from locvit.platform import cpu_malloc
+from locvit.reproduce import protocol
+from locvit.reproduce.budget import describe_budget_dry_run, measure
+from locvit.reproduce.data_checks import (
+  check_batches,
+  check_data,
+  check_protocol_data,
+  describe_data,
+)
+from locvit.reproduce.plans import (
+  ReproduceError,
+  get_plan,
+  parse_fraction,
+  plan_configs,
+  select_rows,
+)
+from locvit.reproduce.runs import reproduce
+from locvit.run import preemption
+
+USAGE = "Reproduce a paper table in one command, within a time budget."
+
+
+def dry_run(
+  name: str,
+  minutes: float | None = None,
+  seeds: int | None = None,
+  fraction: float | str = 1.0,
+  rows: str | None = None,
+  probe_here: bool = False,
+  data: str = "image_folder",
+  tfds_data_dir: str | None = None,
+) -> str:
+  """The plan, printed, and nothing created: rows, seeds, model, batch, epochs, images per run
+  and the estimated wall time (a probe here with ``probe_here``, else the kit's H200 figures).
+  A protocol plan that does not fit ``minutes`` raises ``ReproduceError`` with its estimate."""
+
+  plan = get_plan(name)
+  configs = plan_configs(plan, select_rows(plan, rows), data, tfds_data_dir)
+  costs = None
+  with tempfile.TemporaryDirectory(prefix="locvit-dry-run-") as scratch:
+    if probe_here:
+      for row, config in configs.items():
+        check_data(config, row)
+      check_batches(plan, configs)
+      costs = measure(configs, os.path.join(scratch, "_probe"))
+    if not plan.get("protocol"):
+      text = describe_budget_dry_run(plan, configs, seeds or 2, minutes or 60.0, costs)
+    else:
+      check_protocol_data(plan, configs)
+      seeds = seeds or 1
+      table, fraction, total, source = protocol.protocol_estimate(
+        plan, configs, seeds, minutes, fraction, costs
+      )
+      text = protocol.describe_protocol(plan["title"], table, fraction, seeds, total, source)
+      data_line = describe_data(next(iter(configs.values())))
+      text += f"\nData: {data_line}."
+  print(text + "\nNothing was created (--dry_run).", flush=True)
+  if plan.get("protocol"):
+    protocol.check_fits(name, total, minutes, 0.0, table, seeds)
+  return text
+
+
+def pack_workdir(name: str, workdir: str, path: str) -> int:
+  """``--pack``: the plan's workdir as ``path``, with one line on what it holds."""
+  from locvit.reproduce import pack
+
+  path_json = os.path.join(workdir, "plan.json")
+  if not os.path.exists(path_json):
+    raise ReproduceError(f"--pack: {workdir} holds no plan (no plan.json)")
+  with open(path_json) as f:
+    saved = json.load(f)["plan"]
+  if saved != name:
+    raise ReproduceError(f"--pack: {workdir} holds plan {saved!r}, not {name!r}")
+  left_out = pack.pack(workdir, path)
+  print(
+    f"Packed {workdir} into {path} ({os.path.getsize(path) / 1e6:.1f} MB; "
+    f"{len(left_out)} checkpoint folders left out: best/ and steps older than each run's newest). "
+    f"On the next machine: tar xzf {os.path.basename(path)}, then the same command with "
+    f"--workdir={os.path.basename(os.path.abspath(workdir))}."
+  )
+  return 0
+
+
+def parser() -> ArgumentParser:
+  """The command's flags."""
+  p = ArgumentParser(prog="python -m locvit.reproduce", description=USAGE)
+  p.add_argument("plan", help=f"one of: {', '.join(sorted(PLANS))}")
+  p.add_argument("--workdir", default=None, help="required except with --dry_run")
+  p.add_argument(
+    "--minutes",
+    type=float,
+    default=None,
+    help="total budget, probes included (budget plans: default 60; protocol plans: refused when "
+    "their estimate does not fit)",
+  )
+  p.add_argument(
+    "--seeds", type=int, default=None, help="seeds per row (default 2; protocol plans 1)"
+  )
+  p.add_argument("--report", action="store_true", help="only write results.md/.json now")
+  p.add_argument(
+    "--pack",
+    default=None,
+    metavar="FILE",
+    help="write --workdir as a .tar.gz to continue elsewhere: each run's newest checkpoint only, "
+    "no best/",
+  )
+  p.add_argument(
+    "--dry_run", action="store_true", help="print the plan and its estimate; create nothing"
+  )
+  p.add_argument(
+    "--estimate",
+    choices=("probe", "kit"),
+    default=None,
+    help="protocol plans' time estimate: a short probe of each row here (default for a run) or "
+    "the accelerator kit's H200 figures (default with --dry_run; skips the probe on a GPU)",
+  )
+  p.add_argument(
+    "--fraction",
+    default="1",
+    help="protocol plans: train this fraction (0, 1] of the paper's epochs, schedule shrunk "
+    "alike, or 'fit': the largest that fits --minutes",
+  )
+  p.add_argument(
+    "--rows", default=None, help="comma-separated rows to run (default: all but optional ones)"
+  )
+  p.add_argument(
+    "--data",
+    default="image_folder",
+    help="where CIFAR-10 is read from, as locvit.main's --data: 'image_folder' ($CIFAR10_ROOT, "
+    "the default), 'image_folder:DIR' (or DIR), 'tfds' or 'tfds:DATA_DIR'",
+  )
+  p.add_argument(
+    "--tfds_data_dir",
+    default=None,
+    help="with --data=tfds: the data_dir CIFAR-10 was prepared in (default: TFDS's own); the "
+    "same as --data=tfds:DATA_DIR",
+  )
+  return p
+
+
+def checked_fraction(args) -> float | str:
+  """``--fraction``, refused for a budget plan and as 'fit' without ``--minutes``; an unknown plan
+  is refused first whatever the mode."""
+  fraction = parse_fraction(args.fraction)
+  plan = get_plan(args.plan)
+  if fraction != 1 and not plan.get("protocol"):
+    raise ReproduceError(f"--fraction is for paper-protocol plans; {args.plan!r} is a budget plan")
+  if fraction == "fit" and args.minutes is None:
+    raise ReproduceError("--fraction=fit needs --minutes")
+  return fraction
+
+
+def write_report_now(name: str, workdir: str) -> int:
+  """``--report``: the report of what has finished so far."""
+  from locvit.reproduce import report as reproduce_report
+
+  try:
+    reproduce_report.write_report(name, workdir)
+  except ValueError as e:  # no plan.json yet
+    raise ReproduceError(str(e)) from e
+  return 0
+
+
+def run_mode(args) -> int:
+  """The mode the flags name, run; its exit status (130: stopped, everything saved)."""
+  fraction = checked_fraction(args)
+  if args.dry_run:
+    dry_run(
+      args.plan, args.minutes, args.seeds, fraction, args.rows, args.estimate == "probe",
+      args.data, args.tfds_data_dir,
+    )  # fmt: skip
+    return 0
+  if args.workdir is None:
+    raise ReproduceError("--workdir is required (except with --dry_run)")
+  if args.pack:
+    return pack_workdir(args.plan, args.workdir, args.pack)
+  if args.report:
+    return write_report_now(args.plan, args.workdir)
+  result = reproduce(
+    args.plan, args.workdir, args.minutes, args.seeds, args.data, args.tfds_data_dir,
+    fraction, args.rows, args.estimate != "kit",
+  )  # fmt: skip
+  return 0 if result is not None else 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """``python -m locvit.reproduce PLAN --minutes=M --workdir=DIR [--seeds=K] [--report]``, or
+  ``PLAN --dry_run [--estimate=probe]``.
+
+  Returns the exit status.
+  """
+  args = parser().parse_args(argv)
+  if argv is None:  # the command line, as locvit.main: TCMalloc where installed (README, "On CPU")
+    cpu_malloc.reexec_with("auto")
+    preemption.redeliver_swallowed_stops({KeyboardInterrupt: signal.SIGINT})
+  try:
+    return run_mode(args)
+  except ReproduceError as e:
+    print(f"locvit.reproduce: error: {e}", file=sys.stderr)
+    return 2

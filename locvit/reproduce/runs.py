@@ -1,0 +1,190 @@
+"""Running a plan: its saved ``DIR/plan.json`` (made here or resumed), each run's config, and the
+runs trained seed by seed, alternating rows, each an ordinary locvit workdir ``DIR/ROW/seedK``.
+
+Ctrl-C or SIGTERM saves a checkpoint at the end of the current step and leaves everything
+resumable: running the command again skips finished runs and resumes interrupted ones, on this
+machine or another one the workdir was copied to.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import ml_collections
+
+from locvit import metrics as metrics_lib
+from locvit.reproduce import protocol
+from locvit.reproduce.budget import RowCost, budgeted_config, describe, make_plan, run_seconds
+from locvit.reproduce.data_checks import check_batches, check_data
+from locvit.reproduce.plans import (
+  ReproduceError,
+  get_plan,
+  plan_configs,
+  plan_runs,
+  row_steps,
+  run_dir,
+  saved_cost,
+  saved_rows,
+  select_rows,
+)
+from locvit.run import preemption
+
+
+def is_finished(workdir: str, steps: int) -> bool:
+  """Whether the run in ``workdir`` has its final evaluation at ``steps``."""
+  if not os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+    return False
+  return any(r.get("step") == steps and "eval/top1" in r for r in metrics_lib.read_metrics(workdir))
+
+
+class Interrupt:
+  """Ctrl-C or SIGTERM between runs stops at once (``KeyboardInterrupt``); inside a run's training
+  loop, the loop's own handler (``train.PreemptionWatcher``) saves the step first."""
+
+  def __enter__(self):
+    self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    return self
+
+  def _handle(self, signum, frame):
+    preemption.raise_stop(KeyboardInterrupt, signum, frame)  # never inside an XLA compilation
+
+  def __exit__(self, *exc):
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+
+
+def load_or_make_plan(
+  name, plan, configs, workdir, seeds, minutes, started, fraction=1.0, probe_here=True
+) -> dict[str, Any]:
+  """The plan saved in ``workdir/plan.json`` (a re-run resumes it, on this machine or another one
+  the workdir was copied to).
+
+  Without one, a new plan is measured on this machine.
+  """
+  path = os.path.join(workdir, "plan.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+    if saved["plan"] != name:
+      raise ReproduceError(
+        f"{workdir} holds plan {saved['plan']!r}, not {name!r}: use a new --workdir"
+      )
+    if seeds is not None and seeds != saved["seeds"]:
+      raise ReproduceError(
+        f"{workdir} was planned with --seeds={saved['seeds']}; use that or a new --workdir"
+      )
+    steps = sorted({row_steps(saved, row) for row in saved_rows(saved, plan)})
+    print(
+      f"Resuming the plan saved in {path} ({'/'.join(map(str, steps))} steps per run).",
+      flush=True,
+    )
+    return saved
+  if plan.get("protocol"):
+    saved = protocol.make_protocol_plan(
+      name, plan, configs, workdir, seeds or 1, minutes, fraction, started, probe_here
+    )
+  else:
+    saved = make_plan(name, plan, configs, workdir, seeds or 2, minutes or 60.0, started)
+  os.makedirs(workdir, exist_ok=True)
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(saved, f, indent=2)
+  os.replace(tmp, path)
+  return saved
+
+
+def config_of_run(plan, saved, configs, row: str, seed: int) -> ml_collections.ConfigDict:
+  """The config of one run of a saved plan."""
+  if saved.get("protocol"):
+    spec = plan["rows"][row]
+    config = protocol.protocol_config(
+      configs[row], spec["paper_train_examples"], saved["fraction"], seed
+    )
+    if config.total_steps != row_steps(saved, row):
+      raise ReproduceError(
+        f"row {row!r}: this checkout gives {config.total_steps} steps, the saved plan "
+        f"{row_steps(saved, row)}; run it with the locvit commit {saved['locvit_commit']}"
+      )
+    return config
+  return budgeted_config(configs[row], row_steps(saved, row), seed)
+
+
+def reproduce(
+  name: str,
+  workdir: str,
+  minutes: float | None = None,
+  seeds: int | None = None,
+  data: str = "image_folder",
+  tfds_data_dir: str | None = None,
+  fraction: float | str = 1.0,
+  rows: str | None = None,
+  probe_here: bool = True,
+) -> dict[str, Any] | None:
+  """Plans (or resumes) and trains ``name`` in ``workdir``; returns the report (None when
+  interrupted). A protocol plan is estimated by a probe here, or (``probe_here=False``) from the
+  kit's H200 figures."""
+  from locvit.reproduce import report as reproduce_report
+
+  started = time.time()
+  plan = get_plan(name)
+  configs = plan_configs(plan, chosen_rows(plan, workdir, rows), data, tfds_data_dir)
+  for row, config in configs.items():
+    check_data(config, row)
+  check_batches(plan, configs)
+  with Interrupt():
+    try:
+      saved = load_or_make_plan(
+        name, plan, configs, workdir, seeds, minutes, started, fraction, probe_here
+      )
+      if not saved.get("protocol"):
+        print(describe(saved, plan), flush=True)
+      train_runs(plan, saved, configs, workdir)
+    except KeyboardInterrupt:
+      print(
+        f"\nStopped. Everything is saved: run the same command again to resume ({workdir}; "
+        "on another machine, copy it there first).",
+        flush=True,
+      )
+      return None
+  return reproduce_report.write_report(name, workdir)
+
+
+def chosen_rows(plan: dict[str, Any], workdir: str, rows: str | None) -> list[str]:
+  """``--rows`` (``select_rows``), except that a resumed plan keeps the rows it was saved with."""
+  chosen = select_rows(plan, rows)
+  saved_path = os.path.join(workdir, "plan.json")
+  if os.path.exists(saved_path):
+    with open(saved_path) as f:
+      chosen = saved_rows(json.load(f), plan)
+  return chosen
+
+
+def train_runs(plan, saved, configs, workdir: str) -> None:
+  """Trains the saved plan's unfinished runs in order, after printing their estimated end; a stop
+  signal inside a run raises ``KeyboardInterrupt`` once the run has saved its step. Each run
+  records its own sessions' wall time and load (``locvit.workdir.provenance``), which the report
+  reads."""
+  from locvit import train
+
+  runs = plan_runs(plan, saved["seeds"], saved_rows(saved, plan))
+  todo = [(s, r) for s, r in runs if not is_finished(run_dir(workdir, r, s), row_steps(saved, r))]
+  remaining = sum(
+    run_seconds(RowCost(**saved_cost(saved, r)), row_steps(saved, r)) for _, r in todo
+  )
+  end = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=remaining)
+  print(
+    f"{len(runs) - len(todo)} of {len(runs)} runs finished; estimated end "
+    f"{end:%Y-%m-%d %H:%M} UTC.",
+    flush=True,
+  )
+  for seed, row in todo:
+    path = run_dir(workdir, row, seed)
+    print(f"\n== {row} seed {seed}: {path}", flush=True)
+    result = train.train_and_evaluate(config_of_run(plan, saved, configs, row, seed), path)
+    if result.get("preempted"):
+      raise KeyboardInterrupt

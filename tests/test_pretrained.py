@@ -1,0 +1,241 @@
+"""Published weights (``locvit.convert.load_pretrained``): timm's resampled position embedding, a
+fresh head, the hub cache read offline, and one line for each bad input. The weights are saved
+from the PyTorch reference modules with timm's parameter names (``tests/torch_reference.py``)."""
+
+from __future__ import annotations
+
+import json
+
+import flax
+import jax
+import numpy as np
+import pytest
+
+from locvit.convert import (
+  WeightsError,
+  from_timm,
+  imagenet_class_names,
+  load_pretrained,
+  resolve_weights,
+)
+from locvit.models import create_model
+from locvit.models.convit import convit_overrides
+from locvit.models.resampling import resample_abs_pos_embed
+
+torch = pytest.importorskip("torch")
+import torch_reference as tr  # noqa: E402  (after the torch check)
+
+# Two-block models at 32 px (patch 4, an 8x8 grid): every code path of the full sizes, in seconds.
+CONVIT = ("convit_tiny_patch4_32", dict(convit_overrides(1, depth=2)))
+DEIT = ("deit_tiny_patch4_32", dict(depth=2))
+TORCH_KWARGS = dict(depth=2, img_size=32, patch_size=4)
+
+
+def reference(family: str, num_classes: int = 1000, img_size: int = 32, seed: int = 0):
+  torch.manual_seed(seed)
+  extra = dict(local_up_to_layer=1) if family == "convit" else {}
+  kwargs = {**TORCH_KWARGS, "img_size": img_size}
+  return tr.perturb_(tr.build(f"{family}_tiny", num_classes=num_classes, **kwargs, **extra))
+
+
+def save(model, path):
+  from safetensors.torch import save_file
+
+  save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+  return str(path)
+
+
+def torch_logits(model, x):
+  with torch.no_grad():
+    return model.eval()(torch.from_numpy(x).permute(0, 3, 1, 2)).numpy()
+
+
+def images(size=32, batch=2, seed=0):
+  return np.random.default_rng(seed).normal(size=(batch, size, size, 3)).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+  "old, new, prefix", [(14, 24, 1), (14, 7, 1), (8, 12, 0), (8, 5, 2), (7, 16, 0)]
+)
+def test_resample_abs_pos_embed_is_timms(old, new, prefix):
+  posemb = np.random.default_rng(old).normal(0, 0.1, (1, prefix + old * old, 16))
+  posemb = posemb.astype(np.float32)
+  expected = tr.resample_abs_pos_embed(torch.from_numpy(posemb), (new, new), prefix).numpy()
+  got = resample_abs_pos_embed(posemb, (new, new), num_prefix_tokens=prefix)
+  assert got.dtype == np.float32 and got.shape == expected.shape
+  np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("family, spec", [("convit", CONVIT), ("deit", DEIT)])
+def test_same_classes_and_size_is_the_conversion(tmp_path, family, spec):
+  name, overrides = spec
+  model_t = reference(family)
+  pretrained = load_pretrained(save(model_t, tmp_path / "w.safetensors"), model=name, **overrides)
+  assert (pretrained.model, pretrained.num_classes, pretrained.image_size) == (name, 1000, 32)
+  assert pretrained.notes == ()
+  assert pretrained.label_names == imagenet_class_names()  # 1000 classes: ImageNet's names
+  assert pretrained.label_names[:2] == ("tench, Tinca tinca", "goldfish, Carassius auratus")
+  x = images()
+  logits = pretrained.create_model().apply(pretrained.variables, x)
+  np.testing.assert_allclose(logits, torch_logits(model_t, x), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family, spec", [("convit", CONVIT), ("deit", DEIT)])
+def test_finetune_at_another_resolution_and_class_count(tmp_path, family, spec):
+  name, overrides = spec
+  model_t = reference(family)
+  path = save(model_t, tmp_path / "w.safetensors")
+  tuned = load_pretrained(path, model=name, num_classes=10, img_size=48, **overrides)
+  prefix = 0 if family == "convit" else 1
+  params = flax.traverse_util.flatten_dict(tuned.variables["params"], sep="/")
+  # timm's resample_abs_pos_embed of the 8x8 grid to 12x12.
+  expected = tr.resample_abs_pos_embed(model_t.pos_embed.detach(), (12, 12), prefix).numpy()
+  np.testing.assert_allclose(params.pop("pos_embed"), expected, atol=1e-6, rtol=0)
+  # A fresh head of the new width: the model's own initialisation (zero bias, small weights).
+  kernel, bias = params.pop("head/kernel"), params.pop("head/bias")
+  assert kernel.shape == (192, 10) and not bias.any() and 0 < kernel.std() < 0.05
+  # Everything else is locvit.convert's conversion of the checkpoint.
+  converted = from_timm(name, model_t.state_dict(), **overrides)["params"]
+  converted = flax.traverse_util.flatten_dict(converted, sep="/")
+  assert set(params) == set(converted) - {"pos_embed", "head/kernel", "head/bias"}
+  for key, value in params.items():
+    np.testing.assert_array_equal(value, converted[key], err_msg=key)
+  assert tuned.notes == (
+    "pos_embed resampled from a 8x8 to a 12x12 patch grid (32 -> 48 px, bicubic, antialiased)",
+    "head re-initialised: the weights have 1000 classes, the model 10",
+  )
+  assert tuned.label_names is None and tuned.data_config.image_size == 48
+
+
+def test_gpsa_follows_the_new_grid(tmp_path):
+  """ConViT at 48 px from 32 px weights equals the reference ConViT built at 48 px with timm's
+  resampled pos_embed: GPSA's positional scores come from the new grid's relative offsets."""
+  model_t = reference("convit")
+  path = save(model_t, tmp_path / "w.safetensors")
+  tuned = load_pretrained(path, img_size=48, model=CONVIT[0], **CONVIT[1])
+  at_48 = reference("convit", img_size=48)
+  state = dict(model_t.state_dict())
+  state["pos_embed"] = tr.resample_abs_pos_embed(model_t.pos_embed.detach(), (12, 12), 0)
+  at_48.load_state_dict(state)
+  x = images(48)
+  logits = tuned.create_model().apply(tuned.variables, x)
+  np.testing.assert_allclose(logits, torch_logits(at_48, x), atol=1e-4, rtol=0)
+
+
+def hub_cache(root, repo: str, files: dict[str, bytes], revision: str = "0123abcd" * 5) -> str:
+  """The Hugging Face cache layout: models--ORG--NAME/{refs/main, snapshots/REV/FILES}."""
+  folder = root / f"models--{repo.replace('/', '--')}"
+  (folder / "refs").mkdir(parents=True)
+  (folder / "refs" / "main").write_text(revision)
+  snapshot = folder / "snapshots" / revision
+  snapshot.mkdir(parents=True)
+  for filename, data in files.items():
+    (snapshot / filename).write_bytes(data)
+  return str(root)
+
+
+TIMM_CONFIG = {
+  "architecture": "convit_tiny",
+  "num_classes": 1000,
+  "num_features": 192,
+  "pretrained_cfg": {
+    "tag": "fb_in1k",
+    "input_size": [3, 224, 224],
+    "fixed_input_size": True,
+    "interpolation": "bicubic",
+    "crop_pct": 0.875,
+    "crop_mode": "center",
+    "mean": [0.485, 0.456, 0.406],
+    "std": [0.229, 0.224, 0.225],
+    "num_classes": 1000,
+    "first_conv": "patch_embed.proj",
+    "classifier": "head",
+  },
+}
+
+
+@pytest.fixture
+def offline_cache(tmp_path, monkeypatch):
+  model_t = reference("convit")
+  path = save(model_t, tmp_path / "w.safetensors")
+  config = json.dumps(TIMM_CONFIG).encode()
+  with open(path, "rb") as f:
+    files = {"config.json": config, "model.safetensors": f.read()}
+  cache = hub_cache(tmp_path / "hub", "timm/convit_tiny.fb_in1k", files)
+  monkeypatch.setenv("HF_HUB_CACHE", cache)
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  return path
+
+
+@pytest.mark.parametrize("name", ["hf-hub:timm/convit_tiny.fb_in1k", "convit_tiny.fb_in1k"])
+def test_hub_name_from_the_offline_cache(offline_cache, name):
+  from_hub = load_pretrained(name, model=CONVIT[0], **CONVIT[1])
+  from_file = load_pretrained(offline_cache, model=CONVIT[0], **CONVIT[1])
+  assert from_hub.source.endswith("model.safetensors") and "models--timm--convit_tiny" in (
+    from_hub.source
+  )
+  jax.tree.map(np.testing.assert_array_equal, from_hub.variables, from_file.variables)
+  assert from_hub.data_config.crop_pct == 0.875 and from_hub.data_config.interpolation == "bicubic"
+  assert from_hub.data_config.image_size == 32  # the model's grid, not the config's 224
+
+
+def test_bad_inputs_are_one_line(tmp_path, offline_cache, monkeypatch):
+  def error(*args, **kwargs) -> str:
+    with pytest.raises(WeightsError) as e:
+      load_pretrained(*args, **kwargs)
+    message = str(e.value)
+    assert "\n" not in message
+    return message
+
+  missing = str(tmp_path / "nope.safetensors")
+  assert error(missing).startswith(f"{missing}: no such file or directory; give a .safetensors")
+  assert "hf-hub:timm/nope" in error("timm/nope")
+  message = error("hf-hub:timm/deit_tiny_patch16_224.fb_in1k")
+  repo = "timm/deit_tiny_patch16_224.fb_in1k"
+  assert f"{repo}/config.json is not in the Hugging Face cache" in message
+  assert "HF_HUB_OFFLINE=1" in message and "hf download" in message
+  deit = save(reference("deit"), tmp_path / "deit.safetensors")
+  message = error(deit, model=CONVIT[0], **CONVIT[1])
+  assert message.startswith(f"{deit} does not fit convit_tiny_patch4_32: ")
+  assert message.endswith(
+    "these are DeiT weights (without GPSA gating_param); use a deit_* model, or convit weights"
+  )
+  # The hub's config names the architecture: a DeiT model asked of ConViT weights.
+  message = error("convit_tiny.fb_in1k", model=DEIT[0], **DEIT[1])
+  assert "holds convit_tiny weights, which do not fit deit_tiny_patch4_32" in message
+  # A pos_embed that is no square grid cannot be resampled.
+  state = {k: v.numpy() for k, v in reference("convit").state_dict().items()}
+  state["pos_embed"] = state["pos_embed"][:, :60]
+  np.savez(tmp_path / "odd.npz", **state)
+  message = error(str(tmp_path / "odd.npz"), model=CONVIT[0], **CONVIT[1])
+  assert "pos_embed has 60 rows, which is no square patch grid" in message
+  assert "patch size 4" in error(offline_cache, model=CONVIT[0], img_size=30, **CONVIT[1])
+  with pytest.raises(WeightsError, match="does not say its architecture"):
+    resolve_weights(offline_cache) and load_pretrained(offline_cache)
+
+
+def test_pth_without_torch_names_the_install(tmp_path, monkeypatch):
+  import sys
+
+  path = tmp_path / "w.pth"
+  torch.save(reference("convit").state_dict(), path)
+  monkeypatch.setitem(sys.modules, "torch", None)
+  with pytest.raises(WeightsError, match=r"needs PyTorch \(pip install torch\)"):
+    load_pretrained(str(path), model=CONVIT[0], **CONVIT[1])
+
+
+def test_converted_directory(tmp_path):
+  from locvit.convert.__main__ import main as convert_main
+
+  model_t = reference("convit")
+  path = save(model_t, tmp_path / "w.safetensors")
+  out = tmp_path / "flax"
+  argv = [f"--model={CONVIT[0]}", f"--input={path}", f"--output={out}"]
+  overrides = ["--override=depth=2", "--override=class_token_layer=1"]
+  overrides.append("--override=layer_attention=('gpsa', 'mhsa')")
+  assert convert_main([*argv, *overrides]) == 0
+  tuned = load_pretrained(str(out), num_classes=10, img_size=48)
+  direct = load_pretrained(path, model=CONVIT[0], num_classes=10, img_size=48, **CONVIT[1])
+  assert tuned.model == CONVIT[0] and tuned.notes == direct.notes
+  jax.tree.map(np.testing.assert_array_equal, tuned.variables, direct.variables)
+  assert create_model(CONVIT[0], num_classes=10, **CONVIT[1])  # the same model

@@ -1,0 +1,54 @@
+"""``configs/transfer.py``: every selection resolves and passes the run's checks, holds DeiT's
+transfer recipe (deit#45), and a bad selection is one ``locvit: error:`` line."""
+
+import itertools
+
+import pytest
+
+from locvit import main, optim
+from locvit.configs import datasets, transfer
+from tests.test_cli_output import run_main
+
+SELECTIONS = list(itertools.product(transfer.MODELS, transfer.DATASETS, transfer.SIZES))
+
+
+def test_every_selection_resolves_and_validates(tmp_path):
+  for model, dataset, size in SELECTIONS:
+    config = transfer.get_config(f"{model},{dataset},{size}")
+    if dataset == "folder":
+      config = datasets.apply_data_flag(config, f"image_folder:{tmp_path}")
+    main.check_config(config)
+    assert config.model.name == transfer.MODELS[model] and config.data.image_size == size
+    expected = {"cifar10": 10, "cifar100": 100, "folder": None}[dataset]
+    assert config.data.num_classes == expected, (model, dataset)
+
+
+def test_the_recipe_is_deits_transfer_recipe():
+  c = transfer.get_config("deit_base,cifar100,384")
+  assert (c.optimizer.name, c.optimizer.momentum, c.optimizer.nesterov) == ("sgd", 0.9, True)
+  assert (c.optimizer.lr, c.batch_size, c.optimizer.weight_decay) == (0.01, 768, 1e-4)
+  assert optim.peak_learning_rate(c) == pytest.approx(0.015)  # main.py's --lr x batch / 512
+  assert c.num_epochs == 1000 and c.schedule.warmup_epochs == 5
+  assert c.model.overrides.drop_path_rate == 0.0 and c.random_erasing.prob == 0.0
+  assert (c.mixup.mixup_alpha, c.mixup.cutmix_alpha, c.label_smoothing) == (0.8, 1.0, 0.1)
+  assert (c.data.interpolation, c.data.eval_crop_pct) == ("bicubic", 0.875)
+  assert c.data.auto_augment == "rand-m9-mstd0.5-inc1" and c.data.repeated_augmentations == 3
+
+
+@pytest.mark.parametrize(
+  "arg, line",
+  [
+    (
+      "convit_tiny,cifar10,256",
+      "--config=transfer:convit_tiny,cifar10,256: unknown image size 256 for transfer.py; "
+      "choices: 224, 384",
+    ),
+    (
+      "deit_tiny,folder",
+      "data.root=None must be set when source='image_folder': give --data=image_folder:DIR",
+    ),
+  ],
+)
+def test_a_bad_selection_is_one_error_line(tmp_path, arg, line):
+  code, out, err = run_main("--print_config", f"--config=transfer:{arg}")
+  assert (code, out, err) == (2, "", f"locvit: error: {line}\n")
