@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import os
 import statistics
@@ -284,15 +285,12 @@ def proc_status_mb(field: str) -> float:
 
 def worker(framework: str, name: str, image_size: int, batch_size: int, threads: int) -> None:
   """Subprocess: peak RSS of six training steps above the RSS before the model is built."""
+  # The framework is imported before the baseline: its import cost is not the model's.
+  importlib.import_module(framework)
+  baseline = proc_status_mb("VmRSS")
   if framework == "jax":
-    import jax  # noqa: F401  (import cost is not the model's)
-
-    baseline = proc_status_mb("VmRSS")
     run, _, _ = jax_step(name, image_size, batch_size)
   else:
-    import torch  # noqa: F401
-
-    baseline = proc_status_mb("VmRSS")
     run = torch_step(name, image_size, batch_size, threads)
   for _ in range(6):  # under cpu_malloc=retain the heap settles after a few steps
     run()

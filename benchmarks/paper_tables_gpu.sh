@@ -8,9 +8,13 @@
 #
 # Needs, in the checkout on that machine: gpu_wheels/ (python benchmarks/gpu_wheels.py on a
 # machine with network; README, "Benchmark kit for a GPU machine without network") and CIFAR-10
-# as JPEG folders (ROOT/{train,test}/<class>/*.jpg, docs/data_preparation.md): $CIFAR10_ROOT if
+# as image folders (ROOT/{train,test}/<class>/*, docs/data_preparation.md): $CIFAR10_ROOT if
 # set, else the tarball $CIFAR10_TARBALL (default data/cifar10-jpeg.tar.gz, git-ignored: carry
-# it) unpacked to /tmp/cifar (benchmarks/gpu_machine.sh). Run from the checkout's root:
+# it) unpacked to /tmp/cifar (benchmarks/gpu_machine.sh). The plans take the lossless PNG folder
+# that `python -m locvit.data.prepare cifar10 --out=DIR` writes; given a JPEG folder (that
+# tarball) the script passes --allow_lossy_data, and each report's title says the data was
+# lossy. Runs evaluate as the official code did (every epoch, or every 3 passes for GMM), one
+# seed per row here (SEEDS; the plans' own default is 3). Run from the checkout's root:
 #
 #   bash benchmarks/paper_tables_gpu.sh                # results under $OUT (default /tmp/out)
 #
@@ -40,6 +44,11 @@ source benchmarks/gpu_machine.sh
 install_wheels gpu_wheels
 use_cifar10
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+LOSSY_FLAG=""  # the plans refuse a JPEG folder unless told so
+if find "$CIFAR10_ROOT/train" -iname '*.jp*g' -print -quit | grep -q .; then
+  LOSSY_FLAG=--allow_lossy_data
+  echo "CIFAR-10 in $CIFAR10_ROOT is a JPEG copy: $LOSSY_FLAG" | tee -a "$OUT/device.txt"
+fi
 for parts in paper_tables_carry/*.tgz.aa; do  # an earlier machine's workdirs: continue them
   [ -e "$parts" ] || continue
   cat "${parts%.aa}".* | tar -xz -C "$WORK"
@@ -54,8 +63,9 @@ run_plan() {  # a plan given 0 minutes is skipped
   if python3 -c "import sys; sys.exit(float($minutes) > 0)"; then return; fi
   seconds=$(python3 -c "print(int($minutes * 60 + 20))")
   timeout --signal=INT --kill-after=60 "$seconds" \
-    python3 -m locvit.reproduce "$plan" --workdir="$WORK/$plan" --seeds=1 \
-      --minutes="${PLAN_MINUTES:-$minutes}" --fraction="${FRACTION:-fit}" --estimate=kit || true
+    python3 -m locvit.reproduce "$plan" --workdir="$WORK/$plan" --seeds="${SEEDS:-1}" \
+      --minutes="${PLAN_MINUTES:-$minutes}" --fraction="${FRACTION:-fit}" --estimate=kit \
+      $LOSSY_FLAG || true
   python3 -m locvit.reproduce "$plan" --workdir="$WORK/$plan" --report || true
 }
 

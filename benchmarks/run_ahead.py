@@ -1,6 +1,6 @@
-"""Does bounding how far the host runs ahead of the device (``train.RunAhead``, 2 steps) slow the
-training step? The quickstart's loop body (next batch, device transfer, jitted step) timed with
-and without the bound, side by side.
+"""Does bounding how far the host runs ahead of the device (``locvit.run.cadence.RunAhead``, 2
+steps) slow the training step? The quickstart's loop body (next batch, device transfer, jitted step)
+timed with and without the bound, side by side.
 
   python benchmarks/run_ahead.py [--repeats=5] [--steps=100]
 
@@ -24,7 +24,7 @@ from absl import app, flags
 from locvit import train
 from locvit.configs import quickstart
 from locvit.platform import sharding
-from locvit.run import bundle
+from locvit.run import bundle, cadence
 from locvit.run.step import initial_health
 
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Interleaved repeats of each variant.")
@@ -48,7 +48,7 @@ def main(argv):
     with contextlib.closing(run.train_batches(0)) as batches:
 
       def steps(state, health, limit):
-        run_ahead = train.RunAhead(limit)
+        run_ahead = cadence.RunAhead(limit)
         for _ in range(_STEPS.value):
           batch = sharding.global_batch(next(batches), run.batch_sharding)
           run_ahead.wait()

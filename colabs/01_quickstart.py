@@ -77,6 +77,7 @@ import tempfile
 from locvit import train
 from locvit.configs.quickstart import get_config
 from locvit.metrics import read_metrics
+from locvit.run import evaluation
 
 config = get_config()
 config.model.name = "convit_tiny_patch2_32"
@@ -102,6 +103,6 @@ assert final["eval/top1"] > 0.8
 # ## Evaluate the saved checkpoint (what `--mode=eval` does)
 
 # %%
-again = train.evaluate_checkpoint(config, workdir)
+again = evaluation.evaluate_checkpoint(config, workdir)
 print(again)
 assert abs(again["eval/top1"] - final["eval/top1"]) < 1e-6

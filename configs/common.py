@@ -83,7 +83,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.grad_clip_norm = 0.0  # 0: off
   c.grad_accum_steps = 1
   # Optimizer steps per host dispatch (one lax.scan over that many batches already on the device);
-  # log, save and evaluation steps still happen exactly (locvit.train.dispatch_end).
+  # log, save and evaluation steps still happen exactly (locvit.run.cadence.dispatch_end).
   c.steps_per_dispatch = 1
   c.label_smoothing = 0.0
   c.freeze = ()  # regexes on '/'-joined param paths, e.g. ('gating_param',)

@@ -1,17 +1,17 @@
 """Reduced-scale sample-efficiency experiment (the idea of ConViT Table 2 / Fig. 2, on a CPU):
 ConViT vs DeiT of the same size, trained identically on 10% of CIFAR-10.
 
-  python -m locvit.data.prepare cifar10 --out=/tmp/cifar10   # JPEG q75 image folders
+  python -m locvit.data.prepare cifar10 --format=jpeg --out=/tmp/cifar10   # JPEG q75 folders
   export CIFAR10_ROOT=/tmp/cifar10
   python -m locvit.main --config=configs/convit_cifar10_small.py:convit --workdir=DIR_C
   python -m locvit.main --config=configs/convit_cifar10_small.py:deit --workdir=DIR_D
   python -m locvit.main --workdir=DIR_C --mode=analyze   # Figs. 5-7 for the run
 
-Data: the image-folder copy of CIFAR-10 (JPEG q75, from ``python -m locvit.data.prepare cifar10``),
-the first 10% of each class (``data.train_fraction=0.1``: 500 images per class, 5,000 in all,
-the official per-class subsampling), 32x32, random crop (padding 4) + flip, CIFAR-10 mean/std;
-evaluation on the full 10,000-image test split. ``data.root`` comes from ``$CIFAR10_ROOT`` (or
-``--data=image_folder:DIR``).
+Data: the image-folder copy of CIFAR-10 (JPEG q75: ``python -m locvit.data.prepare cifar10
+--format=jpeg``), the first 10% of each class (``data.train_fraction=0.1``: 500 images per
+class, 5,000 in all, the official per-class subsampling), 32x32, random crop (padding 4) +
+flip, CIFAR-10 mean/std; evaluation on the full 10,000-image test split. ``data.root`` comes
+from ``$CIFAR10_ROOT`` (or ``--data=image_folder:DIR``).
 
 Models (both 4 heads x 48 = 192 channels, depth 6, MLP ratio 4, patch 4 -> 8x8 patches, about
 2.7M parameters; each family keeps its own qkv bias, False for ConViT and True for DeiT):

@@ -28,8 +28,9 @@ mean/std (0.4914, 0.4822, 0.4465) / (0.2023, 0.1994, 0.2010); no label smoothing
   every parameter.
 
 Data: TFDS ``cifar10`` by default (needs a prepared ``data_dir`` or network access). The offline
-image-folder copy of CIFAR-10 (JPEG quality 75; accuracies a little lower than the paper's), given
-by ``--data=image_folder:DIR`` or ``$CIFAR10_ROOT``::
+image-folder copy of CIFAR-10 (lossless PNG, the original pixels; ``--format=jpeg`` writes the
+smaller JPEG copy, whose accuracies are a little lower), given by ``--data=image_folder:DIR`` or
+``$CIFAR10_ROOT``::
 
   python -m locvit.data.prepare cifar10 --out=DIR
   python -m locvit.main --config=configs/cordonnier_cifar10.py:quadratic --workdir=RUN \\

@@ -2,7 +2,7 @@
 quadratic positional attention, SA with learned relative attention, ResNet18) at 10% of CIFAR-10,
 and the attention centres of Fig. 3 over training.
 
-  python -m locvit.data.prepare cifar10 --out=/tmp/cifar   # JPEG q75 image folders
+  python -m locvit.data.prepare cifar10 --format=jpeg --out=/tmp/cifar   # JPEG q75 folders
   export CIFAR10_ROOT=/tmp/cifar
   python -m locvit.main --config=configs/cordonnier_cifar10_small.py:quadratic --workdir=DIR_Q
   python -m locvit.main --config=configs/cordonnier_cifar10_small.py:learned --workdir=DIR_L

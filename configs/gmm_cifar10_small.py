@@ -1,7 +1,7 @@
 """Reduced-scale GMM / ELM (Li & Zhang, Table 6's CIFAR-10 d15 row, masks of Figs. 3-4) on a CPU:
 ViT vs ELM-ViT vs GMM-ViT trained identically at 10% of CIFAR-10.
 
-  python -m locvit.data.prepare cifar10 --out=/tmp/cifar   # JPEG q75 image folders
+  python -m locvit.data.prepare cifar10 --format=jpeg --out=/tmp/cifar   # JPEG q75 folders
   export CIFAR10_ROOT=/tmp/cifar
   python -m locvit.main --config=configs/gmm_cifar10_small.py:VARIANT --workdir=DIR
   python experiments/gmm_masks.py --vit_workdir=DIR_V --elm_workdir=DIR_E --gmm_workdir=DIR_G

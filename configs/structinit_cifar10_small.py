@@ -2,7 +2,7 @@
 Table 8 depth-8 ViT) on a CPU: the same ViT trained from trunc-normal, mimetic and impulse-3
 initializations at 10% of CIFAR-10.
 
-  python -m locvit.data.prepare cifar10 --out=/tmp/cifar   # JPEG q75 image folders
+  python -m locvit.data.prepare cifar10 --format=jpeg --out=/tmp/cifar   # JPEG q75 folders
   export CIFAR10_ROOT=/tmp/cifar
   python -m locvit.main --config=configs/structinit_cifar10_small.py:INIT --workdir=DIR \\
     --config.seed=SEED

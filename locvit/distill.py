@@ -37,7 +37,6 @@ import optax
 from absl import logging
 
 # Plain data beside the shipped configs (which must not import JAX); the library names stay.
-from locvit.configs.defaults import distillation_config as default_distillation_config  # noqa: F401
 from locvit.models import create_model
 from locvit.models.factory import distillation_enabled
 from locvit.platform import sharding

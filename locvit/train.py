@@ -16,7 +16,6 @@ docs/reliability.md).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import time
@@ -32,8 +31,9 @@ from locvit import metrics as metrics_lib
 from locvit.data import device_augment
 from locvit.platform import sharding, xla_options
 from locvit.run import bundle, evaluation
+from locvit.run.cadence import RunAhead, dispatch_end, is_evaluation_step, is_log_step, is_save_step
 from locvit.run.preemption import EvaluationInterruptedError, PreemptionWatcher
-from locvit.run.state import TrainState, apply_initializer, ema_enabled
+from locvit.run.state import TrainState, apply_initializer
 from locvit.run.step import (
   all_finite,
   check_finite_state,
@@ -41,7 +41,7 @@ from locvit.run.step import (
   guarded_steps,
   initial_health,
 )
-from locvit.workdir import checkpoint, fingerprint, lock, provenance, restore, saved_config
+from locvit.workdir import checkpoint, fingerprint, lock, provenance, saved_config
 
 # ------------------------------------------------------------------------------------------------
 # Loop helpers, in the order the loop calls them
@@ -141,59 +141,6 @@ def make_step_fn(run: bundle.Training) -> Callable:
   )
 
 
-class RunAhead:
-  """Bounds how far the host runs ahead of the device: before a dispatch (one step, or
-  ``config.steps_per_dispatch``), the dispatch ``limit`` earlier has finished. A stop request read
-  after step ``s`` (``should_stop``) then saves at most ``limit`` dispatches after the one the
-  device was running, instead of after every step dispatched since the last log line. ``limit`` 2
-  keeps the device fed (one dispatch queued while one runs): benchmarks/run_ahead.py."""
-
-  def __init__(self, limit: int | None = 2):
-    self.limit = limit
-    self._in_flight: collections.deque = collections.deque()  # outputs, oldest first
-
-  def wait(self) -> None:
-    """Blocks until fewer than ``limit`` dispatched steps may still be running."""
-    while self.limit is not None and len(self._in_flight) >= self.limit:
-      jax.block_until_ready(self._in_flight.popleft())
-
-  def dispatched(self, output) -> None:
-    """Records a step's output (arrays that step never donates) to wait on later."""
-    self._in_flight.append(output)
-
-
-def is_log_step(config, step: int, total_steps: int) -> bool:
-  """Whether the loop logs ``step``'s training row: every ``log_every_steps``, the first step and
-  the last."""
-  every = config.log_every_steps
-  return bool(every and step % every == 0) or step in (1, total_steps)
-
-
-def is_save_step(config, step: int, total_steps: int) -> bool:
-  """Whether the loop saves ``step`` (besides a stop request's step): every
-  ``checkpoint_every_steps``, and the last step."""
-  every = config.checkpoint_every_steps
-  return bool(every and step % every == 0) or step == total_steps
-
-
-def host_step(config, step: int, start: int, total_steps: int) -> bool:
-  """Whether the loop acts on ``step`` on the host: the first step after ``start`` (a progress
-  line), and the steps it logs, saves or evaluates."""
-  rules = (is_log_step, is_save_step, is_evaluation_step)
-  return step == start + 1 or any(rule(config, step, total_steps) for rule in rules)
-
-
-def dispatch_end(config, done: int, start: int, total_steps: int) -> int:
-  """The last step of the dispatch that follows step ``done``: ``config.steps_per_dispatch``
-  steps when none of them but the last is a host step, else one. So every host step ends a
-  dispatch, and a dispatch runs either K steps or one (two compiled programs)."""
-  k = config.steps_per_dispatch
-  steps = range(done + 1, done + k)  # all but the last
-  if done + k > total_steps or any(host_step(config, s, start, total_steps) for s in steps):
-    return done + 1
-  return done + k
-
-
 class AnalysisHooks:
   """Per-evaluation analysis asked by ``config.analysis``: locality metrics (nonlocality, gates,
   centres) and centre plots; their curves (ConViT Figs. 5-6) start at initialisation."""
@@ -249,12 +196,6 @@ def save_checkpoint(run, step: int, state: TrainState, meta, progress) -> None:
   progress.checkpoint(time.perf_counter() - save_start, waited=run.checkpointer.waited)
 
 
-def is_evaluation_step(config: ml_collections.ConfigDict, step: int, total_steps: int) -> bool:
-  """Whether the loop evaluates at ``step``: every ``eval_every_steps``, and at the last step."""
-  every = config.eval_every_steps
-  return bool(every and step % every == 0) or step == total_steps
-
-
 def evaluate_unevaluated_step(
   run, step: int, state, evaluate, analysis, progress, meta
 ) -> dict[str, Any]:
@@ -277,41 +218,6 @@ def evaluate_unevaluated_step(
   run.writer.flush()
   run.checkpointer.save_best(step, state, meta, final)
   return final
-
-
-def evaluate_with_ema(
-  eval_fn,
-  variables,
-  ema_params,
-  batches,
-  batch_sharding,
-  print_line: Callable[[str], None],
-  interrupted: Callable[[], bool] = lambda: False,
-) -> dict[str, Any]:
-  """``eval/*`` of ``variables`` (params, model_state); with EMA weights also ``eval_ema/*`` (timm
-  evaluates both the model and its EMA). A long evaluation prints its progress with
-  ``print_line``; it raises ``EvaluationInterruptedError`` after the batch during which
-  ``interrupted()`` became True."""
-
-  def on_batch():
-    show = metrics_lib.eval_progress(len(batches), print_line)
-
-    def call(done: int) -> None:
-      show(done)
-      if interrupted():
-        raise EvaluationInterruptedError(
-          f"the evaluation stopped after batch {done}/{len(batches)}"
-        )
-
-    return call
-
-  result = evaluation.evaluate(eval_fn, variables, batches, batch_sharding, on_batch())
-  if ema_params is not None:
-    ema_metrics = evaluation.evaluate(
-      eval_fn, (ema_params, variables[1]), batches, batch_sharding, on_batch()
-    )
-    result.update({k.replace("eval/", "eval_ema/"): v for k, v in ema_metrics.items()})
-  return result
 
 
 # ------------------------------------------------------------------------------------------------
@@ -450,45 +356,6 @@ def _evaluate(run, state, eval_fn, progress, preemption) -> dict[str, float]:
   ema = state.ema_params if run.use_ema else None
   variables = (state.params, state.model_state)
   interrupt = preemption.interrupts_evaluation
-  return evaluate_with_ema(
+  return evaluation.evaluate_with_ema(
     eval_fn, variables, ema, run.eval_batches, run.batch_sharding, progress.print_line, interrupt
   )
-
-
-def evaluate_checkpoint(
-  config: ml_collections.ConfigDict,
-  workdir: str,
-  step: int | None = None,
-  print_progress: Callable[[str], None] = lambda line: None,
-) -> dict[str, Any]:
-  """Eval-only mode: restores parameters from ``workdir`` (latest or ``step``) and evaluates;
-  ``print_progress`` gets a line every 10 s of a long evaluation.
-
-  With ``config.ema.decay > 0`` the EMA weights are evaluated too (``eval_ema/*``).
-  """
-  run = bundle.build_evaluation(config)
-  config, mesh, rules = run.config, run.mesh, run.rules  # completed with the defaults
-  # A checkpoint this config cannot read is refused before the model is traced (and warns).
-  step = restore.vetted_step(
-    workdir, step, lambda meta: fingerprint.check_compatible(meta["config"], config, workdir)
-  )
-  boxed_params, boxed_model_state = sharding.model_variable_shapes(run.model, run.image_shape)
-  variable_shardings = (
-    sharding.tree_shardings(boxed_params, mesh, rules),
-    sharding.tree_shardings(boxed_model_state, mesh, rules),
-  )
-  params, model_state = restore.read_model_variables(
-    workdir, run.model, run.image_shape, step, variable_shardings
-  )
-  ema = None
-  if ema_enabled(config):
-    ema = restore.restore_ema_params(workdir, step, variable_shardings[0], boxed_params)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    normalize = functools.partial(device_augment.normalize, data_config=config.data)
-    eval_fn = evaluation.make_eval_step(run.model, mesh, rules, variable_shardings, normalize)
-    variables = (params, model_state)
-    result = evaluate_with_ema(
-      eval_fn, variables, ema, run.eval_batches, run.batch_sharding, print_progress
-    )
-  result["step"] = step
-  return result

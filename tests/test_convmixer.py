@@ -14,8 +14,9 @@ import pytest
 import torch
 from torch import nn
 
+from locvit.configs.defaults import FROZEN_FILTERS
 from locvit.models import create_model, list_models
-from locvit.models.convmixer import FROZEN_FILTERS, ConvMixer, depthwise_filter_init
+from locvit.models.convmixer import ConvMixer, depthwise_filter_init
 from locvit.optim import freeze_labels
 
 

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from locvit.configs import defaults
 from locvit.data import device_augment as da
 
 B, H, W, C, K = 8, 16, 12, 3, 5
@@ -15,13 +16,13 @@ def images(seed=0):
 
 
 def mixup_cfg(**fields):
-  c = da.default_mixup_config()
+  c = defaults.mixup_config()
   c.update(fields)
   return c
 
 
 def erasing_cfg(**fields):
-  c = da.default_erasing_config()
+  c = defaults.erasing_config()
   c.update(fields)
   return c
 

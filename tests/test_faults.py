@@ -665,7 +665,7 @@ def test_damaged_checkpoints_fall_back_to_the_newest_intact_one_and_resume_exact
   with pytest.raises(
     checkpoint.DamagedCheckpointError, match=r"Checkpoint step 6 in .* is damaged"
   ):
-    train.evaluate_checkpoint(config, str(workdir))  # --mode=eval names the damage too
+    evaluation.evaluate_checkpoint(config, str(workdir))  # --mode=eval names the damage too
   train.train_and_evaluate(config, str(workdir))
   warnings = [r.getMessage() for r in caplog.records if "Damaged checkpoints" in r.getMessage()]
   assert len(warnings) == 1

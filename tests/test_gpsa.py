@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from locvit.attention import GPSA, TokenGrid, get_attention, list_attention
+from locvit.configs.defaults import convit_layers
 from locvit.models import create_model
-from locvit.models.convit import convit_layers, convit_overrides
+from locvit.models.convit import convit_overrides
 
 GRID = TokenGrid(5, 5)
 

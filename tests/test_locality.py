@@ -28,9 +28,11 @@ from locvit.analysis import locality, plots
 from locvit.analysis.hooks import training_hooks
 from locvit.attention import GPSA, TokenGrid
 from locvit.attention.gpsa import kernel_centres
+from locvit.configs import defaults
 from locvit.models import apply_with_intermediates, convit_overrides, create_model
 from locvit.models.factory import build_model
 from locvit.platform import sharding
+from locvit.run import evaluation
 from tests.train_utils import tiny_config
 
 DIGITS_STEPS_PER_EPOCH = 1437 // 32
@@ -42,7 +44,7 @@ def tiny_convit_config():
   c = tiny_config()
   c.model.name = "convit_tiny_patch2_32"
   c.model.overrides.update(dict(num_heads=4, head_dim=8, **convit_overrides(1, 2)))
-  c.analysis = locality.default_analysis_config()
+  c.analysis = defaults.analysis_config()
   c.analysis.map_layers = (0, 1)
   return c
 
@@ -492,7 +494,7 @@ def test_mode_eval_results_reach_the_curves_and_leave_metrics_jsonl_alone(
 ):
   config, run = unevaluated
   before = (tmp_path / "unevaluated" / "metrics.jsonl").read_text()
-  result = train.evaluate_checkpoint(config, run)
+  result = evaluation.evaluate_checkpoint(config, run)
   metrics_lib.append_evaluation(run, {**result, "eval_split": "test"})  # as --mode=eval does
   assert metrics_lib.read_evaluations(run) == [{**result, "eval_split": "test"}]
   assert analyze_lib.evaluated(run)
@@ -550,7 +552,7 @@ def test_eval_refuses_another_models_checkpoint_before_the_model_warns(trained):
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     with pytest.raises(ValueError, match="written by an incompatible config"):
-      train.evaluate_checkpoint(other, workdir)
+      evaluation.evaluate_checkpoint(other, workdir)
   assert [str(w.message) for w in caught] == []
 
 

@@ -79,15 +79,39 @@ def test_png_folders_hold_the_archive_pixels_in_order(tmp_path, capsys, dataset,
   )
 
 
-def test_jpeg_quality_75_by_default(tmp_path, with_checksum_of):
+def test_lossless_png_by_default(tmp_path, with_checksum_of):
   path = tmp_path / "cifar-10-python.tar.gz"
   _, content = official_archive(path, "cifar10")
   with_checksum_of("cifar10", path)
   assert prepare.main(["cifar10", f"--out={tmp_path}/d", f"--archive={path}"]) == 0
+  written = np.asarray(Image.open(tmp_path / "d/train/class0/00000.png"))
+  np.testing.assert_array_equal(written, content["train"][0][0])
+  assert not list((tmp_path / "d").rglob("*.jpg"))
+
+
+@pytest.mark.parametrize("quality", [None, 90])
+def test_jpeg_on_request_at_its_quality(tmp_path, capsys, with_checksum_of, quality):
+  path = tmp_path / "cifar-10-python.tar.gz"
+  _, content = official_archive(path, "cifar10")
+  with_checksum_of("cifar10", path)
+  argv = ["cifar10", f"--out={tmp_path}/d", f"--archive={path}", "--format=jpeg"]
+  assert prepare.main(argv + ([f"--quality={quality}"] if quality else [])) == 0
   written = np.asarray(Image.open(tmp_path / "d/train/class0/00000.jpg"), np.float32)
   buffer = io.BytesIO()
-  Image.fromarray(content["train"][0][0]).save(buffer, format="JPEG", quality=75)
+  Image.fromarray(content["train"][0][0]).save(buffer, format="JPEG", quality=quality or 75)
   np.testing.assert_array_equal(written, np.asarray(Image.open(buffer), np.float32))
+  assert f"images as jpeg (quality {quality or 75}, lossy) in " in capsys.readouterr().out
+
+
+def test_quality_without_jpeg_is_refused_and_writes_nothing(tmp_path, capsys):
+  argv = ["cifar10", f"--out={tmp_path}/d", "--archive=a.tar.gz", "--quality=90"]
+  assert prepare.main(argv) == 2
+  assert capsys.readouterr().err == (
+    "locvit.data.prepare: error: --quality=90 is for --format=jpeg; --format=png is lossless\n"
+  )
+  assert prepare.main([*argv[:3], "--format=jpeg", "--quality=0"]) == 2
+  assert capsys.readouterr().err == "locvit.data.prepare: error: --quality=0: must be 1-95\n"
+  assert not (tmp_path / "d").exists()
 
 
 def test_wrong_checksum_is_refused_and_writes_nothing(tmp_path, capsys):

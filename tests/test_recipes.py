@@ -14,11 +14,13 @@ from configs import recipes
 from configs.common import base_config
 from locvit import distill, train
 from locvit.analysis.hooks import training_hooks
+from locvit.configs import defaults
 from locvit.data import validate_data_config
 from locvit.metrics import read_metrics
 from locvit.models import create_model, surgery
 from locvit.models.factory import build_model
 from locvit.platform import sharding
+from locvit.run import evaluation
 from locvit.run.bundle import validate_recipe
 from locvit.run.step import ema_update
 from locvit.workdir import restore
@@ -132,7 +134,7 @@ def test_recipe_run_evaluates_model_and_ema(recipe_run):
     params3,
   )
   # Eval-only mode restores the EMA too and reproduces the final numbers.
-  again = train.evaluate_checkpoint(config, workdir)
+  again = evaluation.evaluate_checkpoint(config, workdir)
   assert again["eval_ema/top1"] == final["eval_ema/top1"]
   assert again["eval/loss"] == final["eval/loss"]
 
@@ -182,7 +184,7 @@ def test_distillation_losses_match_their_formulas():
   rng = np.random.default_rng(0)
   s, d, t = (rng.normal(size=(4, 6)).astype(np.float32) for _ in range(3))
   targets = jax.nn.softmax(rng.normal(size=(4, 6)).astype(np.float32))
-  cfg = distill.default_distillation_config()
+  cfg = defaults.distillation_config()
   cfg.type = "hard"
   base = -np.mean(np.sum(targets * jax.nn.log_softmax(s), -1))
   hard = -np.mean(jax.nn.log_softmax(d)[np.arange(4), t.argmax(-1)])

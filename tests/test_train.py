@@ -13,7 +13,7 @@ from locvit import train
 from locvit.metrics import read_metrics
 from locvit.models.factory import build_model
 from locvit.platform import sharding
-from locvit.run import bundle
+from locvit.run import bundle, cadence, evaluation
 from locvit.run.state import state_shardings
 from tests.train_utils import sigterm_after_step, tiny_config
 
@@ -147,7 +147,7 @@ def test_a_dispatch_ends_at_every_log_save_and_eval_step():
   def ends(start, total=6):
     done, out = start, []
     while done < total:
-      done = train.dispatch_end(config, done, start, total)
+      done = cadence.dispatch_end(config, done, start, total)
       out.append(done)
     return out
 
@@ -183,7 +183,7 @@ def test_eval_only_mode_matches_final_evaluation(tmp_path):
   config = tiny_config()
   final = train.train_and_evaluate(config, str(tmp_path))
   config.eval_batch_size = 24
-  again = train.evaluate_checkpoint(config, str(tmp_path))
+  again = evaluation.evaluate_checkpoint(config, str(tmp_path))
   assert again["eval/num_examples"] == final["eval/num_examples"]
   assert again["eval/top1"] == pytest.approx(final["eval/top1"])
   assert again["step"] == config.total_steps
@@ -192,7 +192,6 @@ def test_eval_only_mode_matches_final_evaluation(tmp_path):
 @pytest.mark.parametrize("batch", [8, 40, 64, 360])
 def test_evaluation_counts_every_example_once(tmp_path, batch):
   from locvit import data as data_lib
-  from locvit.run import evaluation
 
   config = tiny_config()
   source = data_lib.make_source(config.data, "test")

@@ -44,6 +44,7 @@ from locvit import data as data_lib
 from locvit import metrics as metrics_lib
 from locvit.analysis import centers, locality, masks, plots
 from locvit.attention import TokenGrid
+from locvit.configs import defaults
 from locvit.configs.common import complete_config
 from locvit.models.cordonnier import CordonnierNet
 from locvit.models.factory import build_model
@@ -56,7 +57,7 @@ _HEAD_KEY = re.compile(rf"^{locality.PREFIX}/(\w+)/layer_(\d+)/head_(\d+)$")
 
 
 def _analysis_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  analysis = locality.default_analysis_config()
+  analysis = defaults.analysis_config()
   analysis.update(config.analysis or {})
   return analysis
 

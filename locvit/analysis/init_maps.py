@@ -30,8 +30,9 @@ from matplotlib.figure import Figure
 
 from locvit.analysis.plots import save, shared_colour_bar, shared_norm
 from locvit.choices import ArgumentParser
+from locvit.configs.defaults import INIT_NAMES
 from locvit.data import augment
-from locvit.init.apply import INIT_NAMES, apply_init, init_config
+from locvit.init.apply import apply_init, init_config
 from locvit.models import apply_with_intermediates, block_attention_maps, create_model
 
 PROG = "python -m locvit.analysis.init_maps"
@@ -177,8 +178,8 @@ def load_images(
 def main(argv: Sequence[str] | None = None) -> int:
   """Command-line entry point (see the module docstring); prints the path of every PNG written.
   A wrong name or layer, or a missing folder, is one ``error:`` line and exit status 2."""
+  from locvit.configs.defaults import CIFAR10_MEAN, CIFAR10_STD
   from locvit.data import ImageFolderSource
-  from locvit.data.config import CIFAR10_MEAN, CIFAR10_STD
 
   parser = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
   parser.add_argument("--model", default="structvit_tiny_patch2_32", help="a registered model")

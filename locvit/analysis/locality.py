@@ -49,7 +49,6 @@ import numpy as np
 from locvit.attention import TokenGrid, get_attention, squared_distances
 
 # Plain data beside the shipped configs (which must not import JAX); the library names stay.
-from locvit.configs.defaults import analysis_config as default_analysis_config  # noqa: F401
 from locvit.models import VisionTransformer, apply_with_intermediates, block_attention_maps
 from locvit.models.layers import PatchEmbed
 

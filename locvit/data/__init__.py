@@ -1,5 +1,7 @@
 """locvit data: sources (digits, image folder, TFDS), augmentation and grain pipelines."""
 
+# Plain data beside the shipped configs (which must not import JAX); the library names stay.
+from locvit.configs.defaults import CIFAR10_MEAN, CIFAR10_STD, IMAGENET_MEAN, IMAGENET_STD
 from locvit.data import autoaugment
 from locvit.data.augment import (
   build_eval_transform,
@@ -10,10 +12,6 @@ from locvit.data.augment import (
   register_recipe,
 )
 from locvit.data.config import (
-  CIFAR10_MEAN,
-  CIFAR10_STD,
-  IMAGENET_MEAN,
-  IMAGENET_STD,
   default_data_config,
   validate_data_config,
 )

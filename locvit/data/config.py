@@ -16,16 +16,8 @@ from typing import Any
 
 from locvit.choices import Errors, check_choice
 from locvit.configs import datasets
-
-# Plain data beside the shipped configs (which must not import JAX); the library names stay.
-from locvit.configs.defaults import (  # noqa: F401
-  CIFAR10_MEAN,
-  CIFAR10_STD,
-  IMAGENET_MEAN,
-  IMAGENET_STD,
-  with_defaults,
-)
 from locvit.configs.defaults import data_config as default_data_config
+from locvit.configs.defaults import with_defaults
 from locvit.data import augment, autoaugment
 
 SOURCES = ("digits", "image_folder", "tfds")

@@ -18,8 +18,8 @@ turns integer labels into soft targets that fold in label smoothing:
 
 where ``smooth(t) = (1 - eps) t + eps / num_classes`` (timm's ``mixup_target``).
 
-Config (top-level fields of the experiment config, see ``default_mixup_config`` and
-``default_erasing_config``)::
+Config (top-level fields of the experiment config, see ``locvit.configs.defaults``'
+``mixup_config`` and ``erasing_config``)::
 
   mixup.mixup_alpha, mixup.cutmix_alpha   Beta(alpha, alpha) concentrations; 0 turns one off
   mixup.prob                              probability of mixing a batch (or an example)
@@ -38,10 +38,6 @@ import jax
 import jax.numpy as jnp
 
 from locvit.choices import Errors
-
-# Plain data beside the shipped configs (which must not import JAX); the library names stay.
-from locvit.configs.defaults import erasing_config as default_erasing_config  # noqa: F401
-from locvit.configs.defaults import mixup_config as default_mixup_config  # noqa: F401
 from locvit.data import augment, device_autoaugment
 from locvit.data.resample import PILLOW_ORDERS_PASSES, PRECISION_BITS, tap_tables
 

@@ -15,8 +15,8 @@ stacked ``(C, 3, H, Dh)`` q/k kernels where they are not at ``blocks_<i>/attn/qk
 - ``layout``: where a backbone's q/k/v/proj kernels live (``AttentionLayout``, ``LAYOUTS``).
 """
 
+from locvit.configs.defaults import INIT_NAMES
 from locvit.init.apply import (
-  INIT_NAMES,
   apply_init,
   check_init_config,
   init_config,

@@ -31,7 +31,7 @@ from absl import logging
 from locvit.attention import TokenGrid
 from locvit.choices import Errors, check_choice
 from locvit.configs import defaults
-from locvit.configs.defaults import DEFAULT_CACHE_DIR, INIT_NAMES  # noqa: F401  (re-exported)
+from locvit.configs.defaults import INIT_NAMES
 from locvit.init.baselines import BASES, apply_baseline
 from locvit.init.impulse import MODES, solve_impulse, solver_config
 from locvit.init.layout import (

@@ -29,7 +29,6 @@ from absl import logging
 from locvit.attention.geometry import TokenGrid
 
 # Plain data beside the shipped configs (which must not import JAX); the library names stay.
-from locvit.configs.defaults import init_from_config as default_init_from_config  # noqa: F401
 from locvit.models import create_model, surgery
 from locvit.workdir import restore
 

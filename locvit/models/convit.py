@@ -26,7 +26,7 @@ import functools
 # ConViT's layer plan is plain data that configs use too (they must not import JAX).
 from locvit.configs.defaults import CONVIT_DEPTH as DEPTH
 from locvit.configs.defaults import CONVIT_LOCAL_UP_TO_LAYER as LOCAL_UP_TO_LAYER
-from locvit.configs.defaults import convit_layers, convit_overrides  # noqa: F401  (re-exported)
+from locvit.configs.defaults import convit_overrides
 from locvit.models.vit import VisionTransformer
 
 # name -> (heads, channels per head). Ti/S/B and the "+" sizes of ConViT Table 1.

@@ -13,8 +13,8 @@ Depthwise ("spatial mixing") filters, ``filter_init`` (the structured-init refer
 
 The depthwise bias is U(-1/k, 1/k). Everything else uses PyTorch's default init
 (U(+-1/sqrt(fan_in)) weights and biases). Frozen filters ("Random", "Impulse", "Box") are trained
-with the config's ``freeze`` patterns, e.g. ``(FROZEN_FILTERS,)``: the reference freezes the
-filter together with its bias.
+with the config's ``freeze`` patterns, e.g. ``(FROZEN_FILTERS,)`` (``locvit.configs.defaults``): the
+reference freezes the filter together with its bias.
 
 BatchNorm: PyTorch's momentum 0.1 / eps 1e-5, i.e. Flax ``momentum=0.9``; statistics live in the
 ``batch_stats`` collection, ``use_running_average = not train``.
@@ -34,7 +34,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from locvit.attention.projections import partitioned
-from locvit.configs.defaults import FROZEN_FILTERS  # noqa: F401  (plain data, shared with the configs)
 from locvit.models.layers import classify, gelu
 from locvit.platform.ops import promote_parameters
 

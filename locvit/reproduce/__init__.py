@@ -2,6 +2,7 @@
 
   python -m locvit.reproduce PLAN --minutes=M --workdir=DIR [--seeds=K] [--report]
   python -m locvit.reproduce PLAN --dry_run [--estimate=probe] [--minutes=M] [--fraction=F]
+  python -m locvit.reproduce PLAN --dry_run --print_config   # each row's config, as config.json
   python -m locvit.reproduce PLAN --workdir=DIR --pack=FILE
 
 A plan (``locvit.configs.reproduce_plans.PLANS``) names the rows of one table as shipped configs.
@@ -16,7 +17,9 @@ end of the current step and leaves everything resumable. At the end (or with ``-
 
 Paper-protocol plans (``gmm_table1_cifar10``, ``structinit_table2_cifar10``,
 ``cordonnier_table1``; ``locvit.reproduce.protocol``) train every row at the paper's own length, or
-``--fraction`` of it, and are refused when their estimate does not fit ``--minutes``. A run
+``--fraction`` of it, evaluating as the official code did (the report gives the final and the
+best top-1), on lossless data (a JPEG folder only with ``--allow_lossy_data``), and are refused
+when their estimate does not fit ``--minutes``. A run
 survives its machine: copy DIR to another machine (or ``--pack`` it: each run's newest checkpoint
 only) and run the same command there; it continues from the last checkpoint. ``--dry_run`` prints
 the plan and its estimate and creates nothing.
@@ -24,8 +27,9 @@ the plan and its estimate and creates nothing.
 The stages, one module each: ``plans`` (a plan's rows as configs, its runs and their workdirs;
 ``ReproduceError``), ``data_checks`` (the data each row reads, checked before any run),
 ``budget`` (probes and the equal-steps split of budget plans), ``protocol`` (paper-protocol plans
-and their estimates), ``runs`` (the saved plan and its runs, trained or resumed), ``cli`` (the
-command), ``report`` (``results.md``) and ``pack`` (a workdir packed to move).
+and their estimates), ``seeds`` (what a plan's seeds can separate), ``runs`` (the saved plan and
+its runs, trained or resumed), ``cli`` (the command), ``report`` (``results.md``) and ``pack`` (a
+workdir packed to move).
 """
 
 from locvit.configs.reproduce_plans import PLANS

@@ -29,12 +29,16 @@ PROBE_STEPS = 8
 
 @dataclasses.dataclass
 class RowCost:
-  """A row's measured cost: training steps per second and seconds per run outside training."""
+  """A row's measured cost: training steps per second, seconds per run outside training and its
+  evaluations, and seconds per evaluation."""
 
   steps_per_sec: float  # training only, compilation excluded
-  overhead_sec: float  # per run: start-up, compilation, initialization, evaluation, saving
+  overhead_sec: float  # per run: start-up, compilation, initialization, saving
   steps_per_epoch: int
   batch_size: int
+  eval_sec: float = (
+    0.0  # one evaluation, its compilation excluded (plans saved before: in overhead)
+  )
 
 
 def warmup_fraction(config: ml_collections.ConfigDict) -> float:
@@ -66,7 +70,7 @@ def budgeted_config(
 def split_budget(costs: dict[str, RowCost], seeds: int, seconds: float, spent: float = 0.0) -> int:
   """The number of steps every row gets so that ``seeds`` runs of each row fit in ``seconds``
   (what is left of the budget after ``spent`` seconds of measuring)."""
-  overhead = seeds * sum(c.overhead_sec for c in costs.values())
+  overhead = seeds * sum(c.overhead_sec + c.eval_sec for c in costs.values())  # one evaluation
   per_step = seeds * sum(1.0 / c.steps_per_sec for c in costs.values())
   steps = math.floor((seconds - overhead) / per_step)
   if steps < 2:
@@ -79,33 +83,39 @@ def split_budget(costs: dict[str, RowCost], seeds: int, seconds: float, spent: f
   return steps
 
 
-def run_seconds(cost: RowCost, steps: int) -> float:
-  """Estimated wall seconds of one run of ``steps`` steps at ``cost``."""
-  return cost.overhead_sec + steps / cost.steps_per_sec
+def run_seconds(cost: RowCost, steps: int, evaluations: int = 1) -> float:
+  """Estimated wall seconds of one run of ``steps`` steps and ``evaluations`` at ``cost``."""
+  return cost.overhead_sec + steps / cost.steps_per_sec + evaluations * cost.eval_sec
 
 
 def probe(config: ml_collections.ConfigDict, workdir: str, steps: int = PROBE_STEPS) -> RowCost:
-  """Times a ``steps``-step run of ``config`` (one evaluation included) in ``workdir``."""
+  """Times a ``steps``-step run of ``config`` with two evaluations (halfway, where the
+  evaluation compiles, and at the end, which times one evaluation) in ``workdir``."""
   from locvit import train
 
   shutil.rmtree(workdir, ignore_errors=True)
   config = budgeted_config(config, steps, seed=0)
+  config.eval_every_steps = max(1, steps // 2)
   config.log_every_steps = 1
   config.checkpoint_every_steps = 0  # the final save only, as in a run
   start = time.perf_counter()
   if train.train_and_evaluate(config, workdir).get("preempted"):
     raise KeyboardInterrupt  # Ctrl-C or SIGTERM during a probe stops the command
   wall = time.perf_counter() - start
-  rows = [r for r in metrics_lib.read_metrics(workdir) if "perf/steps_per_sec" in r]
+  records = metrics_lib.read_metrics(workdir)
+  rows = [r for r in records if "perf/steps_per_sec" in r]
   step_seconds = [1.0 / r["perf/steps_per_sec"] for r in rows[1:]]  # the first one compiles
   steps_per_sec = 1.0 / statistics.median(step_seconds or [wall])
   steps_per_epoch = round(rows[-1]["step"] / rows[-1]["epoch"])
+  evaluations = [r["perf/eval_seconds"] for r in records if "perf/eval_seconds" in r]
+  eval_sec = evaluations[-1] if evaluations else 0.0  # the last: compiled by the first
   shutil.rmtree(workdir, ignore_errors=True)
   return RowCost(
     steps_per_sec=steps_per_sec,
-    overhead_sec=max(wall - len(step_seconds) / steps_per_sec, 0.0),
+    overhead_sec=max(wall - len(step_seconds) / steps_per_sec - len(evaluations) * eval_sec, 0.0),
     steps_per_epoch=steps_per_epoch,
     batch_size=config.batch_size,
+    eval_sec=eval_sec,
   )
 
 
@@ -117,11 +127,11 @@ def measure(configs: dict[str, ml_collections.ConfigDict], root: str) -> dict[st
   probe(next(iter(configs.values())), os.path.join(root, "warmup"), steps=2)
   costs = {}
   for row, config in configs.items():
-    print(f"Measuring the step rate of {row} ({PROBE_STEPS} steps + one evaluation)...", flush=True)
+    print(f"Measuring the step rate of {row} ({PROBE_STEPS} steps + 2 evaluations)...", flush=True)
     costs[row] = probe(config, os.path.join(root, row))
     print(
-      f"  {costs[row].steps_per_sec:.2f} steps/s, {costs[row].overhead_sec:.0f} s per run "
-      "outside training (compile, evaluation, saving)",
+      f"  {costs[row].steps_per_sec:.2f} steps/s, {costs[row].eval_sec:.1f} s per evaluation, "
+      f"{costs[row].overhead_sec:.0f} s per run outside training and evaluation (compile, saving)",
       flush=True,
     )
   shutil.rmtree(root, ignore_errors=True)

@@ -10,6 +10,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Sequence
+from typing import Any
 
 from locvit.choices import ArgumentParser
 from locvit.configs.reproduce_plans import PLANS
@@ -20,17 +21,20 @@ from locvit.reproduce.data_checks import (
   check_batches,
   check_data,
   check_protocol_data,
-  describe_data,
 )
 from locvit.reproduce.plans import (
   ReproduceError,
+  default_seeds,
   get_plan,
+  official_evaluation,
   parse_fraction,
   plan_configs,
   select_rows,
 )
 from locvit.reproduce.runs import reproduce
+from locvit.reproduce.seeds import seeds_words
 from locvit.run import preemption
+from locvit.workdir import saved_config
 
 USAGE = "Reproduce a paper table in one command, within a time budget."
 
@@ -44,35 +48,61 @@ def dry_run(
   probe_here: bool = False,
   data: str = "image_folder",
   tfds_data_dir: str | None = None,
+  allow_lossy_data: bool = False,
+  print_config: bool = False,
 ) -> str:
   """The plan, printed, and nothing created: rows, seeds, model, batch, epochs, images per run
-  and the estimated wall time (a probe here with ``probe_here``, else the kit's H200 figures).
-  A protocol plan that does not fit ``minutes`` raises ``ReproduceError`` with its estimate."""
-
+  and the estimated wall time (a probe here with ``probe_here``, else the kit's H200 figures);
+  a protocol plan's rows in full. With ``print_config``, each row's resolved config instead, as
+  JSON (``row_configs_json``). A protocol plan that does not fit ``minutes``, or reads a JPEG
+  folder without ``allow_lossy_data``, raises ``ReproduceError``."""
   plan = get_plan(name)
   configs = plan_configs(plan, select_rows(plan, rows), data, tfds_data_dir)
-  costs = None
-  with tempfile.TemporaryDirectory(prefix="locvit-dry-run-") as scratch:
-    if probe_here:
-      for row, config in configs.items():
-        check_data(config, row)
-      check_batches(plan, configs)
-      costs = measure(configs, os.path.join(scratch, "_probe"))
-    if not plan.get("protocol"):
-      text = describe_budget_dry_run(plan, configs, seeds or 2, minutes or 60.0, costs)
-    else:
-      check_protocol_data(plan, configs)
-      seeds = seeds or 1
-      table, fraction, total, source = protocol.protocol_estimate(
-        plan, configs, seeds, minutes, fraction, costs
-      )
-      text = protocol.describe_protocol(plan["title"], table, fraction, seeds, total, source)
-      data_line = describe_data(next(iter(configs.values())))
-      text += f"\nData: {data_line}."
-  print(text + "\nNothing was created (--dry_run).", flush=True)
+  seeds = seeds or default_seeds(plan)
   if plan.get("protocol"):
+    check_protocol_data(plan, configs, allow_lossy_data)
+  costs = None
+  if probe_here:
+    for row, config in configs.items():
+      check_data(config, row)
+    check_batches(plan, configs)
+    with tempfile.TemporaryDirectory(prefix="locvit-dry-run-") as scratch:
+      costs = measure(configs, os.path.join(scratch, "_probe"))
+  if not plan.get("protocol"):
+    if print_config:
+      raise ReproduceError(
+        f"--print_config: {name!r} is a budget plan, whose steps a probe on the machine sets "
+        "when it runs; its rows' configs are the shipped ones: python -m locvit.main "
+        f"--config={plan['rows'][next(iter(configs))]['config']} --print_config"
+      )
+    text = describe_budget_dry_run(plan, configs, seeds, minutes or 60.0, costs)
+    print(text + "\nNothing was created (--dry_run).", flush=True)
+    return text
+  table, fraction, total, source = protocol.protocol_estimate(
+    plan, configs, seeds, minutes, fraction, costs
+  )
+  if print_config:
     protocol.check_fits(name, total, minutes, 0.0, table, seeds)
+    text = row_configs_json(plan, configs, fraction)
+    print(text, flush=True)
+    return text
+  text = protocol.describe_protocol(plan, table, fraction, seeds, total, source)
+  text += "\n" + seeds_words(plan, seeds, list(configs))
+  print(text + "\nNothing was created (--dry_run).", flush=True)
+  protocol.check_fits(name, total, minutes, 0.0, table, seeds)
   return text
+
+
+def row_configs_json(plan: dict[str, Any], configs, fraction: float) -> str:
+  """``{row: DIR/config.json's record}`` of each row's seed-0 run at ``fraction`` of the protocol
+  (another seed differs only in ``seed``), as JSON: every setting a run will train with."""
+  every = official_evaluation(plan)["every_epochs"]
+  records = {}
+  for row, config in configs.items():
+    spec = plan["rows"][row]
+    run = protocol.protocol_config(config, spec["paper_train_examples"], fraction, 0, every)
+    records[row] = saved_config.record(run)
+  return json.dumps(records, indent=2)
 
 
 def pack_workdir(name: str, workdir: str, path: str) -> int:
@@ -109,7 +139,11 @@ def parser() -> ArgumentParser:
     "their estimate does not fit)",
   )
   p.add_argument(
-    "--seeds", type=int, default=None, help="seeds per row (default 2; protocol plans 1)"
+    "--seeds",
+    type=int,
+    default=None,
+    help="seeds per row (default: the plan's; budget plans 2). --dry_run says what the paper's "
+    "smallest gap needs",
   )
   p.add_argument("--report", action="store_true", help="only write results.md/.json now")
   p.add_argument(
@@ -121,6 +155,12 @@ def parser() -> ArgumentParser:
   )
   p.add_argument(
     "--dry_run", action="store_true", help="print the plan and its estimate; create nothing"
+  )
+  p.add_argument(
+    "--print_config",
+    action="store_true",
+    help="with --dry_run, protocol plans: print each row's resolved config (seed 0's) as JSON, in "
+    "the format of a run's DIR/config.json, instead of the plan",
   )
   p.add_argument(
     "--estimate",
@@ -145,6 +185,12 @@ def parser() -> ArgumentParser:
     "the default), 'image_folder:DIR' (or DIR), 'tfds' or 'tfds:DATA_DIR'",
   )
   p.add_argument(
+    "--allow_lossy_data",
+    action="store_true",
+    help="protocol plans: train on a JPEG image folder anyway (refused without it: the papers "
+    "used the original images; the report's title then says the data was lossy)",
+  )
+  p.add_argument(
     "--tfds_data_dir",
     default=None,
     help="with --data=tfds: the data_dir CIFAR-10 was prepared in (default: TFDS's own); the "
@@ -153,11 +199,15 @@ def parser() -> ArgumentParser:
   return p
 
 
-def checked_fraction(args) -> float | str:
-  """``--fraction``, refused for a budget plan and as 'fit' without ``--minutes``; an unknown plan
-  is refused first whatever the mode."""
+def checked_args(args) -> float | str:
+  """``--fraction`` (refused for a budget plan, and as 'fit' without ``--minutes``), after the
+  plan (an unknown one is refused first, whatever the mode) and ``--seeds``."""
   fraction = parse_fraction(args.fraction)
   plan = get_plan(args.plan)
+  if args.print_config and not args.dry_run:
+    raise ReproduceError("--print_config goes with --dry_run")
+  if args.seeds is not None and args.seeds < 1:
+    raise ReproduceError(f"--seeds={args.seeds}: must be 1 or more")
   if fraction != 1 and not plan.get("protocol"):
     raise ReproduceError(f"--fraction is for paper-protocol plans; {args.plan!r} is a budget plan")
   if fraction == "fit" and args.minutes is None:
@@ -178,11 +228,11 @@ def write_report_now(name: str, workdir: str) -> int:
 
 def run_mode(args) -> int:
   """The mode the flags name, run; its exit status (130: stopped, everything saved)."""
-  fraction = checked_fraction(args)
+  fraction = checked_args(args)
   if args.dry_run:
     dry_run(
       args.plan, args.minutes, args.seeds, fraction, args.rows, args.estimate == "probe",
-      args.data, args.tfds_data_dir,
+      args.data, args.tfds_data_dir, args.allow_lossy_data, args.print_config,
     )  # fmt: skip
     return 0
   if args.workdir is None:
@@ -193,7 +243,7 @@ def run_mode(args) -> int:
     return write_report_now(args.plan, args.workdir)
   result = reproduce(
     args.plan, args.workdir, args.minutes, args.seeds, args.data, args.tfds_data_dir,
-    fraction, args.rows, args.estimate != "kit",
+    fraction, args.rows, args.estimate != "kit", args.allow_lossy_data,
   )  # fmt: skip
   return 0 if result is not None else 130
 

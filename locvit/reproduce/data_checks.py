@@ -1,9 +1,16 @@
 """A plan's data, checked in seconds before any run: the folder or TFDS copy each row reads, its
-size against the batch (budget plans) or the paper's dataset (protocol plans), and the data in
-words for the plan and its report."""
+size against the batch (budget plans) or the paper's dataset (protocol plans), its format, and
+the data in words for the plan and its report.
+
+Every paper's code trained and tested on the original CIFAR-10 images. A paper-protocol plan
+therefore takes a lossless image folder (PNG, ``python -m locvit.data.prepare``'s default) or
+TFDS, and refuses a JPEG folder unless told ``--allow_lossy_data``: a number from a lossy copy
+cannot confirm or refute the paper's, and its report's title says so.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -14,6 +21,12 @@ from locvit.data.config import parse_split
 from locvit.reproduce.plans import ReproduceError
 
 DATA_HELP = "docs/data_preparation.md"
+LAYOUT = "DIR/train/<class>/*.png, DIR/test/<class>/*.png"
+LOSSLESS_WAYS = (
+  "prepare a lossless PNG folder (python -m locvit.data.prepare cifar10 --out=DIR, then "
+  "--data=image_folder:DIR) or read TFDS (--data=tfds)"
+)
+EXTENSION_FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg"}
 
 
 def check_data(config: ml_collections.ConfigDict, row_name: str) -> None:
@@ -24,16 +37,15 @@ def check_data(config: ml_collections.ConfigDict, row_name: str) -> None:
     if not root:
       raise ReproduceError(
         f"row {row_name!r} reads CIFAR-10 from an image folder but $CIFAR10_ROOT is not set. "
-        f"Prepare it as described in {DATA_HELP} and `export CIFAR10_ROOT=DIR` (DIR/train/<class>/"
-        "*.jpg, DIR/test/<class>/*.jpg) or pass --data=image_folder:DIR, or pass --data=tfds to "
-        "read the TFDS copy."
+        f"Prepare it as described in {DATA_HELP} and `export CIFAR10_ROOT=DIR` ({LAYOUT}) or "
+        "pass --data=image_folder:DIR, or pass --data=tfds to read the TFDS copy."
       )
     folders = [parse_split(s)[0] for s in (data.train_split, data.eval_split)]  # 'test[:500]'
     missing = [s for s in folders if not os.path.isdir(f"{root}/{s}")]
     if missing:
       raise ReproduceError(
         f"row {row_name!r}: no {' or '.join(missing)} folder in {root}. Prepare "
-        f"CIFAR-10 as described in {DATA_HELP} (DIR/train/<class>/*.jpg, DIR/test/<class>/*.jpg)."
+        f"CIFAR-10 as described in {DATA_HELP} ({LAYOUT})."
       )
   elif data.source == "tfds":
     from locvit.data.sources import DatasetNotPreparedError, TfdsSource
@@ -45,8 +57,21 @@ def check_data(config: ml_collections.ConfigDict, row_name: str) -> None:
         raise ReproduceError(f"row {row_name!r}: {e}") from e
 
 
-def train_images(config: ml_collections.ConfigDict) -> int | None:
-  """The training images of ``config``'s image folder (None: not an image folder, or one the run
+@dataclasses.dataclass(frozen=True)
+class FolderContents:
+  """What a row's image folder holds: its training images and the formats of both splits."""
+
+  train_images: int
+  formats: frozenset[str]  # 'png', 'jpeg'
+
+  @property
+  def lossy(self) -> bool:
+    """Whether any image of either split is a JPEG."""
+    return "jpeg" in self.formats
+
+
+def folder_contents(config: ml_collections.ConfigDict) -> FolderContents | None:
+  """The contents of ``config``'s image folder, listed (None: not an image folder, or one the run
   itself refuses: missing, or without class folders)."""
   from locvit.data.sources import ImageFolderSource
 
@@ -54,9 +79,11 @@ def train_images(config: ml_collections.ConfigDict) -> int | None:
   if data.source != "image_folder" or not data.root:
     return None
   try:
-    return len(ImageFolderSource(data.root, data.train_split))
+    train, test = (ImageFolderSource(data.root, s) for s in (data.train_split, data.eval_split))
   except (FileNotFoundError, ValueError):
     return None
+  formats = {EXTENSION_FORMATS[os.path.splitext(p)[1].lower()] for p in train.paths + test.paths}
+  return FolderContents(len(train), frozenset(formats))
 
 
 def check_batches(plan: dict[str, Any], configs: dict[str, Any]) -> None:
@@ -86,33 +113,63 @@ def check_batches(plan: dict[str, Any], configs: dict[str, Any]) -> None:
       )
 
 
-def check_protocol_data(plan: dict[str, Any], configs: dict[str, Any]) -> None:
+def check_protocol_data(
+  plan: dict[str, Any], configs: dict[str, Any], allow_lossy_data: bool = False
+) -> bool:
   """A paper-protocol plan trains the paper's epochs of the whole CIFAR-10 and sets its steps by
-  that size: a folder of another size is refused, not trained for those steps."""
+  that size: a folder of another size is refused, not trained for those steps. A JPEG folder is
+  refused unless ``allow_lossy_data``. Returns whether a row reads lossy data."""
+  lossy = False
   for row, config in configs.items():
-    spec, count = plan["rows"][row], train_images(config)
+    spec, contents = plan["rows"][row], folder_contents(config)
+    if contents is None:
+      continue
     expected = round(spec["paper_train_examples"] * complete_config(config).data.train_fraction)
-    if count is not None and count != expected:
+    if contents.train_images != expected:
       raise ReproduceError(
-        f"row {row!r}: {config.data.root} holds {count:,} training images, not the "
-        f"{expected:,} of the paper's dataset: a paper-protocol plan trains the paper's epochs "
-        "of the whole dataset, its steps set by that size. On your own images: python -m "
+        f"row {row!r}: {config.data.root} holds {contents.train_images:,} training images, not "
+        f"the {expected:,} of the paper's dataset: a paper-protocol plan trains the paper's "
+        "epochs of the whole dataset, its steps set by that size. On your own images: python -m "
         f"locvit.main --config={spec['config']} --data=image_folder:{config.data.root} "
         "--workdir=DIR"
       )
+    if contents.lossy and not allow_lossy_data:
+      raise ReproduceError(
+        f"row {row!r}: {config.data.root} holds JPEG images, a lossy copy of the original "
+        f"CIFAR-10 the papers trained and tested on: {LOSSLESS_WAYS}; or pass --allow_lossy_data "
+        "to train on the JPEG copy anyway (the report's title then says so)"
+      )
+    lossy |= contents.lossy
+  return lossy
 
 
 def describe_data(config: ml_collections.ConfigDict) -> str:
   """What the row trains on, in words: the papers used the original CIFAR-10."""
   data = complete_config(config).data
   if data.source == "image_folder":
-    return (
-      f"the CIFAR-10 JPEG copy (image folder {data.root or '$CIFAR10_ROOT'}, quality 75, "
-      f"{data.train_fraction:.0%} of the training set): the papers trained on the original "
-      "CIFAR-10, and the JPEG copy costs some accuracy"
-    )
+    return describe_folder(data, folder_contents(config))
   if data.source == "tfds":
     return f"TFDS {data.name} (the original images)"
   if data.source == "digits":
     return "scikit-learn's 8x8 digits"
   return f"{data.name} ({data.source})"
+
+
+def describe_folder(data: ml_collections.ConfigDict, contents: FolderContents | None) -> str:
+  """An image folder in words: lossless PNG (the original images), a lossy JPEG copy, or one not
+  read yet (its root unset or missing)."""
+  share = f"{data.train_fraction:.0%} of the training set"
+  if contents is None:
+    return (
+      f"the CIFAR-10 image folder {data.root or '$CIFAR10_ROOT'} ({share}; not read yet: a "
+      "protocol plan takes lossless PNG, and JPEG only with --allow_lossy_data)"
+    )
+  if not contents.lossy:
+    return (
+      f"CIFAR-10 as lossless PNG (image folder {data.root}, {share}): the original images, as "
+      "the papers trained on"
+    )
+  return (
+    f"the CIFAR-10 JPEG copy (image folder {data.root}, lossy, {share}): the papers trained on "
+    "the original CIFAR-10, and the JPEG copy costs some accuracy"
+  )

@@ -144,5 +144,34 @@ def saved_rows(saved: dict[str, Any], plan: dict[str, Any]) -> list[str]:
 
 
 def saved_cost(saved: dict[str, Any], row: str) -> dict[str, Any]:
-  """A saved row's ``RowCost`` fields (without its steps)."""
-  return {k: v for k, v in saved["rows"][row].items() if k != "steps"}
+  """A saved row's ``RowCost`` fields (without its steps and evaluations)."""
+  return {k: v for k, v in saved["rows"][row].items() if k not in ("steps", "evaluations")}
+
+
+def row_evaluations(saved: dict[str, Any], row: str) -> int:
+  """The evaluations of each of ``row``'s runs in a saved plan (budget plans: the final one)."""
+  return saved["rows"][row].get("evaluations", 1)
+
+
+def official_evaluation(plan: dict[str, Any]) -> dict[str, Any]:
+  """How the paper's code evaluated (a protocol plan's ``evaluation``): ``every_epochs``, which
+  top-1 it reported (``paper_reports``: 'best' over its evaluations, or 'final') and ``code``,
+  where the official code does it. A plan without one evaluates every epoch and reports the
+  final top-1."""
+  return {
+    "every_epochs": 1,
+    "paper_reports": "final",
+    "code": "not stated",
+    **plan.get("evaluation", {}),
+  }
+
+
+def default_seeds(plan: dict[str, Any]) -> int:
+  """The plan's seeds per row without ``--seeds``: its ``seeds``, else 1 for a protocol plan and
+  2 for a budget plan."""
+  return plan.get("seeds") or (1 if plan.get("protocol") else 2)
+
+
+def cadence_words(every_epochs: float) -> str:
+  """'every epoch' or 'every 3 epochs'."""
+  return "every epoch" if every_epochs == 1 else f"every {every_epochs:g} epochs"

@@ -30,11 +30,15 @@ from locvit.configs.reproduce_plans import KIT_H200
 from locvit.platform.flops import xla_flops
 from locvit.reproduce.budget import RowCost, measure
 from locvit.reproduce.data_checks import check_protocol_data, describe_data
-from locvit.reproduce.plans import ReproduceError, fraction_words
+from locvit.reproduce.plans import (
+  ReproduceError,
+  cadence_words,
+  fraction_words,
+  official_evaluation,
+)
 from locvit.run.bundle import training_length
 from locvit.workdir.provenance import locvit_commit
 
-EVALUATIONS_PER_RUN = 10  # the run's own curve, to read an ordering against
 CHECKPOINTS_PER_RUN = 50  # a run moved to another machine loses at most 2% of itself...
 MIN_CHECKPOINT_STEPS = 1000  # ...or 1,000 steps: 15 s of an H200's 15 ms CIFAR step, as a save
 # every 128 steps took a tenth of the time there (a stop signal saves at once in any case)
@@ -63,26 +67,41 @@ def protocol_steps(
 
 
 def protocol_config(
-  config: ml_collections.ConfigDict, train_examples: int, fraction: float, seed: int
+  config: ml_collections.ConfigDict,
+  train_examples: int,
+  fraction: float,
+  seed: int,
+  evaluate_every_epochs: float = 1,
 ) -> ml_collections.ConfigDict:
   """``config`` from ``seed`` at ``fraction`` of its protocol: its own schedule (shrunk by
-  ``fraction``), ``EVALUATIONS_PER_RUN`` evaluations and ``CHECKPOINTS_PER_RUN`` checkpoints
-  (fewer for runs under 5,000 steps)."""
+  ``fraction``), an evaluation every ``evaluate_every_epochs`` epochs (the official code's
+  cadence, whose best evaluation the paper reported) and at the end, and ``CHECKPOINTS_PER_RUN``
+  checkpoints (fewer for runs under 5,000 steps)."""
   config = complete_config(config)
   scale_length(config, fraction)
-  steps, _ = training_length(config, train_examples)
+  steps, steps_per_epoch = training_length(config, train_examples)
   config.seed = seed
   config.total_steps = steps  # the plan's steps, whatever the data's length rounds to
-  config.eval_every_steps = max(1, steps // EVALUATIONS_PER_RUN)
+  config.eval_every_steps = evaluation_interval(steps_per_epoch, evaluate_every_epochs)
   config.checkpoint_every_steps = max(MIN_CHECKPOINT_STEPS, steps // CHECKPOINTS_PER_RUN)
   config.log_every_steps = max(1, min(config.log_every_steps, steps // 20))
   return config
 
 
-def forward_flops(config: ml_collections.ConfigDict) -> tuple[float, int]:
-  """(XLA's FLOP count of one image's forward pass, parameter count) of ``config``'s model, from
-  its lowering (attention written out, float32; ``locvit.platform.flops.xla_flops``: compiled only
-  where the backend counts nothing before compiling, as XLA:GPU)."""
+def evaluation_interval(steps_per_epoch: int, every_epochs: float) -> int:
+  """The steps between evaluations every ``every_epochs`` epochs."""
+  return max(1, round(steps_per_epoch * every_epochs))
+
+
+def evaluation_count(steps: int, interval: int) -> int:
+  """The evaluations of a ``steps``-step run evaluating every ``interval`` steps and at its end
+  (``locvit.run.cadence.is_evaluation_step``)."""
+  return steps // interval + (1 if steps % interval else 0)
+
+
+def _model_shapes(config: ml_collections.ConfigDict):
+  """``config``'s model in float32 with attention written out, its variables' shapes (nothing
+  allocated) and the shape of one image."""
   import jax
   import jax.numpy as jnp
 
@@ -96,6 +115,23 @@ def forward_flops(config: ml_collections.ConfigDict) -> tuple[float, int]:
   size = config.data.image_size
   image = jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32)
   variables = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), image)
+  return model, variables, image
+
+
+def parameter_count(variables) -> int:
+  """The number of parameters in ``variables`` (shapes or arrays)."""
+  import jax
+
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(variables.get("params", {})))
+
+
+def forward_flops(config: ml_collections.ConfigDict) -> tuple[float, int]:
+  """(XLA's FLOP count of one image's forward pass, parameter count) of ``config``'s model, from
+  its lowering (attention written out, float32; ``locvit.platform.flops.xla_flops``: compiled only
+  where the backend counts nothing before compiling, as XLA:GPU)."""
+  import jax
+
+  model, variables, image = _model_shapes(config)
   apply = jax.jit(lambda v, x: model.apply(v, x, train=False))
   flops = xla_flops(apply.lower(variables, image))
   if math.isnan(flops):
@@ -103,8 +139,27 @@ def forward_flops(config: ml_collections.ConfigDict) -> tuple[float, int]:
       f"XLA counts no FLOPs for {config.model.name}'s forward pass on {jax.default_backend()}: "
       "estimate the plan with --estimate=probe"
     )
-  params = sum(math.prod(x.shape) for x in jax.tree.leaves(variables.get("params", {})))
-  return flops, params
+  return flops, parameter_count(variables)
+
+
+MODEL_SHAPE_FIELDS = {  # what --dry_run prints -> the model fields that hold it, first found
+  "depth": ("depth",),
+  "width": ("embed_dim", "hidden_dim", "width"),
+  "heads": ("num_heads",),
+  "patch": ("patch_size", "downsample"),
+}
+
+
+def model_shape(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The depth, width, heads and patch (those the model has) and the parameter count of
+  ``config``'s model, from its variables' shapes."""
+  model, variables, _ = _model_shapes(config)
+  shape = {}
+  for name, fields in MODEL_SHAPE_FIELDS.items():
+    found = [getattr(model, f) for f in fields if hasattr(model, f)]
+    if found:
+      shape[name] = found[0]
+  return {**shape, "params": parameter_count(variables)}
 
 
 @dataclasses.dataclass
@@ -159,55 +214,77 @@ def fit_fraction(per_run_seconds: dict[str, tuple[float, float]], seeds: int, se
   return min(1.0, max(0.0, math.floor(1000 * (seconds - overhead) / training) / 1000))
 
 
+def row_rates(
+  row: str, spec: dict[str, Any], full, cost: RowCost | None, test_examples: int
+) -> dict[str, Any]:
+  """A row's step seconds, seconds per run outside training and seconds per evaluation: measured
+  by a probe here (``cost``) or from the kit's H200 figures, where an evaluation (the forward pass
+  alone) is taken as a third of a training step's work per image, as the FLOP estimate counts a
+  training step as 3 forward passes."""
+  if cost is not None:
+    return {
+      "basis": "probe",
+      "step_seconds": 1 / cost.steps_per_sec,
+      "overhead_sec": cost.overhead_sec,
+      "eval_sec": cost.eval_sec,
+    }
+  if "kit" not in spec:
+    raise ReproduceError(
+      f"row {row!r} has no accelerator-kit figures: estimate it with --estimate=probe"
+    )
+  flops, params = forward_flops(full)
+  kit = kit_estimate(spec["kit"], full.batch_size, flops)
+  step_seconds = full.batch_size / kit.images_per_sec
+  return {
+    "basis": kit.basis,
+    "params": params,
+    "gflops": flops / 1e9,
+    "step_seconds": step_seconds,
+    "overhead_sec": KIT_H200["models"][spec["kit"]]["compile_s"],
+    "eval_sec": test_examples * step_seconds / full.batch_size / 3,
+  }
+
+
 def protocol_estimate(
   plan, configs, seeds, minutes, fraction, costs=None, spent=0.0
 ) -> tuple[dict[str, dict[str, Any]], float, float, str]:
-  """Per row (model, batch, epochs, steps, images, images/s, seconds per run) at ``fraction``
-  ('fit': the largest that fits ``minutes``), the fraction, the total seconds and the source of
-  the rates: ``costs`` (a probe here, ``RowCost`` per row) or the kit's H200 figures."""
+  """Per row (model, batch, epochs, steps, evaluations, images, images/s, seconds per run) at
+  ``fraction`` ('fit': the largest that fits ``minutes``), the fraction, the total seconds and the
+  source of the rates: ``costs`` (a probe here, ``RowCost`` per row) or the kit's H200 figures.
+  A run's seconds count its training steps, its evaluations and its compilation."""
   import jax
 
-  rows, per_run = {}, {}
+  every = official_evaluation(plan)["every_epochs"]
+  rows = {}
   for row, config in configs.items():
     spec, full = plan["rows"][row], complete_config(config)
-    n = spec["paper_train_examples"]
-    full_steps, _ = protocol_steps(full, n, 1.0)
+    full_steps, steps_per_epoch = protocol_steps(full, spec["paper_train_examples"], 1.0)
     info = {"model": full.model.name, "batch_size": full.batch_size, "full_steps": full_steps}
     info["paper_epochs"], info["full_epochs"] = spec["paper_epochs"], full.num_epochs
-    if costs is not None:
-      step_seconds, overhead = 1 / costs[row].steps_per_sec, costs[row].overhead_sec
-      info["basis"] = "probe"
-    elif "kit" not in spec:
-      raise ReproduceError(
-        f"row {row!r} has no accelerator-kit figures: estimate it with --estimate=probe"
-      )
-    else:
-      flops, params = forward_flops(full)
-      kit = kit_estimate(spec["kit"], full.batch_size, flops)
-      step_seconds = full.batch_size / kit.images_per_sec
-      overhead = KIT_H200["models"][spec["kit"]]["compile_s"]
-      info.update(basis=kit.basis, params=params, gflops=flops / 1e9)
-    info["images_per_sec"] = full.batch_size / step_seconds
-    info["overhead_sec"], info["full_training_sec"] = overhead, full_steps * step_seconds
-    per_run[row] = (overhead, full_steps * step_seconds)
+    cost = None if costs is None else costs[row]
+    info.update(row_rates(row, spec, full, cost, plan["paper_test_examples"]))
+    info.update(shape=model_shape(full), data=describe_data(full), precision=precision(full))
+    info["images_per_sec"] = full.batch_size / info["step_seconds"]
+    info["eval_interval"] = evaluation_interval(steps_per_epoch, every)
+    full_evaluations = evaluation_count(full_steps, info["eval_interval"])
+    info["full_training_sec"] = (
+      full_steps * info["step_seconds"] + full_evaluations * info["eval_sec"]
+    )
     rows[row] = info
   if fraction == "fit":
-    fraction = fit_fraction(per_run, seeds, (minutes or 0) * 60 - spent)
-    if fraction <= 0:
-      overhead = seeds * sum(o for o, _ in per_run.values())
-      raise ReproduceError(
-        f"--minutes={minutes:g} leaves no time to train: the runs' compilation and evaluation "
-        f"alone take an estimated {overhead / 60:.1f} minutes"
-        + (f", after {spent / 60:.1f} minutes of probing" if spent else "")
-      )
+    fraction = fitting_fraction(rows, seeds, minutes, spent)
   total = 0.0
   for row, info in rows.items():
     steps, _ = protocol_steps(configs[row], plan["rows"][row]["paper_train_examples"], fraction)
+    evaluations = evaluation_count(steps, info["eval_interval"])
     info.update(
-      steps=steps, epochs=info["full_epochs"] * fraction, images=steps * info["batch_size"]
+      steps=steps,
+      epochs=info["full_epochs"] * fraction,
+      images=steps * info["batch_size"],
+      evaluations=evaluations,
     )
     info["seconds_per_run"] = (
-      info["overhead_sec"] + info["full_training_sec"] * steps / info["full_steps"]
+      info["overhead_sec"] + steps * info["step_seconds"] + evaluations * info["eval_sec"]
     )
     total += seeds * info["seconds_per_run"]
   source = (
@@ -219,9 +296,33 @@ def protocol_estimate(
   return rows, fraction, total, source
 
 
-def describe_protocol(title, rows, fraction, seeds, total, source) -> str:
-  """The protocol plan as printed: per row the model, batch, epochs, images and the estimate."""
-  lines = [f"{title}, at {fraction_words(fraction)}", ""]
+def precision(config: ml_collections.ConfigDict) -> str:
+  """The row's arithmetic, in words."""
+  if config.mixed_precision:
+    return "bf16 compute, fp32 parameters (mixed_precision)"
+  return "fp32"
+
+
+def fitting_fraction(rows: dict[str, dict[str, Any]], seeds: int, minutes, spent: float) -> float:
+  """``--fraction=fit``: the largest fraction whose runs fit ``minutes`` after ``spent`` seconds;
+  refused when the runs' fixed costs alone do not fit."""
+  per_run = {row: (r["overhead_sec"], r["full_training_sec"]) for row, r in rows.items()}
+  fraction = fit_fraction(per_run, seeds, (minutes or 0) * 60 - spent)
+  if fraction <= 0:
+    overhead = seeds * sum(o for o, _ in per_run.values())
+    raise ReproduceError(
+      f"--minutes={minutes:g} leaves no time to train: the runs' compilation alone takes an "
+      f"estimated {overhead / 60:.1f} minutes"
+      + (f", after {spent / 60:.1f} minutes of probing" if spent else "")
+    )
+  return fraction
+
+
+def describe_protocol(plan, rows, fraction, seeds, total, source) -> str:
+  """The protocol plan as printed: a table of the rows (model, batch, epochs, images and the
+  estimate), then each row in full: the model's shape, its data and their format, precision,
+  batch, length, evaluations, the paper's number with its table, and the estimate."""
+  lines = [f"{plan['title']}, at {fraction_words(fraction)}", ""]
   lines.append(
     f"{'row':<14} {'model':<32} {'seeds':>5} {'batch':>5} {'epochs':>7} {'paper epochs':>12} "
     f"{'steps':>7} {'images per run':>14} {'img/s':>7} {'min/run':>7}"
@@ -234,17 +335,52 @@ def describe_protocol(title, rows, fraction, seeds, total, source) -> str:
     )
   lines.append("")
   for row, r in rows.items():
-    if r.get("basis") not in (None, "probe"):
-      lines.append(
-        f"{row}: {r['params'] / 1e6:.2f}M parameters, {r['gflops']:.2f} GFLOP forward per image; "
-        f"rate set by {r['basis']}"
-      )
+    lines += row_details(plan, row, r)
   lines.append(
     f"Estimated wall time {total / 60:.1f} minutes for {_runs(seeds * len(rows))} (seed"
-    f"{'s' if seeds > 1 else ''} {', '.join(map(str, range(seeds)))}), compilation included, "
-    f"from {source}."
+    f"{'s' if seeds > 1 else ''} {', '.join(map(str, range(seeds)))}), compilation and "
+    f"evaluations included, from {source}."
   )
   return "\n".join(lines)
+
+
+def shape_words(shape: dict[str, Any]) -> str:
+  """'depth 9, width 192, 12 heads, patch 4, 2.70M parameters' (the fields the model has)."""
+  words = [f"{name} {shape[name]}" for name in ("depth", "width") if name in shape]
+  words += [f"{shape['heads']} heads"] if "heads" in shape else []
+  words += [f"patch {shape['patch']}"] if "patch" in shape else []
+  return ", ".join([*words, f"{shape['params'] / 1e6:.2f}M parameters"])
+
+
+def row_details(plan: dict[str, Any], row: str, r: dict[str, Any]) -> list[str]:
+  """One row of the plan in full, as ``--dry_run`` prints it before a GPU is booked."""
+  spec, evaluation = plan["rows"][row], official_evaluation(plan)
+  paper = spec["paper_top1"]
+  table = spec.get("paper_table") or plan.get("paper_table") or "no table"
+  paper_words = (
+    f"{100 * paper:.2f}% top-1 ({table}; the {evaluation['paper_reports']} evaluation its code "
+    "reported)"
+    if paper is not None
+    else "no number"
+  )
+  every = evaluation["every_epochs"]
+  lines = [
+    f"{row}: {r['model']}: {shape_words(r['shape'])}",
+    f"  data: {r['data']}",
+    f"  precision: {r['precision']}; batch {r['batch_size']}; {r['epochs']:.4g} epochs "
+    f"({r['steps']:,} steps)",
+    f"  evaluations: {r['evaluations']} ({cadence_words(every)} and at the end: the official "
+    f"code's, {evaluation['code']})",
+    f"  paper: {paper_words}",
+    f"  estimate: {r['seconds_per_run'] / 60:.1f} minutes per run ({r['eval_sec']:.1f} s per "
+    "evaluation)"
+    + (
+      ""
+      if r["basis"] == "probe"
+      else f"; {r['gflops']:.2f} GFLOP forward per image, rate set by {r['basis']}"
+    ),
+  ]
+  return lines
 
 
 def _runs(count: int) -> str:
@@ -268,25 +404,27 @@ def check_fits(name: str, total: float, minutes: float | None, spent: float, row
 
 
 def make_protocol_plan(
-  name, plan, configs, workdir, seeds, minutes, fraction, started, probe_here=True
+  name, plan, configs, workdir, seeds, minutes, fraction, started, probe_here=True, lossy=False
 ):
   """Probes each row here (or takes the kit's H200 figures), fits ``fraction`` and refuses a plan
-  that does not fit ``minutes`` or a dataset of another size than the paper's."""
-  check_protocol_data(plan, configs)
+  that does not fit ``minutes``, a dataset of another size than the paper's, or (unless ``lossy``,
+  ``--allow_lossy_data``) a JPEG copy of it."""
+  lossy = check_protocol_data(plan, configs, lossy)
   costs = measure(configs, os.path.join(workdir, "_probe")) if probe_here else None
   spent = time.time() - started if probe_here else 0.0  # the budget counts the probe's minutes
   rows, fraction, total, source = protocol_estimate(
     plan, configs, seeds, minutes, fraction, costs, spent
   )
-  print(describe_protocol(plan["title"], rows, fraction, seeds, total, source), flush=True)
+  print(describe_protocol(plan, rows, fraction, seeds, total, source), flush=True)
   check_fits(name, total, minutes, spent, rows, seeds)
   if costs is None:
     costs = {
       row: RowCost(
-        steps_per_sec=r["images_per_sec"] / r["batch_size"],
+        steps_per_sec=1 / r["step_seconds"],
         overhead_sec=r["overhead_sec"],
         steps_per_epoch=round(r["full_steps"] / r["full_epochs"]),
         batch_size=r["batch_size"],
+        eval_sec=r["eval_sec"],
       )
       for row, r in rows.items()
     }
@@ -303,7 +441,14 @@ def make_protocol_plan(
     "locvit_commit": locvit_commit(),
     "estimated_minutes": total / 60,
     "data": describe_data(next(iter(configs.values()))),
+    "lossy_data": lossy,
+    "evaluation": official_evaluation(plan),
     "rows": {
-      row: {**dataclasses.asdict(costs[row]), "steps": rows[row]["steps"]} for row in configs
+      row: {
+        **dataclasses.asdict(costs[row]),
+        "steps": rows[row]["steps"],
+        "evaluations": rows[row]["evaluations"],
+      }
+      for row in configs
     },
   }

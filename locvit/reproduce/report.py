@@ -26,6 +26,8 @@ from scipy import stats
 
 from locvit import metrics as metrics_lib
 from locvit.configs.reproduce_plans import PLANS
+from locvit.reproduce.plans import cadence_words
+from locvit.reproduce.seeds import within_spread_words
 from locvit.workdir import provenance
 from locvit.workdir.provenance import locvit_commit
 
@@ -33,13 +35,23 @@ NOISE_P = 0.05
 
 
 def final_evaluation(workdir: str, steps: int) -> dict[str, float] | None:
-  """``eval/top1`` and ``eval/top5`` of ``workdir``'s step ``steps``, or None if not finished."""
+  """``eval/top1`` and ``eval/top5`` of ``workdir``'s step ``steps``, and the best ``eval/top1``
+  of its evaluations up to it (``best_top1``, at ``best_step``), or None if not finished."""
   if not os.path.exists(os.path.join(workdir, "metrics.jsonl")):
     return None
-  for record in metrics_lib.read_metrics(workdir):
-    if record.get("step") == steps and "eval/top1" in record:
-      return {"top1": record["eval/top1"], "top5": record["eval/top5"]}
-  return None
+  evaluated = [
+    r for r in metrics_lib.read_metrics(workdir) if "eval/top1" in r and r["step"] <= steps
+  ]
+  final = [r for r in evaluated if r["step"] == steps]
+  if not final:
+    return None
+  best = max(evaluated, key=lambda r: r["eval/top1"])  # the first of equal ones
+  return {
+    "top1": final[-1]["eval/top1"],
+    "top5": final[-1]["eval/top5"],
+    "best_top1": best["eval/top1"],
+    "best_step": best["step"],
+  }
 
 
 UNRECORDED_DEVICE = "an unrecorded device"  # steps trained before the run kept DIR/commits.json
@@ -83,9 +95,10 @@ def run_load_averages(entries: list[dict[str, Any]]) -> list[float]:
   return [load for e in entries for load in e.get("load_average", ())]
 
 
-def ordering(rows: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+def ordering(rows: dict[str, dict[str, Any]], key: str = "top1_mean") -> dict[str, Any] | None:
   """The ordering the paper's numbers claim (best first; equal numbers tie) and whether our
-  means hold every strict pair of it. None when fewer than two rows have a paper number."""
+  means (``key``: of the final or the best top-1) hold every strict pair of it. None when fewer
+  than two rows have a paper number."""
   ranked = sorted(
     (r for r in rows if rows[r]["paper_top1"] is not None),
     key=lambda r: -rows[r]["paper_top1"],
@@ -98,15 +111,13 @@ def ordering(rows: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     for worse in ranked[i + 1 :]
     if rows[better]["paper_top1"] > rows[worse]["paper_top1"]
   ]
-  measured = [(b, w) for b, w in pairs if None not in (rows[b]["top1_mean"], rows[w]["top1_mean"])]
-  broken = [(b, w) for b, w in measured if rows[b]["top1_mean"] <= rows[w]["top1_mean"]]
+  measured = [(b, w) for b, w in pairs if None not in (rows[b][key], rows[w][key])]
+  broken = [(b, w) for b, w in measured if rows[b][key] <= rows[w][key]]
   claim = ranked[0]
   for previous, row in itertools.pairwise(ranked):
     equal = rows[row]["paper_top1"] == rows[previous]["paper_top1"]
     claim += (" = " if equal else " > ") + row
-  ours = sorted(
-    (r for r in ranked if rows[r]["top1_mean"] is not None), key=lambda r: -rows[r]["top1_mean"]
-  )
+  ours = sorted((r for r in ranked if rows[r][key] is not None), key=lambda r: -rows[r][key])
   return {
     "paper": claim,
     "ours": " > ".join(ours),
@@ -211,12 +222,17 @@ def read_row_runs(workdir: str, row: str, seeds: int, steps: int, plan_commit: s
   return runs
 
 
-def row_result(spec: dict[str, Any], cost: dict[str, Any], steps: int, runs: RowRuns):
-  """One row of ``results.json``: the paper's top-1 beside the mean and sd of ours, the rates, the
-  wall time, the length against the paper's and the commits that trained it."""
+def row_result(
+  spec: dict[str, Any], cost: dict[str, Any], steps: int, runs: RowRuns, reported: str = "final"
+):
+  """One row of ``results.json``: the paper's top-1 beside the mean and sd of ours (final and
+  best; ``reported``: which one the paper's code reported, the one the difference takes), the
+  rates, the wall time, the length against the paper's and the commits that trained it."""
   top1_mean, top1_sd = mean_sd([f["top1"] for f in runs.finals.values()])
+  best_mean, best_sd = mean_sd([f["best_top1"] for f in runs.finals.values()])
   top5_mean, top5_sd = mean_sd([f["top5"] for f in runs.finals.values()])
   paper = spec["paper_top1"]
+  ours = best_mean if reported == "best" else top1_mean
   rates = runs.rates
   return {
     "config": spec["config"],
@@ -225,10 +241,15 @@ def row_result(spec: dict[str, Any], cost: dict[str, Any], steps: int, runs: Row
     "top1_per_seed": {s: f["top1"] for s, f in runs.finals.items()},
     "top1_mean": top1_mean,
     "top1_sd": top1_sd,
+    "best_top1_per_seed": {s: f["best_top1"] for s, f in runs.finals.items()},
+    "best_step_per_seed": {s: f["best_step"] for s, f in runs.finals.items()},
+    "best_top1_mean": best_mean,
+    "best_top1_sd": best_sd,
     "top5_mean": top5_mean,
     "top5_sd": top5_sd,
     "paper_top1": paper,
-    "difference": top1_mean - paper if None not in (top1_mean, paper) else None,
+    "paper_reports": reported,  # the top-1 the paper's code reported: 'best' or 'final'
+    "difference": ours - paper if None not in (ours, paper) else None,
     # The median logged rate where one device kind trained the row; else per kind (devices).
     "images_per_sec": median_or_none(*rates.values()) if len(rates) == 1 else None,
     "devices": [
@@ -253,15 +274,17 @@ def row_result(spec: dict[str, Any], cost: dict[str, Any], steps: int, runs: Row
   }
 
 
-def comparisons(pairs, finals: dict[str, dict[int, dict[str, float]]]) -> list[dict[str, Any]]:
-  """Per (baseline, treatment) pair whose rows ran: the per-seed paired differences of final
-  top-1 and their paired t test."""
+def comparisons(
+  pairs, finals: dict[str, dict[int, dict[str, float]]], metric: str = "top1"
+) -> list[dict[str, Any]]:
+  """Per (baseline, treatment) pair whose rows ran: the per-seed paired differences of ``metric``
+  ('top1': final, 'best_top1': the best evaluation) and their paired t test."""
   compared = []
   for base, treat in pairs:
     if base not in finals or treat not in finals:  # a row this plan's --rows left out
       continue
     paired = sorted(set(finals[base]) & set(finals[treat]))
-    diffs = [finals[treat][s]["top1"] - finals[base][s]["top1"] for s in paired]
+    diffs = [finals[treat][s][metric] - finals[base][s][metric] for s in paired]
     test = paired_t(diffs)
     compared.append(
       {
@@ -269,6 +292,7 @@ def comparisons(pairs, finals: dict[str, dict[int, dict[str, float]]]) -> list[d
         "treatment": treat,
         "seeds": paired,
         "top1_differences": diffs,
+        "metric": "best" if metric == "best_top1" else "final",
         **test,
         "verdict": verdict(test),
       }
@@ -277,13 +301,16 @@ def comparisons(pairs, finals: dict[str, dict[int, dict[str, float]]]) -> list[d
 
 
 def report_title(plan: dict[str, Any], saved: dict[str, Any]) -> str:
-  """The plan's title; a protocol plan's says at what fraction of the paper's protocol."""
+  """The plan's title; a protocol plan's says at what fraction of the paper's protocol, and
+  whether it trained on lossy data (``--allow_lossy_data``)."""
   title = plan["title"]
   if saved.get("protocol"):
     fraction = saved.get("fraction", 1.0)
     title += ", at " + (
       "the paper's protocol" if fraction == 1 else f"{fraction:.3g} of the paper's protocol"
     )
+  if saved.get("lossy_data"):
+    title += ", on LOSSY JPEG data (--allow_lossy_data; the papers used the original images)"
   return title
 
 
@@ -297,13 +324,21 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
       "first"
     )
   seeds, plan_commit = saved["seeds"], saved.get("locvit_commit") or "unknown"
+  evaluation = saved.get("evaluation")  # plans saved before it evaluated 10 times, final only
+  reported = (evaluation or {"paper_reports": "final"})["paper_reports"]
   rows, runs = {}, {}
   for row in saved.get("row_names") or plan["rows"]:
     cost = saved["rows"][row]
     steps = cost.get("steps", saved.get("steps"))
     runs[row] = read_row_runs(workdir, row, seeds, steps, plan_commit)
-    rows[row] = row_result(plan["rows"][row], cost, steps, runs[row])
+    rows[row] = row_result(plan["rows"][row], cost, steps, runs[row], reported)
   loads = [load for r in runs.values() for load in r.loads]
+  metric = "best_top1" if reported == "best" else "top1"
+  compared = comparisons(plan["comparisons"], {r: runs[r].finals for r in runs}, metric)
+  for c in compared:
+    papers = [rows[c[k]]["paper_top1"] for k in ("baseline", "treatment")]
+    c["paper_difference"] = None if None in papers else papers[1] - papers[0]
+    c["within_seed_spread"] = within_spread_words(c, c["paper_difference"])
   return {
     "plan": name,
     "title": report_title(plan, saved),
@@ -312,8 +347,9 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
     "max_steps": None if saved.get("protocol") else plan.get("max_steps"),
     "data": saved.get("data"),
     "rows": rows,
-    "ordering": ordering(rows),
-    "comparisons": comparisons(plan["comparisons"], {r: runs[r].finals for r in runs}),
+    "evaluation": evaluation,
+    "ordering": ordering(rows, "best_top1_mean" if reported == "best" else "top1_mean"),
+    "comparisons": compared,
     "machine": machine(),
     "locvit_commit": saved.get("locvit_commit"),  # of the plan; plans before it was kept lack it
     "runs_recorded_commits": any(r.recorded for r in runs.values()),
@@ -418,23 +454,49 @@ def machine_words(report: dict[str, Any], load: list[float] | None) -> str:
 
 
 def rows_table(report: dict[str, Any]) -> list[str]:
-  """The rows as a markdown table: the paper's top-1 beside ours, the length and the rates."""
+  """The rows as a markdown table: the paper's top-1 beside ours (a protocol plan's: final and
+  best), the length and the rates."""
+  protocol = report.get("protocol")
+  ours = "ours final top-1 % | ours best top-1 %" if protocol else "ours top-1 %"
   lines = [
-    "| row | paper top-1 % | ours top-1 % | ours - paper (points) | seeds | top-5 % | "
+    f"| row | paper top-1 % | {ours} | ours - paper (points) | seeds | top-5 % | "
     "epochs | paper epochs | of paper budget | img/s | minutes per run |",
-    "|---|---|---|---|---|---|---|---|---|---|---|",
+    "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if protocol else ""),
   ]
   for name, r in report["rows"].items():
     wall = r.get("wall_minutes_per_run")
     at_least = "" if r.get("wall_exact", True) else ">= "
+    top1 = _pct(r["top1_mean"], r["top1_sd"])
+    if protocol:
+      top1 += f" | {_pct(r.get('best_top1_mean'), r.get('best_top1_sd'))}"
     lines.append(
-      f"| {name} | {_points(r['paper_top1'])} | {_pct(r['top1_mean'], r['top1_sd'])} | "
+      f"| {name} | {_points(r['paper_top1'])} | {top1} | "
       f"{_points(r.get('difference'), sign=True)} | {len(r['seeds_finished'])} | "
       f"{_pct(r['top5_mean'], r['top5_sd'])} | {r['epochs']:.4g} | {r['paper_epochs']} | "
       f"{r['paper_budget_fraction']:.2%} | {rate_words(r)} | "
       f"{f'{at_least}{wall:.1f}' if wall else '-'} |"
     )
   return lines
+
+
+def evaluation_words(report: dict[str, Any]) -> str:
+  """Which top-1 the paper's code reported, and which one 'ours - paper' and the comparisons
+  take."""
+  evaluation = report["evaluation"]
+  every = evaluation.get("every_epochs", 1)
+  cadence = cadence_words(every)
+  if evaluation["paper_reports"] == "best":
+    reported = (
+      f"the paper's code reported the best top-1 of its evaluations ({cadence}; "
+      f"{evaluation.get('code', 'not stated')}), so 'ours - paper', the ordering and the "
+      "comparisons take our best"
+    )
+  else:
+    reported = "the paper's code reported the final top-1, so 'ours - paper' takes our final"
+  return (
+    f"Evaluations: ours {cadence} and at the end; final is the last evaluation, best the "
+    f"highest; {reported}."
+  )
 
 
 def ordering_words(order: dict[str, Any] | None) -> str:
@@ -504,8 +566,14 @@ def wall_time_words(report: dict[str, Any]) -> str:
 
 def markdown(report: dict[str, Any]) -> str:
   """``report`` as the markdown tables of ``results.md``."""
-  lines = [f"# {report['title']}", "", *rows_table(report), "", ordering_words(report["ordering"])]
+  lines = [f"# {report['title']}", "", *rows_table(report), ""]
+  if report.get("evaluation"):
+    lines.append(evaluation_words(report))
+  lines.append(ordering_words(report["ordering"]))
   lines += comparisons_table(report["comparisons"])
+  spread = [c["within_seed_spread"] for c in report["comparisons"] if c.get("within_seed_spread")]
+  if spread:
+    lines += ["", "Seed spread: " + " ".join(spread)]
   lines.append("")
   if report.get("data"):
     lines.append(f"Data: {report['data']}.")
@@ -514,7 +582,12 @@ def markdown(report: dict[str, Any]) -> str:
   lines += [
     machine_words(report, report["load_average_range"]),
     wall_time_words(report),
-    "Top-1/top-5: final evaluation on the full test split, mean +- sample sd over seeds; img/s: "
+    (
+      "Top-1: final and best evaluation"
+      if report.get("protocol")
+      else "Top-1/top-5: final evaluation"
+    )
+    + " on the full test split, mean +- sample sd over seeds; img/s: "
     "median logged training rate (compilation and evaluation excluded).",
   ]
   return "\n".join(lines) + "\n"

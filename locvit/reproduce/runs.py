@@ -20,12 +20,15 @@ import ml_collections
 from locvit import metrics as metrics_lib
 from locvit.reproduce import protocol
 from locvit.reproduce.budget import RowCost, budgeted_config, describe, make_plan, run_seconds
-from locvit.reproduce.data_checks import check_batches, check_data
+from locvit.reproduce.data_checks import check_batches, check_data, check_protocol_data
 from locvit.reproduce.plans import (
   ReproduceError,
+  default_seeds,
   get_plan,
+  official_evaluation,
   plan_configs,
   plan_runs,
+  row_evaluations,
   row_steps,
   run_dir,
   saved_cost,
@@ -44,7 +47,8 @@ def is_finished(workdir: str, steps: int) -> bool:
 
 class Interrupt:
   """Ctrl-C or SIGTERM between runs stops at once (``KeyboardInterrupt``); inside a run's training
-  loop, the loop's own handler (``train.PreemptionWatcher``) saves the step first."""
+  loop, the loop's own handler (``locvit.run.preemption.PreemptionWatcher``) saves the step
+  first."""
 
   def __enter__(self):
     self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -59,12 +63,23 @@ class Interrupt:
 
 
 def load_or_make_plan(
-  name, plan, configs, workdir, seeds, minutes, started, fraction=1.0, probe_here=True
+  name,
+  plan,
+  configs,
+  workdir,
+  seeds,
+  minutes,
+  started,
+  fraction=1.0,
+  probe_here=True,
+  allow_lossy_data=False,
 ) -> dict[str, Any]:
   """The plan saved in ``workdir/plan.json`` (a re-run resumes it, on this machine or another one
   the workdir was copied to).
 
-  Without one, a new plan is measured on this machine.
+  Without one, a new plan is measured on this machine. A protocol plan's data is checked either
+  way: a resumed plan takes a JPEG folder only if it was saved with lossy data or
+  ``allow_lossy_data`` (which then marks it so).
   """
   path = os.path.join(workdir, "plan.json")
   if os.path.exists(path):
@@ -78,6 +93,11 @@ def load_or_make_plan(
       raise ReproduceError(
         f"{workdir} was planned with --seeds={saved['seeds']}; use that or a new --workdir"
       )
+    if saved.get("protocol"):
+      lossy = saved.get("lossy_data", False)
+      if check_protocol_data(plan, configs, allow_lossy_data or lossy) and not lossy:
+        saved["lossy_data"] = True  # continued on a JPEG copy: the report's title says so
+        write_plan(path, saved)
     steps = sorted({row_steps(saved, row) for row in saved_rows(saved, plan)})
     print(
       f"Resuming the plan saved in {path} ({'/'.join(map(str, steps))} steps per run).",
@@ -86,24 +106,41 @@ def load_or_make_plan(
     return saved
   if plan.get("protocol"):
     saved = protocol.make_protocol_plan(
-      name, plan, configs, workdir, seeds or 1, minutes, fraction, started, probe_here
+      name,
+      plan,
+      configs,
+      workdir,
+      seeds or default_seeds(plan),
+      minutes,
+      fraction,
+      started,
+      probe_here,
+      allow_lossy_data,
     )
   else:
-    saved = make_plan(name, plan, configs, workdir, seeds or 2, minutes or 60.0, started)
+    saved = make_plan(
+      name, plan, configs, workdir, seeds or default_seeds(plan), minutes or 60.0, started
+    )
   os.makedirs(workdir, exist_ok=True)
+  write_plan(path, saved)
+  return saved
+
+
+def write_plan(path: str, saved: dict[str, Any]) -> None:
+  """Writes ``DIR/plan.json`` atomically."""
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
     json.dump(saved, f, indent=2)
   os.replace(tmp, path)
-  return saved
 
 
 def config_of_run(plan, saved, configs, row: str, seed: int) -> ml_collections.ConfigDict:
   """The config of one run of a saved plan."""
   if saved.get("protocol"):
     spec = plan["rows"][row]
+    every = saved.get("evaluation", official_evaluation(plan))["every_epochs"]
     config = protocol.protocol_config(
-      configs[row], spec["paper_train_examples"], saved["fraction"], seed
+      configs[row], spec["paper_train_examples"], saved["fraction"], seed, every
     )
     if config.total_steps != row_steps(saved, row):
       raise ReproduceError(
@@ -124,6 +161,7 @@ def reproduce(
   fraction: float | str = 1.0,
   rows: str | None = None,
   probe_here: bool = True,
+  allow_lossy_data: bool = False,
 ) -> dict[str, Any] | None:
   """Plans (or resumes) and trains ``name`` in ``workdir``; returns the report (None when
   interrupted). A protocol plan is estimated by a probe here, or (``probe_here=False``) from the
@@ -139,8 +177,9 @@ def reproduce(
   with Interrupt():
     try:
       saved = load_or_make_plan(
-        name, plan, configs, workdir, seeds, minutes, started, fraction, probe_here
-      )
+        name, plan, configs, workdir, seeds, minutes, started, fraction, probe_here,
+        allow_lossy_data,
+      )  # fmt: skip
       if not saved.get("protocol"):
         print(describe(saved, plan), flush=True)
       train_runs(plan, saved, configs, workdir)
@@ -174,7 +213,8 @@ def train_runs(plan, saved, configs, workdir: str) -> None:
   runs = plan_runs(plan, saved["seeds"], saved_rows(saved, plan))
   todo = [(s, r) for s, r in runs if not is_finished(run_dir(workdir, r, s), row_steps(saved, r))]
   remaining = sum(
-    run_seconds(RowCost(**saved_cost(saved, r)), row_steps(saved, r)) for _, r in todo
+    run_seconds(RowCost(**saved_cost(saved, r)), row_steps(saved, r), row_evaluations(saved, r))
+    for _, r in todo
   )
   end = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=remaining)
   print(

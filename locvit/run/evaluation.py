@@ -1,4 +1,6 @@
-"""Exact top-1 / top-5 evaluation over a whole split, at any batch size and device count.
+"""Exact top-1 / top-5 evaluation over a whole split, at any batch size and device count: the
+evaluation pass, the EMA weights' evaluation beside the model's, and eval-only mode
+(``evaluate_checkpoint``, ``--mode=eval``).
 
 The eval pipeline pads the last batches and marks real examples with ``mask``; the step sums
 correct predictions over masked examples only, so no example is dropped or counted twice.
@@ -6,16 +8,24 @@ correct predictions over masked examples only, so no example is dropped or count
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 
+from locvit import metrics as metrics_lib
+from locvit.data import device_augment
 from locvit.platform import sharding
+from locvit.run import bundle, predict
+from locvit.run.preemption import EvaluationInterruptedError
+from locvit.run.state import ema_enabled
+from locvit.workdir import fingerprint, restore
 
 
 def eval_step(
@@ -80,3 +90,100 @@ def evaluate(
     "eval/loss": float(totals["loss"]) / count,
     "eval/num_examples": round(count),
   }
+
+
+def evaluate_with_ema(
+  eval_fn,
+  variables,
+  ema_params,
+  batches,
+  batch_sharding,
+  print_line: Callable[[str], None],
+  interrupted: Callable[[], bool] = lambda: False,
+) -> dict[str, Any]:
+  """``eval/*`` of ``variables`` (params, model_state); with EMA weights also ``eval_ema/*`` (timm
+  evaluates both the model and its EMA). A long evaluation prints its progress with
+  ``print_line``; it raises ``EvaluationInterruptedError`` after the batch during which
+  ``interrupted()`` became True."""
+
+  def on_batch():
+    show = metrics_lib.eval_progress(len(batches), print_line)
+
+    def call(done: int) -> None:
+      show(done)
+      if interrupted():
+        raise EvaluationInterruptedError(
+          f"the evaluation stopped after batch {done}/{len(batches)}"
+        )
+
+    return call
+
+  result = evaluate(eval_fn, variables, batches, batch_sharding, on_batch())
+  if ema_params is not None:
+    ema_metrics = evaluate(eval_fn, (ema_params, variables[1]), batches, batch_sharding, on_batch())
+    result.update({k.replace("eval/", "eval_ema/"): v for k, v in ema_metrics.items()})
+  return result
+
+
+def evaluate_checkpoint(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  step: int | None = None,
+  print_progress: Callable[[str], None] = lambda line: None,
+) -> dict[str, Any]:
+  """Eval-only mode: restores parameters from ``workdir`` (latest or ``step``) and evaluates;
+  ``print_progress`` gets a line every 10 s of a long evaluation.
+
+  With ``config.ema.decay > 0`` the EMA weights are evaluated too (``eval_ema/*``).
+  """
+  run = bundle.build_evaluation(config)
+  config = run.config  # completed with the defaults
+  # A checkpoint this config cannot read is refused before the model is traced (and warns).
+  step = restore.vetted_step(
+    workdir, step, lambda meta: fingerprint.check_compatible(meta["config"], config, workdir)
+  )
+  boxed_params, _ = sharding.model_variable_shapes(run.model, run.image_shape)
+  variable_shardings = _variable_shardings(run)
+  params, model_state = restore.read_model_variables(
+    workdir, run.model, run.image_shape, step, variable_shardings
+  )
+  ema = None
+  if ema_enabled(config):
+    ema = restore.restore_ema_params(workdir, step, variable_shardings[0], boxed_params)
+  result = _evaluate_variables(run, variable_shardings, (params, model_state), ema, print_progress)
+  result["step"] = step
+  return result
+
+
+def _variable_shardings(run: bundle.Evaluation) -> tuple[Any, Any]:
+  boxed_params, boxed_model_state = sharding.model_variable_shapes(run.model, run.image_shape)
+  return (
+    sharding.tree_shardings(boxed_params, run.mesh, run.rules),
+    sharding.tree_shardings(boxed_model_state, run.mesh, run.rules),
+  )
+
+
+def _evaluate_variables(run, variable_shardings, variables, ema, print_progress) -> dict[str, Any]:
+  config, mesh, rules = run.config, run.mesh, run.rules
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    normalize = functools.partial(device_augment.normalize, data_config=config.data)
+    eval_fn = make_eval_step(run.model, mesh, rules, variable_shardings, normalize)
+    return evaluate_with_ema(
+      eval_fn, variables, ema, run.eval_batches, run.batch_sharding, print_progress
+    )
+
+
+def evaluate_weights(
+  config: ml_collections.ConfigDict, print_progress: Callable[[str], None] = lambda line: None
+) -> dict[str, Any]:
+  """Eval-only mode on published weights (``config.init_from.weights``), no training run: their
+  model and class count, the evaluation split read with their preprocessing
+  (``locvit.run.predict.with_weights``). The result carries ``step`` 0 and the ``config`` run."""
+  pretrained = predict.load_weights(config, seed=config.seed)
+  for note in pretrained.notes:
+    print_progress(f"note: {note}")
+  run = bundle.build_evaluation(predict.with_weights(config, pretrained))
+  variable_shardings = _variable_shardings(run)
+  params = jax.device_put(pretrained.variables["params"], variable_shardings[0])
+  result = _evaluate_variables(run, variable_shardings, (params, {}), None, print_progress)
+  return {**result, "step": 0, "config": run.config}

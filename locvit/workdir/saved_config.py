@@ -50,13 +50,18 @@ def _lost_types(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str
 def write(workdir: str, config: ml_collections.ConfigDict, argv: Sequence[str] | None = None):
   """Writes ``DIR/config.json`` atomically (a temporary file renamed over it); ``argv`` defaults to
   the command line that started this process."""
+  paths.write_atomically(path(workdir), json.dumps(record(config, argv), indent=2) + "\n")
+
+
+def record(config: ml_collections.ConfigDict, argv: Sequence[str] | None = None) -> dict[str, Any]:
+  """What ``DIR/config.json`` holds for ``config``: the command (``argv``, default this process's
+  command line), the config as JSON and the types JSON drops (``read`` restores them)."""
   argv = list(sys.orig_argv if argv is None else argv)
-  record = {
+  return {
     "command": shlex.join(argv),
     "config": json.loads(config.to_json_best_effort()),
     "types": _lost_types(config),
   }
-  paths.write_atomically(path(workdir), json.dumps(record, indent=2) + "\n")
 
 
 def _as_tuple(value: list) -> tuple:

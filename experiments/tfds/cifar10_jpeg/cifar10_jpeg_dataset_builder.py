@@ -1,8 +1,9 @@
 """A TFDS builder for an image folder on disk: the offline stand-in for `tfds build cifar10`.
 
-It reads the layout of ``python -m locvit.data.prepare cifar10 --out=DIR`` (``train/<class>/*.jpg``,
-``test/<class>/*.jpg``) from the manual directory, like ``imagenet2012`` reads its manual tar
-files, so ``tfds build`` prepares it in ArrayRecord format without network access (README, "Data"):
+It reads the layout of ``python -m locvit.data.prepare cifar10 --format=jpeg --out=DIR``
+(``train/<class>/*.jpg``, ``test/<class>/*.jpg``) from the manual directory, like
+``imagenet2012`` reads its manual tar files, so ``tfds build`` prepares it in ArrayRecord format
+without network access (README, "Data"):
 
   tfds build experiments/tfds/cifar10_jpeg --manual_dir=DIR --data_dir=DATA_DIR \\
       --file_format=array_record
