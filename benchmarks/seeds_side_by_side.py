@@ -11,15 +11,16 @@ each, timed in interleaved rounds (``kit.time_interleaved``; a round: every seed
 - lone: the training loop's step of one seed (``guarded_steps`` with the non-finite guard,
   ``kit.state_and_step``), dispatched N times a round, once on each seed's own state, as N runs
   of the config would train one after another;
-- side by side: one step of the N seeds' states stacked on a leading seed axis, ``jax.vmap`` of
-  the same step (``seeds_step``), dispatched once a round.
+- side by side: the N-seed step the training loop runs under ``config.num_seeds=N``
+  (``locvit.run.seeds.make_step``: the same step vmapped over the seeds' states, batches,
+  non-finite records and seeds, each stacked on a leading seed axis), dispatched once a round.
 
 Printed per row: the round's time, images/s per seed and for all seeds, the side-by-side speedup
 (the lone round's time over the side-by-side round's), the kernels a round runs (N times the lone
 step's; the N-seed step's: ``kit.kernel_counts`` of the compiled HLO, outside loop bodies) and the
 N-seed step's memory (XLA's memory analysis: arguments, outputs and temporaries, donated buffers
-once). Every seed steps on the same resident synthetic batch: the work does not depend on the
-values.
+once). Every seed steps on the same resident synthetic batch, and the lone side's seeds share one
+compiled step (its keys from the config's seed): the work does not depend on the values.
 
 ``--smoke``: CPU, two blocks per model, batches scaled down 64 times (at least 2), fp32, by
 default two steps, one round; the same code as the full run.
@@ -31,33 +32,21 @@ import argparse
 import time
 
 import jax
-import jax.numpy as jnp
 import kit
 
 from locvit.configs.common import complete_config
 from locvit.platform import xla_options
+from locvit.run import seeds as seeds_lib
 from locvit.run import step as step_lib
 
 RECIPES = {"GMM-ViT d9": 128, "StructInit ViT-T/2": 512}  # label of kit.MODELS_32 -> paper batch
 
 
-def seeds_step(built: kit.Parts):
-  """The N-seed step, jitted: ``guarded_steps`` of ``built`` vmapped over the seed axis of the
-  state, the batches and the non-finite record (``step(state, batches, (), health)``), the
-  state and the record donated as the training loop donates them. Every lane draws its keys from
-  the config's seed: the keys do not change the work."""
-  kwargs = built.step_kwargs()
-
-  def one_seed(state, batches, health):
-    return step_lib.guarded_steps(state, batches, (), health, **kwargs)
-
-  step = lambda state, batches, teacher, health: jax.vmap(one_seed)(state, batches, health)
-  return jax.jit(step, donate_argnums=(0, 3))
-
-
-def stacked(trees: list):
-  """``trees`` stacked on a leading seed axis."""
-  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+def seeds_step(built: kit.Parts, seeds: list[int]):
+  """The library's N-seed step of ``built`` for ``seeds`` (``locvit.run.seeds.make_step``),
+  jitted on one device with the state and the non-finite records donated, as the training loop
+  jits it: ``step(state, batches, (), health)``."""
+  return jax.jit(seeds_lib.make_step(seeds, **built.step_kwargs()), donate_argnums=(0, 3))
 
 
 def megabytes(compiled) -> float:
@@ -81,11 +70,9 @@ def lone_runner(compiled, states: list, batches: list) -> kit.Runner:
   return kit.Runner(run, wait)
 
 
-def side_by_side_runner(compiled, state, batches) -> kit.Runner:
+def side_by_side_runner(compiled, state, batches, health) -> kit.Runner:
   """The stacked state one step of the compiled N-seed step, one dispatch."""
-  num_seeds = jax.tree.leaves(state)[0].shape[0]
-  holder = {"state": state, "metrics": None}
-  holder["health"] = stacked([step_lib.initial_health()] * num_seeds)
+  holder = {"state": state, "metrics": None, "health": health}
 
   def run():
     holder["state"], holder["metrics"], holder["health"] = compiled(
@@ -109,23 +96,25 @@ def recipe_rows(label: str, batch_size: int, seed_counts: list[int], args) -> li
   lone = lone.lower(state, [batch], (), step_lib.initial_health()).compile(options)
   lone_kernels = kit.total_kernels(kit.kernel_counts(lone.as_text()))
   rows = []
+  seed_states = seeds_lib.SeedStates(built.layout.shardings)
   for n in seed_counts:
-    states = [built.init(seed) for seed in range(n)]
-    together = stacked(states)
-    batches = [stacked([batch] * n)]
-    health = stacked([step_lib.initial_health()] * n)
+    config.num_seeds = n
+    seeds = seeds_lib.seeds_of(config)
+    together = seed_states.stack([built.init(seed) for seed in seeds])
+    batches = [seeds_lib.stacked_batch([batch] * n, built.batch_sharding)]
+    health = seeds_lib.stacked_health(n, built.mesh)
     t0 = time.perf_counter()
-    compiled = seeds_step(built).lower(together, batches, (), health).compile(options)
+    compiled = seeds_step(built, seeds).lower(together, batches, (), health).compile(options)
     print(f"  {label}, {n} seeds: the N-seed step compiled in {time.perf_counter() - t0:.1f} s")
     runners = {
-      "lone": lone_runner(lone, [built.init(seed) for seed in range(n)], [batch]),
-      "side by side": side_by_side_runner(compiled, together, batches),
+      "lone": lone_runner(lone, [built.init(seed) for seed in seeds], [batch]),
+      "side by side": side_by_side_runner(compiled, together, batches, health),
     }
     times = kit.time_interleaved(runners, args.steps, args.rounds, args.warmup)
     side_kernels = kit.total_kernels(kit.kernel_counts(compiled.as_text()))
     rows.append((n, "lone", times["lone"], n * lone_kernels, None))
     rows.append((n, "side by side", times["side by side"], side_kernels, megabytes(compiled)))
-    del states, together
+    del together
   return rows
 
 
