@@ -28,9 +28,10 @@ PRINTED = re.compile(
 # Names that refuse to run as they stand, and say what they need, in one line.
 REFUSALS = {
   "convit_table4": r"distillation.type='hard' needs distillation.teacher_workdir: the --workdir ",
-  # Its 'folder' dataset reads the folder that --data=image_folder:DIR names.
-  "transfer": r"data.root=None must be set when source='image_folder': give "
-  r"--data=image_folder:DIR$",
+  # Its 'folder' dataset reads the folder that --data=image_folder:DIR names, and a prior goes
+  # and a prior only on a DeiT.
+  "transfer": r"(data.root=None must be set when source='image_folder': give "
+  r"--data=image_folder:DIR|unknown model,prior 'convit_tiny,(gpsa|gmm|elm)' for transfer.py; .*)$",
   # --list_configs shows each field's choices, then the five (dataset, size) pairs that run.
   "gmm_table56": r"unknown dataset,size '\w+,d\d+' for gmm_table56.py; did you mean .*choices: "
   "tinyimagenet,d8, cifar10,d9, cifar10,d15, cifar100,d9, cifar100,d15$",

@@ -9,18 +9,35 @@ from locvit import main, optim
 from locvit.configs import datasets, transfer
 from tests.test_cli_output import run_main
 
-SELECTIONS = list(itertools.product(transfer.MODELS, transfer.DATASETS, transfer.SIZES))
+SELECTIONS = [
+  (model, dataset, size, prior)
+  for model, dataset, size, prior in itertools.product(
+    transfer.MODELS, transfer.DATASETS, transfer.SIZES, transfer.PRIORS
+  )
+  if f"{model},{prior}" in transfer.PAIRS["model,prior"]
+]
 
 
 def test_every_selection_resolves_and_validates(tmp_path):
-  for model, dataset, size in SELECTIONS:
-    config = transfer.get_config(f"{model},{dataset},{size}")
+  assert len(SELECTIONS) == 6 * 3 * 2 + 3 * 3 * 2 * 3
+  for model, dataset, size, prior in SELECTIONS:
+    config = transfer.get_config(f"{model},{dataset},{size},{prior}")
     if dataset == "folder":
       config = datasets.apply_data_flag(config, f"image_folder:{tmp_path}")
     main.check_config(config)
     assert config.model.name == transfer.MODELS[model] and config.data.image_size == size
     expected = {"cifar10": 10, "cifar100": 100, "folder": None}[dataset]
     assert config.data.num_classes == expected, (model, dataset)
+    assert config.init_from.weights == f"{transfer.MODELS[model]}.fb_in1k"
+    assert config.init_from.add_prior == (prior != "none")
+    assert config.model.overrides.get("class_token_layer", 0) == (10 if prior == "gpsa" else 0)
+
+
+def test_a_prior_goes_on_a_deit_only():
+  with pytest.raises(ValueError, match=r"unknown model,prior 'convit_small,gmm' for transfer\.py"):
+    transfer.get_config("convit_small,cifar10,224,gmm")
+  layers = transfer.get_config("deit_base,cifar10,224,gpsa").model.overrides.layer_attention
+  assert layers == ("gpsa",) * 10 + ("mhsa",) * 2
 
 
 def test_the_recipe_is_deits_transfer_recipe():
