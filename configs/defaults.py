@@ -177,9 +177,17 @@ PRIOR_GATE_LOGIT = -10.0
 
 def init_from_config() -> ml_collections.ConfigDict:
   """Off by default; the thresholds are ``locvit.models.surgery.PruneThresholds``' defaults
-  (the reference code's)."""
+  (the reference code's).
+
+  ``workdir`` starts from another locvit run's checkpoint (``locvit.init.from_checkpoint``);
+  ``weights`` from published or converted weights (``locvit.convert.load_pretrained``): a
+  ``.safetensors`` / ``.pth`` / ``.bin`` / ``.npz`` file, a ``locvit.convert`` output, or a hub
+  name (``hf-hub:timm/convit_tiny.fb_in1k``, ``convit_tiny.fb_in1k``). Either way only the
+  parameters are taken: the optimizer state, the step and the data position start fresh.
+  """
   c = ml_collections.ConfigDict()
   c.workdir = ml_collections.config_dict.placeholder(str)
+  c.weights = ml_collections.config_dict.placeholder(str)
   c.step = -1
   c.prune_degenerate_heads = False
   c.min_sq_spread = 1e-5

@@ -28,10 +28,13 @@ PRINTED = re.compile(
 # Names that refuse to run as they stand, and say what they need, in one line.
 REFUSALS = {
   "convit_table4": r"distillation.type='hard' needs distillation.teacher_workdir: the --workdir ",
-  # Its 'folder' dataset reads the folder that --data=image_folder:DIR names, and a prior goes
-  # and a prior only on a DeiT.
+  # Its 'folder' dataset reads the folder that --data=image_folder:DIR names; a prior goes on a
+  # DeiT only.
   "transfer": r"(data.root=None must be set when source='image_folder': give "
   r"--data=image_folder:DIR|unknown model,prior 'convit_tiny,(gpsa|gmm|elm)' for transfer.py; .*)$",
+  # The images of published weights: --data=image_folder:DIR names them.
+  "pretrained": r"data.root=None must be set when source='image_folder': give "
+  r"--data=image_folder:DIR$",
   # --list_configs shows each field's choices, then the five (dataset, size) pairs that run.
   "gmm_table56": r"unknown dataset,size '\w+,d\d+' for gmm_table56.py; did you mean .*choices: "
   "tinyimagenet,d8, cifar10,d9, cifar10,d15, cifar100,d9, cifar100,d15$",

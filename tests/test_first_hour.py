@@ -134,7 +134,7 @@ FIELDS = (
     ),
     (
       ["--mode=analyse"],  # was: no config.json in the workdir, then absl's list of choices
-      "--mode=analyse: choose train, eval or analyze; did you mean analyze?",
+      "--mode=analyse: choose train, eval, predict or analyze; did you mean analyze?",
     ),
     (
       [QUICKSTART, "--flagfile=/no/such/flags"],  # was a traceback from config_flags' import
