@@ -61,11 +61,17 @@ def test_the_recipe_is_deits_transfer_recipe():
       "choices: 224, 384",
     ),
     (
+      "deit_tiny,cifar10,224,elm --config.init_from.weights=",
+      "init_from.add_prior=True adds a locality prior to pretrained weights: give "
+      "init_from.weights of a plain DeiT (e.g. deit_tiny_patch16_224.fb_in1k)",
+    ),
+    (
       "deit_tiny,folder",
       "data.root=None must be set when source='image_folder': give --data=image_folder:DIR",
     ),
   ],
 )
 def test_a_bad_selection_is_one_error_line(tmp_path, arg, line):
-  code, out, err = run_main("--print_config", f"--config=transfer:{arg}")
+  arg, *flags = arg.split(" ")
+  code, out, err = run_main("--print_config", f"--config=transfer:{arg}", *flags)
   assert (code, out, err) == (2, "", f"locvit: error: {line}\n")
