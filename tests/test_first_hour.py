@@ -228,8 +228,8 @@ def test_every_config_mistake_is_listed_at_once_before_anything_is_built(tmp_pat
     "  --config.attention_implementation='cudnnn' is not one of [None, 'xla', 'cudnn', "
     "'cpu_kernels', 'einsum']; did you mean cudnn?",
     "  mesh.layout='dpp' is not one of ['dp', 'fsdp', 'tp']; did you mean dp?",
-    "  init.name='impuls' is not one of ['none', 'trunc_normal', 'kaiming_uniform', 'mimetic', "
-    "'impulse']; did you mean impulse?",
+    "  init.name='impuls' is not one of ['none', 'trunc_normal', 'kaiming_uniform', "
+    "'xavier_normal', 'mimetic', 'impulse']; did you mean impulse?",
     "  analysis.locality_mode='faithfull' is not one of ['per_layer', 'faithful']; did you mean "
     "faithful?",
   ]
