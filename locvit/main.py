@@ -503,6 +503,8 @@ def main(argv):
     )
   config = the_config()
   check_config(config)
+  if _MODE.value in ("eval", "analyze"):
+    _check_one_run(config, _WORKDIR.value, _MODE.value)
   cpu_malloc.reexec_with(_CPU_MALLOC.value)  # before any device or thread starts
   _init_distributed()
   from locvit import train
@@ -551,6 +553,21 @@ def main(argv):
   result = train.train_and_evaluate(config, _WORKDIR.value, **training_hooks(), on_setup=on_setup)
   if result.get("preempted"):
     sys.exit(0)
+
+
+def _check_one_run(config: ml_collections.ConfigDict, workdir: str, mode: str) -> None:
+  """``--mode=eval`` and ``analyze`` read one run: a side-by-side run's seeds are each in their
+  own ``WORKDIR/seed<K>``."""
+  from locvit.configs.common import complete_config
+  from locvit.run import seeds
+
+  config = complete_config(config)
+  if config.num_seeds > 1:
+    dirs = [seeds.seed_workdir(workdir, seed) for seed in seeds.seeds_of(config)]
+    raise ConfigError(
+      f"--mode={mode} reads one run, and {workdir} holds {config.num_seeds} seeds trained side "
+      f"by side: use --workdir={dirs[0]} (or {', '.join(dirs[1:])})"
+    )
 
 
 def _predict(config: ml_collections.ConfigDict, from_weights: bool) -> None:

@@ -40,7 +40,13 @@ from locvit.workdir import checkpoint, lock, paths, provenance
 
 # Fields that must be positive where the config has them. Model overrides that size the network:
 # zero would otherwise fail deep inside Flax (depth=0: NameInUseError).
-_POSITIVE = ("batch_size", "grad_accum_steps", "steps_per_dispatch", "log_every_steps")
+_POSITIVE = (
+  "batch_size",
+  "grad_accum_steps",
+  "steps_per_dispatch",
+  "log_every_steps",
+  "num_seeds",  # seeds side by side (locvit.run.seeds)
+)
 _NON_NEGATIVE = ("eval_batch_size", "eval_every_steps", "checkpoint_every_steps")
 _POSITIVE_MODEL = ("depth", "num_heads", "embed_dim", "patch_size", "mlp_ratio", "num_layers")
 
@@ -319,9 +325,10 @@ def weights_warmstart(config: ml_collections.ConfigDict, num_classes: int):
   return from_checkpoint.Warmstart(pretrained.variables["params"], {}, 0)
 
 
-def _checked_setup(config, hooks):
+def checked_setup(config, hooks) -> Training:
   """Validates ``config`` (completed with the defaults of ``configs/common.py:base_config``)
-  against its data and model before the workdir is touched."""
+  against its data and model before the workdir is touched; the run without its workdir (its
+  state's layout included: shapes only, nothing compiled)."""
   config = complete_config(config)
   errors = Errors()
   errors.add("\n".join(config_errors(config)))
@@ -391,6 +398,7 @@ def _checked_setup(config, hooks):
       split["image"].nbytes / 1e6,
       time.perf_counter() - load_start,
     )
+  run.layout = state_lib.state_layout(model, image_shape, run.tx, mesh, rules, ema=run.use_ema)
   return run
 
 
@@ -409,18 +417,22 @@ def build_training(
   ``hooks``: ``make_locality_logger`` and ``make_center_plotter`` (see ``train_and_evaluate``).
   """
   started = time.monotonic()
-  run = _checked_setup(config, hooks)
+  run = checked_setup(config, hooks)
+  run.started = started
+  return open_workdir(run, workdir)
+
+
+def open_workdir(run: Training, workdir: str) -> Training:
+  """``run`` (checked by ``checked_setup``) in ``workdir``: claims it, then adds what writes there
+  or reads per run (eval batches, the teacher unless ``run`` has it, checkpointer, writer)."""
   config = run.config
-  run.workdir, run.started = workdir, started
+  run.workdir = workdir
   try:  # an error or a stop (SIGTERM, Ctrl-C) from here on releases the workdir, as the run would
     # The config is valid: only now create the workdir (writable, not in use). The config is kept
     # (config.json) once the workdir's checkpoint has accepted it (train.restore_or_initialise).
     _claim(workdir, config.bucket_timeout_seconds)
     run.eval_batches = _eval_batches(config, run.eval_source)
-    run.layout = state_lib.state_layout(
-      run.model, run.image_shape, run.tx, run.mesh, run.rules, ema=run.use_ema
-    )
-    if distill.enabled(config):
+    if distill.enabled(config) and run.teacher is None:
       run.teacher = distill.load_teacher(
         config, run.num_classes, run.image_shape, run.mesh, run.rules
       )
