@@ -1,6 +1,7 @@
 """Published weights (``locvit.convert.load_pretrained``): timm's resampled position embedding, a
 fresh head, the hub cache read offline, and one line for each bad input. The weights are saved
-from the PyTorch reference modules with timm's parameter names (``tests/torch_reference.py``)."""
+from the PyTorch reference modules with timm's parameter names
+(``benchmarks/torch_reference.py``)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from locvit.models.convit import convit_overrides
 from locvit.models.resampling import resample_abs_pos_embed
 
 torch = pytest.importorskip("torch")
-import torch_reference as tr  # noqa: E402  (after the torch check)
+from benchmarks import torch_reference as tr  # noqa: E402  (after the torch check)
 
 # Two-block models at 32 px (patch 4, an 8x8 grid): every code path of the full sizes, in seconds.
 CONVIT = ("convit_tiny_patch4_32", dict(convit_overrides(1, depth=2)))

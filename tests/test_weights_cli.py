@@ -23,8 +23,9 @@ from locvit.data.sources import decode_image
 from locvit.workdir.restore import restore_model_variables
 
 torch = pytest.importorskip("torch")
-import torch_reference as tr  # noqa: E402  (after the torch check)
 from test_pretrained import CONVIT, TIMM_CONFIG, hub_cache, reference, save  # noqa: E402
+
+from benchmarks import torch_reference as tr  # noqa: E402  (after the torch check)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The two-block ConViT of test_pretrained named on the command line (a bare file names no model).
