@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The papers' CIFAR-10 tables on one GPU machine without network, within about 10 minutes:
-# gmm_table1_cifar10 (ViT and GMM-ViT, one seed each), then structinit_table2_cifar10 (trunc-
-# normal, mimetic, impulse-3, one seed each), each at the largest fraction of the paper's
-# protocol that its budget fits (--fraction=fit, estimated from the accelerator kit's H200
-# figures so that no GPU time goes to probing). Every run stops cleanly (Ctrl-C: a checkpoint,
+# gmm_table1_cifar10 (ViT and GMM-ViT at depths 9 and 15, one seed each), then
+# structinit_table2_cifar10 (trunc-normal, mimetic, impulse-3, one seed each), each at the
+# largest fraction of the paper's protocol that its budget fits (--fraction=fit, estimated from
+# the accelerator kit's H200 figures so that no GPU time goes to probing). Every run stops cleanly (Ctrl-C: a checkpoint,
 # then the report) when its budget is spent, and the workdirs come back packed to continue.
 #
 # Needs, in the checkout on that machine: gpu_wheels/ (python benchmarks/gpu_wheels.py on a

@@ -4,7 +4,8 @@ The sub-config blocks (``data``, ``init``, ``mixup``, ...) are the defaults of
 ``configs/defaults.py``, where their fields are documented.
 
 Fields (all overridable on the command line, e.g. ``--config.batch_size=256``):
-  seed, batch_size (global), eval_batch_size, num_epochs, total_steps (> 0 overrides epochs),
+  seed, num_seeds (seeds side by side), batch_size (global), eval_batch_size, num_epochs,
+  total_steps (> 0 overrides epochs),
   model.name / model.overrides, data.* (see ``defaults.data_config``),
   optimizer.*, schedule.*, grad_clip_norm, grad_accum_steps, steps_per_dispatch, label_smoothing,
   freeze (regexes),
@@ -29,6 +30,9 @@ from locvit.configs import datasets, defaults
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
+  # N > 1 trains the seeds seed, seed + 1, ..., seed + N - 1 side by side in one jitted step, each
+  # a run of its own in WORKDIR/seed<K>/ (locvit.run.seeds).
+  c.num_seeds = 1
   c.batch_size = 128
   c.eval_batch_size = 0  # 0: same as batch_size
   c.num_epochs = 100.0
@@ -73,6 +77,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.schedule.min_lr = 1e-5
   c.schedule.boundaries_epochs = ()  # for 'step'
   c.schedule.decay_factor = 0.1
+  # 'step': the learning rate changes every optimizer step; 'epoch': it holds the schedule's value
+  # at each epoch's first step for the whole epoch (timm's and epfml/attention-cnn's schedulers,
+  # stepped once per epoch).
+  c.schedule.update_every = "step"
+  # 'cosine' after a warmup: True counts the cosine from the warmup's end (it starts at the peak);
+  # False from step 0 (timm's default ``warmup_prefix=False``: the first rate after the warmup is
+  # the cosine's value at the warmup's length).
+  c.schedule.warmup_prefix = True
 
   # Attention initialisation applied after model.init (locvit.init): 'none', 'trunc_normal',
   # 'kaiming_uniform', 'mimetic' or 'impulse' (structured initialization).

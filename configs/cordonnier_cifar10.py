@@ -20,10 +20,11 @@ lr 0.1, weight decay 1e-4 (coupled, as torch.optim.SGD), batch 100, 300 epochs, 
 5% of the steps from 0 then cosine to 0; RandomCrop(32, pad 4) + horizontal flip; CIFAR-10
 mean/std (0.4914, 0.4822, 0.4465) / (0.2023, 0.1994, 0.2010); no label smoothing. Differences:
 
-- the schedule is applied per step; the reference evaluates the same curve once per epoch (so
-  its first epoch runs at lr 0);
-- ``optimizer.decay_mask='intended'`` skips weight decay on the Gaussian centres/spreads (as the
-  reference does) but also on biases and LayerNorm parameters (which the reference decays);
+- as the reference, the rate is updated once per epoch (its first epoch runs at lr 0; per step:
+  ``--config.schedule.update_every=step``) and weight decay spares only the Gaussian centres and
+  spreads (``optimizer.decay_mask='official_cordonnier'``; ``'intended'`` also spares biases and
+  LayerNorm parameters); the reference's cosine spans 300 x 501 steps (``len // batch + 1`` per
+  epoch) of which it trains 300 x 500, locvit's the 150,000 it trains;
 - ResNet18 uses the reference's step schedule (x0.1 at epochs 80, 150, 250, no warmup) and decays
   every parameter.
 
@@ -111,7 +112,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.data.mean = CIFAR10_MEAN
   c.data.std = CIFAR10_STD
   c.eval_batch_size = 100
-  c.optimizer.decay_mask = "intended"
   c.log_every_steps = 100
   c.eval_every_steps = 500  # one epoch of 50,000 images at batch 100
   c.checkpoint_every_steps = 5000

@@ -140,13 +140,22 @@ def mixup_config() -> ml_collections.ConfigDict:
 
 
 def erasing_config() -> ml_collections.ConfigDict:
-  """Random erasing off. DeiT: prob 0.25, mode 'pixel' (timm's ``--reprob 0.25 --remode pixel``)."""
+  """Random erasing off. DeiT: prob 0.25, mode 'pixel' (timm's ``--reprob 0.25 --remode pixel``).
+
+  ``aspect``: how the box's aspect ratio is drawn in [min_aspect, 1 / min_aspect], 'log_uniform'
+  (timm) or 'uniform' (Zhong et al.'s code, which the GMM paper's code copies); ``fill``: mode
+  'const''s per-channel values in normalised space (empty: 0, the mean colour); ``attempts``: box
+  draws before an example is left unchanged (timm 10, Zhong et al. 100).
+  """
   c = ml_collections.ConfigDict()
   c.prob = 0.0
   c.mode = "pixel"
   c.min_area = 0.02
   c.max_area = 1.0 / 3.0
   c.min_aspect = 0.3
+  c.aspect = "log_uniform"
+  c.fill = ()
+  c.attempts = 10
   return c
 
 
@@ -173,9 +182,17 @@ def distillation_config() -> ml_collections.ConfigDict:
 
 def init_from_config() -> ml_collections.ConfigDict:
   """Off by default; the thresholds are ``locvit.models.surgery.PruneThresholds``' defaults
-  (the reference code's)."""
+  (the reference code's).
+
+  ``workdir`` starts from another locvit run's checkpoint (``locvit.init.from_checkpoint``);
+  ``weights`` from published or converted weights (``locvit.convert.load_pretrained``): a
+  ``.safetensors`` / ``.pth`` / ``.bin`` / ``.npz`` file, a ``locvit.convert`` output, or a hub
+  name (``hf-hub:timm/convit_tiny.fb_in1k``, ``convit_tiny.fb_in1k``). Either way only the
+  parameters are taken: the optimizer state, the step and the data position start fresh.
+  """
   c = ml_collections.ConfigDict()
   c.workdir = ml_collections.config_dict.placeholder(str)
+  c.weights = ml_collections.config_dict.placeholder(str)
   c.step = -1
   c.prune_degenerate_heads = False
   c.min_sq_spread = 1e-5
@@ -184,7 +201,7 @@ def init_from_config() -> ml_collections.ConfigDict:
   return c
 
 
-INIT_NAMES = ("none", "trunc_normal", "kaiming_uniform", "mimetic", "impulse")
+INIT_NAMES = ("none", "trunc_normal", "kaiming_uniform", "xavier_normal", "mimetic", "impulse")
 DEFAULT_CACHE_DIR = "~/.cache/locvit/impulse_init"
 # The impulse solve's settings (the paper's / reference code's, Zheng, Li, Lucey Sec. 5.4;
 # ``locvit.init.impulse.SolverConfig`` documents them and takes its defaults from here). Unset
@@ -210,6 +227,7 @@ INIT_FIELDS = {
   "none": {},
   "trunc_normal": {},
   "kaiming_uniform": {},
+  "xavier_normal": {},
   "mimetic": dict(
     base="kaiming_uniform", alpha=0.7, beta=0.7, v_alpha=0.4, v_beta=-0.4, vproj="reference"
   ),

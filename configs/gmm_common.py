@@ -6,7 +6,16 @@ warmup, label smoothing 0.1, stochastic depth 0.1, RandomCrop (pad 4) + flip, Au
 CIFAR-10 policy for CIFAR, the SVHN policy for SVHN, the ImageNet policy for Tiny-ImageNet),
 random erasing 0.25, CutMix (beta 1) and Mixup (alpha 1) with probability 0.5, switch 0.5. The
 official "epoch" is 3 shuffled passes over the data, so 300 locvit epochs (30 warmup) are the
-official 100 (10 warmup).
+official 100 (10 warmup). Random erasing fills its box with the numbers of the dataset's mean
+written into the normalised image, as the official ``main.py`` passes ``mean=data_info['stat'][0]``
+to ``utils/random_erasing.py``. Float32, as the official code (no autocast).
+
+The paper's ViT (``vit_smalldata_*``, the official ``models/vit.py``) also gets the official
+initialisation and stochastic depth: ``init.name='xavier_normal'`` (xavier-normal Linear weights,
+zero biases, ``torch.randn`` position embedding and class token) and
+``model.overrides.drop_path_schedule='constant'`` (one ``DropPath(0.1)`` on both branches of
+every block). locvit's forms: ``--config.init.name=none`` (trunc-normal 0.02) and
+``--config.model.overrides.drop_path_schedule=linear`` (0 to 0.1 over depth).
 
 Data (``configs/datasets.py``): CIFAR-10 / CIFAR-100 / SVHN from TFDS (``cifar10``, ``cifar100``,
 ``svhn_cropped``; a prepared ``data_dir`` is needed offline), or from the image folder given by
@@ -25,6 +34,7 @@ import ml_collections
 from locvit.configs import recipes
 from locvit.configs.common import base_config
 from locvit.configs.datasets import use_dataset
+from locvit.configs.defaults import init_config
 
 # dataset -> image size, normalisation (the usual statistics); where the data is read from, the
 # class count and the splits: ``configs/datasets.py``.
@@ -36,7 +46,7 @@ DATASETS: dict[str, dict[str, Any]] = {
   ),
   "cifar100": dict(
     image_size=32,
-    mean=(0.5071, 0.4865, 0.4409),
+    mean=(0.5070, 0.4865, 0.4409),  # the official utils/dataloader.py's (0.5071 elsewhere)
     std=(0.2673, 0.2564, 0.2762),
   ),
   "svhn": dict(
@@ -72,6 +82,9 @@ def gmm_config(
   c.model.name = model
   recipes.apply(c, "small_vit")
   c.data.auto_augment = AUTOAUGMENT_POLICY[dataset]
+  c.random_erasing.fill = data["mean"]
+  if "vit_smalldata_" in model:
+    official_vit(c)
   c.log_every_steps = 100
   c.eval_every_steps = 6000
   c.checkpoint_every_steps = 6000
@@ -83,6 +96,24 @@ def gmm_config(
   c.paper.top1 = top1  # a fraction, like eval/top1
   c.paper.params = params
   return c
+
+
+def official_vit(c: ml_collections.ConfigDict) -> None:
+  """The official ViT's initialisation and constant stochastic depth (``models/vit.py``)."""
+  c.init = init_config("xavier_normal")
+  c.model.overrides.drop_path_schedule = "constant"
+
+
+def locvit_vit(c: ml_collections.ConfigDict) -> None:
+  """locvit's forms of what ``official_vit`` and the recipe's random erasing set: the model's own
+  trunc-normal init, drop path 0 to 0.1 over depth, per-pixel noise in boxes of log-uniform
+  aspect (timm's ``RandomErasing``, 10 draws)."""
+  c.init = init_config("none")
+  c.model.overrides.drop_path_schedule = "linear"
+  c.random_erasing.mode = "pixel"
+  c.random_erasing.fill = ()
+  c.random_erasing.aspect = "log_uniform"
+  c.random_erasing.attempts = 10
 
 
 def smallvit_name(size: str, dataset: str, mask: str | None, *, patch4_64: bool = False) -> str:

@@ -4,8 +4,10 @@ Small-dataset recipe: the ``cifar_small`` preset (``configs/recipes.py``; paper 
 reference README): AdamW lr 1e-3, eps 1e-3, weight decay 0.01, gradient clipping 3.0, 200 epochs,
 batch 512, cosine with 10 warmup epochs to 1e-6, RandAugment rand-m9-mstd0.5-inc1, label
 smoothing 0.1, no mixup/cutmix, no random erasing, flip only (the reference's ``--scale 1 1
---ratio 1 1`` make its random-resized crop a plain resize). The reference trains with AMP; these
-configs use float32.
+--ratio 1 1`` make its random-resized crop a plain resize), the rate updated once per epoch with
+timm's cosine counted from epoch 0 (``schedule.update_every='epoch'``, ``warmup_prefix=False``),
+mixed precision (the README's ``--amp``, fp16 there; bf16 compute with float32 parameters here,
+``--config.mixed_precision=False`` for float32).
 
 ImageNet-1K recipe (README): 300 epochs, batch 4096 (8 x 512), lr 4e-3 at batch 4096 (linear
 scaling), eps 1e-8, weight decay 0.05, 50 warmup epochs, no clipping, random-resized crop + flip,

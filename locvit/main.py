@@ -5,11 +5,16 @@
   python -m locvit.main --config=NAME --workdir=DIR --data=image_folder:ROOT  # its data from ROOT
   python -m locvit.main --workdir=DIR --mode=eval [--step=N]  # the config saved in DIR
   python -m locvit.main --workdir=DIR --mode=analyze          # curves, attention figures (PNG)
+  python -m locvit.main --mode=predict --config.init_from.weights=convit_tiny.fb_in1k \
+    --data=image_folder:PHOTOS --workdir=DIR  # published weights: DIR/predictions.jsonl
   python -m locvit.main --config=... --workdir=DIR --cpu_malloc=tcmalloc  # faster CPU steps
 
 ``--config`` takes a file, the name of a shipped config (``convit_s``,
 ``gmm_table1:vit,cifar10,gmm``; ``--list_configs`` shows each one's argument and its choices), or
-a run's ``DIR/config.json``. Without it the config saved in ``--workdir`` is used. Library INFO
+a run's ``DIR/config.json``. Without it the config saved in ``--workdir`` is used, or, for
+published weights (``--config.init_from.weights``) and a workdir without one, the shipped
+``pretrained`` config. ``--mode=eval`` and ``--mode=predict`` on such a workdir run the weights
+with their own model, class count and preprocessing (``locvit.run.predict``). Library INFO
 logs are off unless ``--verbosity=0`` (or higher) asks for them.
 
 Multi-host (TPU pods, multi-node GPU): every process runs the same command; add
@@ -46,7 +51,8 @@ from locvit.platform import cpu_malloc
 from locvit.run import preemption
 from locvit.workdir import lock, paths, saved_config
 
-MODES = ("train", "eval", "analyze")
+MODES = ("train", "eval", "predict", "analyze")
+WEIGHTS_CONFIG = "pretrained"  # the shipped config of a command that names only the weights
 
 try:  # config_flags reads sys.argv's --flagfile here, when the flag is defined
   _CONFIG = config_flags.DEFINE_config_file(
@@ -214,6 +220,8 @@ def resolve_config_argv(argv: Sequence[str]) -> list[str]:
   if workdir is None:
     return argv  # absl reports the missing --workdir
   saved = saved_config.path(workdir)
+  if not saved.is_file() and any(_flag_values(argv, "config.init_from.weights")):
+    return [argv[0], f"--config={resolve_config(WEIGHTS_CONFIG)}", *argv[1:]]
   if not saved.is_file():
     raise ConfigError(f"no --config given and {saved} does not exist (no run saved its config)")
   return [argv[0], f"--config={saved_config.config_file_argument(saved)}", *argv[1:]]
@@ -338,7 +346,7 @@ def _parse_flags(argv: Sequence[str]) -> list[str]:
     if mode is not None and mode not in MODES:  # before the config it would read from --workdir
       close = difflib.get_close_matches(mode, MODES, n=1)
       hint = f"; did you mean {close[0]}?" if close else ""
-      raise ConfigError(f"--mode={mode}: choose train, eval or analyze{hint}")
+      raise ConfigError(f"--mode={mode}: choose {', '.join(MODES[:-1])} or {MODES[-1]}{hint}")
     sys.argv, added = _config_argv(argv)
     rest = flags.FLAGS(sys.argv)
     add_model_overrides(_CONFIG.value, added)
@@ -417,6 +425,9 @@ def _with_absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.Co
   for block, field in PATH_FIELDS:
     if config.get(block) is not None and config[block].get(field):
       config[block][field] = datasets.absolute(config[block][field])
+  weights = config.init_from.get("weights") if config.get("init_from") is not None else None
+  if weights and os.path.exists(weights):  # a local file; a hub name stays as it is
+    config.init_from.weights = datasets.absolute(weights)
   return config
 
 
@@ -480,7 +491,7 @@ def _answer_what_is_there() -> bool:
 
 
 def main(argv):
-  """Runs ``--mode`` (train, eval or analyze) on ``--config`` and ``--workdir``."""
+  """Runs ``--mode`` (train, eval, predict or analyze) on ``--config`` and ``--workdir``."""
   del argv
   if not flags.FLAGS["verbosity"].present:  # quiet by default: `--verbosity=0` shows INFO logs
     logging.set_verbosity(logging.WARNING)
@@ -492,6 +503,8 @@ def main(argv):
     )
   config = the_config()
   check_config(config)
+  if _MODE.value in ("eval", "analyze"):
+    _check_one_run(config, _WORKDIR.value, _MODE.value)
   cpu_malloc.reexec_with(_CPU_MALLOC.value)  # before any device or thread starts
   _init_distributed()
   from locvit import train
@@ -509,10 +522,19 @@ def main(argv):
     for path in analyze(config, _WORKDIR.value, step=_STEP.value):
       print(path, flush=True)
     return
+  from_weights = bool(config.init_from.weights) and not saved_config.path(_WORKDIR.value).is_file()
+  if _MODE.value == "predict":
+    _predict(config, from_weights)
+    return
   if _MODE.value == "eval":
     start = time.perf_counter()
     progress = functools.partial(print, flush=True)
-    result = evaluation.evaluate_checkpoint(config, _WORKDIR.value, _STEP.value, progress)
+    if from_weights:  # published weights, no training run: their model and preprocessing
+      result = evaluation.evaluate_weights(config, progress)
+      config = result.pop("config")
+      paths.path(_WORKDIR.value).mkdir(parents=True, exist_ok=True)  # for eval.jsonl
+    else:
+      result = evaluation.evaluate_checkpoint(config, _WORKDIR.value, _STEP.value, progress)
     print(evaluation_line(result["step"], result, time.perf_counter() - start), flush=True)
     from locvit.configs.common import complete_config
 
@@ -531,6 +553,56 @@ def main(argv):
   result = train.train_and_evaluate(config, _WORKDIR.value, **training_hooks(), on_setup=on_setup)
   if result.get("preempted"):
     sys.exit(0)
+
+
+def _check_one_run(config: ml_collections.ConfigDict, workdir: str, mode: str) -> None:
+  """``--mode=eval`` and ``analyze`` read one run: a side-by-side run's seeds are each in their
+  own ``WORKDIR/seed<K>``."""
+  from locvit.configs.common import complete_config
+  from locvit.run import seeds
+
+  config = complete_config(config)
+  if config.num_seeds > 1:
+    dirs = [seeds.seed_workdir(workdir, seed) for seed in seeds.seeds_of(config)]
+    raise ConfigError(
+      f"--mode={mode} reads one run, and {workdir} holds {config.num_seeds} seeds trained side "
+      f"by side: use --workdir={dirs[0]} (or {', '.join(dirs[1:])})"
+    )
+
+
+def _predict(config: ml_collections.ConfigDict, from_weights: bool) -> None:
+  """``--mode=predict``: ``WORKDIR/predictions.jsonl`` of ``--data``'s folder (its evaluation split,
+  or its loose images) with ``config.init_from.weights``."""
+  from locvit.run import predict
+
+  if not from_weights:
+    raise ConfigError(
+      "--mode=predict runs published weights: give --config.init_from.weights=FILE or a hub name "
+      f"(and a --workdir without a run; {_WORKDIR.value} holds one)"
+      if saved_config.path(_WORKDIR.value).is_file()
+      else "--mode=predict needs --config.init_from.weights=FILE or a hub name"
+    )
+  if config.data.source != "image_folder" or not config.data.root:
+    raise ConfigError("--mode=predict reads images from a folder: give --data=image_folder:DIR")
+  files, folder_classes = predict.image_files(config.data.root, config.data.eval_split)
+  pretrained = predict.load_weights(config, seed=config.seed)
+  for note in pretrained.notes:
+    print(f"note: {note}", flush=True)
+  weights_config = predict.with_weights(config, pretrained)
+  model = pretrained.create_model()
+  names = predict.class_names(pretrained.label_names, folder_classes, pretrained.num_classes)
+  variables = pretrained.variables
+  predict.predict(
+    lambda images: model.apply(variables, images, train=False),
+    weights_config.data,
+    files,
+    config.data.root,
+    names,
+    _WORKDIR.value,
+    batch_size=min(config.eval_batch_size or config.batch_size, len(files)),
+    print_line=functools.partial(print, flush=True),
+    warn=functools.partial(print, file=sys.stderr, flush=True),
+  )
 
 
 class TerminatedError(BaseException):

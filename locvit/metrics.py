@@ -217,8 +217,9 @@ class Progress:
   evaluations, reported on their own lines.
   """
 
-  def __init__(self, total_steps: int, batch_size: int, first_step: int = 0):
+  def __init__(self, total_steps: int, batch_size: int, first_step: int = 0, name: str = ""):
     self.total_steps, self.batch_size = total_steps, batch_size
+    self.name = name  # which run a line is about, where one process trains several ("seed3")
     self.enabled = jax.process_index() == 0
     self._last_step, self._last_time = first_step, time.perf_counter()
     self._paused = 0.0  # evaluation seconds since the last line
@@ -228,9 +229,9 @@ class Progress:
     self._train_steps, self._train_seconds = 0, 0.0  # since the first line
 
   def print_line(self, line: str) -> None:
-    """Prints ``line`` on process 0."""
+    """Prints ``line`` on process 0 (after the run's name, if any)."""
     if self.enabled:
-      print(line, flush=True)
+      print(f"{self.name}: {line}" if self.name else line, flush=True)
 
   def update(self, step: int, loss: float) -> dict[str, float]:
     """Prints the progress line for ``step`` and returns the throughput since the last call as

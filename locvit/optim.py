@@ -5,11 +5,17 @@ Everything is driven by the config:
 - ``optimizer.name``: 'adamw' or 'sgd' (momentum); ``optimizer.lr`` is scaled by
   ``batch_size / optimizer.lr_base_batch_size`` when the latter is set (DeiT's linear rule).
 - ``schedule.name``: 'cosine' (linear warmup from ``warmup_init_lr``, then cosine to ``min_lr``),
-  'step' (warmup, then multiply by ``decay_factor`` at each of ``boundaries_epochs``) or 'constant'.
+  'step' (warmup, then multiply by ``decay_factor`` at each of ``boundaries_epochs``) or 'constant';
+  ``schedule.update_every``: 'step' (the rate changes every step) or 'epoch' (it keeps the value
+  of each epoch's first step for the whole epoch, as a PyTorch scheduler stepped once per epoch);
+  ``schedule.warmup_prefix``: False counts the cosine from step 0 rather than from the warmup's
+  end (timm's ``warmup_prefix``).
 - ``optimizer.decay_mask``: 'intended' (no decay on biases, norms, positional embeddings, class
   token, gates and other 1-D parameters), 'official_convit' (the ConViT run's actual mask: every
   parameter with ndim >= 2 is decayed, which includes ``pos_embed``, ``cls_token`` and
-  ``pos_proj`` kernels; biases, norms and gates are not), or 'all'.
+  ``pos_proj`` kernels; biases, norms and gates are not), 'official_cordonnier'
+  (epfml/attention-cnn's ``get_optimizer``: every parameter but the Gaussian attention centres and
+  spreads, so biases and LayerNorm too), or 'all'.
 - ``freeze``: regular expressions on '/'-joined parameter paths; matching parameters get zero
   updates.
 - ``optimizer.flatten``: update every trainable parameter as one flat vector (``optax.flatten``:
@@ -49,9 +55,12 @@ NO_DECAY_NAMES = (
   "scale",
   "bias",
 )
-DECAY_MASKS = ("intended", "official_convit", "all")
+DECAY_MASKS = ("intended", "official_convit", "official_cordonnier", "all")
+# Never decayed under 'official_cordonnier' (the reference's SGD parameter group without decay).
+GAUSSIAN_POSITION_NAMES = ("attention_centers", "attention_spreads")
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("cosine", "step", "constant")
+SCHEDULE_UPDATES = ("step", "epoch")
 
 
 def _paths(params: Any) -> dict[tuple[str, ...], Any]:
@@ -68,6 +77,10 @@ def decay_mask(params: Any, kind: str) -> Any:
   check_choice("optimizer.decay_mask", kind, DECAY_MASKS)
   if kind == "all":
     return _tree_of(params, lambda path, p: True)
+  if kind == "official_cordonnier":
+    return _tree_of(
+      params, lambda path, p: not any(n in path.split("/") for n in GAUSSIAN_POSITION_NAMES)
+    )
   if kind == "official_convit":
     # PyTorch's ndim >= 2 rule; locvit stores some biases at rank 3, so go by name too.
     return _tree_of(
@@ -112,13 +125,29 @@ def check_optimizer_config(config: ml_collections.ConfigDict) -> None:
   errors.check(check_choice, "optimizer.name", config.optimizer.name, OPTIMIZERS)
   errors.check(check_choice, "optimizer.decay_mask", config.optimizer.decay_mask, DECAY_MASKS)
   errors.check(check_choice, "schedule.name", config.schedule.name, SCHEDULES)
+  errors.check(
+    check_choice, "schedule.update_every", config.schedule.update_every, SCHEDULE_UPDATES
+  )
   errors.raise_all()
 
 
 def make_schedule(
   config: ml_collections.ConfigDict, total_steps: int, steps_per_epoch: int
 ) -> optax.Schedule:
-  """A per-step learning-rate schedule; warmup and boundaries may be given in epochs."""
+  """The learning rate of every step; warmup and boundaries may be given in epochs. With
+  ``schedule.update_every='epoch'`` the rate of step ``s`` is the per-step schedule's at the first
+  step of its epoch, ``floor(s / steps_per_epoch) * steps_per_epoch``."""
+  sched = config.schedule
+  check_choice("schedule.update_every", sched.update_every, SCHEDULE_UPDATES)
+  per_step = _per_step_schedule(config, total_steps, steps_per_epoch)
+  if sched.update_every == "step":
+    return per_step
+  return lambda step: per_step(step // steps_per_epoch * steps_per_epoch)
+
+
+def _per_step_schedule(
+  config: ml_collections.ConfigDict, total_steps: int, steps_per_epoch: int
+) -> optax.Schedule:
   sched = config.schedule
   check_choice("schedule.name", sched.name, SCHEDULES)
   peak = peak_learning_rate(config)
@@ -126,9 +155,14 @@ def make_schedule(
   warmup = min(warmup, max(total_steps - 1, 0))
   if sched.name == "constant":
     after = optax.constant_schedule(peak)
-  elif sched.name == "cosine":
+  elif sched.name == "cosine" and sched.warmup_prefix:
     decay_steps = max(total_steps - warmup, 1)
     after = optax.cosine_decay_schedule(peak, decay_steps, alpha=sched.min_lr / peak if peak else 0)
+  elif sched.name == "cosine":
+    whole = optax.cosine_decay_schedule(
+      peak, max(total_steps, 1), alpha=sched.min_lr / peak if peak else 0
+    )
+    after = lambda step: whole(step + warmup)  # join_schedules counts from the warmup's end
   else:
     bounds = {
       round(e * steps_per_epoch) - warmup: sched.decay_factor for e in sched.boundaries_epochs

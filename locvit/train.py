@@ -5,7 +5,10 @@
     evaluate, analysis hooks, preemption.
 
 The step itself (augmentation, distillation, gradient accumulation, EMA, non-finite guard) is
-``locvit.run.step``; the state and its shardings ``locvit.run.state``.
+``locvit.run.step``; the state and its shardings ``locvit.run.state``; when the loop acts on the
+host ``locvit.run.cadence``. With ``config.num_seeds > 1`` the same loop trains several seeds side
+by side: one vmapped step over their stacked states (``locvit.run.seeds``), then each seed's host
+work (``after_dispatch``: log, evaluate, save) on its slice, in its own workdir.
 
 Determinism: the dropout key of step ``s`` is ``fold_in(key(seed), s)``, the augmentation key
 ``fold_in(key(seed + 2), s)``, and the data position is a function of the global step, so a run
@@ -17,8 +20,10 @@ docs/reliability.md).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -28,20 +33,23 @@ import ml_collections
 from absl import logging
 
 from locvit import metrics as metrics_lib
+from locvit.configs.common import complete_config
 from locvit.data import device_augment
 from locvit.platform import sharding, xla_options
 from locvit.run import bundle, evaluation
+from locvit.run import seeds as seeds_lib
 from locvit.run.cadence import RunAhead, dispatch_end, is_evaluation_step, is_log_step, is_save_step
 from locvit.run.preemption import EvaluationInterruptedError, PreemptionWatcher
 from locvit.run.state import TrainState, apply_initializer
 from locvit.run.step import (
+  NonFiniteError,
   all_finite,
   check_finite_state,
   check_health,
   guarded_steps,
   initial_health,
 )
-from locvit.workdir import checkpoint, fingerprint, lock, provenance, saved_config
+from locvit.workdir import checkpoint, fingerprint, lock, paths, provenance, saved_config
 
 # ------------------------------------------------------------------------------------------------
 # Loop helpers, in the order the loop calls them
@@ -107,13 +115,14 @@ def keep_best_honest(run: bundle.Training, start: int) -> None:
     )
 
 
-def make_step_fn(run: bundle.Training) -> Callable:
+def make_step_fn(run: bundle.Training, seed_values: list[int] | None = None) -> Callable:
   """The jitted, donating ``guarded_steps(state, batches, teacher_variables, health)``: one
   optimizer step per batch of the list ``batches``, in one dispatch, compiled with the XLA options
-  of ``config.xla_options``; the training split on the device, if any, is passed to each call."""
+  of ``config.xla_options``; the training split on the device, if any, is passed to each call.
+  With ``seed_values``, the step of those seeds side by side (``locvit.run.seeds.make_step``):
+  state, batches and health stacked on a leading seed axis."""
   replicated, shardings = sharding.replicated(run.mesh), run.layout.shardings
-  step = functools.partial(
-    guarded_steps,
+  step_kwargs = dict(
     model=run.model,
     tx=run.tx,
     schedule=run.schedule,
@@ -121,12 +130,18 @@ def make_step_fn(run: bundle.Training) -> Callable:
     num_classes=run.num_classes,
     teacher=run.teacher,
   )
+  step = functools.partial(guarded_steps, **step_kwargs)
+  batch_sharding = run.batch_sharding
+  if seed_values is not None:
+    step = seeds_lib.make_step(seed_values, **step_kwargs)
+    shardings = seeds_lib.stacked_shardings(shardings)
+    batch_sharding = seeds_lib.stacked_sharding(batch_sharding)
   options = xla_options.compiler_options(run.config.xla_options, jax.default_backend())
   jitted = jax.jit(
     step,
     in_shardings=(
       shardings,
-      run.batch_sharding,
+      batch_sharding,
       run.teacher.shardings if run.teacher else (),
       replicated,
       replicated,  # the training split on the device: any example may be any step's row
@@ -170,12 +185,13 @@ class AnalysisHooks:
 class HealthMonitor:
   """Reads the on-device non-finite record at log and save steps (``check_health``)."""
 
-  def __init__(self, config: ml_collections.ConfigDict):
-    self.config, self.warned = config, 0
+  def __init__(self, config: ml_collections.ConfigDict, name: str = ""):
+    self.config, self.warned, self.name = config, 0, name
 
   def check(self, health, step: int) -> None:
     """Stops (or warns about skipped updates) per ``config.nonfinite`` at ``step``."""
-    self.warned = check_health(self.config, jax.device_get(health), step, self.warned)
+    health = jax.device_get(health)
+    self.warned = check_health(self.config, health, step, self.warned, self.name)
 
 
 def log_train_metrics(run, step: int, train_metrics, progress) -> dict[str, Any]:
@@ -196,13 +212,12 @@ def save_checkpoint(run, step: int, state: TrainState, meta, progress) -> None:
   progress.checkpoint(time.perf_counter() - save_start, waited=run.checkpointer.waited)
 
 
-def evaluate_unevaluated_step(
-  run, step: int, state, evaluate, analysis, progress, meta
-) -> dict[str, Any]:
+def evaluate_unevaluated_step(lane, step: int, state, evaluate) -> dict[str, Any]:
   """The evaluation of the resumed ``step`` (an evaluation step) when the run that saved it
   logged none: it was stopped during the evaluation (or the evaluation failed). Evaluates now
   and rewrites the step's row with it, and saves ``best/``, as the uninterrupted run would have:
   each step is logged once, with its evaluation. ``{}`` when the step's row has its evaluation."""
+  run = lane.run
   rows = [row for row in metrics_lib.read_metrics(run.workdir) if row["step"] == step]
   if rows and "eval/top1" in rows[-1]:
     return {}
@@ -211,12 +226,12 @@ def evaluate_unevaluated_step(
   final = evaluate()
   record = {key: value for key, value in (rows[-1] if rows else {}).items() if key != "step"}
   record.update(final)
-  record.update(analysis(step, state.params))
-  record.update(progress.evaluation(step, final, time.perf_counter() - eval_start))
+  record.update(lane.analysis(step, state.params))
+  record.update(lane.progress.evaluation(step, final, time.perf_counter() - eval_start))
   run.writer.truncate_after(step - 1)
   run.writer.write(step, record)
   run.writer.flush()
-  run.checkpointer.save_best(step, state, meta, final)
+  run.checkpointer.save_best(step, state, lane.meta, final)
   return final
 
 
@@ -240,24 +255,111 @@ def train_and_evaluate(
   returns ``fn(step, params)``. ``on_setup()`` runs once the config and data have passed their
   checks and the workdir is claimed, before the state is restored or initialised.
 
-  Returns the final evaluation metrics (plus ``preempted=True`` if stopped by SIGTERM).
+  Returns the final evaluation metrics (plus ``preempted=True`` if stopped by SIGTERM). With
+  ``config.num_seeds > 1`` the seeds train side by side (``train_side_by_side``).
   """
   hooks = dict(make_locality_logger=make_locality_logger, make_center_plotter=make_center_plotter)
+  if complete_config(config).num_seeds > 1:
+    return train_side_by_side(config, workdir, on_setup=on_setup, **hooks)
   with bundle.build_training(config, workdir, **hooks) as run:
     if on_setup is not None:
       on_setup()
     run.checkpointer.check_best()
     with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
       start, state = restore_or_initialise(run)
-      return train_loop(run, start, state)
+      return train_loop([run], start, [state])[0]
 
 
-def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str, Any]:
-  """Steps ``start + 1 .. total_steps``: train, log, save, evaluate, analyse, stop if preempted.
-  Each pass runs the steps of one dispatch (``dispatch_end``) and acts on its last step."""
-  config, total_steps, writer = run.config, run.total_steps, run.writer
-  step_fn = make_step_fn(run)
-  health = jax.device_put(initial_health(), sharding.replicated(run.mesh))
+def train_side_by_side(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  *,
+  on_setup: Callable[[], None] | None = None,
+  **hooks: Callable | None,
+) -> dict[str, Any]:
+  """Trains the ``config.num_seeds`` seeds of ``config`` in one jitted step, each a run of its
+  own in ``workdir/seed<K>`` (``locvit.run.seeds``); ``workdir/config.json`` keeps ``config``.
+  Resumes when the seeds' newest checkpoints are at one step. Returns ``{'seeds': {K: final
+  metrics}}``, plus ``preempted`` and ``step`` when stopped by SIGTERM."""
+  config = complete_config(config)
+  runs = seeds_lib.build_runs(config, workdir, **hooks)
+  try:
+    if on_setup is not None:
+      on_setup()
+    for run in runs:
+      run.checkpointer.check_best()
+    with jax.set_mesh(runs[0].mesh), nn.logical_axis_rules(runs[0].rules):
+      started = [restore_or_initialise(run) for run in runs]
+      starts = {run.config.seed: start for run, (start, _) in zip(runs, started)}
+      if len(set(starts.values())) > 1:
+        raise ValueError(
+          f"the seeds of {workdir} stand at different steps ("
+          + ", ".join(f"seed{seed}: {step}" for seed, step in starts.items())
+          + "), and side by side they train in step: finish each seed alone with "
+          f"--workdir={seeds_lib.seed_workdir(workdir, config.seed)} (and the others' seed<K>)."
+        )
+      if jax.process_index() == 0:
+        saved_config.write(workdir, config)
+      start, states = started[0][0], [state for _, state in started]
+      del started  # train_loop stacks the states and lets go of them
+      finals = train_loop(runs, start, states)
+  except BaseException as e:
+    seeds_lib.close_runs(runs, e)
+    raise
+  seeds_lib.close_runs(runs)
+  result: dict[str, Any] = {"seeds": {run.config.seed: final for run, final in zip(runs, finals)}}
+  preempted = [final for final in finals if final.get("preempted")]
+  if preempted:
+    result.update(preempted=True, step=preempted[0]["step"])
+  return result
+
+
+@dataclasses.dataclass
+class Lane:
+  """One run's part of the loop on the host: its run, progress, analysis and health, the
+  evaluation it logged last, and why it stopped if it stopped before the others (a seed side by
+  side)."""
+
+  run: bundle.Training
+  progress: metrics_lib.Progress
+  analysis: AnalysisHooks
+  monitor: HealthMonitor
+  meta: dict[str, Any]
+  final: dict[str, Any] = dataclasses.field(default_factory=dict)
+  stopped: NonFiniteError | None = None
+
+
+def make_lanes(runs, start: int, states: list[TrainState]) -> list[Lane]:
+  """A lane per run; runs side by side name themselves by their workdir's name."""
+  lanes = []
+  for run, state in zip(runs, states):
+    name = str(paths.path(run.workdir).name) if len(runs) > 1 else ""
+    progress = metrics_lib.Progress(run.total_steps, run.config.batch_size, start, name)
+    monitor = HealthMonitor(run.config, name)
+    meta = fingerprint.checkpoint_meta(run.config, run.num_classes)
+    lanes.append(Lane(run, progress, AnalysisHooks(run, state, start), monitor, meta))
+  return lanes
+
+
+def train_loop(
+  runs: list[bundle.Training], start: int, states: list[TrainState]
+) -> list[dict[str, Any]]:
+  """Steps ``start + 1 .. total_steps`` of ``runs`` from their ``states`` at ``start``: train,
+  log, save, evaluate, analyse, stop if preempted. One run trains alone; several are seeds side by
+  side, their states stacked (``locvit.run.seeds``; ``states`` is emptied, so that only the stack
+  holds them). Each pass runs the steps of one dispatch (``dispatch_end``) and acts on its last
+  step, for each run. Returns each run's final evaluation (or ``{'preempted': True, 'step':
+  ...}``)."""
+  run = runs[0]  # what the runs share: config but the seed, mesh, model, data sources, length
+  config, total_steps = run.config, run.total_steps
+  side_by_side = len(runs) > 1
+  if side_by_side:
+    seed_states = seeds_lib.SeedStates(run.layout.shardings)
+    step_fn = make_step_fn(run, [r.config.seed for r in runs])
+    health = seeds_lib.stacked_health(len(runs), run.mesh)
+  else:
+    step_fn = make_step_fn(run)
+    health = jax.device_put(initial_health(), sharding.replicated(run.mesh))
   teacher_variables = run.teacher.variables if run.teacher else ()
   eval_fn = evaluation.make_eval_step(
     run.model,
@@ -266,88 +368,172 @@ def train_loop(run: bundle.Training, start: int, state: TrainState) -> dict[str,
     (run.layout.shardings.params, run.layout.shardings.model_state),
     functools.partial(device_augment.normalize, data_config=config.data),
   )
-  analysis = AnalysisHooks(run, state, start)
-  progress = metrics_lib.Progress(total_steps, config.batch_size, start)
-  final = {}
-  monitor = HealthMonitor(config)
-  meta = fingerprint.checkpoint_meta(config, run.num_classes)
+  lanes = make_lanes(runs, start, states)
+  state = seed_states.stack(states) if side_by_side else states[0]
+  states.clear()
+
+  def lane_state(k: int) -> TrainState:
+    return seed_states.take(state, k) if side_by_side else state
+
+  def lane_tree(tree, k: int):
+    return jax.tree.map(lambda x: x[k], tree) if side_by_side else tree
+
   watcher = PreemptionWatcher(multiprocess=jax.process_count() > 1, checkpointer=run.checkpointer)
   run_ahead = RunAhead()
   # closing: stops grain's worker processes (data.num_workers) however the loop ends.
-  with watcher as preemption, contextlib.closing(run.train_batches(start)) as train_batches:
+  with watcher as preemption, contextlib.ExitStack() as iterators:
+    train_batches = [
+      iterators.enter_context(contextlib.closing(r.train_batches(start))) for r in runs
+    ]
     if start and is_evaluation_step(config, start, total_steps):
-      evaluate = lambda: _evaluate(run, state, eval_fn, progress, preemption)
-      try:
-        final = evaluate_unevaluated_step(run, start, state, evaluate, analysis, progress, meta)
-      except EvaluationInterruptedError as e:
-        logging.warning("Stop requested while evaluating step %d: %s; exiting.", start, e)
-        return {"preempted": True, "step": start}
+      for k, lane in enumerate(lanes):
+        state_k = lane_state(k)
+        evaluate = functools.partial(
+          _evaluate, lane.run, state_k, eval_fn, lane.progress, preemption
+        )
+        try:
+          lane.final = evaluate_unevaluated_step(lane, start, state_k, evaluate)
+        except EvaluationInterruptedError as e:
+          logging.warning("Stop requested while evaluating step %d: %s; exiting.", start, e)
+          return [{"preempted": True, "step": start} for _ in lanes]
     if start >= total_steps:
-      final = final or metrics_lib.last_evaluation(run.workdir)
-      progress.finished(run.workdir, final)
+      for lane in lanes:
+        lane.final = lane.final or metrics_lib.last_evaluation(lane.run.workdir)
+        lane.progress.finished(lane.run.workdir, lane.final)
     step = start
-    while step < total_steps:
+    while step < total_steps and not all(lane.stopped for lane in lanes):
       first, step = step + 1, dispatch_end(config, step, start, total_steps)
-      local = [next(train_batches) for _ in range(first, step + 1)]
-      batches = [sharding.global_batch(b, run.batch_sharding) for b in local]
+      local = [[next(batches) for _ in range(first, step + 1)] for batches in train_batches]
+      if side_by_side:
+        batches = [seeds_lib.stacked_batch(rows, run.batch_sharding) for rows in zip(*local)]
+      else:
+        batches = [sharding.global_batch(b, run.batch_sharding) for b in local[0]]
       run_ahead.wait()
       state, train_metrics, health = step_fn(state, batches, teacher_variables, health)
       run_ahead.dispatched(train_metrics)
-      last = step == total_steps
       # Every step is asked (processes agree on a preemption step); the dispatch's last one stops.
       preempted = any([preemption.should_stop(s) for s in range(first, step + 1)])
-
-      run.checkpointer.check_for_errors(step)  # an async save that failed stops the run here
-      record = {}
-      on_grid = is_log_step(config, step, total_steps)
-      if on_grid or step == start + 1:  # a resumed run's first step: a progress line only
-        monitor.check(health, step)
-        lock.check_lock(run.workdir)
-        train_row = log_train_metrics(run, step, train_metrics, progress)
-        # The rows of an uninterrupted run: a point one step after the resume would draw the
-        # noise of a single batch as a jump in the loss curve.
-        record.update(train_row if on_grid else {})
-      save = is_save_step(config, step, total_steps) or preempted
-      if save:
-        monitor.check(health, step)
-      # A step's metrics row is durable before the checkpoint that covers it: a resumed run starts
-      # at a checkpoint and logs every later step again, so each step is logged exactly once.
-      if is_evaluation_step(config, step, total_steps):
-        eval_start = time.perf_counter()
+      outcomes = {}
+      for k, lane in enumerate(lanes):
+        if lane.stopped:
+          continue
         try:
-          final = _evaluate(run, state, eval_fn, progress, preemption)
-          record.update(final)
-          record.update(analysis(step, state.params))
-          record.update(progress.evaluation(step, final, time.perf_counter() - eval_start))
-        except EvaluationInterruptedError as e:  # within the grace period: save now, without it
-          logging.warning(
-            "Stop requested at step %d: %s; saving the step without it (the resumed run "
-            "evaluates it).",
+          outcomes[k] = after_dispatch(
+            lane,
             step,
-            e,
+            start,
+            functools.partial(lane_state, k),
+            functools.partial(lane_tree, train_metrics, k),
+            functools.partial(lane_tree, health, k),
+            eval_fn,
+            preempted,
+            preemption,
           )
-          final, save, preempted = {}, True, True
-        except BaseException:  # a failing evaluation loses no training: keep the step and its row
-          if save:
-            writer.write(step, record)
-            writer.flush()
-            save_checkpoint(run, step, state, meta, progress)
-          raise
-      if record:
-        writer.write(step, record)
-      if save:
-        writer.flush()
-        save_checkpoint(run, step, state, meta, progress)
-        if "eval/top1" in record:  # evaluated at this step
-          save_start = time.perf_counter()
-          run.checkpointer.save_best(step, state, meta, final)
-          progress.checkpoint(time.perf_counter() - save_start, waited=run.checkpointer.waited)
-      if preempted and (not last or not final):
-        run.checkpointer.wait()
+        except NonFiniteError as e:
+          if not side_by_side:
+            raise
+          lane.stopped = e  # this seed only: the others train on (its lane keeps computing)
+          logging.error("%s; the other seeds train on.", e)
+      if any(outcome.stop for outcome in outcomes.values()):
+        # A stop request: every seed saves the step, also one whose evaluation went unstopped.
+        for k, outcome in outcomes.items():
+          if not outcome.saved:
+            save_step(lanes[k], step, lane_state(k), {}, evaluated=outcome.evaluated)
+          if outcome.stop or not outcome.saved:  # else finished: the last step, evaluated
+            lanes[k].final = {"preempted": True, "step": step}
+          lanes[k].run.checkpointer.wait()
         logging.warning("Preempted: checkpoint saved at step %d; exiting.", step)
-        final = {"preempted": True, "step": step}
         break
-  return final
+  stopped = [lane.stopped for lane in lanes if lane.stopped]
+  if stopped:
+    raise NonFiniteError(
+      "; ".join(str(e) for e in stopped)
+      + f" The other {len(lanes) - len(stopped)} of the {len(lanes)} seeds trained on."
+    )
+  return [lane.final for lane in lanes]
+
+
+class Dispatched(typing.NamedTuple):
+  """What one run did after a dispatch: saved its step, evaluated it, stops for a stop request."""
+
+  saved: bool
+  evaluated: bool
+  stop: bool
+
+
+def after_dispatch(
+  lane: Lane,
+  step: int,
+  start: int,
+  state_of: Callable[[], TrainState],
+  train_metrics_of: Callable[[], Any],
+  health_of: Callable[[], Any],
+  eval_fn,
+  preempted: bool,
+  preemption,
+) -> Dispatched:
+  """One run's host work after the dispatch that ended at ``step``: health, its training row,
+  evaluation and analysis, the metrics row, the checkpoint and ``best/``. ``state_of`` and the
+  others give the run's part of the dispatch's outputs when asked (a seed's slice)."""
+  run, writer = lane.run, lane.run.writer
+  config, total_steps = run.config, run.total_steps
+  last = step == total_steps
+  run.checkpointer.check_for_errors(step)  # an async save that failed stops the run here
+  record = {}
+  on_grid = is_log_step(config, step, total_steps)
+  if on_grid or step == start + 1:  # a resumed run's first step: a progress line only
+    lane.monitor.check(health_of(), step)
+    lock.check_lock(run.workdir)
+    train_row = log_train_metrics(run, step, train_metrics_of(), lane.progress)
+    # The rows of an uninterrupted run: a point one step after the resume would draw the noise of
+    # a single batch as a jump in the loss curve.
+    record.update(train_row if on_grid else {})
+  save = is_save_step(config, step, total_steps) or preempted
+  if save:
+    lane.monitor.check(health_of(), step)
+  # A step's metrics row is durable before the checkpoint that covers it: a resumed run starts at
+  # a checkpoint and logs every later step again, so each step is logged exactly once.
+  if is_evaluation_step(config, step, total_steps):
+    state = state_of()
+    eval_start = time.perf_counter()
+    try:
+      lane.final = _evaluate(run, state, eval_fn, lane.progress, preemption)
+      record.update(lane.final)
+      record.update(lane.analysis(step, state.params))
+      record.update(lane.progress.evaluation(step, lane.final, time.perf_counter() - eval_start))
+    except EvaluationInterruptedError as e:  # within the grace period: save now, without it
+      logging.warning(
+        "Stop requested at step %d: %s; saving the step without it (the resumed run evaluates it).",
+        step,
+        e,
+      )
+      lane.final, save, preempted = {}, True, True
+    except BaseException:  # a failing evaluation loses no training: keep the step and its row
+      if save:
+        save_step(lane, step, state, record, evaluated=False)
+      raise
+  evaluated = "eval/top1" in record
+  if save:
+    save_step(lane, step, state_of(), record, evaluated)
+  elif record:
+    writer.write(step, record)
+  return Dispatched(save, evaluated, preempted and (not last or not lane.final))
+
+
+def save_step(
+  lane: Lane, step: int, state: TrainState, record: dict[str, Any], evaluated: bool
+) -> None:
+  """Writes ``step``'s metrics row (``record``, if any) and saves the step, and ``best/`` when
+  the step was ``evaluated``."""
+  run = lane.run
+  if record:
+    run.writer.write(step, record)
+  run.writer.flush()
+  save_checkpoint(run, step, state, lane.meta, lane.progress)
+  if evaluated:
+    save_start = time.perf_counter()
+    run.checkpointer.save_best(step, state, lane.meta, lane.final)
+    lane.progress.checkpoint(time.perf_counter() - save_start, waited=run.checkpointer.waited)
 
 
 def _evaluate(run, state, eval_fn, progress, preemption) -> dict[str, float]:

@@ -31,6 +31,9 @@ REFUSALS = {
   # Its 'folder' dataset reads the folder that --data=image_folder:DIR names.
   "transfer": r"data.root=None must be set when source='image_folder': give "
   r"--data=image_folder:DIR$",
+  # The images of published weights: --data=image_folder:DIR names them.
+  "pretrained": r"data.root=None must be set when source='image_folder': give "
+  r"--data=image_folder:DIR$",
   # --list_configs shows each field's choices, then the five (dataset, size) pairs that run.
   "gmm_table56": r"unknown dataset,size '\w+,d\d+' for gmm_table56.py; did you mean .*choices: "
   "tinyimagenet,d8, cifar10,d9, cifar10,d15, cifar100,d9, cifar100,d15$",

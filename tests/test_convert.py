@@ -216,3 +216,31 @@ def test_cli_npz_input_and_overrides(tr, tmp_path, capsys):
     "locvit.convert: error: model.overrides.qkv_bias=maybe: deit_tiny_patch4_32's qkv_bias takes "
     "a bool (true or false, 1 or 0)\n"
   )
+
+
+def test_cli_writes_a_locvit_runs_weights(tmp_path, capsys):
+  """``--workdir=RUN``: the run's parameters, model name, overrides and class count."""
+  from locvit import train
+  from locvit.models.factory import build_model
+  from locvit.workdir import restore
+  from tests.test_dataset_choice import folder_config, image_folder
+  from tests.train_utils import tiny_config
+
+  workdir = str(tmp_path / "run")
+  root = image_folder(tmp_path / "rgb", {s: {"a": 4, "b": 4} for s in ("train", "test")})
+  config = tiny_config(total_steps=1, data=folder_config(root), batch_size=8)
+  train.train_and_evaluate(config, workdir)
+  capsys.readouterr()
+  out = tmp_path / "weights"
+  assert cli_main([f"--workdir={workdir}", f"--output={out}"]) == 0
+  assert capsys.readouterr().out == f"Wrote deit_tiny_patch2_32 (num_classes=2) to {out}\n"
+  model = build_model(config, 2)
+  params, _, step = restore.restore_model_variables(workdir, model, (8, 8, 3))
+  written = load_converted(out)["params"]
+  jax.tree.map(np.testing.assert_array_equal, written, jax.device_get(params))
+  assert step == 1
+  assert cli_main([f"--workdir={tmp_path / 'none'}", f"--output={tmp_path / 'w2'}"]) == 2
+  assert capsys.readouterr().err.startswith("locvit.convert: error: ")
+  assert not (tmp_path / "w2").exists()
+  assert cli_main([f"--workdir={workdir}", "--model=deit_tiny", f"--output={out}2"]) == 2
+  assert "give --model and --input (a timm state dict), or --workdir" in capsys.readouterr().err

@@ -170,7 +170,7 @@ def test_a_folder_of_fewer_classes_than_the_config_is_named_in_one_warning(tmp_p
   root = image_folder(tmp_path / "three", {"train": counts, "test": counts})
   config = datasets.apply_data_flag(gmm_table1.get_config("vit,cifar10,gmm"), str(root))
   config.batch_size = 8
-  bundle._checked_setup(config, {})  # the checks before the workdir
+  bundle.checked_setup(config, {})  # the checks before the workdir
   warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
   assert warnings == [
     f"data.num_classes=10, but {root} has 3 classes in 'train': the head's other 7 outputs are "
@@ -179,7 +179,7 @@ def test_a_folder_of_fewer_classes_than_the_config_is_named_in_one_warning(tmp_p
   ]
   caplog.clear()
   config.data.num_classes = 3
-  bundle._checked_setup(config, {})  # the checks before the workdir
+  bundle.checked_setup(config, {})  # the checks before the workdir
   assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 

@@ -75,6 +75,38 @@ def test_erasing_probability_modes_and_identity():
   assert 0.4 < hit.mean() < 0.6
 
 
+def _box_sides(erased: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Heights and widths of the one box per example where ``erased`` (B, H, W) is True."""
+  return erased.any(axis=2).sum(axis=1), erased.any(axis=1).sum(axis=1)
+
+
+def test_erasing_official_fill_and_uniform_aspect():
+  """Zhong et al.'s ``RandomErasing`` as the GMM code runs it: the box takes the colour ``fill``
+  (the dataset mean's numbers, in normalised space) and its aspect h / w is uniform in
+  [0.3, 1 / 0.3], so about 0.7 / 3.03 = 23% of boxes are wider than tall, against half under
+  timm's log-uniform aspect."""
+  fill = (0.4914, 0.4822, 0.4465)
+  x = jnp.full((600, 64, 64, 3), -5.0)
+  official = erasing_cfg(
+    prob=1.0, mode="const", fill=fill, aspect="uniform", attempts=100, min_area=0.1, max_area=0.1
+  )
+  out = np.asarray(da.random_erasing(jax.random.key(0), x, official))
+  erased = out[..., 0] != -5.0
+  np.testing.assert_array_equal(out[erased], np.broadcast_to(np.float32(fill), (erased.sum(), 3)))
+  heights, widths = _box_sides(erased)
+  assert (heights > 0).all()  # 100 draws: every example gets its box
+  assert 0.18 < np.mean(heights < widths) < 0.28
+  timm = erasing_cfg(prob=1.0, mode="const", min_area=0.1, max_area=0.1)
+  heights, widths = _box_sides(
+    np.asarray(da.random_erasing(jax.random.key(0), x, timm))[..., 0] == 0
+  )
+  assert 0.42 < np.mean(heights < widths) < 0.58
+  with pytest.raises(ValueError, match=r"random_erasing.aspect='square' is not one of"):
+    da.validate_erasing_config(erasing_cfg(aspect="square"))
+  with pytest.raises(ValueError, match=r"random_erasing.fill=\(0.5,\) is mode 'const''s colour"):
+    da.validate_erasing_config(erasing_cfg(fill=(0.5,)))
+
+
 # ----------------------------------------------------------------------------- mixup / cutmix
 
 

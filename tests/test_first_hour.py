@@ -134,7 +134,7 @@ FIELDS = (
     ),
     (
       ["--mode=analyse"],  # was: no config.json in the workdir, then absl's list of choices
-      "--mode=analyse: choose train, eval or analyze; did you mean analyze?",
+      "--mode=analyse: choose train, eval, predict or analyze; did you mean analyze?",
     ),
     (
       [QUICKSTART, "--flagfile=/no/such/flags"],  # was a traceback from config_flags' import
@@ -228,8 +228,8 @@ def test_every_config_mistake_is_listed_at_once_before_anything_is_built(tmp_pat
     "  --config.attention_implementation='cudnnn' is not one of [None, 'xla', 'cudnn', "
     "'cpu_kernels', 'einsum']; did you mean cudnn?",
     "  mesh.layout='dpp' is not one of ['dp', 'fsdp', 'tp']; did you mean dp?",
-    "  init.name='impuls' is not one of ['none', 'trunc_normal', 'kaiming_uniform', 'mimetic', "
-    "'impulse']; did you mean impulse?",
+    "  init.name='impuls' is not one of ['none', 'trunc_normal', 'kaiming_uniform', "
+    "'xavier_normal', 'mimetic', 'impulse']; did you mean impulse?",
     "  analysis.locality_mode='faithfull' is not one of ['per_layer', 'faithful']; did you mean "
     "faithful?",
   ]

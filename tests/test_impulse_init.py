@@ -525,7 +525,7 @@ def test_init_maps_command_line_mistakes_are_one_line(tmp_path, capsys):
   assert init_maps.main(["--inits=mimetc", *argv]) == 2  # was a traceback
   assert capsys.readouterr().err == (
     "locvit.analysis.init_maps: error: Unknown init 'mimetc'. Valid names: ['none', "
-    "'trunc_normal', 'kaiming_uniform', 'mimetic', 'impulse'].\n"
+    "'trunc_normal', 'kaiming_uniform', 'xavier_normal', 'mimetic', 'impulse'].\n"
   )
   assert init_maps.main(["--inits=mimetic", *argv]) == 2
   assert capsys.readouterr().err == (

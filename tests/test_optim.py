@@ -54,6 +54,17 @@ def test_official_convit_mask_decays_pos_embed_cls_token_and_pos_proj():
     optim.decay_mask(params, "nope")
 
 
+def test_official_cordonnier_mask_decays_all_but_gaussian_centres_and_spreads():
+  import flax.linen as nn
+
+  params = nn.meta.unbox(_params("cordonnier_sa", depth=1))
+  mask = _flat(optim.decay_mask(params, "official_cordonnier"))
+  spared = sorted(path for path, decays in mask.items() if not decays)
+  positional = "layers_0/attn/positional"
+  assert spared == [f"{positional}/attention_centers", f"{positional}/attention_spreads"]
+  assert mask["layers_0/attn/value/bias"] and mask["layers_0/attn_norm/scale"]
+
+
 def _convit_two_layers():
   from locvit.models.convit import convit_overrides
 
@@ -68,6 +79,28 @@ def test_cosine_schedule_warmup_peak_and_floor():
   assert float(sched(10)) == pytest.approx(1e-3)
   assert float(sched(110)) == pytest.approx(1e-5)
   assert float(sched(60)) == pytest.approx((1e-3 + 1e-5) / 2, rel=1e-3)
+
+
+def test_epoch_updates_hold_each_epochs_first_rate_and_timm_counts_cosine_from_zero():
+  """``update_every='epoch'``: a scheduler stepped once per epoch (attention-cnn's LambdaLR at
+  each epoch's start); with ``warmup_prefix=False`` the rates are timm's CosineLRScheduler's at
+  epoch e: ``init + e (peak - init) / W`` in the warmup, then
+  ``min + (peak - min) (1 + cos(pi e / E)) / 2``."""
+  c = tiny_config()
+  c.optimizer.lr, c.schedule.warmup_epochs, c.schedule.warmup_steps = 1e-3, 2, 0
+  c.schedule.warmup_init_lr, c.schedule.min_lr = 1e-5, 1e-6
+  per_step = optim.make_schedule(c, total_steps=100, steps_per_epoch=10)
+  c.schedule.update_every = "epoch"
+  per_epoch = optim.make_schedule(c, total_steps=100, steps_per_epoch=10)
+  for step in (0, 9, 10, 15, 19, 20, 37, 99):
+    assert float(per_epoch(step)) == float(per_step(step // 10 * 10))
+  assert float(per_epoch(9)) == pytest.approx(1e-5, rel=1e-5)
+  assert float(per_epoch(25)) == pytest.approx(1e-3, rel=1e-5)
+  c.schedule.warmup_prefix = False
+  timm = optim.make_schedule(c, total_steps=100, steps_per_epoch=10)
+  expected = [1e-5 + e * (1e-3 - 1e-5) / 2 for e in (0, 1)]
+  expected += [1e-6 + (1e-3 - 1e-6) * (1 + np.cos(np.pi * e / 10)) / 2 for e in range(2, 10)]
+  np.testing.assert_allclose([float(timm(10 * e + 3)) for e in range(10)], expected, rtol=1e-5)
 
 
 def test_step_schedule_and_linear_lr_scaling():

@@ -261,12 +261,12 @@ def test_a_protocol_report_names_its_fraction_and_leaves_out_rows_not_run(tmp_pa
   _write_finals(workdir, steps, {"vit": [0.8712], "gmm": [0.8650]})
   result = report.write_report("gmm_table1_cifar10", workdir)
   text = pathlib.Path(workdir, "results.md").read_text()
-  assert text.startswith("# Li & Zhang Table 1, CIFAR-10: ViT vs GMM-ViT") and (
-    "batch 128), at 0.142 of the paper's protocol\n" in text
+  assert text.startswith("# Li & Zhang, CIFAR-10: ViT vs GMM-ViT") and (
+    "batch 128, float32, at 0.142 of the paper's protocol\n" in text
   )
-  assert (
-    "| vit | 93.65 | 87.12 | 87.12 | -6.53 | 1 |" in text
-    and "| gmm | 95.06 | 86.50 | 86.50 | -8.56 | 1 |" in text
+  assert (  # Table 3's depth-9 numbers
+    "| vit | 94.17 | 87.12 | 87.12 | -7.05 | 1 |" in text
+    and "| gmm | 94.87 | 86.50 | 86.50 | -8.37 | 1 |" in text
   )
   assert "gmm_impulse3" not in text and [c["treatment"] for c in result["comparisons"]] == ["gmm"]
   assert (
@@ -467,6 +467,8 @@ def test_protocol_dry_runs_print_the_papers_protocol_and_create_nothing(
     "gmm_table1_cifar10": [
       "vit vit_smalldata_d9_patch4_32 3 128 300 300 117000 14,976,000",
       "gmm gmm_vit_smalldata_d9_patch4_32 3 128 300 300 117000 14,976,000",
+      "vit_d15 vit_smalldata_d15_patch4_32 3 128 300 300 117000 14,976,000",
+      "gmm_d15 gmm_vit_smalldata_d15_patch4_32 3 128 300 300 117000 14,976,000",
     ],
     "structinit_table2_cifar10": [
       f"{init} structvit_tiny_patch2_32 3 512 200 200 19400 9,932,800"
@@ -521,8 +523,7 @@ def test_a_protocol_dry_run_shows_each_row_in_full(capsys, monkeypatch):
     "quadratic: cordonnier_sa: depth 6, width 400, 9 heads, patch 2, 12.09M parameters",
     "learned: cordonnier_sa_learned: depth 6, width 400, 9 heads, patch 2, 12.28M parameters",
     "resnet18: resnet18_cifar: width 64, 11.17M parameters",
-    "  precision: bf16 compute, fp32 parameters (mixed_precision); batch 100; 300 epochs "
-    "(150,000 steps)",
+    "  precision: fp32; batch 100; 300 epochs (150,000 steps)",  # the official code's
     "  evaluations: 300 (every epoch and at the end: the official code's, train.py tests every "
     "epoch and returns the best accuracy)",
     "  paper: 91.80% top-1 (Table 1; the best evaluation its code reported)",
@@ -566,20 +567,20 @@ def test_print_config_gives_each_rows_run_config_as_config_json(tmp_path, capsys
 def test_a_protocol_plan_that_does_not_fit_the_budget_is_refused(tmp_path, monkeypatch, capsys):
   assert rp.main(["gmm_table1_cifar10", "--dry_run", "--minutes=10"]) == 2
   captured = capsys.readouterr()
-  assert "Estimated wall time 185.9 minutes for 6 runs (seeds 0, 1, 2)" in captured.out
+  assert "Estimated wall time 371.8 minutes for 12 runs (seeds 0, 1, 2)" in captured.out
   # The rate is the H200 training loop's measured step, longer than the kit's resident step.
   assert (
     "rate set by a GPU training loop's step (15.3 ms at batch 128, its training split fed by "
     "the host)" in captured.out
   )
   refusal = (
-    "locvit.reproduce: error: plan 'gmm_table1_cifar10' needs an estimated 185.9 minutes for 6 "
-    "runs but --minutes=10; give more --minutes, fewer --seeds, or --fraction (at most 0.039 of "
+    "locvit.reproduce: error: plan 'gmm_table1_cifar10' needs an estimated 371.8 minutes for 12 "
+    "runs but --minutes=10; give more --minutes, fewer --seeds, or --fraction (at most 0.012 of "
     "this length fits; --fraction=fit picks it)\n"
   )
   assert captured.err == refusal
   assert rp.main(["gmm_table1_cifar10", "--dry_run", "--minutes=10", "--fraction=fit"]) == 0
-  assert "at 0.039 of the paper's protocol" in capsys.readouterr().out
+  assert "at 0.012 of the paper's protocol" in capsys.readouterr().out
   # A run is refused the same way, before anything is created (the kit's estimate: no probe).
   monkeypatch.setenv("CIFAR10_ROOT", str(tmp_path))
   for split in ("train", "test"):
@@ -759,7 +760,7 @@ def test_a_protocol_plan_refuses_a_folder_of_another_size(tmp_path, capsys):
     f"locvit.reproduce: error: row 'vit': {folder} holds 20 training images, not the 50,000 of "
     "the paper's dataset: a paper-protocol plan trains the paper's epochs of the whole dataset, "
     "its steps set by that size. On your own images: python -m locvit.main "
-    f"--config=gmm_table1:vit,cifar10,base --data=image_folder:{folder} --workdir=DIR\n"
+    f"--config=gmm_table3:d9,base --data=image_folder:{folder} --workdir=DIR\n"
   )
   run = ["gmm_table1_cifar10", f"--data={folder}"]
   assert rp.main([*run, "--dry_run"]) == 2
@@ -774,7 +775,8 @@ def test_a_protocol_plan_refuses_a_jpeg_folder_unless_told_it_is_lossy(
   """The papers trained on the original images: a JPEG copy is refused before anything is
   created, with the lossless ways; ``--allow_lossy_data`` takes it, and the report's title says
   so."""
-  for row in ("vit", "gmm"):  # a tiny folder stands in for CIFAR-10's 50,000 training images
+  # A tiny folder stands in for CIFAR-10's 50,000 training images.
+  for row in ("vit", "gmm", "vit_d15", "gmm_d15"):
     monkeypatch.setitem(rp.PLANS["gmm_table1_cifar10"]["rows"][row], "paper_train_examples", 20)
   folder, workdir = _tiny_cifar(tmp_path / "jpeg"), tmp_path / "w"
   run = ["gmm_table1_cifar10", f"--data={folder}", "--estimate=kit"]
@@ -839,9 +841,16 @@ def test_the_combined_row_changes_only_q_and_k_and_trains(tmp_path, monkeypatch)
   monkeypatch.setenv("CIFAR10_ROOT", str(_tiny_cifar(tmp_path / "cifar")))
   rows = rp.PLANS["gmm_table1_cifar10"]["rows"]
   config = rp.row_config(rows["gmm_impulse3"])
-  assert rp.select_rows(rp.PLANS["gmm_table1_cifar10"], None) == ["vit", "gmm"]
+  assert rp.select_rows(rp.PLANS["gmm_table1_cifar10"], None) == [
+    "vit",
+    "gmm",
+    "vit_d15",
+    "gmm_d15",
+  ]
+  gmm_init = rp.row_config(rows["gmm"]).init
   assert config.model.name == rp.row_config(rows["gmm"]).model.name
-  assert (config.init.name, config.init.filter_size, config.init.base) == ("impulse", 3, "keep")
+  assert (config.init.name, config.init.filter_size) == ("impulse", 3)
+  assert config.init.base == gmm_init.name == "xavier_normal"
   config.model.overrides.depth = 2
   config.model.overrides.layer_attention = ("gmm",) * 2
   config.init.solver = "fast"
@@ -849,7 +858,7 @@ def test_the_combined_row_changes_only_q_and_k_and_trains(tmp_path, monkeypatch)
 
   model = build_model(config, 10)
   params = model.init(jax.random.key(0), np.zeros((1, 32, 32, 3), np.float32), train=False)
-  params = flax.linen.meta.unbox(params["params"])
+  params = apply_init(gmm_init, flax.linen.meta.unbox(params["params"]), model, 32, seed=0)
   impulse = apply_init(config.init, params, model, 32, seed=0)
   before, after = (flax.traverse_util.flatten_dict(p, sep="/") for p in (params, impulse))
   changed = {k for k in before if not np.array_equal(before[k], after[k])}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -236,3 +237,25 @@ def resample_abs_pos_embed(posemb: torch.Tensor, new_size, num_prefix_tokens: in
   grid = grid.reshape(1, side, side, -1).permute(0, 3, 1, 2)
   grid = F.interpolate(grid.float(), size=tuple(new_size), mode="bicubic", antialias=True)
   return torch.cat([prefix, grid.permute(0, 2, 3, 1).reshape(1, -1, posemb.shape[-1])], dim=1)
+
+
+def timm_eval_transform(image, size: int, crop_pct: float, mean, std) -> torch.Tensor:
+  """timm's ``create_transform(is_training=False)`` for a square ``size`` and 'center' crop, as
+  torchvision computes it: ``Resize(floor(size / crop_pct))`` on the shorter side (the longer one
+  ``int(short * long / shorter)``, PIL bicubic), ``CenterCrop(size)`` (offset
+  ``int(round((n - size) / 2))``), ``ToTensor`` (``/ 255``), ``Normalize``. CHW float32."""
+  from PIL import Image
+
+  scale = math.floor(size / crop_pct)
+  w, h = image.size
+  shorter, longer = (w, h) if w <= h else (h, w)
+  new_short, new_long = scale, int(scale * longer / shorter)
+  new_w, new_h = (new_short, new_long) if w <= h else (new_long, new_short)
+  if (new_w, new_h) != (w, h):
+    image = image.resize((new_w, new_h), Image.Resampling.BICUBIC)
+  top, left = round((new_h - size) / 2.0), round((new_w - size) / 2.0)
+  image = image.crop((left, top, left + size, top + size))
+  x = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1)
+  x = x.to(torch.float32).div(255)
+  mean, std = torch.tensor(mean), torch.tensor(std)
+  return (x - mean[:, None, None]) / std[:, None, None]

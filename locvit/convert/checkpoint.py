@@ -71,3 +71,40 @@ def load_converted(directory: str | os.PathLike) -> dict[str, Any]:
 
   with ocp.StandardCheckpointer() as checkpointer:
     return checkpointer.restore(os.path.abspath(os.fspath(directory)))
+
+
+def export_run(
+  workdir: str,
+  directory: str | os.PathLike,
+  *,
+  step: int | None = None,
+  channels: int = 3,
+  force: bool = False,
+) -> tuple[str, dict[str, Any]]:
+  """Writes the ConViT / DeiT parameters of a locvit run's checkpoint (the latest by default) as
+  ``save_converted`` does, with the run's model name, overrides and class count as metadata;
+  returns ``(path, metadata)``. ``channels``: of the run's images (RGB, as timm's weights).
+  Raises ValueError for a model ``from_timm`` does not convert."""
+  import flax.linen as nn
+  import jax
+
+  from locvit.convert.timm import resolve_model_name
+  from locvit.models import create_model
+  from locvit.workdir import restore
+
+  saved = restore.saved_config(workdir, step)
+  name = resolve_model_name(saved["model"]["name"])
+  overrides = dict(saved["model"].get("overrides") or {})
+  model = create_model(name, num_classes=saved["num_classes"], **overrides)
+  size = saved["data.image_size"]
+  params, _, step = restore.restore_model_variables(
+    workdir, model, (size, size, channels), step=step
+  )
+  metadata = {
+    "model": name,
+    "num_classes": saved["num_classes"],
+    "overrides": {k: repr(v) for k, v in overrides.items()},
+    "source": f"{workdir} (step {step})",
+  }
+  variables = {"params": jax.device_get(nn.meta.unbox(params))}
+  return save_converted(directory, variables, metadata=metadata, force=force), metadata

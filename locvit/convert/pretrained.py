@@ -43,7 +43,7 @@ import numpy as np
 
 from locvit.convert.checkpoint import load_converted, read_state_dict
 from locvit.convert.timm import ConversionError, from_timm, resolve_model_name, to_numpy
-from locvit.models import create_model, default_image_size
+from locvit.models import convit_overrides, create_model, default_image_size
 from locvit.models.registry import parse_override
 from locvit.models.resampling import resample_abs_pos_embed
 
@@ -362,6 +362,30 @@ def _model_name(weights: Weights, model: str | None, keys: Sequence[str]) -> tup
   return name, ({"distilled": True} if distilled else {})
 
 
+# timm's ConViT / DeiT constructor arguments that a hub config.json's ``model_args`` may carry and
+# that are locvit VisionTransformer fields of the same meaning.
+SAME_MODEL_ARGS = ("embed_dim", "num_heads", "patch_size", "depth", "mlp_ratio", "qkv_bias")
+
+
+def model_args_overrides(weights: Weights, name: str) -> dict[str, Any]:
+  """The ``create_model`` overrides of a ``config.json``'s ``model_args`` (timm passes them to
+  ``create_model``): the fields of ``SAME_MODEL_ARGS``, and ConViT's ``local_up_to_layer`` as
+  ``convit_overrides``; ``img_size`` is the weights' input size, read from ``pos_embed``."""
+  args = dict(weights.config.get("model_args") or {})
+  args.pop("img_size", None)
+  overrides = {k: args.pop(k) for k in SAME_MODEL_ARGS if k in args}
+  if "local_up_to_layer" in args or (name.startswith("convit_") and "depth" in overrides):
+    default = create_model(name, num_classes=1)
+    local = args.pop("local_up_to_layer", default.class_token_layer)
+    overrides.update(convit_overrides(local, overrides.get("depth", default.depth)))
+  if args:
+    raise WeightsError(
+      f"{weights.name}: config.json model_args {sorted(args)} have no locvit equivalent; give the "
+      f"weights as a file with --config.model.name and its overrides"
+    )
+  return overrides
+
+
 def _prefix_tokens(model) -> int:
   """Rows of ``pos_embed`` before the patches: the class (and distillation) token when they join
   at the input (DeiT); none when the class token joins later (ConViT)."""
@@ -394,7 +418,7 @@ def _mismatch(name: str, model: str, error: ConversionError) -> WeightsError:
 
 
 def load_pretrained(
-  name_or_path: str | os.PathLike,
+  name_or_path: str | os.PathLike | Weights,
   *,
   model: str | None = None,
   num_classes: int | None = None,
@@ -406,7 +430,7 @@ def load_pretrained(
 
   Args:
     name_or_path: a weights file, a ``locvit.convert`` output or timm folder, or a hub name
-      (module docstring).
+      (module docstring); or what ``resolve_weights`` found for one.
     model: the registered locvit (or timm) name to build; default: the weights' architecture
       (a hub ``config.json``, a converter's metadata). Weights of another architecture are
       refused.
@@ -424,7 +448,7 @@ def load_pretrained(
     WeightsError: a one-line message for missing weights, a hub name not in the offline cache,
       weights of another architecture, or a ``pos_embed`` that cannot be resampled.
   """
-  weights = resolve_weights(name_or_path)
+  weights = name_or_path if isinstance(name_or_path, Weights) else resolve_weights(name_or_path)
   if weights.converted:
     params = jax.device_get(load_converted(weights.path)["params"])
     keys = ["gating_param"] if _has_gating(params) else ["pos_embed"]
@@ -440,6 +464,8 @@ def load_pretrained(
   if weights.converted:  # the converter's overrides, then the caller's
     saved = weights.config.get("overrides") or {}
     implied.update({k: parse_override(name, k, _unrepr(v)) for k, v in saved.items()})
+  elif model is None:  # the hub's architecture, as its model_args build it
+    implied.update(model_args_overrides(weights, name))
   overrides = {**implied, **overrides}
   target = create_model(name, num_classes=1, **overrides)
   prefix, patch = _prefix_tokens(target), target.patch_size

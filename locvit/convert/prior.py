@@ -65,6 +65,8 @@ CLOSED_GATE = -104.0  # sigmoid(-104) = 0 in float32 whether or not subnormals a
 FLAT_SIGMA = 1e15  # exp(-d^2 / (2 sigma^2)) == 1.0 in float32 for every d^2 below 1e22
 PRIOR_KINDS = ("mhsa", "gmm", "elm", "gpsa", "psa")
 PREFIX_TOKENS = ("cls_token", "dist_token")  # in the order VisionTransformer inserts them
+# The model fields that make a plain ViT/DeiT a model with a prior (the rest are the source's).
+PRIOR_FIELDS = ("layer_attention", "attention_kwargs", "class_token_layer")
 _BLOCK = re.compile(r"blocks_(\d+)/attn/(.+)")
 
 
@@ -275,6 +277,29 @@ def add_locality_prior(
   )
   report = PriorReport(layers, tuple(fresh), tuple(approximations))
   return {"params": params}, report
+
+
+def source_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
+  """The ``create_model`` overrides of the plain source model: ``overrides`` of the model with a
+  prior without ``PRIOR_FIELDS``."""
+  return {k: v for k, v in overrides.items() if k not in PRIOR_FIELDS}
+
+
+def prior_from_pretrained(
+  source: Mapping[str, Any],
+  model: VisionTransformer,
+  *,
+  image_size: int,
+  seed: int,
+  gate_logit: float = DEFAULT_GATE_LOGIT,
+) -> tuple[dict[str, Any], PriorReport]:
+  """``add_locality_prior`` onto a fresh ``model.init`` (key ``seed``) at ``image_size``."""
+  images = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
+  target = jax.jit(model.init)(jax.random.key(seed), images)
+  variables, report = add_locality_prior(
+    source, target, model, image_size=image_size, gate_logit=gate_logit
+  )
+  return jax.device_get(variables), report
 
 
 def _params(variables: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -15,6 +15,7 @@ unless the recipe already lists it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -147,18 +148,21 @@ def random_resized_crop_box(
 def resize_center_crop(
   image: np.ndarray, size: int, crop_pct: float = 1.0, interpolation: str = "bicubic"
 ) -> np.ndarray:
-  """Eval transform: shorter side -> int(size / crop_pct), then centre crop `size` x `size`.
+  """Eval transform: shorter side -> floor(size / crop_pct), then centre crop `size` x `size`.
 
-  With crop_pct == 1 and a square input this is a plain resize (a no-op at the right size).
+  timm's ``create_transform(is_training=False)`` pixel for pixel: torchvision's ``Resize(short)``
+  (the longer side ``int(short * long / shorter)``, truncated) and ``CenterCrop(size)`` (the
+  offset ``round((n - size) / 2)``, halves to even). With crop_pct == 1 and a square input this is
+  a plain resize (a no-op at the right size).
   """
   h, w = image.shape[:2]
-  short = int(size / crop_pct)
+  short = math.floor(size / crop_pct)
   if h <= w:
-    nh, nw = short, max(short, round(w * short / h))
+    nh, nw = short, int(short * w / h)
   else:
-    nh, nw = max(short, round(h * short / w)), short
+    nh, nw = int(short * h / w), short
   image = resize(image, (nh, nw), interpolation)
-  top, left = (nh - size) // 2, (nw - size) // 2
+  top, left = round((nh - size) / 2), round((nw - size) / 2)
   return image[top : top + size, left : left + size]
 
 

@@ -26,7 +26,8 @@ Config (top-level fields of the experiment config, see ``locvit.configs.defaults
   mixup.switch_prob                       probability of CutMix when both are on
   mixup.mode                              'batch' (one lam per batch, timm's default) | 'elem'
   mixup.correct_lam                       lam from the clipped CutMix box area (timm's default)
-  random_erasing.prob, .mode ('pixel' | 'rand' | 'const'), .min_area, .max_area, .min_aspect
+  random_erasing.prob, .mode ('pixel' | 'rand' | 'const'), .min_area, .max_area, .min_aspect,
+  .aspect ('log_uniform' | 'uniform'), .fill (mode 'const''s per-channel values), .attempts
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from locvit.data.resample import PILLOW_ORDERS_PASSES, PRECISION_BITS, tap_table
 Array = jax.Array
 MIXUP_MODES = ("batch", "elem")
 ERASING_MODES = ("pixel", "rand", "const")
-_ERASING_ATTEMPTS = 10  # timm's RandomErasing tries 10 boxes before giving up.
+ERASING_ASPECTS = ("log_uniform", "uniform")
 
 
 def normalize(images: Array, data_config: Any) -> Array:
@@ -267,6 +268,15 @@ def validate_erasing_config(erasing: Any) -> None:
     )
   if not 0 < erasing.min_aspect <= 1:
     errors.add(f"random_erasing.min_aspect={erasing.min_aspect!r} must be in (0, 1]")
+  if erasing.aspect not in ERASING_ASPECTS:
+    errors.add(f"random_erasing.aspect={erasing.aspect!r} is not one of {ERASING_ASPECTS}")
+  if not (isinstance(erasing.attempts, int) and erasing.attempts >= 1):
+    errors.add(f"random_erasing.attempts={erasing.attempts!r} must be an integer >= 1")
+  if erasing.fill and erasing.mode != "const":
+    errors.add(
+      f"random_erasing.fill={tuple(erasing.fill)!r} is mode 'const''s colour; mode "
+      f"{erasing.mode!r} draws its own: set random_erasing.mode='const' or fill=()"
+    )
   errors.raise_all()
 
 
@@ -306,22 +316,28 @@ def random_erasing(key: Array, images: Array, erasing: Any) -> Array:
   """timm's ``RandomErasing`` (one box per example) on a normalised (B, H, W, C) batch.
 
   With probability ``prob`` an example gets one box of area fraction U(min_area, max_area) and
-  log-uniform aspect in [min_aspect, 1 / min_aspect]; the first of 10 draws that fits is used
-  (none fits: the example is unchanged). The box is filled with per-pixel N(0, 1) noise ('pixel'),
-  one N(0, 1) colour per box ('rand') or zeros ('const'); in normalised space 0 is the mean colour.
+  aspect (height over width) in [min_aspect, 1 / min_aspect], log-uniform (``aspect``
+  'log_uniform', timm) or uniform ('uniform', Zhong et al.'s code); the first of ``attempts``
+  draws that fits is used (none fits: the example is unchanged). The box is filled with per-pixel
+  N(0, 1) noise ('pixel'), one N(0, 1) colour per box ('rand') or the colour ``fill`` ('const';
+  empty: zeros, in normalised space the mean colour).
   """
   if erasing.prob <= 0:
     return images
   b, height, width, channels = images.shape
   k_apply, k_area, k_aspect, k_top, k_left, k_fill = jax.random.split(key, 6)
-  shape = (b, _ERASING_ATTEMPTS)
+  shape = (b, erasing.attempts)
   area = (
     height
     * width
     * jax.random.uniform(k_area, shape, minval=erasing.min_area, maxval=erasing.max_area)
   )
-  log_aspect = math.log(erasing.min_aspect)
-  aspect = jnp.exp(jax.random.uniform(k_aspect, shape, minval=log_aspect, maxval=-log_aspect))
+  if erasing.aspect == "uniform":
+    lo, hi = erasing.min_aspect, 1.0 / erasing.min_aspect
+    aspect = jax.random.uniform(k_aspect, shape, minval=lo, maxval=hi)
+  else:
+    log_aspect = math.log(erasing.min_aspect)
+    aspect = jnp.exp(jax.random.uniform(k_aspect, shape, minval=log_aspect, maxval=-log_aspect))
   h = jnp.round(jnp.sqrt(area * aspect)).astype(jnp.int32)
   w = jnp.round(jnp.sqrt(area / aspect)).astype(jnp.int32)
   fits = (h < height) & (w < width)
@@ -337,7 +353,7 @@ def random_erasing(key: Array, images: Array, erasing: Any) -> Array:
   elif erasing.mode == "rand":
     fill = jax.random.normal(k_fill, (b, 1, 1, channels), images.dtype)
   else:
-    fill = jnp.zeros((), images.dtype)
+    fill = jnp.asarray(tuple(erasing.fill) or 0.0, images.dtype)
   return jnp.where(mask[..., None], fill, images)
 
 

@@ -149,6 +149,20 @@ def split_slice(labels: np.ndarray | Sequence[int], start: str | None, stop: str
   return np.sort(order[_bound(start, n, 0) : _bound(stop, n, n)])
 
 
+def decode_image(path: str) -> np.ndarray:
+  """Decodes an image file to RGB uint8 HWC (PIL, as timm's loader: ``convert('RGB')``; 16-bit
+  greyscale scaled to 8 bits); raises CorruptImageError naming the file."""
+  try:
+    with Image.open(path) as img:
+      if img.mode in _WIDE_INTEGER_MODES:
+        return _gray16_to_rgb8(np.asarray(img), path)
+      return np.asarray(img.convert("RGB"), dtype=np.uint8)
+  except CorruptImageError:
+    raise
+  except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, ... on bad files.
+    raise CorruptImageError(f"cannot decode image file {path!r} ({type(e).__name__}: {e})") from e
+
+
 class ImageFolderSource:
   """Images laid out as ROOT/<split>/<class>/*.{jpg,jpeg,png}, decoded with PIL to RGB uint8.
 
@@ -247,16 +261,7 @@ class ImageFolderSource:
 
   def decode(self, index: int) -> np.ndarray:
     """Decodes file `index` to RGB uint8 HWC; raises CorruptImageError naming the file."""
-    path = self.paths[index]
-    try:
-      with Image.open(path) as img:
-        if img.mode in _WIDE_INTEGER_MODES:
-          return _gray16_to_rgb8(np.asarray(img), path)
-        return np.asarray(img.convert("RGB"), dtype=np.uint8)
-    except CorruptImageError:
-      raise
-    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, ... on bad files.
-      raise CorruptImageError(f"cannot decode image file {path!r} ({type(e).__name__}: {e})") from e
+    return decode_image(self.paths[index])
 
   def get_checked(self, index: int) -> tuple[dict[str, np.ndarray], bool]:
     """Returns (example, ok); ok is False when a substitute for a corrupt file was returned."""

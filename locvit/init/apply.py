@@ -8,6 +8,8 @@ Names (paper Sec. 5.1 "Initialization", Tables 2, 3, 6, 8):
 - 'none': the model's own init, unchanged.
 - 'trunc_normal': timm's default ViT init ("Trunc Normal").
 - 'kaiming_uniform': PyTorch's default init ("Kaiming Uniform").
+- 'xavier_normal': the GMM paper's official ViT init (xavier-normal Linear kernels, N(0, 1)
+  position embedding and class token; ``baselines.xavier_normal``).
 - 'mimetic': Trockman & Kolter's mimetic q/k (and value/output) init.
 - 'impulse': the structured impulse init (Algorithm 1) solved by ``impulse.solve_impulse``.
 
@@ -32,7 +34,7 @@ from locvit.attention import TokenGrid
 from locvit.choices import Errors, check_choice
 from locvit.configs import defaults
 from locvit.configs.defaults import INIT_NAMES
-from locvit.init.baselines import BASES, apply_baseline
+from locvit.init.baselines import BASELINES, BASES, apply_baseline
 from locvit.init.impulse import MODES, solve_impulse, solver_config
 from locvit.init.layout import (
   LAYOUTS,
@@ -197,7 +199,7 @@ def apply_init(
   solution = None
   if name == "none":
     values, boxes = params, None
-  elif name in ("trunc_normal", "kaiming_uniform"):
+  elif name in BASELINES:
     values = apply_baseline(name, values, seed)
   else:
     values, solution = _structured(name, init_cfg, values, model, image_size, grid, seed)

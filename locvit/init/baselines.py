@@ -7,8 +7,15 @@
   ~ trunc_normal(std 0.02, truncated at [-2, 2] absolute, as ``torch.nn.init.trunc_normal_``),
   Linear biases 0; timm leaves convolutions (the patch embedding) at PyTorch's default.
 
-Both touch only parameters named ``kernel`` and the ``bias`` next to them; norms, position
-embeddings and class tokens keep their values. ``fan_in`` follows the parameter layouts of locvit
+- ``xavier_normal``: the GMM paper's official ViT (``models/vit.py``, ``init_weights`` and the
+  ``torch.randn`` embeddings): every Linear weight ~ N(0, 2 / (fan_in + fan_out))
+  (``xavier_normal_``, not truncated), Linear biases 0, and the position embedding and class
+  token ~ N(0, 1). The official patch embedding is a Linear on flattened patches, so the patch
+  kernel's fan-out is its output width (a torch ``Conv2d`` would count the receptive field too).
+
+The first two touch only parameters named ``kernel`` and the ``bias`` next to them; norms,
+position embeddings and class tokens keep their values. ``xavier_normal`` also redraws
+``pos_embed`` and ``cls_token``. ``fan_in`` follows the parameter layouts of locvit
 (``attention.py``): the stacked ``(C, S, H, Dh)`` q/k/v kernel and ``(C, H, Dh)`` value kernels
 have one input axis (``C``); the ``(H, Dh, C)`` output projection two; every other kernel all but
 its last axis (Dense ``(in, out)``, Conv ``(kh, kw, in, out)``).
@@ -49,6 +56,11 @@ def fan_in(path: Path, shape: tuple[int, ...]) -> int:
   return int(np.prod(shape[: input_axes(path, shape)]))
 
 
+def fan_out(path: Path, shape: tuple[int, ...]) -> int:
+  """The fan-out of the kernel at ``path`` as a Linear's: the product of its output axes."""
+  return int(np.prod(shape[input_axes(path, shape) :]))
+
+
 def is_conv(path: Path, shape: tuple[int, ...]) -> bool:
   """Convolution kernels: ``(kh, kw, in, out)`` with spatial (non-input-axis) layout."""
   return len(shape) == 4 and input_axes(path, shape) == 3
@@ -79,6 +91,19 @@ def _timm_linear(flat, path, rng: np.random.Generator) -> None:
     flat[_bias(path)] = np.zeros_like(flat[_bias(path)])
 
 
+def _xavier_linear(flat, path, rng: np.random.Generator) -> None:
+  """``torch.nn.init.xavier_normal_`` (gain 1) weight and a zero bias, in place on the flat dict."""
+  kernel = flat[path]
+  std = np.sqrt(2.0 / (fan_in(path, kernel.shape) + fan_out(path, kernel.shape)))
+  flat[path] = rng.normal(0.0, std, kernel.shape).astype(kernel.dtype)
+  if _bias(path) in flat:
+    flat[_bias(path)] = np.zeros_like(flat[_bias(path)])
+
+
+# Learned embeddings the GMM code draws with ``torch.randn`` (std 1).
+RANDN_EMBEDDINGS = ("pos_embed", "cls_token")
+
+
 def _apply(params: Any, seed: int, rule: Callable[[Path, tuple], Callable | None]) -> Any:
   flat = {k: np.asarray(v) for k, v in flatten(params).items()}
   for path in _kernels(flat):
@@ -100,7 +125,22 @@ def trunc_normal(params: Any, seed: int = 0) -> Any:
   )
 
 
-BASELINES = {"kaiming_uniform": kaiming_uniform, "trunc_normal": trunc_normal}
+def xavier_normal(params: Any, seed: int = 0) -> Any:
+  """The GMM paper's ViT init: xavier-normal Linear kernels, zero biases, N(0, 1) embeddings."""
+  params = _apply(params, seed, lambda path, shape: _xavier_linear)
+  flat = {k: np.asarray(v) for k, v in flatten(params).items()}
+  for path, value in flat.items():
+    if path[-1] in RANDN_EMBEDDINGS:
+      rng = numpy_rng(seed, "baseline", *path)
+      flat[path] = rng.standard_normal(value.shape).astype(value.dtype)
+  return unflatten(flat, params)
+
+
+BASELINES = {
+  "kaiming_uniform": kaiming_uniform,
+  "trunc_normal": trunc_normal,
+  "xavier_normal": xavier_normal,
+}
 BASES = ("keep", *BASELINES)
 
 

@@ -21,9 +21,11 @@ for d9 on CIFAR-10; ELM-ViT d9 2,728,906 = + 9 x 64 x 64). GMM adds ``2 K H`` pe
 (1,080 for d9 with K = 5, H = 12): Table 5's printed increment (480 for d8, H = 6) is that; the
 other printed increments (54, 144, 150) do not follow one rule and are not reproduced.
 
-Departures from the official code (kept to the library's conventions): weights use trunc-normal
-(0.02) rather than xavier-normal, the position embedding trunc-normal (0.02) rather than
-``randn``, and drop path is linearly spaced over depth rather than constant.
+The module keeps the library's conventions: trunc-normal (0.02) weights, position embedding and
+class token, and drop path linearly spaced over depth. The official code's forms are settings,
+which the GMM paper configs set (``configs/gmm_common.py``): ``init.name='xavier_normal'``
+(xavier-normal weights, ``torch.randn`` position embedding and class token, applied after
+``model.init``) and the field ``drop_path_schedule='constant'``.
 """
 
 from __future__ import annotations

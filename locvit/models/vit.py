@@ -33,6 +33,7 @@ from locvit.models.layers import (
 Array = jax.Array
 POS_EMBED = ("learn", "sincos2d", "none")
 POOL = ("token", "gap")
+DROP_PATH_SCHEDULES = ("linear", "constant")
 
 
 class VisionTransformer(nn.Module):
@@ -54,8 +55,10 @@ class VisionTransformer(nn.Module):
     (resolved
       by ``create_model``: 'cpu_kernels' on CPU, JAX's choice elsewhere), 'xla', 'cudnn' or
       'cpu_kernels'.
-    drop_rate, attn_drop_rate, drop_path_rate: dropout, attention dropout and stochastic depth
-      (linearly spaced from 0 to ``drop_path_rate`` over depth).
+    drop_rate, attn_drop_rate, drop_path_rate: dropout, attention dropout and stochastic depth.
+    drop_path_schedule: 'linear' (block i drops at ``drop_path_rate * i / (depth - 1)``, 0 in the
+      first block: timm's rule) or 'constant' (every branch of every block at ``drop_path_rate``:
+      the GMM paper's official ViT, one ``DropPath(sd)`` module shared by all blocks).
     dtype: computation dtype (``jnp.bfloat16`` for mixed precision); parameters are float32.
     remat: rematerialise each block in the backward pass to save memory.
     distilled: add DeiT's distillation token (inserted with the class token, right after it) and
@@ -82,6 +85,7 @@ class VisionTransformer(nn.Module):
   drop_rate: float = 0.0
   attn_drop_rate: float = 0.0
   drop_path_rate: float = 0.0
+  drop_path_schedule: Literal["linear", "constant"] = "linear"
   norm_eps: float = 1e-6
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
@@ -94,6 +98,10 @@ class VisionTransformer(nn.Module):
       raise ValueError(f"pos_embed={self.pos_embed!r} is not one of {POS_EMBED}.")
     if self.pool not in POOL:
       raise ValueError(f"pool={self.pool!r} is not one of {POOL}.")
+    if self.drop_path_schedule not in DROP_PATH_SCHEDULES:
+      raise ValueError(
+        f"drop_path_schedule={self.drop_path_schedule!r} is not one of {DROP_PATH_SCHEDULES}."
+      )
     if self.distilled and (self.pool != "token" or not self.num_classes):
       raise ValueError(
         f"distilled=True needs pool='token' and num_classes > 0 (got pool={self.pool!r}, "
@@ -145,6 +153,12 @@ class VisionTransformer(nn.Module):
       f"{min(self.class_token_layer, self.depth)} (as --config.model.overrides.FIELD=VALUE)."
     )
 
+  def drop_path_rates(self) -> list[float]:
+    """Each block's stochastic-depth rate under ``drop_path_schedule``."""
+    if self.drop_path_schedule == "constant":
+      return [self.drop_path_rate] * self.depth
+    return [self.drop_path_rate * i / max(self.depth - 1, 1) for i in range(self.depth)]
+
   @property
   def num_prefix_tokens(self) -> int:
     """Tokens before the patches once the class (and distillation) tokens are in."""
@@ -188,7 +202,7 @@ class VisionTransformer(nn.Module):
     # The grid, prefix count and train flag are Python values: static under remat (0 is self).
     block_cls = nn.remat(Block, static_argnums=(2, 3, 4)) if self.remat else Block
     kinds = self.layer_attention or ("mhsa",) * self.depth
-    rates = [self.drop_path_rate * i / max(self.depth - 1, 1) for i in range(self.depth)]
+    rates = self.drop_path_rates()
     keep = drop_path_masks(self, rates, x.shape[0], train)
     for i in range(self.depth):
       if use_cls and i == self.class_token_layer and i > 0:

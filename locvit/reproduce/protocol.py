@@ -95,7 +95,7 @@ def evaluation_interval(steps_per_epoch: int, every_epochs: float) -> int:
 
 def evaluation_count(steps: int, interval: int) -> int:
   """The evaluations of a ``steps``-step run evaluating every ``interval`` steps and at its end
-  (``train.is_evaluation_step``)."""
+  (``locvit.run.cadence.is_evaluation_step``)."""
   return steps // interval + (1 if steps % interval else 0)
 
 

@@ -47,7 +47,8 @@ def is_finished(workdir: str, steps: int) -> bool:
 
 class Interrupt:
   """Ctrl-C or SIGTERM between runs stops at once (``KeyboardInterrupt``); inside a run's training
-  loop, the loop's own handler (``train.PreemptionWatcher``) saves the step first."""
+  loop, the loop's own handler (``locvit.run.preemption.PreemptionWatcher``) saves the step
+  first."""
 
   def __enter__(self):
     self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -26,9 +26,10 @@ from locvit import metrics as metrics_lib
 from locvit.analysis.locality import MODES as LOCALITY_MODES
 from locvit.choices import Errors, check_choice
 from locvit.configs.common import complete_config
+from locvit.convert.pretrained import load_pretrained
 from locvit.data import device_augment, resident
 from locvit.init import check_init_config, from_checkpoint
-from locvit.models.factory import build_model, check_attention_kernels
+from locvit.models.factory import build_model, check_attention_kernels, distillation_enabled
 from locvit.models.layers import check_patchable
 from locvit.models.registry import check_overrides, default_image_size
 from locvit.platform import ops, sharding, xla_options
@@ -39,7 +40,13 @@ from locvit.workdir import checkpoint, lock, paths, provenance
 
 # Fields that must be positive where the config has them. Model overrides that size the network:
 # zero would otherwise fail deep inside Flax (depth=0: NameInUseError).
-_POSITIVE = ("batch_size", "grad_accum_steps", "steps_per_dispatch", "log_every_steps")
+_POSITIVE = (
+  "batch_size",
+  "grad_accum_steps",
+  "steps_per_dispatch",
+  "log_every_steps",
+  "num_seeds",  # seeds side by side (locvit.run.seeds)
+)
 _NON_NEGATIVE = ("eval_batch_size", "eval_every_steps", "checkpoint_every_steps")
 _POSITIVE_MODEL = ("depth", "num_heads", "embed_dim", "patch_size", "mlp_ratio", "num_layers")
 
@@ -92,6 +99,12 @@ def config_errors(config: ml_collections.ConfigDict) -> list[str]:
   errors.check(check_choice, "mesh.layout", config.mesh.layout, sorted(sharding.LAYOUTS))
   if config.init is not None:
     errors.check(check_init_config, config.init)
+  init_from = config.init_from
+  if init_from is not None and init_from.workdir and init_from.get("weights"):
+    errors.add(
+      f"init_from.workdir={init_from.workdir!r} and init_from.weights={init_from.weights!r}: a run "
+      "starts from one of them; unset the other"
+    )
   if config.analysis is not None and config.analysis.locality:
     mode = config.analysis.locality_mode
     errors.check(check_choice, "analysis.locality_mode", mode, LOCALITY_MODES)
@@ -293,9 +306,31 @@ def build_evaluation(config: ml_collections.ConfigDict) -> Evaluation:
   return Evaluation(config, mesh, rules, model, num_classes, image_shape, eval_source, batches)
 
 
-def _checked_setup(config, hooks):
+def weights_warmstart(config: ml_collections.ConfigDict, num_classes: int):
+  """``config.init_from.weights`` fitted to the run's model (``locvit.convert.load_pretrained``):
+  a fresh head for another class count (from the run's initialisation key), ``pos_embed``
+  resampled to ``data.image_size``; each change logged in one line. Only the parameters are
+  taken: the optimizer state, the step and the data position start fresh."""
+  overrides = dict(config.model.overrides or {})
+  if distillation_enabled(config):
+    overrides["distilled"] = True
+  pretrained = load_pretrained(
+    config.init_from.weights,
+    model=config.model.name,
+    num_classes=num_classes,
+    img_size=config.data.image_size,
+    seed=config.seed + 1,
+    **overrides,
+  )
+  for note in pretrained.notes:
+    logging.warning("init_from.weights: %s", note)
+  return from_checkpoint.Warmstart(pretrained.variables["params"], {}, 0)
+
+
+def checked_setup(config, hooks) -> Training:
   """Validates ``config`` (completed with the defaults of ``configs/common.py:base_config``)
-  against its data and model before the workdir is touched."""
+  against its data and model before the workdir is touched; the run without its workdir (its
+  state's layout included: shapes only, nothing compiled)."""
   config = complete_config(config)
   errors = Errors()
   errors.add("\n".join(config_errors(config)))
@@ -335,6 +370,8 @@ def _checked_setup(config, hooks):
     config = ml_collections.ConfigDict(config.to_dict())  # don't edit the caller's config
     warmstart = from_checkpoint.load(config, num_classes, image_shape)
     from_checkpoint.apply_layer_heads(config, warmstart)
+  elif config.init_from is not None and config.init_from.get("weights"):
+    warmstart = weights_warmstart(config, num_classes)
   model = build_model(config, num_classes)
   check_model_fits_mesh(config, mesh, rules, model)
   check_attention_kernels(model, image_shape)  # cuDNN's shapes, before the workdir and compiling
@@ -363,6 +400,7 @@ def _checked_setup(config, hooks):
       split["image"].nbytes / 1e6,
       time.perf_counter() - load_start,
     )
+  run.layout = state_lib.state_layout(model, image_shape, run.tx, mesh, rules, ema=run.use_ema)
   return run
 
 
@@ -381,18 +419,22 @@ def build_training(
   ``hooks``: ``make_locality_logger`` and ``make_center_plotter`` (see ``train_and_evaluate``).
   """
   started = time.monotonic()
-  run = _checked_setup(config, hooks)
+  run = checked_setup(config, hooks)
+  run.started = started
+  return open_workdir(run, workdir)
+
+
+def open_workdir(run: Training, workdir: str) -> Training:
+  """``run`` (checked by ``checked_setup``) in ``workdir``: claims it, then adds what writes there
+  or reads per run (eval batches, the teacher unless ``run`` has it, checkpointer, writer)."""
   config = run.config
-  run.workdir, run.started = workdir, started
+  run.workdir = workdir
   try:  # an error or a stop (SIGTERM, Ctrl-C) from here on releases the workdir, as the run would
     # The config is valid: only now create the workdir (writable, not in use). The config is kept
     # (config.json) once the workdir's checkpoint has accepted it (train.restore_or_initialise).
     _claim(workdir, config.bucket_timeout_seconds)
     run.eval_batches = _eval_batches(config, run.eval_source)
-    run.layout = state_lib.state_layout(
-      run.model, run.image_shape, run.tx, run.mesh, run.rules, ema=run.use_ema
-    )
-    if distill.enabled(config):
+    if distill.enabled(config) and run.teacher is None:
       run.teacher = distill.load_teacher(
         config, run.num_classes, run.image_shape, run.mesh, run.rules
       )

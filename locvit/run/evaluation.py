@@ -22,7 +22,7 @@ import optax
 from locvit import metrics as metrics_lib
 from locvit.data import device_augment
 from locvit.platform import sharding
-from locvit.run import bundle
+from locvit.run import bundle, predict
 from locvit.run.preemption import EvaluationInterruptedError
 from locvit.run.state import ema_enabled
 from locvit.workdir import fingerprint, restore
@@ -137,28 +137,53 @@ def evaluate_checkpoint(
   With ``config.ema.decay > 0`` the EMA weights are evaluated too (``eval_ema/*``).
   """
   run = bundle.build_evaluation(config)
-  config, mesh, rules = run.config, run.mesh, run.rules  # completed with the defaults
+  config = run.config  # completed with the defaults
   # A checkpoint this config cannot read is refused before the model is traced (and warns).
   step = restore.vetted_step(
     workdir, step, lambda meta: fingerprint.check_compatible(meta["config"], config, workdir)
   )
-  boxed_params, boxed_model_state = sharding.model_variable_shapes(run.model, run.image_shape)
-  variable_shardings = (
-    sharding.tree_shardings(boxed_params, mesh, rules),
-    sharding.tree_shardings(boxed_model_state, mesh, rules),
-  )
+  boxed_params, _ = sharding.model_variable_shapes(run.model, run.image_shape)
+  variable_shardings = _variable_shardings(run)
   params, model_state = restore.read_model_variables(
     workdir, run.model, run.image_shape, step, variable_shardings
   )
   ema = None
   if ema_enabled(config):
     ema = restore.restore_ema_params(workdir, step, variable_shardings[0], boxed_params)
+  result = _evaluate_variables(run, variable_shardings, (params, model_state), ema, print_progress)
+  result["step"] = step
+  return result
+
+
+def _variable_shardings(run: bundle.Evaluation) -> tuple[Any, Any]:
+  boxed_params, boxed_model_state = sharding.model_variable_shapes(run.model, run.image_shape)
+  return (
+    sharding.tree_shardings(boxed_params, run.mesh, run.rules),
+    sharding.tree_shardings(boxed_model_state, run.mesh, run.rules),
+  )
+
+
+def _evaluate_variables(run, variable_shardings, variables, ema, print_progress) -> dict[str, Any]:
+  config, mesh, rules = run.config, run.mesh, run.rules
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     normalize = functools.partial(device_augment.normalize, data_config=config.data)
     eval_fn = make_eval_step(run.model, mesh, rules, variable_shardings, normalize)
-    variables = (params, model_state)
-    result = evaluate_with_ema(
+    return evaluate_with_ema(
       eval_fn, variables, ema, run.eval_batches, run.batch_sharding, print_progress
     )
-  result["step"] = step
-  return result
+
+
+def evaluate_weights(
+  config: ml_collections.ConfigDict, print_progress: Callable[[str], None] = lambda line: None
+) -> dict[str, Any]:
+  """Eval-only mode on published weights (``config.init_from.weights``), no training run: their
+  model and class count, the evaluation split read with their preprocessing
+  (``locvit.run.predict.with_weights``). The result carries ``step`` 0 and the ``config`` run."""
+  pretrained = predict.load_weights(config, seed=config.seed)
+  for note in pretrained.notes:
+    print_progress(f"note: {note}")
+  run = bundle.build_evaluation(predict.with_weights(config, pretrained))
+  variable_shardings = _variable_shardings(run)
+  params = jax.device_put(pretrained.variables["params"], variable_shardings[0])
+  result = _evaluate_variables(run, variable_shardings, (params, {}), None, print_progress)
+  return {**result, "step": 0, "config": run.config}

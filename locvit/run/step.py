@@ -78,13 +78,17 @@ def train_step(
   num_classes,
   teacher: distill.Teacher | None = None,
   platform: str | None = None,
+  seed: jax.Array | int | None = None,
 ):
   """One optimizer update on a global batch, optionally accumulated over micro-batches.
   ``platform``: the one the step is compiled for where that is not the default backend's (a
-  compile-only device's, ``benchmarks/step_kernels.py --gpu``)."""
-  rng = jax.random.fold_in(jax.random.key(config.seed), state.step)
-  augment_rng = jax.random.fold_in(jax.random.key(config.seed + 2), state.step)
-  recipe_rng = jax.random.fold_in(jax.random.key(config.seed + 3), state.step)
+  compile-only device's, ``benchmarks/step_kernels.py --gpu``). ``seed``: the run's seed where it
+  is an operand rather than ``config.seed`` (one per lane of ``locvit.run.seeds``' vmapped step);
+  the keys are the same either way."""
+  seed = config.seed if seed is None else seed
+  rng = jax.random.fold_in(jax.random.key(seed), state.step)
+  augment_rng = jax.random.fold_in(jax.random.key(seed + 2), state.step)
+  recipe_rng = jax.random.fold_in(jax.random.key(seed + 3), state.step)
   images = device_augment.recipe_ops(recipe_rng, batch, config.data)
   images, targets = device_augment.augment_batch(
     augment_rng,
@@ -242,19 +246,23 @@ def guarded_steps(
   return state, jax.tree.map(lambda m: m[-1], metrics), health
 
 
-def check_health(config, health, step: int, warned: int = 0) -> int:
+def check_health(config, health, step: int, warned: int = 0, name: str = "") -> int:
   """Raises NonFiniteError under ``nonfinite='stop'``; under 'skip' warns when more updates were
-  skipped than ``warned``. Returns the number skipped so far."""
+  skipped than ``warned``. Returns the number skipped so far. ``name``: the run's, where one
+  process trains several (a seed's workdir), said first."""
   first, skipped = int(health["first_nonfinite"]), int(health["skipped"])
   if first < 0 or (skipped <= warned and config.nonfinite == "skip"):
     return skipped
+  who = f"{name}: " if name else ""
   if config.nonfinite == "stop":
     raise NonFiniteError(
-      f"non-finite loss or gradient norm at step {first}; stopped at step {step} without saving "
-      f"it. Lower optimizer.lr, set grad_clip_norm, or set nonfinite='skip' to drop such updates."
+      f"{who}non-finite loss or gradient norm at step {first}; stopped at step {step} without "
+      "saving it. Lower optimizer.lr, set grad_clip_norm, or set nonfinite='skip' to drop such "
+      "updates."
     )
   logging.warning(
-    "%d update(s) skipped by step %d: non-finite loss or gradient norm (first at step %d).",
+    "%s%d update(s) skipped by step %d: non-finite loss or gradient norm (first at step %d).",
+    who,
     skipped,
     step,
     first,

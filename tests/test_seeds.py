@@ -1,0 +1,331 @@
+"""Seeds side by side (``config.num_seeds``, ``locvit.run.seeds``): each seed of the one vmapped
+step is the run of that seed trained alone, in a workdir of its own.
+
+Tolerance: the side-by-side step batches every matrix product over the seed axis (``jax.vmap``),
+and XLA:CPU may tile and accumulate a batched product in another order than the lone one; so
+losses, evaluations and parameters agree with the lone run to float32 rounding accumulated over
+the steps (``rtol=2e-5``, as the mesh layouts against one device in test_train.py), not bit for
+bit. The data order, the random keys and the initialisation are the lone run's exactly (the first
+step's loss is equal).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from configs import structinit_cifar10_small
+from locvit import train
+from locvit.analysis.analyze import analyze
+from locvit.metrics import read_metrics
+from locvit.platform import sharding
+from locvit.run import evaluation
+from locvit.run import seeds as seeds_lib
+from locvit.run.step import NonFiniteError
+from locvit.workdir import checkpoint, saved_config
+from tests.test_cli import ROOT, _env
+from tests.train_utils import sigterm_after_step, tiny_config
+
+RTOL = 2e-5
+# Adam's step g / sqrt(v) turns a rounding difference in a near-zero gradient into a difference of
+# up to a learning rate (1e-3 here) in that parameter: the parameters agree to 2% of one step.
+PARAM_ATOL = 2e-5
+SEEDS = (0, 1)
+
+
+def one_device(config):
+  config.mesh.num_devices, config.mesh.shape = 1, (1, 1)
+  return config
+
+
+def small_config(**fields):
+  """The tiny digits ViT, evaluated and saved at steps 3 and 6, at an eval batch size that leaves
+  a partial last batch (360 examples, batches of 48)."""
+  fields = dict(eval_every_steps=3, checkpoint_every_steps=3, eval_batch_size=48, **fields)
+  return one_device(tiny_config(**fields))
+
+
+def losses(workdir):
+  return [(r["step"], r["train/loss"]) for r in read_metrics(workdir) if "train/loss" in r]
+
+
+def evaluations(workdir):
+  return {r["step"]: r for r in read_metrics(workdir) if "eval/top1" in r}
+
+
+def final_params(workdir, step):
+  reader = checkpoint.Checkpointer(str(workdir / "checkpoints"), async_save=False, read_only=True)
+  state = reader.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  reader.close()
+  return state["state"]["params"]
+
+
+def assert_same_run(workdir, lone, step=6, same_devices=True):
+  """``workdir`` trained as ``lone``: the same steps, losses, evaluations and final parameters.
+  On the same devices, the first loss is equal: the same batch, keys and initial parameters."""
+  got, want = losses(workdir), losses(lone)
+  assert [s for s, _ in got] == [s for s, _ in want]
+  assert got[0] == want[0] or not same_devices
+  np.testing.assert_allclose([v for _, v in got], [v for _, v in want], rtol=RTOL)
+  got, want = evaluations(workdir), evaluations(lone)
+  assert sorted(got) == sorted(want)
+  for s in want:
+    assert got[s]["eval/num_examples"] == want[s]["eval/num_examples"]
+    np.testing.assert_allclose(got[s]["eval/loss"], want[s]["eval/loss"], rtol=RTOL)
+    assert got[s]["eval/top1"] == pytest.approx(want[s]["eval/top1"], abs=1.5 / 360)
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=PARAM_ATOL),
+    final_params(workdir, step),
+    final_params(lone, step),
+  )
+
+
+@pytest.fixture(scope="module")
+def lone_runs(tmp_path_factory):
+  """Seeds 0 and 1 of ``small_config`` trained alone."""
+  root = tmp_path_factory.mktemp("lone")
+  for seed in SEEDS:
+    train.train_and_evaluate(small_config(seed=seed), str(root / f"seed{seed}"))
+  return {seed: root / f"seed{seed}" for seed in SEEDS}
+
+
+@pytest.fixture(scope="module")
+def side_by_side(tmp_path_factory):
+  """Seeds 0 and 1 of ``small_config`` side by side: (workdir, result)."""
+  workdir = tmp_path_factory.mktemp("side") / "run"
+  return workdir, train.train_and_evaluate(small_config(num_seeds=2), str(workdir))
+
+
+def test_each_seed_is_its_lone_run_in_a_workdir_of_its_own(lone_runs, side_by_side):
+  workdir, result = side_by_side
+  assert sorted(result["seeds"]) == list(SEEDS)
+  for seed in SEEDS:
+    assert_same_run(workdir / f"seed{seed}", lone_runs[seed])
+    saved = saved_config.read(str(workdir / f"seed{seed}" / "config.json"))
+    assert (saved.seed, saved.num_seeds) == (seed, 1)  # the lone run's config
+    assert (workdir / f"seed{seed}" / "checkpoints" / "best").is_dir()
+    final = result["seeds"][seed]
+    assert final["eval/loss"] == evaluations(workdir / f"seed{seed}")[6]["eval/loss"]
+  assert saved_config.read(str(workdir / "config.json")).num_seeds == 2  # resumes side by side
+
+
+def test_eval_and_analyze_read_a_seed_workdir_alone(lone_runs, side_by_side, tmp_path):
+  """``--mode=eval`` and ``--mode=analyze`` on ``WORKDIR/seed1`` (its config.json): the lone run's
+  evaluation; on ``WORKDIR`` itself, one error line naming the seed workdirs."""
+  workdir, _ = side_by_side
+  seed_dir = workdir / "seed1"
+  config = saved_config.read(str(seed_dir / "config.json"))
+  result = evaluation.evaluate_checkpoint(config, str(seed_dir))
+  want = evaluations(lone_runs[1])[6]
+  assert result["step"] == 6
+  np.testing.assert_allclose(result["eval/loss"], want["eval/loss"], rtol=RTOL)
+  paths = analyze(config, str(seed_dir), str(tmp_path / "figures"))
+  assert paths and all(os.path.isfile(p) and p.endswith(".png") for p in paths)
+
+  proc = subprocess.run(
+    [sys.executable, "-m", "locvit.main", f"--workdir={workdir}", "--mode=eval"],
+    cwd=ROOT,
+    env=_env(1),
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert (proc.returncode, proc.stderr.splitlines()) == (
+    2,
+    [
+      f"locvit: error: --mode=eval reads one run, and {workdir} holds 2 seeds trained side by "
+      f"side: use --workdir={workdir}/seed0 (or {workdir}/seed1)"
+    ],
+  )
+
+
+def test_sigterm_resume_side_by_side_and_one_seed_alone(lone_runs, tmp_path):
+  """SIGTERM once seed 0 has logged its step-3 evaluation: seed 1's evaluation of step 3 is cut
+  short, and both seeds save step 3 (seed 1 without its evaluation) and the run returns. Resumed
+  side by side, seed 1 evaluates step 3 and each seed ends as its lone run; a copy of seed 1's
+  workdir resumed alone (with its own config.json) too."""
+  workdir = tmp_path / "run"
+  with sigterm_after_step(3):
+    first = train.train_and_evaluate(small_config(num_seeds=2), str(workdir))
+  assert (first["preempted"], first["step"]) == (True, 3)
+  assert 3 in evaluations(workdir / "seed0") and 3 not in evaluations(workdir / "seed1")
+  for seed in SEEDS:
+    assert (workdir / f"seed{seed}" / "checkpoints" / "3").is_dir()
+  alone = tmp_path / "seed1_alone"
+  shutil.copytree(workdir / "seed1", alone)
+
+  second = train.train_and_evaluate(small_config(num_seeds=2), str(workdir))
+  assert "preempted" not in second
+  for seed in SEEDS:
+    assert_same_run(workdir / f"seed{seed}", lone_runs[seed])
+  train.train_and_evaluate(saved_config.read(str(alone / "config.json")), str(alone))
+  assert_same_run(alone, lone_runs[1])
+
+
+def test_seeds_at_different_steps_are_refused_with_the_way_out(lone_runs, side_by_side, tmp_path):
+  workdir = tmp_path / "run"
+  shutil.copytree(side_by_side[0], workdir)
+  shutil.rmtree(workdir / "seed1" / "checkpoints" / "6")
+  with pytest.raises(ValueError, match=r"seed0: 6, seed1: 3\), and side by side they train in"):
+    train.train_and_evaluate(small_config(num_seeds=2), str(workdir))
+
+
+def test_the_seed_axis_is_replicated_over_the_mesh_layouts(lone_runs, tmp_path):
+  """FSDP over a (4, 2) mesh, two steps per dispatch: each seed keeps its lone run's layout (the
+  seed axis replicated) and trains as the lone run on one device."""
+  config = tiny_config(num_seeds=2, eval_every_steps=3, checkpoint_every_steps=3)
+  config.eval_batch_size, config.steps_per_dispatch = 48, 2
+  config.mesh.shape, config.mesh.layout = (4, 2), "fsdp"
+  mesh = sharding.make_mesh(config.mesh)
+  spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data", None))
+  assert tuple(seeds_lib.stacked_sharding(spec).spec) == (None, "data", None)
+  train.train_and_evaluate(config, str(tmp_path / "run"))
+  for seed in SEEDS:
+    assert_same_run(tmp_path / "run" / f"seed{seed}", lone_runs[seed], same_devices=False)
+
+
+def test_a_distilled_seed_is_its_lone_run(lone_runs, tmp_path):
+  """DeiT hard distillation side by side: one frozen teacher (the lone seed-0 run), shared by the
+  seeds; seed 1 equals its lone distilled run."""
+
+  def config(**fields):
+    c = small_config(total_steps=3, **fields)
+    c.distillation.type, c.distillation.teacher_workdir = "hard", str(lone_runs[0])
+    return c
+
+  train.train_and_evaluate(config(num_seeds=2), str(tmp_path / "side"))
+  train.train_and_evaluate(config(seed=1), str(tmp_path / "lone1"))
+  assert_same_run(tmp_path / "side" / "seed1", tmp_path / "lone1", step=3)
+
+
+@pytest.fixture
+def poisoned_seed(monkeypatch):
+  """Seed index ``index``'s training batch of the ``at``-th step carries NaN images: the stacked
+  batch crosses as float, the other seeds' rows normalised as the device would."""
+  calls = {"n": 0, "at": None, "index": 1}
+  orig = sharding.global_batch
+
+  def global_batch(local, batch_sharding):
+    if "mask" not in local and local["image"].ndim == 5:  # a stacked training batch
+      calls["n"] += 1
+      if calls["n"] == calls["at"]:
+        image = local["image"].astype(np.float32) / np.float32(127.5) - np.float32(1.0)
+        image[calls["index"]] = np.nan
+        local = dict(local, image=image)
+    return orig(local, batch_sharding)
+
+  monkeypatch.setattr(sharding, "global_batch", global_batch)
+  return calls
+
+
+def test_a_nonfinite_seed_stops_alone_and_is_named(tmp_path, poisoned_seed, caplog):
+  poisoned_seed["at"] = 3
+  config = one_device(tiny_config(num_seeds=2, checkpoint_every_steps=1, keep_checkpoints=6))
+  workdir = tmp_path / "run"
+  with pytest.raises(NonFiniteError) as error:
+    train.train_and_evaluate(config, str(workdir))
+  assert str(error.value) == (  # locvit.main prints it as its one error line
+    "seed1: non-finite loss or gradient norm at step 3; stopped at step 3 without saving it. "
+    "Lower optimizer.lr, set grad_clip_norm, or set nonfinite='skip' to drop such updates. The "
+    "other 1 of the 2 seeds trained on."
+  )
+  steps = lambda seed: sorted(
+    int(d) for d in os.listdir(workdir / f"seed{seed}" / "checkpoints") if d.isdigit()
+  )
+  assert steps(1) == [1, 2]  # as the lone run of seed 1 would have stopped
+  assert steps(0) == [1, 2, 3, 4, 5, 6]
+  assert [s for s, _ in losses(workdir / "seed0")] == [1, 2, 3, 4, 5, 6]
+  assert np.all(np.isfinite([v for _, v in losses(workdir / "seed0")]))
+
+
+def test_a_nonfinite_seed_skips_alone_and_is_named(tmp_path, poisoned_seed, caplog):
+  poisoned_seed["at"], poisoned_seed["index"] = 3, 0
+  config = one_device(tiny_config(num_seeds=2, nonfinite="skip"))
+  workdir = tmp_path / "run"
+  train.train_and_evaluate(config, str(workdir))
+  skipped = lambda seed: [
+    r["train/skipped_steps"] for r in read_metrics(workdir / f"seed{seed}") if "train/loss" in r
+  ]
+  assert skipped(0) == [0, 0, 1, 1, 1, 1]
+  assert skipped(1) == [0] * 6
+  assert "seed0: 1 update(s) skipped by step 3" in caplog.text
+  assert "seed1: 1 update(s) skipped" not in caplog.text
+
+
+def test_impulse_init_paper_config_at_toy_size(tmp_path):
+  """The structured-init family (configs/structinit_cifar10_small.py:impulse3: a structvit, the
+  impulse solve per seed, the small-data recipe) at toy size on the digits: each seed of the
+  side-by-side run is its lone run, its impulse solve included."""
+
+  def config(**fields):
+    c = structinit_cifar10_small.get_config("impulse3")
+    for key, value in dict(tiny_config(), total_steps=2, **fields).items():
+      if key not in ("model", "init", "schedule", "optimizer"):
+        c[key] = value
+    c.model.overrides.update(embed_dim=32, depth=2, num_heads=2, patch_size=2)
+    c.init.update(steps=100, lr=1e-2, norm_every=1)
+    c.eval_every_steps, c.checkpoint_every_steps, c.schedule.warmup_steps = 2, 2, 1
+    return one_device(c)
+
+  train.train_and_evaluate(config(num_seeds=2), str(tmp_path / "side"))
+  for seed in SEEDS:
+    train.train_and_evaluate(config(seed=seed), str(tmp_path / f"lone{seed}"))
+    assert_same_run(tmp_path / "side" / f"seed{seed}", tmp_path / f"lone{seed}", step=2)
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad input
+
+
+def test_num_seeds_below_one_is_one_line_before_anything(tmp_path):
+  workdir = tmp_path / "run"
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "locvit.main",
+      "--config=tests/configs/tiny.py",
+      f"--workdir={workdir}",
+      "--config.num_seeds=0",
+    ],
+    cwd=ROOT,
+    env=_env(1),
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert (proc.returncode, proc.stderr.splitlines()) == (
+    2,
+    ["locvit: error: --config.num_seeds=0: must be a positive integer"],
+  )
+  assert not workdir.exists()
+
+
+def test_seeds_that_do_not_fit_the_device_are_refused_before_the_workdir(tmp_path, monkeypatch):
+  monkeypatch.setattr(seeds_lib, "device_memory_bytes", lambda device: 3 * 2**20)
+  config = one_device(tiny_config(num_seeds=200))
+  per_seed = seeds_lib.state_bytes_per_device(_layout_of(config).abstract)
+  with pytest.raises(ValueError, match=r"^--config.num_seeds=200: the 200 training states") as e:
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert f"at most {3 * 2**20 // per_seed} fit before activations" in str(e.value)
+  assert not (tmp_path / "run").exists()
+
+
+def _layout_of(config):
+  from locvit.run import bundle
+
+  return bundle.checked_setup(config, {}).layout
+
+
+def test_seeds_side_by_side_refuse_several_processes(tmp_path, monkeypatch):
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  with pytest.raises(ValueError, match=r"^--config.num_seeds=2 runs in one process, but this"):
+    train.train_and_evaluate(one_device(tiny_config(num_seeds=2)), str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
