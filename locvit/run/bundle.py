@@ -26,6 +26,7 @@ from locvit import metrics as metrics_lib
 from locvit.analysis.locality import MODES as LOCALITY_MODES
 from locvit.choices import Errors, check_choice
 from locvit.configs.common import complete_config
+from locvit.convert import prior
 from locvit.convert.pretrained import load_pretrained
 from locvit.data import device_augment, resident
 from locvit.init import check_init_config, from_checkpoint
@@ -100,6 +101,11 @@ def config_errors(config: ml_collections.ConfigDict) -> list[str]:
   if config.init is not None:
     errors.check(check_init_config, config.init)
   init_from = config.init_from
+  if init_from is not None and init_from.add_prior and not init_from.weights:
+    errors.add(
+      "init_from.add_prior=True adds a locality prior to pretrained weights: give "
+      "init_from.weights of a plain DeiT (e.g. deit_tiny_patch16_224.fb_in1k)"
+    )
   if init_from is not None and init_from.workdir and init_from.get("weights"):
     errors.add(
       f"init_from.workdir={init_from.workdir!r} and init_from.weights={init_from.weights!r}: a run "
@@ -310,21 +316,37 @@ def weights_warmstart(config: ml_collections.ConfigDict, num_classes: int):
   """``config.init_from.weights`` fitted to the run's model (``locvit.convert.load_pretrained``):
   a fresh head for another class count (from the run's initialisation key), ``pos_embed``
   resampled to ``data.image_size``; each change logged in one line. Only the parameters are
-  taken: the optimizer state, the step and the data position start fresh."""
+  taken: the optimizer state, the step and the data position start fresh.
+
+  With ``init_from.add_prior`` the weights are a plain DeiT's, read as ``model.name`` without the
+  prior's overrides (``locvit.convert.prior.PRIOR_FIELDS``), and go into the run's model with
+  its locality prior (``locvit.convert.prior``); one line says what was done and whether the
+  start is the DeiT's function."""
   overrides = dict(config.model.overrides or {})
   if distillation_enabled(config):
     overrides["distilled"] = True
+  add_prior = config.init_from.add_prior
   pretrained = load_pretrained(
     config.init_from.weights,
     model=config.model.name,
     num_classes=num_classes,
     img_size=config.data.image_size,
     seed=config.seed + 1,
-    **overrides,
+    **(prior.source_overrides(overrides) if add_prior else overrides),
   )
   for note in pretrained.notes:
     logging.warning("init_from.weights: %s", note)
-  return from_checkpoint.Warmstart(pretrained.variables["params"], {}, 0)
+  if not add_prior:
+    return from_checkpoint.Warmstart(pretrained.variables["params"], {}, 0)
+  variables, report = prior.prior_from_pretrained(
+    pretrained.variables,
+    build_model(config, num_classes),
+    image_size=config.data.image_size,
+    seed=config.seed + 1,
+    gate_logit=config.init_from.prior_gate,
+  )
+  logging.warning("init_from.add_prior: %s", report.summary())
+  return from_checkpoint.Warmstart(variables["params"], {}, 0)
 
 
 def checked_setup(config, hooks) -> Training:
