@@ -39,7 +39,7 @@ fragment (e.g. ``ViT d9``, ``b512``).
 
 ``--smoke``: CPU, image 32 for the 224 models, two blocks per model, batches scaled down 64
 times (at least 2), two steps, one round, ConViT-Ti and GMM-ViT d9; ``--data_root`` may be any
-tiny image folder. Without timm the torch side uses ``tests/torch_reference.py`` (the official
+tiny image folder. Without timm the torch side uses ``benchmarks/torch_reference.py`` (the official
 ConViT/DeiT, timm's names), and ``torch.compile`` uses the 'aot_eager' backend (inductor's C++
 code generation takes minutes on a small CPU). cuDNN attention needs a CUDA GPU: elsewhere its
 sides print why they were skipped; so do they on a GPU for a row whose shapes cuDNN's fused
@@ -51,49 +51,41 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import dataclasses
-import functools
 import importlib
-import importlib.util
 import os
-import statistics
 import tempfile
-import threading
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import flax
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import jaxlib
 import numpy as np
-import step_kernels
 import step_profile
-from device_augment import deit_jpeg_folder
+from kit import (
+  MODELS_224,
+  NUM_CLASSES,
+  SMOKE_DEPTH,
+  VARIANTS,
+  Runner,
+  compile_loop_step,
+  config_32,
+  config_224,
+  deit_jpeg_folder,
+  state_and_step,
+  step_runner,
+  synthetic_batch,
+  time_interleaved,
+  tracing,
+)
 
 from locvit import data as data_lib
-from locvit import optim
-from locvit.configs import (
-  convit_cifar10_small,
-  gmm_cifar10_small,
-  gmm_table1,
-  structinit_cifar10_small,
-  structinit_table1,
-)
-from locvit.configs.common import base_config, complete_config
-from locvit.configs.recipes import deit_recipe
-from locvit.data import device_augment as device_augment_ops
-from locvit.models.convit import convit_overrides
+from locvit.configs.common import complete_config
 from locvit.models.factory import build_model, check_attention_kernels
-from locvit.platform import ops, sharding, xla_options
 from locvit.platform.flops import xla_flops
-from locvit.run.state import TrainState
-from locvit.run.step import guarded_steps, initial_health, train_step
 
 # Dense bf16 peak TFLOP/s by device kind (vendor data sheets, without sparsity); the first
 # fragment contained in ``device.device_kind`` wins, so more specific names come first.
@@ -114,22 +106,6 @@ PEAK_BF16_TFLOPS = (
   ("TPU v6 lite", 918.0),  # v6e (Trillium)
 )
 
-# locvit name -> timm name, the models at 224.
-MODELS_224 = {
-  "convit_tiny": "convit_tiny",
-  "convit_small": "convit_small",
-  "deit_tiny": "deit_tiny_patch16_224",
-  "deit_small": "deit_small_patch16_224",
-}
-# label -> config of a CIFAR small-data model (32x32), from the papers' configs.
-MODELS_32 = {
-  "ConViT-Ti CIFAR": lambda: convit_cifar10_small.get_config("convit"),
-  "GMM-ViT d9": lambda: gmm_table1.get_config("vit,cifar10,gmm"),
-  "ViT d9": lambda: gmm_table1.get_config("vit,cifar10,base"),
-  "StructInit ViT-T/2": lambda: structinit_table1.get_config(None),
-  "GMM-ViT d6 (GMM masks)": lambda: gmm_cifar10_small.get_config("gmm"),
-  "StructViT d8 (struct. init)": lambda: structinit_cifar10_small.get_config(None),
-}
 # Table 1's rows, (model, batch): the 224 models at 128 (the kit's first H200 table) and DeiT-S /
 # ConViT-S at 256 and 512; the CIFAR models at their papers' batches (GMM: 128, structured init:
 # 512, ConViT-Ti CIFAR at both) and the two reduced configs of the first table at 512.
@@ -156,37 +132,7 @@ SMOKE_ROWS_224 = (("convit_tiny", 128),)
 SMOKE_ROWS_32 = (("GMM-ViT d9", 128),)
 PIPELINE_32 = ("ConViT-Ti CIFAR", "GMM-ViT d6 (GMM masks)", "StructViT d8 (struct. init)")
 SMOKE_PIPELINE_32 = ("GMM-ViT d6 (GMM masks)",)
-# locvit's settings, timed side by side on every row (``--variants``): name -> config fields,
-# with ``xla_options`` (``locvit.platform.xla_options``) going to the step's compilation.
-VARIANTS = {
-  "default": {},
-  "cudnn": {"attention_implementation": "cudnn"},
-  "gpu_tuned": {"xla_options": "gpu_tuned"},
-  "graphs": {"xla_options": "gpu_graphs"},  # gpu_tuned with loops and conditionals in the graphs
-  "tuned+cudnn": {"xla_options": "gpu_tuned", "attention_implementation": "cudnn"},
-  "fp32": {"mixed_precision": False},
-  "k4": {"steps_per_dispatch": 4},  # four optimizer steps per dispatch (a lax.scan)
-  "flat_opt": {"optimizer": {"flatten": True}},  # the update on one flat vector (optax.flatten)
-  # Mixup/CutMix's lam drawn as before, by jax.random.beta: rejection loops whose every test of
-  # their condition the GPU answers to the host (locvit draws it with no loop: symmetric_beta).
-  "beta_loops": {},
-  # The step compiled for XLA:GPU with its dense layers' biases added after the matmuls (and
-  # stochastic depth after them), as before ops.bias_in_matmul: what the ones columns gain.
-  "bias_add": {},
-  # The work timm's side does (model, label-smoothed loss, AdamW): the recipe's Mixup/CutMix and
-  # random erasing off, which the default step runs on the device and timm's side leaves out.
-  "model_only": {
-    "mixup": {"mixup_alpha": 0.0, "cutmix_alpha": 0.0},
-    "random_erasing": {"prob": 0.0},
-  },
-}
-# Compiling for a GPU that is not attached, XLA cannot autotune its Triton GEMMs, and for some
-# shapes finds no tiling at all (ViT d9's 8320x192 projection): cuBLAS takes every GEMM.
-DEVICELESS_GPU_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
 TORCH_SIDES = ("eager", "compile")
-# --smoke: two blocks per model (one GPSA, one MHSA for ConViT), so compilation stays short.
-SMOKE_DEPTH = 2
-NUM_CLASSES = 1000
 FAILURES: list[str] = []  # rows that raised; the script exits 1 if any
 
 
@@ -218,67 +164,11 @@ def print_peaks(device, override: float | None) -> float | None:
 # The steps
 
 
-def _config_224(name: str, batch_size: int, smoke: bool):
-  config = deit_recipe(base_config())
-  config.model.name = name
-  config.batch_size = batch_size
-  config.mixed_precision = not smoke
-  if smoke:
-    _shrink(config)
-  return config
-
-
-def _config_32(label: str, batch_size: int, smoke: bool):
-  config = MODELS_32[label]()
-  config.batch_size = batch_size
-  config.mixed_precision = not smoke
-  if smoke:
-    _shrink(config)
-  return config
-
-
-def _shrink(config) -> None:
-  """Cuts the model to ``SMOKE_DEPTH`` blocks, keeping its first layer kind (GPSA, GMM...)."""
-  overrides = config.model.overrides
-  if config.model.name.startswith("convit"):
-    overrides.update(convit_overrides(1, SMOKE_DEPTH))
-    return
-  layers = getattr(build_model(config, 10), "layer_attention", None)  # the registered kinds
-  overrides.depth = SMOKE_DEPTH
-  if layers:
-    overrides.layer_attention = tuple(layers[: SMOKE_DEPTH - 1]) + tuple(layers[-1:])
-
-
 def _torch_sizes(name: str, smoke: bool) -> dict:
   """The torch model's keyword arguments matching ``_shrink``."""
   if not smoke:
     return {}
   return {"depth": SMOKE_DEPTH, **({"local_up_to_layer": 1} if name.startswith("convit") else {})}
-
-
-def _state_and_step(
-  config, image_shape: tuple, num_classes: int, state=None, loop=False, platform=None
-):
-  """``(state, jitted step)``: ``locvit.run.step.train_step`` for ``config`` on one device, or with
-  ``loop`` the training loop's step (``guarded_steps(state, batches, (), health)``: the
-  non-finite guard, ``config.steps_per_dispatch`` batches per call); a given ``state`` (of the
-  same model) is reused rather than initialised. ``platform``: a compile-only device's."""
-  model = build_model(config, num_classes)
-  if state is None:
-    init = functools.partial(sharding.init_model_variables, model, image_shape)
-    params, model_state = nn.meta.unbox(jax.jit(init)(jax.random.key(0)))
-  else:
-    params, model_state = state.params, state.model_state
-  schedule = optim.make_schedule(config, 1000, 100)
-  tx = optim.make_optimizer(config, params, schedule)
-  if state is None:
-    state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), model_state)
-  kwargs = dict(model=model, tx=tx, schedule=schedule, config=config, num_classes=num_classes)
-  if platform is not None:
-    kwargs["platform"] = platform
-  if loop:
-    return state, jax.jit(functools.partial(guarded_steps, **kwargs), donate_argnums=(0, 3))
-  return state, jax.jit(functools.partial(train_step, **kwargs), donate_argnums=0)
 
 
 def model_flops(config, state, batch, num_classes: int) -> float:
@@ -291,112 +181,10 @@ def model_flops(config, state, batch, num_classes: int) -> float:
   written_out = config.copy_and_resolve_references()
   written_out.attention_implementation = "xla"
   image_shape = batch["image"].shape[1:]
-  _, step = _state_and_step(written_out, image_shape, num_classes, state)
-  with _tracing("default"):
+  _, step = state_and_step(written_out, image_shape, num_classes, state)
+  with tracing("default"):
     lowered = step.lower(state, batch)
   return xla_flops(lowered)
-
-
-def _synthetic_batch(batch_size: int, image_size: int, num_classes: int) -> dict:
-  rng = np.random.default_rng(0)
-  return {
-    "image": jnp.asarray(rng.normal(size=(batch_size, image_size, image_size, 3)), jnp.float32),
-    "label": jnp.asarray(rng.integers(0, num_classes, batch_size), jnp.int32),
-  }
-
-
-@dataclasses.dataclass
-class Runner:
-  """One side of a row: ``run()`` dispatches a step, ``wait()`` blocks until the last is done."""
-
-  run: Callable[[], None]
-  wait: Callable[[], None]
-  compile_s: float | None = None
-  profile: bool = False  # locvit's steps are profiled under --profile
-  steps_per_call: int = 1  # optimizer steps one run() dispatches
-  listed_kernels: str = "-"  # the compiled step's kernels (step_kernels.listed_kernels)
-
-
-@dataclasses.dataclass
-class CompiledStep:
-  """The training loop's step compiled for one row and variant, with its arguments."""
-
-  compiled: Any  # jax.stages.Compiled: (state, batches, (), health) -> (state, metrics, health)
-  state: Any
-  batches: list
-  health: dict
-  steps_per_call: int
-
-
-def compile_loop_step(
-  config, image_size: int, num_classes: int, variant: str, device=None
-) -> CompiledStep:
-  """The training loop's step for ``config`` changed by ``VARIANTS[variant]``, compiled with the
-  variant's XLA options, and its arguments: a resident synthetic batch (``steps_per_dispatch``
-  times over for K steps a call).
-
-  ``device``: a compile-only device (``jax.experimental.topologies``: XLA's compilation for a
-  chip that is not attached), for which the step is compiled from its arguments' shapes alone;
-  the kernel setting JAX would choose there (``attention_implementation=None`` is 'xla' off the
-  CPU) is set explicitly, since the host's backend would resolve None to the CPU's. Such a
-  step can be read (``compiled.as_text()``), not run."""
-  fields = dict(VARIANTS[variant])
-  setting = fields.pop("xla_options", "none")
-  config = complete_config(config)  # a copy, with every field (steps_per_dispatch...)
-  config.update(fields)
-  if device is not None and config.attention_implementation is None:
-    config.attention_implementation = "xla"
-  platform = None if device is None else device.platform  # the step's, not the host's
-  state, step = _state_and_step(
-    config, (image_size, image_size, 3), num_classes, loop=True, platform=platform
-  )
-  k = config.steps_per_dispatch
-  batches = [_synthetic_batch(config.batch_size, image_size, num_classes)] * k
-  health = initial_health()
-  args = (state, batches, (), health)
-  if device is None:
-    options = xla_options.compiler_options(setting, jax.default_backend())
-  else:
-    place = jax.sharding.SingleDeviceSharding(device)
-    args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=place), args)
-    options = xla_options.compiler_options(setting, device.platform)
-    if device.platform == "gpu":
-      options |= DEVICELESS_GPU_OPTIONS
-  with _tracing(variant):
-    lowered = step.lower(*args)
-  return CompiledStep(lowered.compile(options), state, batches, health, k)
-
-
-_TRACING = threading.Lock()  # sides compile in threads; one traces at a time (see _tracing)
-
-
-@contextlib.contextmanager
-def _tracing(variant: str):
-  """One side's tracing at a time; for 'beta_loops' with the mixing's lam drawn by
-  ``jax.random.beta``, as locvit drew it before ``device_augment.symmetric_beta``; for
-  'bias_add' with the biases outside the matmuls (``ops.bias_in_matmul()`` False)."""
-  with _TRACING:
-    patches = []
-    if variant == "beta_loops":
-      patches.append(
-        (
-          device_augment_ops,
-          "symmetric_beta",
-          lambda key, alpha, shape: jax.random.beta(key, alpha, alpha, shape),
-        )
-      )
-    if variant == "bias_add":
-      fusions = ops.training_step_fusions
-      plain = lambda **options: fusions(**{**options, "bias_in_matmul": False})
-      patches.append((ops, "training_step_fusions", plain))
-    originals = [(module, name, getattr(module, name)) for module, name, _ in patches]
-    for module, name, replacement in patches:
-      setattr(module, name, replacement)
-    try:
-      yield
-    finally:
-      for module, name, original in originals:
-        setattr(module, name, original)
 
 
 def jax_runner(config, image_size: int, num_classes: int, variant: str) -> Runner:
@@ -404,24 +192,6 @@ def jax_runner(config, image_size: int, num_classes: int, variant: str) -> Runne
   t0 = time.perf_counter()
   step = compile_loop_step(config, image_size, num_classes, variant)
   return step_runner(step, time.perf_counter() - t0)
-
-
-def step_runner(step: CompiledStep, compile_s: float | None = None) -> Runner:
-  """Dispatches ``step`` on its resident batch, calls back to back, as the training loop does
-  (no per-step transfer)."""
-  compiled, batches, k = step.compiled, step.batches, step.steps_per_call
-  holder = {"state": step.state, "metrics": None, "health": step.health}
-
-  def run():
-    holder["state"], holder["metrics"], holder["health"] = compiled(
-      holder["state"], batches, (), holder["health"]
-    )
-
-  def wait():
-    jax.block_until_ready((holder["state"], holder["metrics"]))
-
-  listed = step_kernels.listed_kernels(compiled.as_text())
-  return Runner(run, wait, compile_s, profile=True, steps_per_call=k, listed_kernels=listed)
 
 
 def variant_skipped(variant: str, row) -> str | None:
@@ -448,18 +218,16 @@ def cudnn_refusal(config, image_size: int, num_classes: int) -> str | None:
 
 
 def _torch_model(torch_name: str, locvit_name: str, image_size: int, **sizes):
-  """timm's model; without timm (CPU smoke runs) the reference of tests/torch_reference.py."""
+  """timm's model; without timm (CPU smoke runs) the reference of benchmarks/torch_reference.py."""
   try:
     import timm
   except ImportError:
-    path = Path(__file__).resolve().parents[1] / "tests" / "torch_reference.py"
-    if not path.exists():
-      return None, None
-    spec = importlib.util.spec_from_file_location("torch_reference", path)
-    reference = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reference)
-    model = reference.build(locvit_name, img_size=image_size, num_classes=NUM_CLASSES, **sizes)
-    return model, "tests/torch_reference.py"
+    import torch_reference
+
+    model = torch_reference.build(
+      locvit_name, img_size=image_size, num_classes=NUM_CLASSES, **sizes
+    )
+    return model, "benchmarks/torch_reference.py"
   model = timm.create_model(torch_name, img_size=image_size, num_classes=NUM_CLASSES, **sizes)
   return model, f"timm {timm.__version__}"
 
@@ -475,8 +243,6 @@ def torch_runner(side: str, row, args) -> tuple[Runner | None, str]:
     return None, "torch not importable"
   sizes = _torch_sizes(row.name, args.smoke)
   model, source = _torch_model(MODELS_224[row.name], row.name, row.image_size, **sizes)
-  if model is None:
-    return None, "neither timm nor tests/torch_reference.py importable"
   device = "cuda" if torch.cuda.is_available() else "cpu"
   torch.manual_seed(0)
   model = model.to(device).train()
@@ -506,24 +272,6 @@ def torch_runner(side: str, row, args) -> tuple[Runner | None, str]:
   wait()
   compile_s = time.perf_counter() - t0 if side == "compile" else None
   return Runner(run, wait, compile_s), f"{source} on {device}"
-
-
-def time_interleaved(runners: dict, steps: int, rounds: int, warmup: int) -> dict:
-  """Median seconds per step of each runner; runners alternate round by round. A round
-  dispatches ``steps`` steps back to back and waits for the last."""
-  for runner in runners.values():
-    for _ in range(warmup):
-      runner.run()
-    runner.wait()
-  per_round = {name: [] for name in runners}
-  for _ in range(rounds):
-    for name, runner in runners.items():
-      t0 = time.perf_counter()
-      for _ in range(steps):
-        runner.run()
-      runner.wait()
-      per_round[name].append((time.perf_counter() - t0) / (steps * runner.steps_per_call))
-  return {name: statistics.median(times) for name, times in per_round.items()}
 
 
 def _mfu(flops: float, seconds: float, peak: float | None) -> str:
@@ -560,19 +308,19 @@ def _rows(args) -> list[Row]:
   rows = []
   scale = (lambda batch: max(2, batch // 64)) if args.smoke else (lambda batch: batch)
   for name, batch in SMOKE_ROWS_224 if args.smoke else ROWS_224:
-    config = _config_224(name, scale(batch), args.smoke)
+    config = config_224(name, scale(batch), args.smoke)
     rows.append(Row(name, name, config, args.image_size, scale(batch), NUM_CLASSES, True))
   for label, batch in SMOKE_ROWS_32 if args.smoke else ROWS_32:
-    config = _config_32(label, scale(batch), args.smoke)
+    config = config_32(label, scale(batch), args.smoke)
     rows.append(Row(label, label, config, 32, scale(batch), 10, False))
   return [row for row in rows if row.key in _only((row.key,), args)]
 
 
 def _prepare(row: Row, args) -> tuple[float, dict]:
   """``(model FLOPs per step, variant -> Runner, or why it was skipped or failed)``: compiles."""
-  batch = _synthetic_batch(row.batch, row.image_size, row.num_classes)
+  batch = synthetic_batch(row.batch, row.image_size, row.num_classes)
   shape = (row.image_size, row.image_size, 3)
-  state, _ = _state_and_step(row.config, shape, row.num_classes)
+  state, _ = state_and_step(row.config, shape, row.num_classes)
   flops = model_flops(row.config, state, batch, row.num_classes)
   del state
   runners = {}
@@ -703,7 +451,7 @@ def train_from_pipeline(config, source, steps: int) -> tuple[float, float, float
   )
   first = next(iterator)
   size = config.data.image_size  # a device random-resized crop's batch holds larger canvases
-  state, step = _state_and_step(config, (size, size, first["image"].shape[-1]), source.num_classes)
+  state, step = state_and_step(config, (size, size, first["image"].shape[-1]), source.num_classes)
   state, metrics = step(state, jax.device_put(first))  # compiles
   jax.block_until_ready(metrics)
 
@@ -762,7 +510,7 @@ def pipeline_table(args) -> None:
     return
   configs = {}
   for label in labels:
-    configs[label] = _config_32(label, args.small_batch_size, args.smoke)
+    configs[label] = config_32(label, args.small_batch_size, args.smoke)
     configs[label].data.root = root
     configs[label].data.train_fraction = 1.0  # each row: the whole split, its recipe's image size
   source = _decoded_source(configs[labels[0]])
@@ -805,7 +553,7 @@ def deit_pipeline_table(args) -> None:
   print(header, flush=True)
   with tempfile.TemporaryDirectory() as tmp:
     root, canvas = _jpeg_root(args, tmp)
-    config = _config_224("deit_tiny", args.batch_size, args.smoke)
+    config = config_224("deit_tiny", args.batch_size, args.smoke)
     config.data.update(
       dict(source="image_folder", root=root, image_size=args.image_size, decoded_cache_mb=0)
     )

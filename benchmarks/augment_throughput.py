@@ -23,7 +23,6 @@ images/s of a step barely depends on the batch size once it is a few images.
 from __future__ import annotations
 
 import argparse
-import functools
 import io
 import os
 import time
@@ -31,17 +30,14 @@ from pathlib import Path
 
 import flax.linen as nn
 import jax
+import kit
 import numpy as np
 from PIL import Image
 
 from locvit import data as data_lib
-from locvit import optim
 from locvit.configs import recipes
 from locvit.configs.common import base_config
-from locvit.models.factory import build_model
 from locvit.platform import sharding
-from locvit.run import state as state_lib
-from locvit.run.step import train_step
 
 
 class JpegSource:
@@ -81,36 +77,15 @@ def pipeline_rate(config, source, batch_size: int, batches: int) -> float:
 
 def step_rate(config, num_classes: int, image_size: int, batch_size: int, steps: int) -> float:
   """images/s of the library's training step on one resident batch (after one compile step)."""
-  mesh, rules = sharding.make_mesh(config.mesh), sharding.logical_rules(config.mesh)
-  model = build_model(config, num_classes)
-  shape = (image_size, image_size, 3)
-  boxed_params, _ = sharding.model_variable_shapes(model, shape)
-  schedule = optim.make_schedule(config, 1000, 100)
-  tx = optim.make_optimizer(config, nn.meta.unbox(boxed_params), schedule)
-  layout = state_lib.state_layout(model, shape, tx, mesh, rules)
-  shardings = layout.shardings
-  batch_sh = sharding.batch_sharding(mesh, rules)
+  built = kit.parts(config, (image_size, image_size, 3), num_classes)
   keys = jax.random.split(jax.random.key(1))
   batch = {
-    "image": jax.random.normal(keys[0], (batch_size, *shape)),
+    "image": jax.random.normal(keys[0], (batch_size, *built.image_shape)),
     "label": jax.random.randint(keys[1], (batch_size,), 0, num_classes),
   }
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    state = layout.init(jax.random.key(0))
-    step = jax.jit(
-      functools.partial(
-        train_step,
-        model=model,
-        tx=tx,
-        schedule=schedule,
-        config=config,
-        num_classes=num_classes,
-      ),
-      in_shardings=(shardings, batch_sh),
-      out_shardings=(shardings, None),
-      donate_argnums=0,
-    )
-    resident = sharding.global_batch(batch, batch_sh)
+  with jax.set_mesh(built.mesh), nn.logical_axis_rules(built.rules):
+    state, step = built.init(), kit.sharded_step(built)
+    resident = sharding.global_batch(batch, built.batch_sharding)
     state, metrics = step(state, resident)  # Compile.
     jax.block_until_ready(metrics)
     t0 = time.perf_counter()

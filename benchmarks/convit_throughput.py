@@ -8,8 +8,8 @@ Three tables, one run, one machine, the same resident batch for every model of a
 1. locvit ConViT-Ti/S vs DeiT-Ti/S: images/s of the library's jitted training step
    (``locvit.run.step.train_step``: forward, backward, AdamW with the DeiT recipe, label smoothing).
    Goal: ConViT >= 0.85x its DeiT (the paper's implementation runs at ~0.5x, Table 1).
-2. locvit ConViT-Ti/S vs the PyTorch ConViT of ``tests/torch_reference.py`` (the official forward
-   pass, timm names): forward, backward (cross entropy with label smoothing 0.1) and
+2. locvit ConViT-Ti/S vs the PyTorch ConViT of ``benchmarks/torch_reference.py`` (the official
+   forward pass, timm names): forward, backward (cross entropy with label smoothing 0.1) and
    ``torch.optim.AdamW``, ``torch.set_num_threads(threads)``. Goal: locvit >= 1.0x on CPU. By
    default at 112x112 (7x7 patches), batch 8, so that it runs in a few minutes on 2 cores.
 3. (``--tables=kernels``) locvit with its CPU code paths (the default on CPU: the einsum attention
@@ -154,8 +154,7 @@ def torch_step(name: str, image_size: int, batch_size: int, threads: int):
   """``run()`` performs one training step of the PyTorch reference ConViT on a resident batch."""
   import torch
   import torch.nn.functional as F
-
-  from tests import torch_reference
+  import torch_reference
 
   torch.set_num_threads(threads)
   torch.manual_seed(0)
@@ -183,7 +182,7 @@ def _minor_faults() -> int:
   return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def _use_checkout(root: str) -> None:
+def use_checkout(root: str) -> None:
   """Makes this process import ``locvit`` and ``configs`` from the checkout at ``root``."""
   for module in [m for m in sys.modules if m.split(".")[0] in ("locvit", "configs", "tests")]:
     del sys.modules[module]
@@ -197,7 +196,7 @@ def _step_server(conn, spec: tuple, warmup: int) -> None:
   """
   framework, name, image_size, batch_size, threads, cpu_kernels = spec[:6]
   if len(spec) > 7 and spec[7]:
-    _use_checkout(spec[7])
+    use_checkout(spec[7])
   if framework == "jax":
     run, xla_mb, gflops = jax_step(name, image_size, batch_size, cpu_kernels)
   else:

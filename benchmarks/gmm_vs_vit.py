@@ -11,29 +11,26 @@ The models are Li & Zhang's small-dataset ViT at 32x32 / patch 4 (dim 192, depth
   gmm_add  GMM-ViT with the mask added as a bias (fused kernel);
   elm      ELM-ViT (multiplied).
 
-Each step is the library's real jitted training step (``locvit.run.step.train_step``: forward,
-backward and AdamW with the paper's recipe, label smoothing, drop path) on one resident batch of
-the paper's config (``configs/gmm_table1.py``). Models are timed in interleaved rounds so load
-from other processes hits them alike; the median round is reported. Goal: GMM costs at most 15%
-more time per step than the baseline.
+Each step is the library's real jitted training step (``locvit.run.step.train_step``, jitted by
+``kit.sharded_step``: forward, backward and AdamW with the paper's recipe, label smoothing, drop
+path) on one resident batch of the paper's config (``configs/gmm_table1.py``). Models are timed in
+interleaved rounds so load from other processes hits them alike; the median round is reported. Goal:
+GMM costs at most 15% more time per step than the baseline.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import statistics
 import time
 
 import flax.linen as nn
 import jax
+import kit
 
-from locvit import optim
 from locvit.configs.gmm_table1 import get_config
 from locvit.models.factory import build_model
 from locvit.platform import sharding
-from locvit.run import state as state_lib
-from locvit.run.step import train_step
 
 MODELS = {
   "vit": ("vit,cifar10,base", {}),
@@ -47,37 +44,19 @@ MODELS = {
 }
 
 
-def make_step(name: str, batch_size: int, mesh, rules):
-  """Returns ``(step, init_state, batch)``: the jitted train step, its state initialiser, a batch.
-
-  Shapes and shardings are worked out here, outside the mesh context (as ``train.py`` does).
-  """
+def make_step(name: str, batch_size: int):
+  """``(parts, jitted train step, batch)`` of ``MODELS[name]`` over the config's mesh."""
   arg, overrides = MODELS[name]
   config = get_config(arg)
   config.batch_size = batch_size
   model = build_model(config, 10).clone(**overrides)
-  boxed, _ = sharding.model_variable_shapes(model, (32, 32, 3))
-  schedule = optim.make_schedule(config, 1000, 100)
-  tx = optim.make_optimizer(config, nn.meta.unbox(boxed), schedule)
-  layout = state_lib.state_layout(model, (32, 32, 3), tx, mesh, rules)
-  shardings = layout.shardings
-  batch_sh = sharding.batch_sharding(mesh, rules)
-
-  step = jax.jit(
-    functools.partial(
-      train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=10
-    ),
-    in_shardings=(shardings, batch_sh),
-    out_shardings=(shardings, None),
-    donate_argnums=0,
-  )
+  built = kit.parts(config, (32, 32, 3), 10, model=model)
   keys = jax.random.split(jax.random.key(1))
   batch = {
     "image": jax.random.normal(keys[0], (batch_size, 32, 32, 3)),
     "label": jax.random.randint(keys[1], (batch_size,), 0, 10),
   }
-  init_jit = jax.jit(layout.init, out_shardings=shardings)
-  return step, init_jit, sharding.global_batch(batch, batch_sh)
+  return built, kit.sharded_step(built), sharding.global_batch(batch, built.batch_sharding)
 
 
 def time_steps(step, state, batch, steps: int):
@@ -101,14 +80,13 @@ def main() -> None:
   if unknown:
     raise SystemExit(f"Unknown models {unknown}; valid: {sorted(MODELS)}.")
 
-  base = get_config("vit,cifar10,base")
-  mesh, rules = sharding.make_mesh(base.mesh), sharding.logical_rules(base.mesh)
   runs, compile_s = {}, {}
-  setups = {name: make_step(name, args.batch_size, mesh, rules) for name in names}
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  setups = {name: make_step(name, args.batch_size) for name in names}
+  first = setups[names[0]][0]
+  with jax.set_mesh(first.mesh), nn.logical_axis_rules(first.rules):
     for name in names:
-      step, init_state, batch = setups[name]
-      state = init_state(jax.random.key(0))
+      built, step, batch = setups[name]
+      state = built.init()
       t0 = time.perf_counter()
       state, _ = time_steps(step, state, batch, 1)
       compile_s[name] = time.perf_counter() - t0

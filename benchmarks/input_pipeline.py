@@ -13,20 +13,16 @@ The goal is (1) >= 3x (2).
 
 from __future__ import annotations
 
-import functools
 import time
 
 import flax.linen as nn
 import jax
+import kit
 from absl import app, flags
 from ml_collections import config_flags
 
 from locvit import data as data_lib
-from locvit import optim
-from locvit.models.factory import build_model
 from locvit.platform import sharding
-from locvit.run import state as state_lib
-from locvit.run.step import train_step
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/cifar10_deit.py", lock_config=True)
 _STEPS = flags.DEFINE_integer("steps", 30, "Timed steps per measurement.")
@@ -35,7 +31,6 @@ _STEPS = flags.DEFINE_integer("steps", 30, "Timed steps per measurement.")
 def main(argv):
   del argv
   config = _CONFIG.value
-  mesh, rules = sharding.make_mesh(config.mesh), sharding.logical_rules(config.mesh)
   source = data_lib.make_source(config.data, config.data.train_split)
   it = data_lib.make_train_iterator(config.data, source, seed=0, local_batch_size=config.batch_size)
   steps, batch_size = _STEPS.value, config.batch_size
@@ -47,29 +42,10 @@ def main(argv):
     batch = next(it)
   pipeline = steps * batch_size / (time.perf_counter() - t0)
 
-  model = build_model(config, source.num_classes)
-  shape = batch["image"].shape[1:]
-  boxed, _ = sharding.model_variable_shapes(model, shape)
-  schedule = optim.make_schedule(config, 1000, 100)
-  tx = optim.make_optimizer(config, nn.meta.unbox(boxed), schedule)
-  layout = state_lib.state_layout(model, shape, tx, mesh, rules)
-  shardings = layout.shardings
-  batch_sh = sharding.batch_sharding(mesh, rules)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    state = layout.init(jax.random.key(0))
-    step = jax.jit(
-      functools.partial(
-        train_step,
-        model=model,
-        tx=tx,
-        schedule=schedule,
-        config=config,
-        num_classes=source.num_classes,
-      ),
-      in_shardings=(shardings, batch_sh),
-      out_shardings=(shardings, None),
-      donate_argnums=0,
-    )
+  built = kit.parts(config, batch["image"].shape[1:], source.num_classes)
+  batch_sh = built.batch_sharding
+  with jax.set_mesh(built.mesh), nn.logical_axis_rules(built.rules):
+    state, step = built.init(), kit.sharded_step(built)
     resident = sharding.global_batch(batch, batch_sh)
     for _ in range(3):
       state, m = step(state, resident)
@@ -91,7 +67,7 @@ def main(argv):
 
   print(
     f"devices: {jax.device_count()} x {jax.devices()[0].platform}; model {config.model.name};"
-    f" batch {batch_size}; augment {config.data.train_augment}; image {shape}"
+    f" batch {batch_size}; augment {config.data.train_augment}; image {built.image_shape}"
   )
   print(f"pipeline alone     {pipeline:10.1f} images/s")
   print(f"train step alone   {compute:10.1f} images/s")

@@ -37,7 +37,7 @@
 #      torch.compile;
 #   C. ConViT-Ti CIFAR at 512 and 128, the structured-init ViT-T/2 at 512;
 #   D. DeiT-S and ConViT-S at 224, batch 512, as B;
-#   E. the DeiT recipe's step at 224, batch 128 (benchmarks/device_augment.py --deit_step): model
+#   E. the DeiT recipe's step at 224, batch 128 (benchmarks/augment_placement.py --deit_step): model
 #      only, beside the device path with RandAugment per-example select and grouped by op (goal:
 #      grouped <= 1.25x model only), and the model only and grouped under gpu_graphs (the five
 #      steps compile side by side), then the augmentation alone at 32x32, batch 512.
@@ -100,9 +100,9 @@ call() {  # call NAME: run it, limited to its cap and to the time left
     C) "${kit[@]}" --only="ConViT-Ti CIFAR,StructInit" --variants=default --profile=2 ;;
     D) "${kit[@]}" --only="deit_small b512,convit_small b512" --variants=default,model_only \
          --profile=2 ;;
-    E) timeout "$left" bash -c 'python3 benchmarks/device_augment.py \
+    E) timeout "$left" bash -c 'python3 benchmarks/augment_placement.py \
          --deit_step=deit_small_patch16_224 --deit_step_batch=128 --steps=10 --rounds=3 --all_cores &&
-         python3 benchmarks/device_augment.py --dispatch_only --dispatch_batch=512 --rounds=3 \
+         python3 benchmarks/augment_placement.py --dispatch_only --dispatch_batch=512 --rounds=3 \
          --all_cores' ;;
   esac 2>&1 | tee "$OUT/kit_$name.log"
 }

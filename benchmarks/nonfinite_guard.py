@@ -1,4 +1,5 @@
-"""Step time of ``train_step`` alone and inside ``guarded_step`` (the non-finite guard).
+"""Step time of ``locvit.run.step``'s ``train_step`` alone and inside ``guarded_steps`` (the
+non-finite guard), as ``kit.state_and_step`` builds them.
 
   python benchmarks/nonfinite_guard.py [--repeats=5] [--steps=100]
 
@@ -9,21 +10,16 @@ so that machine load affects both alike. Prints the median and range in ms/step
 
 from __future__ import annotations
 
-import functools
 import time
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import kit
 import numpy as np
 from absl import app, flags
 
-from locvit import optim
 from locvit.configs.quickstart import get_config
-from locvit.models.factory import build_model
-from locvit.platform import sharding
-from locvit.run.state import TrainState
-from locvit.run.step import guarded_step, initial_health, train_step
+from locvit.run import step as step_lib
 
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Interleaved repeats of each step.")
 _STEPS = flags.DEFINE_integer("steps", 100, "Steps per timed repeat.")
@@ -32,29 +28,24 @@ _STEPS = flags.DEFINE_integer("steps", 100, "Steps per timed repeat.")
 def main(argv):
   del argv
   config = get_config()
-  model = build_model(config, 10)
-  params, _ = nn.meta.unbox(sharding.init_model_variables(model, (8, 8, 1), jax.random.key(0)))
-  schedule = optim.make_schedule(config, 1000, 28)
-  tx = optim.make_optimizer(config, params, schedule)
-  state = TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params))
   rng = np.random.default_rng(0)
   batch = {
     "image": jnp.asarray(rng.random((config.batch_size, 8, 8, 1)), jnp.float32),
     "label": jnp.arange(config.batch_size) % 10,
   }
-  kwargs = dict(model=model, tx=tx, schedule=schedule, config=config, num_classes=10)
-  plain = jax.jit(functools.partial(train_step, **kwargs))
-  guarded = jax.jit(functools.partial(guarded_step, **kwargs))
+  # Not donated: every repeat starts from the same state.
+  state, plain = kit.state_and_step(config, (8, 8, 1), 10, donate=False)
+  _, guarded = kit.state_and_step(config, (8, 8, 1), 10, state, loop=True, donate=False)
   steps = {
     "train_step": lambda s, h: (plain(s, batch)[0], h),
-    "guarded_step": lambda s, h: guarded(s, batch, (), h)[::2],
+    "guarded_step": lambda s, h: guarded(s, [batch], (), h)[::2],
   }
   for step in steps.values():  # compile
-    jax.block_until_ready(step(state, initial_health()))
+    jax.block_until_ready(step(state, step_lib.initial_health()))
   times = {name: [] for name in steps}
   for _ in range(_REPEATS.value):
     for name, step in steps.items():
-      s, h = state, initial_health()
+      s, h = state, step_lib.initial_health()
       start = time.perf_counter()
       for _ in range(_STEPS.value):
         s, h = step(s, h)

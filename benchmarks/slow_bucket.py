@@ -4,27 +4,20 @@ a delay to each request, side by side: the longest gap between two progress line
   python benchmarks/slow_bucket.py [--delay=0.1] [--total_steps=300] [--log_every=10]
       [--checkpoint_every=100]
 
-Starts fake-gcs-server (tests/gcs_server.py) and the proxy (tests/slow_proxy.py) on loopback, runs
-``locvit.main`` with the quickstart config on CPU (8 fake devices) against each, and prints the
-longest gap (and the step whose line ended it), the gap across each save, the span from the
-first to the last progress line, and the ratio of each, proxy / direct (docs/reliability.md,
+Starts fake-gcs-server (benchmarks/gcs_server.py) and the proxy (benchmarks/slow_proxy.py) on
+loopback, runs ``locvit.main`` with the quickstart config on CPU (8 fake devices) against each, and
+prints the longest gap (and the step whose line ended it), the gap across each save, the span from
+the first to the last progress line, and the ratio of each, proxy / direct (docs/reliability.md,
 "A slow bucket").
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import tempfile
 
 from absl import app, flags
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-  sys.path.insert(0, ROOT)
-
-from tests.gcs_server import BUCKET, client_env, gcs_server  # noqa: E402
-from tests.slow_proxy import gaps_by_step, progress_gaps, slow_proxy, timed_quickstart  # noqa: E402
+from gcs_server import BUCKET, client_env, gcs_server
+from slow_proxy import gaps_by_step, progress_gaps, slow_proxy, timed_quickstart
 
 _DELAY = flags.DEFINE_float("delay", 0.1, "Seconds the proxy holds each request.")
 _TOTAL = flags.DEFINE_integer("total_steps", 300, "Training steps.")

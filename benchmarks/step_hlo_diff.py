@@ -46,7 +46,7 @@ def compiled_hlo(root: str, model: str, image_size: int, batch_size: int) -> str
   """Optimised HLO of ``convit_throughput``'s training step with ``root``'s locvit and configs."""
   import convit_throughput
 
-  convit_throughput._use_checkout(root)
+  convit_throughput.use_checkout(root)
   return convit_throughput.compiled_step(model, image_size, batch_size)[0].as_text()
 
 

@@ -196,7 +196,7 @@ def profile_steps(
 
 def print_summary(label: str, summary: Summary, compiled_kernels: str = "-") -> None:
   """One block: the row of per-step figures, then the top ops by time. ``compiled_kernels``: the
-  step's kernels as its compiled HLO lists them (``step_kernels.listed_kernels``)."""
+  step's kernels as its compiled HLO lists them (``kit.listed_kernels``)."""
   s = summary
   print(
     f"{label:<34} {s.platform:>4} {s.ops_per_step:7.0f} {s.wall_ms:9.2f} {s.busy_ms:8.2f}"

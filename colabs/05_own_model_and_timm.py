@@ -179,7 +179,7 @@ for r, (label, maps) in enumerate(rows.items()):
 #
 # 1. **timm**, if installed: `timm.create_model("convit_tiny", pretrained=False, img_size=32,
 #    patch_size=4, num_classes=10)`: random weights, no download;
-# 2. locvit's PyTorch reference ConViT (`tests/torch_reference.py`, what the test suite uses),
+# 2. locvit's PyTorch reference ConViT (`benchmarks/torch_reference.py`, what the test suite uses),
 #    when this notebook runs from a locvit checkout with PyTorch;
 # 3. without PyTorch: a NumPy state dict with timm's names and random values. The conversion runs,
 #    but there is no PyTorch model to compare the logits with, and the command line (which reads
@@ -213,14 +213,14 @@ if torch is not None:
     )
     source = f"timm {timm.__version__}"
   except ImportError:
-    if (root / "tests" / "torch_reference.py").exists():
-      sys.path.insert(0, str(root / "tests"))
+    if (root / "benchmarks" / "torch_reference.py").exists():
+      sys.path.insert(0, str(root / "benchmarks"))
       import torch_reference
 
       reference = torch_reference.build(
         "convit_tiny", img_size=32, patch_size=4, num_classes=num_classes
       )
-      source = "tests/torch_reference.py"
+      source = "benchmarks/torch_reference.py"
 if reference is not None:
   with torch.no_grad():
     for p in reference.parameters():

@@ -14,7 +14,7 @@ import time
 import urllib.request
 from unittest import mock
 
-from tests.gcs_server import kill
+from benchmarks.gcs_server import kill
 
 BUCKET = "locvit-test"
 

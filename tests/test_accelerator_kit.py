@@ -114,6 +114,40 @@ def test_smoke_run_prints_the_three_tables_and_the_profile(tmp_path):
     assert row and float(row[1]) > 0, out
 
 
+def test_seeds_side_by_side_smoke_prints_n_lone_steps_beside_one_n_seed_step():
+  """benchmarks/seeds_side_by_side.py --smoke (issue 43): per N, the lone side's kernels are N
+  times the lone step's, and the N-seed step dispatches fewer kernels than its N lone steps."""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  command = ["benchmarks/seeds_side_by_side.py", "--smoke", "--recipes=GMM-ViT d9", "--seeds=1,2"]
+  result = subprocess.run(
+    [sys.executable, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  number = r" +([\d.]+)"
+  rows = {}
+  for n in (1, 2):
+    for side in ("lone", "side by side"):
+      line = re.search(
+        rf"^GMM-ViT d9 +2 +{n}  {side}{number * 3}{number}x +(\d+){number}x +(\S+)$",
+        result.stdout,
+        re.M,
+      )
+      assert line, result.stdout
+      rows[n, side] = line.groups()
+  for (n, _side), (ms, per_seed, everyone, speedup, kernels, per_lone, _) in rows.items():
+    assert float(ms) > 0
+    np.testing.assert_allclose(float(per_seed), 2e3 / float(ms), rtol=0.01)
+    np.testing.assert_allclose(float(everyone), n * float(per_seed), rtol=0.01)
+    lone_ms, lone_kernels = float(rows[n, "lone"][0]), int(rows[n, "lone"][4])
+    np.testing.assert_allclose(float(speedup), lone_ms / float(ms), rtol=0.01, atol=0.01)
+    np.testing.assert_allclose(float(per_lone), int(kernels) / lone_kernels, atol=0.01)
+  assert int(rows[2, "lone"][4]) == 2 * int(rows[1, "lone"][4])
+  assert int(rows[2, "side by side"][4]) < int(rows[2, "lone"][4])
+  assert rows[1, "lone"][6] == "-" and float(rows[2, "side by side"][6]) > float(
+    rows[1, "side by side"][6]
+  )  # XLA's memory of the N-seed step: two states held
+
+
 def _benchmarks_module(name: str):
   sys.path.insert(0, str(ROOT / "benchmarks"))
   try:
@@ -175,15 +209,16 @@ def test_profile_summary_of_a_gpu_trace():
 
 
 def test_the_beta_loops_side_draws_lam_with_jax_random_beta_and_the_default_without_a_loop():
+  from locvit.configs.common import complete_config
   from locvit.run.step import initial_health
 
-  accelerator = _benchmarks_module("accelerator")
+  kit = _benchmarks_module("kit")
 
   def lowered_for_a_gpu(variant):
-    config = accelerator.complete_config(accelerator._config_32("GMM-ViT d9", 2, True))
-    state, step = accelerator._state_and_step(config, (32, 32, 3), 10, loop=True)
-    batches = [accelerator._synthetic_batch(2, 32, 10)]
-    with accelerator._tracing(variant):
+    config = complete_config(kit.config_32("GMM-ViT d9", 2, True))
+    state, step = kit.state_and_step(config, (32, 32, 3), 10, loop=True)
+    batches = [kit.synthetic_batch(2, 32, 10)]
+    with kit.tracing(variant):
       traced = step.trace(state, batches, (), initial_health())
     return traced.lower(lowering_platforms=("cuda",)).as_text()
 
@@ -194,16 +229,17 @@ def test_the_beta_loops_side_draws_lam_with_jax_random_beta_and_the_default_with
 def test_the_bias_add_side_keeps_the_biases_out_of_the_gpu_steps_matmuls():
   """The step compiled for XLA:GPU (a compile-only device's platform) puts a ones column into
   each dense layer's matmul (``ops.bias_in_matmul``); the 'bias_add' side does not."""
+  from locvit.configs.common import complete_config
   from locvit.run.step import initial_health
 
-  accelerator = _benchmarks_module("accelerator")
-  config = accelerator.complete_config(accelerator._config_32("ViT d9", 2, True))
+  kit = _benchmarks_module("kit")
+  config = complete_config(kit.config_32("ViT d9", 2, True))
   config.attention_implementation = "xla"  # what None is on a GPU (this host resolves the CPU's)
-  batches = [accelerator._synthetic_batch(2, 32, 10)]
+  batches = [kit.synthetic_batch(2, 32, 10)]
 
   def concatenations(variant):  # a step per side, as compile_loop_step builds (jit caches traces)
-    state, step = accelerator._state_and_step(config, (32, 32, 3), 10, loop=True, platform="gpu")
-    with accelerator._tracing(variant):
+    state, step = kit.state_and_step(config, (32, 32, 3), 10, loop=True, platform="gpu")
+    with kit.tracing(variant):
       jaxpr = jax.make_jaxpr(step)(state, batches, (), initial_health())
     return str(jaxpr).count("concatenate")
 
@@ -281,20 +317,20 @@ def test_a_cudnn_side_cudnn_cannot_train_is_skipped_with_locvits_reason():
   """On a GPU the kit skips such a side with this line instead of compiling it (the H200 run got
   JAX's NotImplementedError traceback for ViT d9's 65 tokens, which locvit now pads to 66); the
   check itself runs anywhere."""
-  kit = _benchmarks_module("accelerator")
-  vit = kit._config_32("ViT d9", 128, smoke=False)  # class token: 64 patches + 1
-  assert kit.cudnn_refusal(vit, 32, 10) is None
+  kit, accelerator = _benchmarks_module("kit"), _benchmarks_module("accelerator")
+  vit = kit.config_32("ViT d9", 128, smoke=False)  # class token: 64 patches + 1
+  assert accelerator.cudnn_refusal(vit, 32, 10) is None
   vit.mixed_precision = False
-  assert kit.cudnn_refusal(vit, 32, 10) == (
+  assert accelerator.cudnn_refusal(vit, 32, 10) == (
     "attention_implementation='cudnn': cuDNN's fused attention cannot take float32 inputs (it "
     "needs bfloat16 or float16: mixed precision); use attention_implementation='xla' or None "
     "(JAX's choice: XLA)"
   )
-  assert kit.cudnn_refusal(kit._config_32("GMM-ViT d9", 128, smoke=False), 32, 10) is None
+  assert accelerator.cudnn_refusal(kit.config_32("GMM-ViT d9", 128, smoke=False), 32, 10) is None
 
 
 def test_step_kernels_counts_entry_kernels_by_the_part_of_the_step_they_came_from():
-  step_kernels = _benchmarks_module("step_kernels")
+  kit = _benchmarks_module("kit")  # the HLO parsing benchmarks/step_kernels.py prints
   step_py = ROOT / "locvit" / "run" / "step.py"
   lines = step_py.read_text().splitlines()
   update = next(i + 1 for i, line in enumerate(lines) if "tx.update(" in line)
@@ -330,7 +366,7 @@ StackFrames
 3 {{file_location_id=1 parent_frame_id=1}}
 4 {{file_location_id=3 parent_frame_id=4}}
 """
-  counts = step_kernels.kernel_counts(hlo)
+  counts = kit.kernel_counts(hlo)
   assert {k: n for k, n in counts.items() if isinstance(k, str)} == {
     "model forward": 1,  # no stack: its op_name
     "model backward": 1,
@@ -339,14 +375,11 @@ StackFrames
   }
   assert counts[("opcode", "fusion")] == 3 and counts[("opcode", "copy")] == 1
   # What each kernel reads and writes, once: its f32[2] operand and result, 8 bytes each.
-  assert (
-    counts[("bytes", "model forward")] == 16
-    and step_kernels.array_bytes("(bf16[3,4], pred[5])") == 29
-  )
+  assert counts[("bytes", "model forward")] == 16 and kit.array_bytes("(bf16[3,4], pred[5])") == 29
 
 
 def test_step_kernels_counts_kernels_inside_command_buffers_and_loop_bodies_apart():
-  step_kernels = _benchmarks_module("step_kernels")
+  kit = _benchmarks_module("kit")
   # XLA:GPU's command buffer is a `call`: its kernels run where it is; a while's body runs per
   # iteration, so its kernels are counted apart from the step's.
   hlo = """HloModule jit_step
@@ -377,11 +410,11 @@ ENTRY %main (p.1: f32[2]) -> f32[2] {
   ROOT %gte.10 = f32[2]{0} get-tuple-element(%while.9), index=1
 }
 """
-  counts = step_kernels.kernel_counts(hlo)
+  counts = kit.kernel_counts(hlo)
   assert {k: n for k, n in counts.items() if isinstance(k, str)} == {
     "model forward": 2,  # the command buffer's two fusions
     "no source (XLA's own)": 1,  # the while
-    step_kernels.LOOP_BODIES: 3,  # its body's two fusions and its condition's one
+    kit.LOOP_BODIES: 3,  # its body's two fusions and its condition's one
   }
   assert counts[("opcode", "fusion")] == 2 and counts[("opcode", "while")] == 1
   assert ("opcode", "call") not in counts

@@ -1,5 +1,5 @@
 """Workdirs in a bucket: the quickstart trains on ``gs://``, against a real GCS-API server on
-loopback (tests/gcs_server.py), from a working directory that must stay empty."""
+loopback (benchmarks/gcs_server.py), from a working directory that must stay empty."""
 
 import concurrent.futures
 import json
@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from tests.gcs_server import BUCKET, blobs, client_env, gcs_server
+from benchmarks.gcs_server import BUCKET, blobs, client_env, gcs_server
+from benchmarks.slow_proxy import Outage, progress_gaps, slow_proxy, timed_quickstart
 from tests.s3_server import s3_server
-from tests.slow_proxy import Outage, progress_gaps, slow_proxy, timed_quickstart
 from tests.test_cli import ROOT, _finish, _finish_all, _free_port
 from tests.test_faults import SIGTERM_WHILE_LOCKING
 

@@ -28,7 +28,7 @@ from locvit.models.convit import convit_overrides
 @pytest.fixture(scope="module")
 def tr():
   pytest.importorskip("torch")
-  import torch_reference
+  from benchmarks import torch_reference
 
   return torch_reference
 

@@ -9,16 +9,21 @@ Bash commands, line by line (``\\`` continuations joined, ``for`` loops expanded
   command would cost ~5 s of imports each). ``--print_config`` itself is tested in test_cli.py.
 - ``python -m locvit.main --list_models/--list_configs``: their exact output is tested in
   test_cli_output.py.
+- ``python -m locvit.main --config.init_from.weights=NAME`` without ``--config`` (published
+  weights: predict, eval): run for real by ``test_published_weights_commands_run_as_printed``,
+  in a temporary directory holding ``photos/`` and ``imagenet/val/``, with an offline Hugging Face
+  cache whose ``timm/convit_tiny.fb_in1k`` is a two-block reference ConViT-Ti (its
+  ``config.json``'s ``model_args`` say so).
 - ``python -m locvit.main`` without ``--config`` (eval/analyze of a finished ``DIR``) and synopsis
   lines with placeholders (``NAME``, ``[...]``, a leading ``...``): not run;
   tests/test_first_hour.py runs eval from a workdir.
 - ``python -m locvit.data.prepare``: its arguments are parsed (the download needs the network);
   tests/test_prepare.py converts official-format archives.
 - ``python -m locvit.convert`` and the timm Python block: run on ``convit_tiny.pth``, a state dict
-  of the PyTorch reference ConViT-Ti (tests/torch_reference.py, timm's key names) saved with
+  of the PyTorch reference ConViT-Ti (benchmarks/torch_reference.py, timm's key names) saved with
   ``torch.save``, standing in for timm's pretrained download.
-- ``python -m locvit.data.throughput`` (optionally under ``taskset``): its flags parse (it reads a
-  dataset for minutes).
+- ``python benchmarks/iterator_throughput.py`` (optionally under ``taskset``): its flags parse (it
+  reads a dataset for minutes).
 - ``python benchmarks/X.py`` / ``experiments/X.py``: the script exists and defines each flag given
   (they run for minutes; their importability is tested on its own), and a ``--*workdir=W`` it
   reads is one a ``locvit.main`` command above it in that file trains.
@@ -45,12 +50,12 @@ import subprocess
 import pytest
 import torch
 
+from benchmarks import iterator_throughput, torch_reference
 from locvit import main as main_lib
 from locvit.configs.reproduce_plans import PLANS
 from locvit.convert import __main__ as convert_cli
-from locvit.data import list_recipes, prepare, throughput
+from locvit.data import list_recipes, prepare
 from locvit.data.config import SOURCES
-from tests import torch_reference
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -127,14 +132,14 @@ def test_every_python_block_runs(tmp_path, monkeypatch):
     ran += 1
     if "logits" in namespace:
       assert namespace["logits"].shape[0] == namespace["images"].shape[0], body
-  assert ran == 2  # the model in five lines, timm weights
+  assert ran == 3  # the model in five lines, published weights, timm weights
 
 
 def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
   monkeypatch.chdir(ROOT)
   monkeypatch.setenv("HOME", str(tmp_path))
   checked = {"config": 0, "prepare": 0, "convert": 0, "script": 0, "not run": 0}
-  checked["reproduce"] = 0
+  checked["reproduce"] = checked["weights"] = 0
   trained = set()  # (file, --workdir) of each locvit.main training command, in order
   for name, command in commands():
     command = os.path.expandvars(command)
@@ -159,7 +164,9 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
     ):
       checked["not run"] += 1
     elif argv[:3] == ["python", "-m", "locvit.main"]:
-      if any(a.startswith("--config=") for a in argv):
+      if published_weights_command(argv):
+        checked["weights"] += 1  # run by test_published_weights_commands_run_as_printed
+      elif any(a.startswith("--config=") for a in argv):
         assert load_config(argv[3:]) is not None, where
         trained |= {(name, a.partition("=")[2]) for a in argv if a.startswith("--workdir=")}
         checked["config"] += 1
@@ -169,8 +176,8 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
       args = prepare.parser().parse_args(argv[3:])
       assert args.dataset in prepare.ARCHIVES, where
       checked["prepare"] += 1
-    elif argv[:3] == ["python", "-m", "locvit.data.throughput"]:  # needs a dataset: its flags
-      args = throughput.parser().parse_args(argv[3:])
+    elif argv[:2] == ["python", "benchmarks/iterator_throughput.py"]:  # reads a dataset: its flags
+      args = iterator_throughput.parser().parse_args(argv[2:])
       assert args.augment in list_recipes() and args.source in SOURCES, where
       checked["script"] += 1
     elif argv[:3] == ["python", "-m", "locvit.reproduce"]:  # a plan runs for minutes: its name
@@ -200,10 +207,15 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
     elif argv[:2] == ["git", "archive"]:  # ... COMMIT PATHS | tar -x -C baseline_tree
       commit, paths, pipe = argv[2], argv[3 : argv.index("|")], argv[argv.index("|") :]
       assert pipe == ["|", "tar", "-x", "-C", "baseline_tree"], where
-      assert all((ROOT / path).exists() for path in paths), where
       known = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT)
       shallow = (ROOT / ".git" / "shallow").exists()
       assert known.returncode == 0 or shallow, f"{where}: no commit {commit} here"
+      in_commit = [  # a path the tree has since moved
+        not subprocess.run(["git", "cat-file", "-e", f"{commit}:{path}"], cwd=ROOT).returncode
+        for path in paths
+        if not (ROOT / path).exists()
+      ]
+      assert shallow or all(in_commit), where
       checked["script"] += 1
     else:
       pytest.fail(f"no runner or stand-in for {where}")
@@ -213,7 +225,52 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
       else:
         monkeypatch.setenv(key, value)
   assert checked["config"] >= 20 and checked["prepare"] >= 3 and checked["convert"] == 1, checked
-  assert checked["reproduce"] >= 1, checked
+  assert checked["reproduce"] >= 1 and checked["weights"] == 2, checked
+
+
+def published_weights_command(argv: list[str]) -> bool:
+  """``python -m locvit.main --config.init_from.weights=...`` with no ``--config``."""
+  return not any(a.startswith("--config=") for a in argv) and any(
+    a.startswith("--config.init_from.weights=") for a in argv
+  )
+
+
+def test_published_weights_commands_run_as_printed(tmp_path):
+  import json
+
+  import numpy as np
+  from PIL import Image
+  from safetensors.torch import save_file
+
+  from tests.test_pretrained import TIMM_CONFIG, hub_cache
+
+  torch.manual_seed(0)
+  model = torch_reference.build("convit_tiny", depth=2, local_up_to_layer=1)
+  weights = tmp_path / "model.safetensors"
+  save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
+  config = {**TIMM_CONFIG, "model_args": {"depth": 2, "local_up_to_layer": 1}}
+  files = {"config.json": json.dumps(config).encode(), "model.safetensors": weights.read_bytes()}
+  cache = hub_cache(tmp_path / "hub", "timm/convit_tiny.fb_in1k", files)
+  rng = np.random.default_rng(0)
+  folders = ["photos", "imagenet/val/n01440764", "imagenet/val/n01443537"]
+  for folder in folders:
+    (tmp_path / folder).mkdir(parents=True)
+    Image.fromarray(rng.integers(0, 256, (240, 300, 3), dtype=np.uint8)).save(
+      tmp_path / folder / "a.jpg"
+    )
+  env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": cache, "PYTHONPATH": str(ROOT)}
+  argvs = [shlex.split(c) for _, c in commands() if c.startswith("python -m locvit.main")]
+  argvs = [argv for argv in argvs if published_weights_command(argv)]
+  procs = [
+    subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for argv in argvs
+  ]
+  for argv, proc in zip(argvs, procs, strict=True):
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, (argv, err.decode())
+    workdir = tmp_path / next(a for a in argv if a.startswith("--workdir=")).partition("=")[2]
+    written = "predictions.jsonl" if "--mode=predict" in argv else "eval.jsonl"
+    assert (workdir / written).is_file(), (argv, out.decode())
 
 
 # Printed as mistakes: the one-line errors they give are shown beside them (docs/reliability.md).
@@ -263,8 +320,10 @@ def test_every_printed_path_module_and_name_exists():
   missing = []
   for path in DOCS:
     text = path.read_text()
-    if path.name == "benchmarks.md":
-      text = "\n".join(c for n, c in commands() if n == path.name)
+    if path.name == "benchmarks.md":  # a git archive's paths are its commit's (checked above)
+      text = "\n".join(
+        c for n, c in commands() if n == path.name and not c.startswith("git archive ")
+      )
     for match in re.finditer(
       r"(?<![\w/.$~])((?:locvit|configs|tests|benchmarks|experiments|docs|colabs|ci)/[\w/.-]*\w)"
       r"(::\w+)?(\*?)",

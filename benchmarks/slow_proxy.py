@@ -1,8 +1,8 @@
 """A slow bucket for tests and benchmarks: a TCP proxy on loopback that holds each HTTP request
 for a fixed delay before passing it on (a far region, a congested link).
 
-Run as ``python -m tests.slow_proxy TARGET_PORT DELAY_S [PORT [CUT_AT]]`` (prints ``port N`` once
-listening), or use ``slow_proxy(target_url, delay)`` to get the proxy's URL for as long as the
+Run as ``python benchmarks/slow_proxy.py TARGET_PORT DELAY_S [PORT [CUT_AT]]`` (prints ``port N``
+once listening), or use ``slow_proxy(target_url, delay)`` to get the proxy's URL for as long as the
 block runs; ``Outage`` makes a network outage in front of a server that keeps running, begun by
 the test or by the first request that names a given object. A
 request is the first bytes a client sends after the server's last reply on that connection, so
@@ -100,7 +100,7 @@ def _start(
   target_url: str, delay: float, port: int = 0, cut_at: str | None = None
 ) -> tuple[subprocess.Popen, int]:
   target_port = int(target_url.rsplit(":", 1)[1].strip("/"))
-  command = [sys.executable, "-m", "tests.slow_proxy", str(target_port), str(delay), str(port)]
+  command = [sys.executable, __file__, str(target_port), str(delay), str(port)]
   command += [cut_at] if cut_at else []
   proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
   line = proc.stdout.readline()

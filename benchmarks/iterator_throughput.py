@@ -1,6 +1,6 @@
-"""Measures training-pipeline throughput (images/s); a script, not a test.
+"""Measures the training iterator's throughput (images/s), the pipeline alone.
 
-  python -m locvit.data.throughput --source=image_folder --root=DIR --image_size=32 \
+  python benchmarks/iterator_throughput.py --source=image_folder --root=DIR --image_size=32 \
       --augment=crop_flip --batch=256 --steps=100 --threads=4
 """
 

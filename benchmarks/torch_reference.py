@@ -1,7 +1,8 @@
 """Minimal PyTorch ConViT and DeiT following the official forward passes, with timm's names.
 
-Test-only (torch is an optional extra). ``state_dict()`` keys equal timm's ``convit_*`` /
-``deit_*_patch16_224`` keys, so these models stand in for real checkpoints in conversion tests.
+For tests and benchmarks (torch is an optional extra). ``state_dict()`` keys equal timm's
+``convit_*`` / ``deit_*_patch16_224`` keys, so these models stand in for real checkpoints in
+conversion tests, and for timm's models where timm is not installed (``accelerator.py``).
 Written from the facts in the shared notes (ConViT section); images are NCHW here.
 """
 

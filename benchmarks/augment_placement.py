@@ -1,6 +1,6 @@
 """Decode once + crop and flip on the device: host cost per example and step cost, side by side.
 
-  python benchmarks/device_augment.py --cifar_root=ROOT [--train_fraction=0.1] [--batch_size=128]
+  python benchmarks/augment_placement.py --cifar_root=ROOT [--train_fraction=0.1] [--batch_size=128]
       [--auto_augment=autoaug-cifar10]
 
 The script pins itself to one CPU core before JAX starts, so every figure is per core.
@@ -28,7 +28,7 @@ the step). Host cores to feed ``--deit_rate`` images/s follow.
 per-example select (every op computed for every example, the drawn one kept) against grouping the
 batch by drawn op (each example computes its ops only), at 32 and at 224, interleaved rounds:
 
-  python benchmarks/device_augment.py --dispatch_only [--dispatch_batch=32] [--rounds=5]
+  python benchmarks/augment_placement.py --dispatch_only [--dispatch_batch=32] [--rounds=5]
 
 ``--deit_step=MODEL`` (e.g. deit_small_patch16_224; no CIFAR needed) times part 6 alone: the
 DeiT recipe's training step at 224 (bf16 off CPU) on a batch resident on the device, the model
@@ -36,14 +36,13 @@ alone (the batch already augmented) against the device path (the crop's resize f
 canvas and taps, the flip and rand-m9-mstd0.5-inc1 in the step), with the ops selected per example
 and grouped by op; the goal on a GPU is a device path step <= 1.25x the model's:
 
-  python benchmarks/device_augment.py --deit_step=deit_small_patch16_224 [--deit_step_batch=128]
+  python benchmarks/augment_placement.py --deit_step=deit_small_patch16_224 [--deit_step_batch=128]
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import functools
 import os
 import statistics
 import tempfile
@@ -53,19 +52,15 @@ from unittest import mock
 
 import flax.linen as nn
 import jax
+import kit
 import numpy as np
-from PIL import Image
 
 from locvit import data as data_lib
-from locvit import optim
 from locvit.configs.common import base_config
 from locvit.configs.gmm_table1 import get_config
 from locvit.configs.recipes import deit_recipe
 from locvit.data import device_autoaugment, resample
-from locvit.models.factory import build_model
 from locvit.platform import sharding, xla_options
-from locvit.run import state as state_lib
-from locvit.run.step import train_step
 
 HOST_PATHS = {
   "host, streaming": {"augment_on": "host", "decoded_cache_mb": 0},
@@ -96,26 +91,10 @@ def host_microseconds(cfg, batch_size: int, batches: int) -> float:
   return (time.perf_counter() - t0) / (batches * batch_size) * 1e6
 
 
-def deit_jpeg_folder(cifar_root: str, count: int, out: Path, size=(341, 256)) -> Path:
-  """``count`` CIFAR-10 training images (spread over the classes) as ``size`` (width, height)
-  quality-90 JPEGs under ``out/train``, written by a thread pool."""
-  files = sorted(Path(cifar_root, "train").glob("*/*.*"))
-
-  def write(file: Path) -> None:
-    folder = out / "train" / file.parent.name
-    folder.mkdir(parents=True, exist_ok=True)
-    image = Image.open(file).convert("RGB").resize(size, Image.Resampling.BICUBIC)
-    image.save(folder / f"{file.stem}.jpg", quality=90)
-
-  with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
-    list(pool.map(write, files[:: max(1, len(files) // count)][:count]))
-  return out
-
-
 def deit_microseconds(cifar_root: str, count: int, batch_size: int) -> dict[str, float]:
   """Host microseconds per example of the DeiT recipe at 224, host path against device path."""
   with tempfile.TemporaryDirectory() as tmp:
-    root = deit_jpeg_folder(cifar_root, count, Path(tmp))
+    root = kit.deit_jpeg_folder(cifar_root, count, Path(tmp))
     micro = {}
     for augment_on in ("host", "device"):
       cfg = data_config(
@@ -133,54 +112,37 @@ def deit_microseconds(cifar_root: str, count: int, batch_size: int) -> dict[str,
   return micro
 
 
-def make_step(augment_on: str, batch_size: int, mesh, rules, auto_augment: str | None):
-  """The jitted GMM-ViT d9 training step with the crop and flip (and ``auto_augment``) on the host
-  or in the step."""
+def make_step(augment_on: str, batch_size: int, auto_augment: str | None):
+  """``(parts, jitted step, batch)``: the GMM-ViT d9 training step over the config's mesh, with
+  the crop and flip (and ``auto_augment``) on the host or in the step."""
   config = get_config("vit,cifar10,gmm")
   config.batch_size = batch_size
   config.data.auto_augment = auto_augment
   config.data.train_augment, config.data.augment_on = "crop_flip", augment_on
-  model = build_model(config, 10)
-  boxed, _ = sharding.model_variable_shapes(model, (32, 32, 3))
-  schedule = optim.make_schedule(config, 1000, 100)
-  tx = optim.make_optimizer(config, nn.meta.unbox(boxed), schedule)
-  layout = state_lib.state_layout(model, (32, 32, 3), tx, mesh, rules)
-  batch_sh = sharding.batch_sharding(mesh, rules)
-  step = jax.jit(
-    functools.partial(
-      train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=10
-    ),
-    in_shardings=(layout.shardings, batch_sh),
-    out_shardings=(layout.shardings, None),
-    donate_argnums=0,
-  )
+  built = kit.parts(config, (32, 32, 3), 10)
   rng = np.random.default_rng(0)
   batch = {
     "image": rng.integers(0, 256, (batch_size, 32, 32, 3), dtype=np.uint8),
     "label": rng.integers(0, 10, (batch_size,), dtype=np.int32),
   }
-  init = jax.jit(layout.init, out_shardings=layout.shardings)
-  return step, init, sharding.global_batch(batch, batch_sh), config
+  return built, kit.sharded_step(built), sharding.global_batch(batch, built.batch_sharding)
 
 
 def step_seconds(batch_size: int, steps: int, rounds: int, auto_augment) -> dict[str, float]:
   """Median seconds per step of each arm, timed in interleaved rounds."""
-  base = get_config("vit,cifar10,gmm")
-  mesh, rules = sharding.make_mesh(base.mesh), sharding.logical_rules(base.mesh)
-  arms = {
-    name: make_step(name, batch_size, mesh, rules, auto_augment) for name in ("host", "device")
-  }
+  arms = {name: make_step(name, batch_size, auto_augment) for name in ("host", "device")}
+  built = arms["host"][0]
   times: dict[str, list[float]] = {name: [] for name in arms}
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  with jax.set_mesh(built.mesh), nn.logical_axis_rules(built.rules):
     states = {}
-    for name, (step, init, batch, _) in arms.items():
-      state = init(jax.random.key(0))
+    for name, (built, step, batch) in arms.items():
+      state = built.init()
       for _ in range(3):  # compile + warm up
         state, metrics = step(state, batch)
       jax.block_until_ready(metrics)
       states[name] = state
     for _ in range(rounds):
-      for name, (step, _, batch, _) in arms.items():
+      for name, (_, step, batch) in arms.items():
         t0 = time.perf_counter()
         for _ in range(steps):
           states[name], metrics = step(states[name], batch)
@@ -242,8 +204,6 @@ def deit_step_seconds(model: str, batch_size: int, steps: int, rounds: int) -> d
   device path with RandAugment's ops selected per example ('select') or grouped by op; the
   model only and the grouped path also compiled with XLA's ``gpu_graphs`` options (the grouped
   path's loop and op choice evaluated on the device)."""
-  from accelerator import _state_and_step  # the kit's step on one device (it imports this file)
-
   num_classes, arms = 1000, {}
   for name, kind, how, setting in [
     ("model only", "model only", None, "none"),
@@ -258,7 +218,7 @@ def deit_step_seconds(model: str, batch_size: int, steps: int, rounds: int) -> d
     config.data.augment_on = "host" if how is None else "device"
     config.data.image_size, config.data.rrc_canvas = 224, 352
     batch = jax.device_put(deit_batches(config, batch_size, num_classes)[kind])
-    state, step = _state_and_step(config, (224, 224, 3), num_classes)
+    state, step = kit.state_and_step(config, (224, 224, 3), num_classes)
     options = xla_options.compiler_options(setting, jax.default_backend())
     # The dispatch is chosen while the step is traced: force this arm's.
     with mock.patch.object(device_autoaugment, "dispatch", return_value=how):

