@@ -180,6 +180,10 @@ def distillation_config() -> ml_collections.ConfigDict:
 # Initialization (locvit.init)
 
 
+# GPSA's initial gating_param when a prior is added to a plain DeiT (locvit.convert.prior).
+PRIOR_GATE_LOGIT = -10.0
+
+
 def init_from_config() -> ml_collections.ConfigDict:
   """Off by default; the thresholds are ``locvit.models.surgery.PruneThresholds``' defaults
   (the reference code's).
@@ -198,6 +202,13 @@ def init_from_config() -> ml_collections.ConfigDict:
   c.min_sq_spread = 1e-5
   c.min_eigenvalue = 1e-5
   c.max_condition = 1e3
+  # With init_from.weights of a plain DeiT and a model.name of that DeiT whose overrides add a
+  # locality prior (layer_attention with 'gpsa', 'gmm' or 'elm', class_token_layer,
+  # attention_kwargs): the DeiT's parameters go into the new model, the prior's set to start from
+  # the DeiT's function where the math allows (locvit.convert.prior). prior_gate: GPSA's initial
+  # gating_param (-10: sigmoid 4.5e-5 on position, trainable; <= -88: closed, exact, inert).
+  c.add_prior = False
+  c.prior_gate = PRIOR_GATE_LOGIT
   return c
 
 

@@ -25,7 +25,9 @@ pooling with GMM); Swin patch 2 / 4; CaiT patch 4 / 8; PiT patch 2 / 4; T2T with
 transformers. Notes on the paper's numbers: Table 1's ViT accuracies (93.65 / 95.06 on CIFAR-10)
 are Table 3's depth-15 row (Table 2 calls that model 2.5M, +150 parameters), while Table 1 states
 depth 9 and 2.7M -- this config follows the stated depth 9 (the official ``create_model('vit')``);
-``gmm_table3.py:d15,...`` gives the depth-15 model. The CaiT built here (the official
+``gmm_table3.py:d15,...`` gives the depth-15 model, and the paper-protocol plan
+``gmm_table1_cifar10`` (``python -m locvit.reproduce``) trains both depths against Table 3's
+numbers. The CaiT built here (the official
 ``CaiT`` defaults) has 9.0M parameters, Table 4's count, not Table 1's 5.1M.
 
 Recipe: the ``small_vit`` preset, see ``configs/gmm_common.py``.

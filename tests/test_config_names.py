@@ -28,9 +28,10 @@ PRINTED = re.compile(
 # Names that refuse to run as they stand, and say what they need, in one line.
 REFUSALS = {
   "convit_table4": r"distillation.type='hard' needs distillation.teacher_workdir: the --workdir ",
-  # Its 'folder' dataset reads the folder that --data=image_folder:DIR names.
-  "transfer": r"data.root=None must be set when source='image_folder': give "
-  r"--data=image_folder:DIR$",
+  # Its 'folder' dataset reads the folder that --data=image_folder:DIR names; a prior goes on a
+  # DeiT only.
+  "transfer": r"(data.root=None must be set when source='image_folder': give "
+  r"--data=image_folder:DIR|unknown model,prior 'convit_tiny,(gpsa|gmm|elm)' for transfer.py; .*)$",
   # The images of published weights: --data=image_folder:DIR names them.
   "pretrained": r"data.root=None must be set when source='image_folder': give "
   r"--data=image_folder:DIR$",

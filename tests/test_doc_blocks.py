@@ -9,6 +9,11 @@ Bash commands, line by line (``\\`` continuations joined, ``for`` loops expanded
   command would cost ~5 s of imports each). ``--print_config`` itself is tested in test_cli.py.
 - ``python -m locvit.main --list_models/--list_configs``: their exact output is tested in
   test_cli_output.py.
+- ``python -m locvit.main --config.init_from.weights=NAME`` without ``--config`` (published
+  weights: predict, eval): run for real by ``test_published_weights_commands_run_as_printed``,
+  in a temporary directory holding ``photos/`` and ``imagenet/val/``, with an offline Hugging Face
+  cache whose ``timm/convit_tiny.fb_in1k`` is a two-block reference ConViT-Ti (its
+  ``config.json``'s ``model_args`` say so).
 - ``python -m locvit.main`` without ``--config`` (eval/analyze of a finished ``DIR``) and synopsis
   lines with placeholders (``NAME``, ``[...]``, a leading ``...``): not run;
   tests/test_first_hour.py runs eval from a workdir.
@@ -127,14 +132,14 @@ def test_every_python_block_runs(tmp_path, monkeypatch):
     ran += 1
     if "logits" in namespace:
       assert namespace["logits"].shape[0] == namespace["images"].shape[0], body
-  assert ran == 2  # the model in five lines, timm weights
+  assert ran == 3  # the model in five lines, published weights, timm weights
 
 
 def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
   monkeypatch.chdir(ROOT)
   monkeypatch.setenv("HOME", str(tmp_path))
   checked = {"config": 0, "prepare": 0, "convert": 0, "script": 0, "not run": 0}
-  checked["reproduce"] = 0
+  checked["reproduce"] = checked["weights"] = 0
   trained = set()  # (file, --workdir) of each locvit.main training command, in order
   for name, command in commands():
     command = os.path.expandvars(command)
@@ -159,7 +164,9 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
     ):
       checked["not run"] += 1
     elif argv[:3] == ["python", "-m", "locvit.main"]:
-      if any(a.startswith("--config=") for a in argv):
+      if published_weights_command(argv):
+        checked["weights"] += 1  # run by test_published_weights_commands_run_as_printed
+      elif any(a.startswith("--config=") for a in argv):
         assert load_config(argv[3:]) is not None, where
         trained |= {(name, a.partition("=")[2]) for a in argv if a.startswith("--workdir=")}
         checked["config"] += 1
@@ -218,7 +225,52 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
       else:
         monkeypatch.setenv(key, value)
   assert checked["config"] >= 20 and checked["prepare"] >= 3 and checked["convert"] == 1, checked
-  assert checked["reproduce"] >= 1, checked
+  assert checked["reproduce"] >= 1 and checked["weights"] == 2, checked
+
+
+def published_weights_command(argv: list[str]) -> bool:
+  """``python -m locvit.main --config.init_from.weights=...`` with no ``--config``."""
+  return not any(a.startswith("--config=") for a in argv) and any(
+    a.startswith("--config.init_from.weights=") for a in argv
+  )
+
+
+def test_published_weights_commands_run_as_printed(tmp_path):
+  import json
+
+  import numpy as np
+  from PIL import Image
+  from safetensors.torch import save_file
+
+  from tests.test_pretrained import TIMM_CONFIG, hub_cache
+
+  torch.manual_seed(0)
+  model = torch_reference.build("convit_tiny", depth=2, local_up_to_layer=1)
+  weights = tmp_path / "model.safetensors"
+  save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
+  config = {**TIMM_CONFIG, "model_args": {"depth": 2, "local_up_to_layer": 1}}
+  files = {"config.json": json.dumps(config).encode(), "model.safetensors": weights.read_bytes()}
+  cache = hub_cache(tmp_path / "hub", "timm/convit_tiny.fb_in1k", files)
+  rng = np.random.default_rng(0)
+  folders = ["photos", "imagenet/val/n01440764", "imagenet/val/n01443537"]
+  for folder in folders:
+    (tmp_path / folder).mkdir(parents=True)
+    Image.fromarray(rng.integers(0, 256, (240, 300, 3), dtype=np.uint8)).save(
+      tmp_path / folder / "a.jpg"
+    )
+  env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": cache, "PYTHONPATH": str(ROOT)}
+  argvs = [shlex.split(c) for _, c in commands() if c.startswith("python -m locvit.main")]
+  argvs = [argv for argv in argvs if published_weights_command(argv)]
+  procs = [
+    subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for argv in argvs
+  ]
+  for argv, proc in zip(argvs, procs, strict=True):
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, (argv, err.decode())
+    workdir = tmp_path / next(a for a in argv if a.startswith("--workdir=")).partition("=")[2]
+    written = "predictions.jsonl" if "--mode=predict" in argv else "eval.jsonl"
+    assert (workdir / written).is_file(), (argv, out.decode())
 
 
 # Printed as mistakes: the one-line errors they give are shown beside them (docs/reliability.md).

@@ -240,3 +240,36 @@ def test_converted_directory(tmp_path):
   assert tuned.model == CONVIT[0] and tuned.notes == direct.notes
   jax.tree.map(np.testing.assert_array_equal, tuned.variables, direct.variables)
   assert create_model(CONVIT[0], num_classes=10, **CONVIT[1])  # the same model
+
+
+def test_distilled_deit_keeps_both_prefix_rows_and_renews_both_heads(tmp_path):
+  """A distilled DeiT checkpoint (timm's deit_*_distilled: dist_token, head_dist, two prefix rows
+  in pos_embed) fine-tuned with distillation on: both tokens' position rows are kept, the grid
+  resampled after them, and both heads start fresh at the new class count."""
+  state = {k: v.numpy() for k, v in reference("deit").state_dict().items()}
+  rng = np.random.default_rng(0)
+  state["dist_token"] = rng.normal(0, 0.02, (1, 1, 192)).astype(np.float32)
+  state["head_dist.weight"] = rng.normal(0, 0.02, (1000, 192)).astype(np.float32)
+  state["head_dist.bias"] = np.zeros(1000, np.float32)
+  dist_row = rng.normal(0, 0.02, (1, 1, 192)).astype(np.float32)
+  pos = state["pos_embed"]
+  state["pos_embed"] = np.concatenate([pos[:, :1], dist_row, pos[:, 1:]], axis=1)
+  np.savez(tmp_path / "distilled.npz", **state)
+  tuned = load_pretrained(
+    str(tmp_path / "distilled.npz"),
+    model=DEIT[0],
+    num_classes=10,
+    img_size=48,
+    distilled=True,
+    **DEIT[1],
+  )
+  params = tuned.variables["params"]
+  expected = tr.resample_abs_pos_embed(torch.from_numpy(state["pos_embed"]), (12, 12), 2).numpy()
+  np.testing.assert_allclose(params["pos_embed"], expected, atol=1e-6, rtol=0)
+  np.testing.assert_array_equal(params["dist_token"], state["dist_token"])
+  assert params["head"]["kernel"].shape == params["head_dist"]["kernel"].shape == (192, 10)
+  assert tuned.notes[-1] == (
+    "head and head_dist re-initialised: the weights have 1000 classes, the model 10"
+  )
+  logits = tuned.create_model().apply(tuned.variables, images(48))
+  assert logits.shape == (2, 10)

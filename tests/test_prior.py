@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from locvit.configs.defaults import convit_layers
+from locvit.convert import expected_state_dict_shapes, from_timm
 from locvit.convert.prior import CLOSED_GATE, PriorError, add_locality_prior
 from locvit.models import create_model
 
@@ -134,3 +135,66 @@ def test_what_does_not_fit_is_listed_in_one_error():
   assert "head/kernel: source parameter has shape (64, 5), the model (64, 7)" in message
   assert "blocks_1/attn/qkv/bias: in the source, no place in the model" in message
   assert "(the source has qkv biases: build the model with qkv_bias=True)" in message
+
+
+def _weights_file(tmp_path):
+  """A timm-named DeiT (2 blocks, 32 px, patch 4, 5 classes) as a .npz, random values."""
+  shapes = expected_state_dict_shapes("deit_tiny_patch4_32", num_classes=5, **TOY_FILE)
+  rng = np.random.default_rng(0)
+  state = {k: rng.normal(0, 0.2, s).astype(np.float32) for k, s in shapes.items()}
+  np.savez(tmp_path / "deit.npz", **state)
+  return str(tmp_path / "deit.npz"), state
+
+
+TOY_FILE = dict(depth=2, embed_dim=64, num_heads=4)
+
+
+@pytest.mark.parametrize(
+  "overrides, summary",
+  [
+    (
+      {"layer_attention": ("elm", "elm")},
+      "2 elm layers, 2 prior parameters new, the rest copied; exact start",
+    ),
+    (
+      {"layer_attention": ("gpsa", "mhsa"), "class_token_layer": 1},
+      "1 gpsa, 1 mhsa layers, 3 prior parameters new, the rest copied; approximate start: the "
+      "class token joins at block 1",
+    ),
+  ],
+  ids=["elm", "gpsa"],
+)
+def test_a_run_adds_the_prior_to_weights_it_is_given(tmp_path, caplog, overrides, summary):
+  """``init_from.weights`` of a plain DeiT, ``model.name`` that DeiT with the prior's overrides and
+  ``init_from.add_prior``: the run starts from ``add_locality_prior`` of the converted weights,
+  and says so in one line."""
+  from locvit.configs.common import base_config
+  from locvit.run.bundle import weights_warmstart
+
+  path, state = _weights_file(tmp_path)
+  config = base_config()
+  config.model.name = "deit_tiny_patch4_32"
+  config.model.overrides.update(TOY_FILE | overrides)
+  config.data.image_size = 32
+  config.init_from.weights, config.init_from.add_prior = path, True
+  with caplog.at_level("WARNING"):
+    warm = weights_warmstart(config, 5)
+  (line,) = [r.getMessage() for r in caplog.records if "add_prior" in r.getMessage()]
+  assert line.startswith("init_from.add_prior: locality prior added to the pretrained weights: ")
+  assert summary in line, line
+  source = from_timm("deit_tiny_patch4_32", state, num_classes=5, **TOY_FILE)
+  expected, _ = add_locality_prior(
+    source,
+    _model(**TOY_FILE | overrides).init(jax.random.key(0), _images()),
+    _model(**TOY_FILE | overrides),
+    image_size=32,
+  )
+  fresh_keys = [k for k in _flat(expected) if "/mask/" in k or "pos_proj" in k]
+  for key, value in _flat(expected).items():
+    if key not in fresh_keys:  # the prior's fresh values come from the run's key
+      np.testing.assert_array_equal(_flat({"params": warm.params})[key], value, err_msg=key)
+  if "elm" in overrides["layer_attention"]:
+    model = _model(**TOY_FILE | overrides)
+    logits = model.apply({"params": warm.params}, _images())
+    plain = _model(**TOY_FILE).apply(source, _images())
+    np.testing.assert_allclose(logits, plain, atol=EXACT, rtol=0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from locvit.configs.defaults import data_config
 from locvit.convert import imagenet_class_names, load_pretrained
 from locvit.convert.pretrained import IMAGENET_MEAN, IMAGENET_STD
 from locvit.data import augment
@@ -256,3 +258,47 @@ def test_finetune_from_weights_at_another_size_and_class_count(files, tmp_path):
       assert not np.array_equal(trained[key], value), key
     else:
       np.testing.assert_array_equal(trained[key], value, err_msg=key)
+
+
+def test_predict_names_an_unreadable_image_and_shows_progress(tmp_path, monkeypatch):
+  """A folder of loose images, one of them not an image: it is named and left out, the others
+  predicted; a progress line at each batch (PROGRESS_SECONDS 0); the file appears whole."""
+  from locvit.run import predict
+
+  folder = tmp_path / "loose"
+  (folder / "sub").mkdir(parents=True)
+  rng = np.random.default_rng(0)
+  for name in ("a.png", "sub/b.jpg", "c.png"):
+    Image.fromarray(rng.integers(0, 256, (20, 30, 3), dtype=np.uint8)).save(folder / name)
+  (folder / "broken.jpg").write_text("not an image")
+  files, classes = predict.image_files(str(folder), "test")
+  assert classes is None and len(files) == 4
+  monkeypatch.setattr(predict, "PROGRESS_SECONDS", 0.0)
+  lines, warnings = [], []
+  data = data_config()
+  data.image_size, data.eval_crop_pct = 16, 0.875
+  logits = np.arange(10, dtype=np.float32)
+  predict.predict(
+    lambda images: np.broadcast_to(logits, (images.shape[0], 10)),
+    data,
+    files,
+    str(folder),
+    [f"class {i}" for i in range(10)],
+    str(tmp_path / "out"),
+    batch_size=2,
+    print_line=lines.append,
+    warn=warnings.append,
+  )
+  (warning,) = warnings
+  assert warning.startswith("locvit: skipped an unreadable image: cannot decode image file")
+  assert "broken.jpg" in warning
+  assert re.fullmatch(r"predicting: 2/4 images \(\d+ s\)", lines[0]) and len(lines) == 2
+  written = tmp_path / "out" / "predictions.jsonl"
+  assert lines[-1] == f"Wrote 3 predictions to {written} (1 unreadable image(s) skipped)"
+  rows = predictions(tmp_path / "out")
+  assert [r["file"] for r in rows] == ["a.png", "c.png", "sub/b.jpg"]
+  expected = np.exp(logits) / np.exp(logits).sum()
+  for row in rows:
+    assert row["top5"] == [9, 8, 7, 6, 5] and row["top5_class"][0] == "class 9"
+    np.testing.assert_allclose(row["top5_prob"], expected[[9, 8, 7, 6, 5]], atol=1e-6)
+  assert not (tmp_path / "out" / "predictions.jsonl.partial").exists()

@@ -58,9 +58,9 @@ import numpy as np
 
 from locvit.attention import TokenGrid
 from locvit.attention.masks import GMMAttention, gaussian_mixture
+from locvit.configs.defaults import PRIOR_GATE_LOGIT as DEFAULT_GATE_LOGIT
 from locvit.models.vit import VisionTransformer
 
-DEFAULT_GATE_LOGIT = -10.0
 CLOSED_GATE = -104.0  # sigmoid(-104) = 0 in float32 whether or not subnormals are kept
 FLAT_SIGMA = 1e15  # exp(-d^2 / (2 sigma^2)) == 1.0 in float32 for every d^2 below 1e22
 PRIOR_KINDS = ("mhsa", "gmm", "elm", "gpsa", "psa")

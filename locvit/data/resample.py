@@ -23,6 +23,7 @@ taps from ``tap_tables``: Pillow's output for that box, from another random stre
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,20 +31,54 @@ import numpy as np
 import PIL
 
 from locvit.data import augment
-from locvit.models import resampling
-from locvit.models.resampling import tap_count
 
 PRECISION_BITS = 22  # Pillow's fixed point for 8-bit images: 32 - 8 bits - 2 bits of headroom.
 PILLOW_ORDERS_PASSES = int(PIL.__version__.split(".")[0]) >= 13  # See `vertical_first`.
+
+
+def _bicubic(x: np.ndarray) -> np.ndarray:
+  a, x = -0.5, np.abs(x)
+  near = ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+  far = (((x - 5.0) * x + 8.0) * x - 4.0) * a
+  return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
+
+
+def _triangle(x: np.ndarray) -> np.ndarray:
+  return np.maximum(1.0 - np.abs(x), 0.0)
+
+
+# interpolation -> (the filter's support at scale 1, the filter); Pillow's bicubic and bilinear.
+_FILTERS = {"bicubic": (2.0, _bicubic), "bilinear": (1.0, _triangle)}
+
+
+def tap_count(in_size: int, out_size: int, interpolation: str) -> int:
+  """Pillow's window length (``ksize``) for resizing ``in_size`` pixels to ``out_size``."""
+  support = _FILTERS[interpolation][0] * max(in_size / out_size, 1.0)
+  return 2 * math.ceil(support) + 1
 
 
 @functools.lru_cache(maxsize=8192)
 def taps(in_size: int, out_size: int, interpolation: str, width: int) -> np.ndarray:
   """``(out_size, 1 + width)`` int32: per output pixel the first input index it reads, then
   ``width`` fixed-point coefficients (zero past Pillow's window), as ``Image.resize`` computes
-  them for this axis (``precompute_coeffs``: ``resampling.filter_coefficients``, rounded to
-  Pillow's fixed point). ``width`` must be at least ``tap_count(...)``."""
-  first, k = resampling.filter_coefficients(in_size, out_size, interpolation, width)
+  them for this axis (``precompute_coeffs``, in the same float64 operations and order).
+  ``width`` must be at least ``tap_count(...)``."""
+  if width < tap_count(in_size, out_size, interpolation):
+    raise ValueError(f"width={width} is below the {in_size}->{out_size} window")
+  support, kernel = _FILTERS[interpolation]
+  scale = in_size / out_size
+  filterscale = max(scale, 1.0)
+  support *= filterscale
+  center = (np.arange(out_size) + 0.5) * scale
+  first = np.maximum(np.trunc(center - support + 0.5), 0).astype(np.int64)
+  count = np.minimum(np.trunc(center + support + 0.5), in_size).astype(np.int64) - first
+  offset = np.arange(width)
+  k = kernel(((first[:, None] + offset) - center[:, None] + 0.5) * (1.0 / filterscale))
+  k = np.where(offset < count[:, None], k, 0.0)
+  total = np.zeros(out_size)
+  for j in range(width):  # Summed left to right, as Pillow does: the rounding below sees it.
+    total = total + k[:, j]
+  k = np.where(total[:, None] != 0.0, k / np.where(total == 0.0, 1.0, total)[:, None], k)
   k = k * (1 << PRECISION_BITS)
   fixed = np.where(k < 0, np.trunc(k - 0.5), np.trunc(k + 0.5))
   out = np.concatenate([first[:, None], fixed], axis=1).astype(np.int32)

@@ -26,6 +26,7 @@ from locvit import metrics as metrics_lib
 from locvit.analysis.locality import MODES as LOCALITY_MODES
 from locvit.choices import Errors, check_choice
 from locvit.configs.common import complete_config
+from locvit.convert import prior
 from locvit.convert.pretrained import load_pretrained
 from locvit.data import device_augment, resident
 from locvit.init import check_init_config, from_checkpoint
@@ -87,8 +88,8 @@ def config_errors(config: ml_collections.ConfigDict) -> list[str]:
     )
   errors.check(data_lib.validate_data_config, config.data)
   known = config.data.num_classes is not None  # else the data source tells, once it is read
-  errors.check(validate_recipe, config, config.data.num_classes, check_classes=known)
-  errors.check(optim.validate, config)
+  errors.check(check_recipe, config, config.data.num_classes, check_classes=known)
+  errors.check(optim.check_optimizer_config, config)
   errors.check(check_choice, "--config.xla_options", config.xla_options, xla_options.CHOICES)
   errors.check(
     check_choice,
@@ -100,6 +101,11 @@ def config_errors(config: ml_collections.ConfigDict) -> list[str]:
   if config.init is not None:
     errors.check(check_init_config, config.init)
   init_from = config.init_from
+  if init_from is not None and init_from.add_prior and not init_from.weights:
+    errors.add(
+      "init_from.add_prior=True adds a locality prior to pretrained weights: give "
+      "init_from.weights of a plain DeiT (e.g. deit_tiny_patch16_224.fb_in1k)"
+    )
   if init_from is not None and init_from.workdir and init_from.get("weights"):
     errors.add(
       f"init_from.workdir={init_from.workdir!r} and init_from.weights={init_from.weights!r}: a run "
@@ -111,7 +117,7 @@ def config_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors.messages
 
 
-def validate_recipe(
+def check_recipe(
   config: ml_collections.ConfigDict, num_classes: Any, *, check_classes: bool = True
 ) -> None:
   """Checks the on-device augmentation, EMA and distillation blocks (every error, a line each);
@@ -127,7 +133,7 @@ def validate_recipe(
     errors.add(f"nonfinite={config.nonfinite!r} is not one of {list(NONFINITE_MODES)}")
   if config.ema is not None and not 0 <= config.ema.decay < 1:
     errors.add(f"ema.decay={config.ema.decay!r} must be in [0, 1) (0 turns the EMA off)")
-  errors.check(distill.validate, config)
+  errors.check(distill.check_distillation_config, config)
   errors.raise_all()
 
 
@@ -142,8 +148,10 @@ def check_analysis_hooks(config: ml_collections.ConfigDict, **hooks: Callable | 
       )
 
 
-def validate(config: ml_collections.ConfigDict, mesh, rules, model: nn.Module) -> None:
-  """Checks that would otherwise fail deep inside JAX; runs before anything is compiled."""
+def check_model_fits_mesh(config: ml_collections.ConfigDict, mesh, rules, model: nn.Module) -> None:
+  """The image against the model's patches and the batch sizes (and micro-batches) against the
+  mesh's data-parallel devices and the processes: checks that would otherwise fail deep inside
+  JAX; runs before anything is compiled."""
   image_size = config.data.image_size
   if hasattr(model, "patch_size"):
     check_patchable(image_size, image_size, model.patch_size)
@@ -297,7 +305,7 @@ def build_evaluation(config: ml_collections.ConfigDict) -> Evaluation:
   eval_source = data_lib.make_source(config.data, config.data.eval_split)
   num_classes = config.data.num_classes or eval_source.num_classes
   model = build_model(config, num_classes)
-  validate(config, mesh, rules, model)
+  check_model_fits_mesh(config, mesh, rules, model)
   image_shape = _image_shape(config, eval_source)
   check_attention_kernels(model, image_shape, train=False)  # cuDNN's shapes, before compiling
   batches = _eval_batches(config, eval_source)
@@ -308,21 +316,37 @@ def weights_warmstart(config: ml_collections.ConfigDict, num_classes: int):
   """``config.init_from.weights`` fitted to the run's model (``locvit.convert.load_pretrained``):
   a fresh head for another class count (from the run's initialisation key), ``pos_embed``
   resampled to ``data.image_size``; each change logged in one line. Only the parameters are
-  taken: the optimizer state, the step and the data position start fresh."""
+  taken: the optimizer state, the step and the data position start fresh.
+
+  With ``init_from.add_prior`` the weights are a plain DeiT's, read as ``model.name`` without the
+  prior's overrides (``locvit.convert.prior.PRIOR_FIELDS``), and go into the run's model with
+  its locality prior (``locvit.convert.prior``); one line says what was done and whether the
+  start is the DeiT's function."""
   overrides = dict(config.model.overrides or {})
   if distillation_enabled(config):
     overrides["distilled"] = True
+  add_prior = config.init_from.add_prior
   pretrained = load_pretrained(
     config.init_from.weights,
     model=config.model.name,
     num_classes=num_classes,
     img_size=config.data.image_size,
     seed=config.seed + 1,
-    **overrides,
+    **(prior.source_overrides(overrides) if add_prior else overrides),
   )
   for note in pretrained.notes:
     logging.warning("init_from.weights: %s", note)
-  return from_checkpoint.Warmstart(pretrained.variables["params"], {}, 0)
+  if not add_prior:
+    return from_checkpoint.Warmstart(pretrained.variables["params"], {}, 0)
+  variables, report = prior.prior_from_pretrained(
+    pretrained.variables,
+    build_model(config, num_classes),
+    image_size=config.data.image_size,
+    seed=config.seed + 1,
+    gate_logit=config.init_from.prior_gate,
+  )
+  logging.warning("init_from.add_prior: %s", report.summary())
+  return from_checkpoint.Warmstart(variables["params"], {}, 0)
 
 
 def checked_setup(config, hooks) -> Training:
@@ -360,8 +384,8 @@ def checked_setup(config, hooks) -> Training:
       num_classes - train_source.num_classes,
       train_source.num_classes,
     )
-  validate_recipe(config, num_classes)
-  optim.validate(config)
+  if config.data.num_classes is None and config.mixup is not None:  # known only now
+    device_augment.validate_mixup_config(config.mixup, num_classes)
   image_shape = _image_shape(config, train_source)
   warmstart = None
   if from_checkpoint.enabled(config):  # e.g. a pruned model (Cordonnier et al., appendix E)
@@ -371,7 +395,7 @@ def checked_setup(config, hooks) -> Training:
   elif config.init_from is not None and config.init_from.get("weights"):
     warmstart = weights_warmstart(config, num_classes)
   model = build_model(config, num_classes)
-  validate(config, mesh, rules, model)
+  check_model_fits_mesh(config, mesh, rules, model)
   check_attention_kernels(model, image_shape)  # cuDNN's shapes, before the workdir and compiling
   run = Training(config, mesh, rules, model, num_classes, image_shape, eval_source, None)
   run.train_source, run.warmstart, run.hooks = train_source, warmstart, hooks
