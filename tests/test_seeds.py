@@ -48,7 +48,7 @@ def one_device(config):
 def small_config(**fields):
   """The tiny digits ViT, evaluated and saved at steps 3 and 6, at an eval batch size that leaves
   a partial last batch (360 examples, batches of 48)."""
-  fields = dict(eval_every_steps=3, checkpoint_every_steps=3, eval_batch_size=48, **fields)
+  fields = {"eval_every_steps": 3, "checkpoint_every_steps": 3, "eval_batch_size": 48, **fields}
   return one_device(tiny_config(**fields))
 
 
@@ -149,14 +149,17 @@ def test_eval_and_analyze_read_a_seed_workdir_alone(lone_runs, side_by_side, tmp
   )
 
 
-def test_sigterm_resume_side_by_side_and_one_seed_alone(lone_runs, tmp_path):
+@pytest.mark.parametrize("checkpoint_every", [3, 0])
+def test_sigterm_resume_side_by_side_and_one_seed_alone(lone_runs, tmp_path, checkpoint_every):
   """SIGTERM once seed 0 has logged its step-3 evaluation: seed 1's evaluation of step 3 is cut
-  short, and both seeds save step 3 (seed 1 without its evaluation) and the run returns. Resumed
-  side by side, seed 1 evaluates step 3 and each seed ends as its lone run; a copy of seed 1's
-  workdir resumed alone (with its own config.json) too."""
+  short, and both seeds save step 3 (seed 1 without its evaluation; seed 0 also where step 3 is
+  no save step of its own, ``checkpoint_every`` 0) and the run returns. Resumed side by side,
+  seed 1 evaluates step 3 and each seed ends as its lone run; a copy of seed 1's workdir resumed
+  alone (with its own config.json) too."""
   workdir = tmp_path / "run"
+  config = lambda: small_config(num_seeds=2, checkpoint_every_steps=checkpoint_every)
   with sigterm_after_step(3):
-    first = train.train_and_evaluate(small_config(num_seeds=2), str(workdir))
+    first = train.train_and_evaluate(config(), str(workdir))
   assert (first["preempted"], first["step"]) == (True, 3)
   assert 3 in evaluations(workdir / "seed0") and 3 not in evaluations(workdir / "seed1")
   for seed in SEEDS:
@@ -164,7 +167,7 @@ def test_sigterm_resume_side_by_side_and_one_seed_alone(lone_runs, tmp_path):
   alone = tmp_path / "seed1_alone"
   shutil.copytree(workdir / "seed1", alone)
 
-  second = train.train_and_evaluate(small_config(num_seeds=2), str(workdir))
+  second = train.train_and_evaluate(config(), str(workdir))
   assert "preempted" not in second
   for seed in SEEDS:
     assert_same_run(workdir / f"seed{seed}", lone_runs[seed])
