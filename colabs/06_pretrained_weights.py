@@ -88,7 +88,7 @@ def locvit_main(*args: str) -> str:
 # timm's ConViT-Ti with `img_size=32, patch_size=4, depth=4, local_up_to_layer=3`: 3 GPSA blocks,
 # then the class token and one plain attention block. The weights come from timm if it is
 # installed, else from locvit's PyTorch reference with timm's parameter names
-# (`tests/torch_reference.py`, in a checkout with PyTorch), else from random NumPy arrays of
+# (`benchmarks/torch_reference.py`, in a checkout with PyTorch), else from random NumPy arrays of
 # timm's names and shapes. `config.json` is the hub's: the architecture, its `model_args`, the
 # class count and the preprocessing (`pretrained_cfg`).
 
@@ -114,7 +114,7 @@ try:
 
     reference = timm.create_model("convit_tiny", pretrained=False, **MODEL_ARGS)
   except ImportError:
-    sys.path.insert(0, str(root / "tests"))
+    sys.path.insert(0, str(root / "benchmarks"))
     import torch_reference
 
     reference = torch_reference.build("convit_tiny", **MODEL_ARGS)
