@@ -244,3 +244,17 @@ def test_cli_writes_a_locvit_runs_weights(tmp_path, capsys):
   assert not (tmp_path / "w2").exists()
   assert cli_main([f"--workdir={workdir}", "--model=deit_tiny", f"--output={out}2"]) == 2
   assert "give --model and --input (a timm state dict), or --workdir" in capsys.readouterr().err
+
+
+def test_cli_writes_a_grayscale_runs_weights(tmp_path, capsys):
+  """``--workdir=RUN`` of a one-channel run (the digits quickstart) restores with the run's
+  channel count, not RGB's."""
+  from locvit import train
+  from tests.train_utils import tiny_config
+
+  workdir = str(tmp_path / "run")
+  train.train_and_evaluate(tiny_config(total_steps=1), workdir)
+  capsys.readouterr()
+  out = tmp_path / "weights"
+  assert cli_main([f"--workdir={workdir}", f"--output={out}"]) == 0
+  assert load_converted(out)["params"]["patch_embed"]["proj"]["kernel"].shape == (2, 2, 1, 32)

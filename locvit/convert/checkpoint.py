@@ -78,21 +78,22 @@ def export_run(
   directory: str | os.PathLike,
   *,
   step: int | None = None,
-  channels: int = 3,
   force: bool = False,
 ) -> tuple[str, dict[str, Any]]:
   """Writes the ConViT / DeiT parameters of a locvit run's checkpoint (the latest by default) as
   ``save_converted`` does, with the run's model name, overrides and class count as metadata;
-  returns ``(path, metadata)``. ``channels``: of the run's images (RGB, as timm's weights).
-  Raises ValueError for a model ``from_timm`` does not convert."""
+  returns ``(path, metadata)``. The image channels are the run's (one per entry of its
+  ``config.json``'s ``data.mean``: 1 for the grayscale quickstart). Raises ValueError for a model
+  ``from_timm`` does not convert."""
   import flax.linen as nn
   import jax
 
   from locvit.convert.timm import resolve_model_name
   from locvit.models import create_model
-  from locvit.workdir import restore
+  from locvit.workdir import restore, saved_config
 
   saved = restore.saved_config(workdir, step)
+  channels = len(saved_config.read(saved_config.path(workdir)).data.mean)
   name = resolve_model_name(saved["model"]["name"])
   overrides = dict(saved["model"].get("overrides") or {})
   model = create_model(name, num_classes=saved["num_classes"], **overrides)
