@@ -14,7 +14,8 @@
 # that `python -m locvit.data.prepare cifar10 --out=DIR` writes; given a JPEG folder (that
 # tarball) the script passes --allow_lossy_data, and each report's title says the data was
 # lossy. Runs evaluate as the official code did (every epoch, or every 3 passes for GMM), one
-# seed per row here (SEEDS; the plans' own default is 3). Run from the checkout's root:
+# seed per row here (SEEDS; the plans' own default is 3, trained side by side). Run from the
+# checkout's root:
 #
 #   bash benchmarks/paper_tables_gpu.sh                # results under $OUT (default /tmp/out)
 #

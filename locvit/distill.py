@@ -50,7 +50,7 @@ TYPES = ("none", "hard", "soft")
 enabled = distillation_enabled
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
+def check_distillation_config(config: ml_collections.ConfigDict) -> None:
   """Checks the distillation block before anything is built; errors name the field."""
   dist = config.distillation
   if dist is None:

@@ -119,7 +119,7 @@ def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
   return opt.lr
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
+def check_optimizer_config(config: ml_collections.ConfigDict) -> None:
   """The optimizer, decay-mask and schedule names, checked before a run creates anything."""
   errors = Errors()
   errors.check(check_choice, "optimizer.name", config.optimizer.name, OPTIMIZERS)

@@ -353,13 +353,8 @@ def train_loop(
   run = runs[0]  # what the runs share: config but the seed, mesh, model, data sources, length
   config, total_steps = run.config, run.total_steps
   side_by_side = len(runs) > 1
-  if side_by_side:
-    seed_states = seeds_lib.SeedStates(run.layout.shardings)
-    step_fn = make_step_fn(run, [r.config.seed for r in runs])
-    health = seeds_lib.stacked_health(len(runs), run.mesh)
-  else:
-    step_fn = make_step_fn(run)
-    health = jax.device_put(initial_health(), sharding.replicated(run.mesh))
+  seed_states = seeds_lib.SeedStates(run.layout.shardings) if side_by_side else None
+  step_fn, health = make_step_fn_and_health(runs)
   teacher_variables = run.teacher.variables if run.teacher else ()
   eval_fn = evaluation.make_eval_step(
     run.model,
@@ -385,17 +380,11 @@ def train_loop(
     train_batches = [
       iterators.enter_context(contextlib.closing(r.train_batches(start))) for r in runs
     ]
-    if start and is_evaluation_step(config, start, total_steps):
-      for k, lane in enumerate(lanes):
-        state_k = lane_state(k)
-        evaluate = functools.partial(
-          _evaluate, lane.run, state_k, eval_fn, lane.progress, preemption
-        )
-        try:
-          lane.final = evaluate_unevaluated_step(lane, start, state_k, evaluate)
-        except EvaluationInterruptedError as e:
-          logging.warning("Stop requested while evaluating step %d: %s; exiting.", start, e)
-          return [{"preempted": True, "step": start} for _ in lanes]
+    resumed_unevaluated = start and is_evaluation_step(config, start, total_steps)
+    if resumed_unevaluated and not evaluate_resumed_step(
+      lanes, start, lane_state, eval_fn, preemption
+    ):
+      return [{"preempted": True, "step": start} for _ in lanes]
     if start >= total_steps:
       for lane in lanes:
         lane.final = lane.final or metrics_lib.last_evaluation(lane.run.workdir)
@@ -403,11 +392,7 @@ def train_loop(
     step = start
     while step < total_steps and not all(lane.stopped for lane in lanes):
       first, step = step + 1, dispatch_end(config, step, start, total_steps)
-      local = [[next(batches) for _ in range(first, step + 1)] for batches in train_batches]
-      if side_by_side:
-        batches = [seeds_lib.stacked_batch(rows, run.batch_sharding) for rows in zip(*local)]
-      else:
-        batches = [sharding.global_batch(b, run.batch_sharding) for b in local[0]]
+      batches = next_batches(run, train_batches, step - first + 1, side_by_side)
       run_ahead.wait()
       state, train_metrics, health = step_fn(state, batches, teacher_variables, health)
       run_ahead.dispatched(train_metrics)
@@ -415,42 +400,94 @@ def train_loop(
       preempted = any([preemption.should_stop(s) for s in range(first, step + 1)])
       outcomes = {}
       for k, lane in enumerate(lanes):
-        if lane.stopped:
-          continue
-        try:
-          outcomes[k] = after_dispatch(
-            lane,
-            step,
-            start,
-            functools.partial(lane_state, k),
-            functools.partial(lane_tree, train_metrics, k),
-            functools.partial(lane_tree, health, k),
-            eval_fn,
-            preempted,
-            preemption,
-          )
-        except NonFiniteError as e:
-          if not side_by_side:
-            raise
-          lane.stopped = e  # this seed only: the others train on (its lane keeps computing)
-          logging.error("%s; the other seeds train on.", e)
+        lane_outputs = (
+          functools.partial(lane_state, k),
+          functools.partial(lane_tree, train_metrics, k),
+          functools.partial(lane_tree, health, k),
+        )
+        outcome = lane_after_dispatch(
+          lane, side_by_side, step, start, lane_outputs, eval_fn, preempted, preemption
+        )
+        if outcome is not None:
+          outcomes[k] = outcome
       if any(outcome.stop for outcome in outcomes.values()):
-        # A stop request: every seed saves the step, also one whose evaluation went unstopped.
-        for k, outcome in outcomes.items():
-          if not outcome.saved:
-            save_step(lanes[k], step, lane_state(k), {}, evaluated=outcome.evaluated)
-          if outcome.stop or not outcome.saved:  # else finished: the last step, evaluated
-            lanes[k].final = {"preempted": True, "step": step}
-          lanes[k].run.checkpointer.wait()
-        logging.warning("Preempted: checkpoint saved at step %d; exiting.", step)
+        save_and_stop(lanes, outcomes, step, lane_state)
         break
+  raise_for_stopped_seeds(lanes)
+  return [lane.final for lane in lanes]
+
+
+def lane_after_dispatch(
+  lane, side_by_side, step, start, lane_outputs, eval_fn, preempted, preemption
+):
+  """``after_dispatch`` for one lane, None for a lane already stopped. A seed side by side whose
+  update turns non-finite stops alone (its lane keeps computing); a run alone raises."""
+  if lane.stopped:
+    return None
+  try:
+    return after_dispatch(lane, step, start, *lane_outputs, eval_fn, preempted, preemption)
+  except NonFiniteError as e:
+    if not side_by_side:
+      raise
+    lane.stopped = e  # this seed only: the others train on
+    logging.error("%s; the other seeds train on.", e)
+    return None
+
+
+def make_step_fn_and_health(runs: list[bundle.Training]) -> tuple[Callable, Any]:
+  """The jitted step of ``runs`` (several: seeds side by side, one vmapped step) and its initial
+  on-device non-finite record, one per seed."""
+  run = runs[0]
+  if len(runs) > 1:
+    step_fn = make_step_fn(run, [r.config.seed for r in runs])
+    return step_fn, seeds_lib.stacked_health(len(runs), run.mesh)
+  return make_step_fn(run), jax.device_put(initial_health(), sharding.replicated(run.mesh))
+
+
+def evaluate_resumed_step(lanes, start: int, lane_state, eval_fn, preemption) -> bool:
+  """Evaluates the resumed step ``start`` for each lane whose run saved it unevaluated
+  (``evaluate_unevaluated_step``); False when a stop request cut an evaluation short."""
+  for k, lane in enumerate(lanes):
+    state_k = lane_state(k)
+    evaluate = functools.partial(_evaluate, lane.run, state_k, eval_fn, lane.progress, preemption)
+    try:
+      lane.final = evaluate_unevaluated_step(lane, start, state_k, evaluate)
+    except EvaluationInterruptedError as e:
+      logging.warning("Stop requested while evaluating step %d: %s; exiting.", start, e)
+      return False
+  return True
+
+
+def next_batches(run: bundle.Training, train_batches, count: int, side_by_side: bool) -> list:
+  """The global batches of the next ``count`` steps: each run's next rows, stacked over the seeds
+  side by side."""
+  local = [[next(batches) for _ in range(count)] for batches in train_batches]
+  if side_by_side:
+    return [seeds_lib.stacked_batch(rows, run.batch_sharding) for rows in zip(*local)]
+  return [sharding.global_batch(b, run.batch_sharding) for b in local[0]]
+
+
+def save_and_stop(lanes, outcomes, step: int, lane_state) -> None:
+  """A stop request: every seed saves the step, also one whose evaluation went unstopped, and
+  records that it was preempted there (unless it finished: the last step, evaluated)."""
+  for k, outcome in outcomes.items():
+    if not outcome.saved:
+      save_step(lanes[k], step, lane_state(k), {}, evaluated=outcome.evaluated)
+    if outcome.stop or not outcome.saved:  # else finished: the last step, evaluated
+      lanes[k].final = {"preempted": True, "step": step}
+    lanes[k].run.checkpointer.wait()
+  logging.warning("Preempted: checkpoint saved at step %d; exiting.", step)
+
+
+def raise_for_stopped_seeds(lanes) -> None:
+  """One NonFiniteError naming every seed that stopped on a non-finite update, once the others
+  have trained to the end."""
   stopped = [lane.stopped for lane in lanes if lane.stopped]
   if stopped:
     raise NonFiniteError(
       "; ".join(str(e) for e in stopped)
       + f" The other {len(lanes) - len(stopped)} of the {len(lanes)} seeds trained on."
     )
-  return [lane.final for lane in lanes]
 
 
 class Dispatched(typing.NamedTuple):

@@ -29,7 +29,7 @@ def cells(notebook) -> list[tuple[str, str]]:
 
 def test_every_notebook_has_a_source_and_every_source_a_notebook():
   notebooks = sorted(glob.glob(os.path.join(COLABS, "*.ipynb")))
-  assert len(SOURCES) == 5
+  assert len(SOURCES) == 6
   assert [p[: -len(".py")] for p in SOURCES] == [p[: -len(".ipynb")] for p in notebooks]
 
 

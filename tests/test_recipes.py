@@ -21,7 +21,7 @@ from locvit.models import create_model, surgery
 from locvit.models.factory import build_model
 from locvit.platform import sharding
 from locvit.run import evaluation
-from locvit.run.bundle import validate_recipe
+from locvit.run.bundle import check_recipe
 from locvit.run.step import ema_update
 from locvit.workdir import restore
 from tests.train_utils import sigterm_after_step, tiny_config
@@ -88,7 +88,7 @@ def test_presets_hold_the_papers_hyperparameters():
   assert sgd.optimizer.weight_decay == 1e-4 and sgd.data.train_augment == "crop_flip"
   for c in (deit, small, vit, sgd):
     validate_data_config(c.data)
-    validate_recipe(c, 10)
+    check_recipe(c, 10)
 
 
 def test_unknown_preset_lists_valid_ones():

@@ -494,16 +494,19 @@ def test_protocol_dry_runs_print_the_papers_protocol_and_create_nothing(
       in out
     )
     assert "evaluations included" in out and "the best evaluation its code reported)" in out
-    if plan == "gmm_table1_cifar10":  # the official code's 100 epochs of 3 passes, each evaluated
+    if plan == "gmm_table1_cifar10":  # the paper's inconsistency, under the title
+      assert lines[2].startswith("The paper is inconsistent: Table 1 prints 93.65 / 95.06"), out
+      # The official code's 100 epochs of 3 passes, each evaluated.
       assert (
         "  evaluations: 100 (every 3 epochs and at the end: the official code's, main.py "
         "validates after each of its 100 epochs and logs best_acc1)" in out
       )
-      # 27.5 s compiling, 117,000 steps of 15.3 ms and 100 evaluations of 10,000 images, each a
-      # third of a training step's time per image.
-      step = 128 / 8_359
+      # 27.5 s compiling, then 3 seeds side by side (at most 3 times one seed): 117,000 steps of
+      # 15.3 ms and 100 evaluations of 10,000 images, each a third of a training step's time per
+      # image.
+      step = 3 * 128 / 8_359
       minutes = (27.5 + 117_000 * step + 100 * 10_000 * step / 128 / 3) / 60
-      assert f"  estimate: {minutes:.1f} minutes per run (0.4 s per evaluation); " in out
+      assert f"  estimate: {minutes:.1f} minutes per run (1.2 s per evaluation); " in out
     assert out.rstrip().endswith("Nothing was created (--dry_run).")
   assert not workdir.exists() and os.listdir(tmp_path) == []
   # The combined row runs only when named; a fraction shrinks every row alike.
@@ -531,7 +534,8 @@ def test_a_protocol_dry_run_shows_each_row_in_full(capsys, monkeypatch):
     assert line in out.splitlines(), (line, out)
   gap = 10 * math.sqrt(2) / stats.t.ppf(0.975, 1)  # 2 seeds against the 2.00-point gap
   assert (
-    "Seeds: 2 per row. The paper's gap quadratic vs resnet18 is 0.00 points: no seed count "
+    "Seeds: 2 per row, side by side in one run per row (config.num_seeds). The paper's gap "
+    "quadratic vs resnet18 is 0.00 points: no seed count "
     "separates it, and the report counts it within the seed spread. The paper's smallest gap, "
     "quadratic vs learned, is 2.00 points: 2 seeds separate it (paired t, p < 0.05) only if the "
     f"per-seed differences spread by less than {gap / 5:.2f} points (sd)" in out
@@ -553,6 +557,7 @@ def test_print_config_gives_each_rows_run_config_as_config_json(tmp_path, capsys
     saved = tmp_path / f"{row}.json"
     saved.write_text(json.dumps(record))
     expected = rp.protocol.protocol_config(rp.row_config(plan["rows"][row]), 50_000, 0.5, 0, 1)
+    expected.num_seeds = 3  # the plan's seeds, side by side
     assert saved_config.read(str(saved)).to_dict() == expected.to_dict()
     config = record["config"]
     assert (config["total_steps"], config["eval_every_steps"], config["seed"]) == (9700, 97, 0)
@@ -567,20 +572,23 @@ def test_print_config_gives_each_rows_run_config_as_config_json(tmp_path, capsys
 def test_a_protocol_plan_that_does_not_fit_the_budget_is_refused(tmp_path, monkeypatch, capsys):
   assert rp.main(["gmm_table1_cifar10", "--dry_run", "--minutes=10"]) == 2
   captured = capsys.readouterr()
-  assert "Estimated wall time 371.8 minutes for 12 runs (seeds 0, 1, 2)" in captured.out
+  assert (
+    "Estimated wall time 368.1 minutes for 4 runs of 3 seeds side by side (seeds 0, 1, 2)"
+    in captured.out
+  )
   # The rate is the H200 training loop's measured step, longer than the kit's resident step.
   assert (
     "rate set by a GPU training loop's step (15.3 ms at batch 128, its training split fed by "
     "the host)" in captured.out
   )
   refusal = (
-    "locvit.reproduce: error: plan 'gmm_table1_cifar10' needs an estimated 371.8 minutes for 12 "
-    "runs but --minutes=10; give more --minutes, fewer --seeds, or --fraction (at most 0.012 of "
-    "this length fits; --fraction=fit picks it)\n"
+    "locvit.reproduce: error: plan 'gmm_table1_cifar10' needs an estimated 368.1 minutes for 4 "
+    "runs of 3 seeds side by side (seeds 0, 1, 2) but --minutes=10; give more --minutes, fewer "
+    "--seeds, or --fraction (at most 0.022 of this length fits; --fraction=fit picks it)\n"
   )
   assert captured.err == refusal
   assert rp.main(["gmm_table1_cifar10", "--dry_run", "--minutes=10", "--fraction=fit"]) == 0
-  assert "at 0.012 of the paper's protocol" in capsys.readouterr().out
+  assert "at 0.022 of the paper's protocol" in capsys.readouterr().out
   # A run is refused the same way, before anything is created (the kit's estimate: no probe).
   monkeypatch.setenv("CIFAR10_ROOT", str(tmp_path))
   for split in ("train", "test"):
@@ -596,14 +604,15 @@ def test_a_protocol_plan_that_does_not_fit_the_budget_is_refused(tmp_path, monke
   )
 
 
-def _write_protocol_plan(workdir, fraction=0.05):
+def _write_protocol_plan(workdir, fraction=0.05, seeds=1):
   steps, _ = rp.protocol.protocol_steps(
     rp.row_config(rp.PLANS["smoke_protocol"]["rows"]["depth1"]), 1437, fraction
   )
   os.makedirs(workdir)
   cost = {"steps_per_sec": 20.0, "overhead_sec": 5.0, "steps_per_epoch": 22, "batch_size": 64}
   plan = {
-    "plan": "smoke_protocol", "protocol": True, "fraction": fraction, "seeds": 1,
+    "plan": "smoke_protocol", "protocol": True, "fraction": fraction, "seeds": seeds,
+    "side_by_side": seeds > 1,
     "row_names": ["depth1"], "minutes": None, "started": time.time(),
     "load_at_probe": [1.0, 1.0, 1.0], "locvit_commit": "test", "estimated_minutes": 1.0,
     "data": "scikit-learn's 8x8 digits", "rows": {"depth1": {**cost, "steps": steps}},
@@ -646,6 +655,27 @@ def test_a_protocol_report_gives_the_final_and_the_best_evaluation(tmp_path):
     "the smoke plan evaluates as the protocol plans do), so 'ours - paper', the ordering and the "
     "comparisons take our best." in text
   )
+
+
+def test_a_protocol_plans_seeds_train_side_by_side_each_a_run_of_its_own(tmp_path, capsys):
+  """A row's seeds train in one run (config.num_seeds), each in DIR/ROW/seedK as a lone run
+  would; the report pairs them, and counts their shared sessions' time once."""
+  workdir = str(tmp_path / "w")
+  steps = _write_protocol_plan(workdir, seeds=2)
+  assert rp.main(["smoke_protocol", f"--workdir={workdir}"]) == 0
+  assert "0 of 2 runs finished (2 seeds side by side per row)" in capsys.readouterr().out
+  side_by_side = json.loads(pathlib.Path(workdir, "depth1", "config.json").read_text())["config"]
+  assert (side_by_side["num_seeds"], side_by_side["seed"]) == (2, 0)
+  for seed in (0, 1):
+    run = os.path.join(workdir, "depth1", f"seed{seed}")
+    assert rp.is_finished(run, steps)
+    assert json.loads(pathlib.Path(run, "config.json").read_text())["config"]["seed"] == seed
+  results = json.loads(pathlib.Path(workdir, "results.json").read_text())
+  row = results["rows"]["depth1"]
+  assert row["seeds_finished"] == [0, 1] and row["top1_per_seed"]["0"] != row["top1_per_seed"]["1"]
+  assert results["training_wall_minutes"] == pytest.approx(max(row["wall_seconds_per_seed"]) / 60)
+  assert rp.main(["smoke_protocol", f"--workdir={workdir}"]) == 0  # finished: nothing trains
+  assert "2 of 2 runs finished" in capsys.readouterr().out
 
 
 def test_a_run_continues_on_another_machine_from_the_copied_workdir(tmp_path, capsys, monkeypatch):

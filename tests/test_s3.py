@@ -111,7 +111,7 @@ def test_a_metrics_write_rides_out_an_s3_outage_that_outlasts_s3fs_own_retries(t
   """s3fs gave up on a bucket that does not answer after about 10 s (botocore's own 5 attempts;
   s3fs does not retry a connection error by default), raising "Could not connect to the endpoint
   URL": the run ended with "writing .../metrics.jsonl failed", well within its bucket timeout.
-  Now s3fs retries for the limit (``paths.retry_s3_for``), and a write that a client gives up on
+  Now s3fs retries for the limit (``paths.retrying_s3_for``), and a write that a client gives up on
   sooner is made again once the bucket answers (``outage.retrying``)."""
   go = tmp_path / "go"
   with s3_server() as s3:

@@ -48,7 +48,7 @@ def one_device(config):
 def small_config(**fields):
   """The tiny digits ViT, evaluated and saved at steps 3 and 6, at an eval batch size that leaves
   a partial last batch (360 examples, batches of 48)."""
-  fields = dict(eval_every_steps=3, checkpoint_every_steps=3, eval_batch_size=48, **fields)
+  fields = {"eval_every_steps": 3, "checkpoint_every_steps": 3, "eval_batch_size": 48, **fields}
   return one_device(tiny_config(**fields))
 
 
@@ -78,7 +78,10 @@ def assert_same_run(workdir, lone, step=6, same_devices=True):
   assert sorted(got) == sorted(want)
   for s in want:
     assert got[s]["eval/num_examples"] == want[s]["eval/num_examples"]
-    np.testing.assert_allclose(got[s]["eval/loss"], want[s]["eval/loss"], rtol=RTOL)
+    for key in ("eval/loss", "eval_ema/loss"):
+      assert (key in got[s]) == (key in want[s])
+      if key in want[s]:
+        np.testing.assert_allclose(got[s][key], want[s][key], rtol=RTOL)
     assert got[s]["eval/top1"] == pytest.approx(want[s]["eval/top1"], abs=1.5 / 360)
   jax.tree.map(
     lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=PARAM_ATOL),
@@ -146,14 +149,17 @@ def test_eval_and_analyze_read_a_seed_workdir_alone(lone_runs, side_by_side, tmp
   )
 
 
-def test_sigterm_resume_side_by_side_and_one_seed_alone(lone_runs, tmp_path):
+@pytest.mark.parametrize("checkpoint_every", [3, 0])
+def test_sigterm_resume_side_by_side_and_one_seed_alone(lone_runs, tmp_path, checkpoint_every):
   """SIGTERM once seed 0 has logged its step-3 evaluation: seed 1's evaluation of step 3 is cut
-  short, and both seeds save step 3 (seed 1 without its evaluation) and the run returns. Resumed
-  side by side, seed 1 evaluates step 3 and each seed ends as its lone run; a copy of seed 1's
-  workdir resumed alone (with its own config.json) too."""
+  short, and both seeds save step 3 (seed 1 without its evaluation; seed 0 also where step 3 is
+  no save step of its own, ``checkpoint_every`` 0) and the run returns. Resumed side by side,
+  seed 1 evaluates step 3 and each seed ends as its lone run; a copy of seed 1's workdir resumed
+  alone (with its own config.json) too."""
   workdir = tmp_path / "run"
+  config = lambda: small_config(num_seeds=2, checkpoint_every_steps=checkpoint_every)
   with sigterm_after_step(3):
-    first = train.train_and_evaluate(small_config(num_seeds=2), str(workdir))
+    first = train.train_and_evaluate(config(), str(workdir))
   assert (first["preempted"], first["step"]) == (True, 3)
   assert 3 in evaluations(workdir / "seed0") and 3 not in evaluations(workdir / "seed1")
   for seed in SEEDS:
@@ -161,7 +167,7 @@ def test_sigterm_resume_side_by_side_and_one_seed_alone(lone_runs, tmp_path):
   alone = tmp_path / "seed1_alone"
   shutil.copytree(workdir / "seed1", alone)
 
-  second = train.train_and_evaluate(small_config(num_seeds=2), str(workdir))
+  second = train.train_and_evaluate(config(), str(workdir))
   assert "preempted" not in second
   for seed in SEEDS:
     assert_same_run(workdir / f"seed{seed}", lone_runs[seed])
@@ -178,10 +184,12 @@ def test_seeds_at_different_steps_are_refused_with_the_way_out(lone_runs, side_b
 
 
 def test_the_seed_axis_is_replicated_over_the_mesh_layouts(lone_runs, tmp_path):
-  """FSDP over a (4, 2) mesh, two steps per dispatch: each seed keeps its lone run's layout (the
-  seed axis replicated) and trains as the lone run on one device."""
+  """FSDP over a (4, 2) mesh, two steps per dispatch, the training split on the device (shared by
+  the seeds; each gathers its own rows): each seed keeps its lone run's layout (the seed axis
+  replicated) and trains as the lone, host-fed run on one device."""
   config = tiny_config(num_seeds=2, eval_every_steps=3, checkpoint_every_steps=3)
   config.eval_batch_size, config.steps_per_dispatch = 48, 2
+  config.data.train_split_on = "device"
   config.mesh.shape, config.mesh.layout = (4, 2), "fsdp"
   mesh = sharding.make_mesh(config.mesh)
   spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data", None))
@@ -191,17 +199,19 @@ def test_the_seed_axis_is_replicated_over_the_mesh_layouts(lone_runs, tmp_path):
     assert_same_run(tmp_path / "run" / f"seed{seed}", lone_runs[seed], same_devices=False)
 
 
-def test_a_distilled_seed_is_its_lone_run(lone_runs, tmp_path):
-  """DeiT hard distillation side by side: one frozen teacher (the lone seed-0 run), shared by the
-  seeds; seed 1 equals its lone distilled run."""
+def test_a_distilled_seed_with_an_ema_is_its_lone_run(lone_runs, tmp_path):
+  """DeiT hard distillation and a weight EMA side by side: one frozen teacher (the lone seed-0
+  run), shared by the seeds; seed 1 equals its lone run, its EMA's evaluations included."""
 
   def config(**fields):
     c = small_config(total_steps=3, **fields)
     c.distillation.type, c.distillation.teacher_workdir = "hard", str(lone_runs[0])
+    c.ema.decay = 0.9
     return c
 
   train.train_and_evaluate(config(num_seeds=2), str(tmp_path / "side"))
   train.train_and_evaluate(config(seed=1), str(tmp_path / "lone1"))
+  assert "eval_ema/loss" in evaluations(tmp_path / "lone1")[3]
   assert_same_run(tmp_path / "side" / "seed1", tmp_path / "lone1", step=3)
 
 

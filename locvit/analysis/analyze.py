@@ -276,12 +276,7 @@ def analyze(
     query: ``(row, col)`` query patch; default ``config.analysis.query`` or the centre patch.
     step: checkpoint step for the maps; default the latest.
   """
-  run = paths.path(workdir)
-  if not (run / metrics_lib.METRICS).exists() and not (run / "checkpoints").exists():
-    raise FileNotFoundError(  # was a warning about locality records first, then this
-      f"{workdir} holds no run: no {metrics_lib.METRICS}, no checkpoints/ (--mode=analyze draws "
-      "the figures of a training run's --workdir)"
-    )
+  run = _check_run(workdir)
   config = complete_config(config)  # fields the config lacks (an older config.json) as defaults
   analysis = _analysis_config(config)
   output_dir = output_dir or run / "analysis"
@@ -315,15 +310,7 @@ def analyze(
     )
   image = images[analysis.map_image_index]
   grid, patch_size = image_grid(model, image.shape)
-  default_layers = analysis.map_layers or [min(i, model.depth - 1) for i in PAPER_MAP_LAYERS]
-  if layers is None:
-    layers = _check_layers(default_layers, model.depth, "analysis.map_layers")
-  else:
-    layers = _check_layers(layers, model.depth)
-  if query is None and analysis.query:
-    query = _check_query(analysis.query, grid, "analysis.query")
-  else:
-    query = _check_query(query or (grid.height // 2, grid.width // 2), grid)
+  layers, query = _layers_and_query(analysis, model.depth, grid, layers, query)
 
   vit = isinstance(model, VisionTransformer)  # locality is logged for these (locality.py)
   written = curves + curve_figures(workdir, output_dir, title=label, hint=vit)
@@ -338,6 +325,32 @@ def analyze(
   fig.suptitle(f"{label}, step {step}, query patch {query}")
   written.append(plots.save(fig, paths.path(output_dir) / "attention_maps.png"))
   return written + mechanism_figures(model, params, image, layers, output_dir, config, step)
+
+
+def _check_run(workdir: str):
+  """``workdir`` as a path, or FileNotFoundError when it holds no training run."""
+  run = paths.path(workdir)
+  if not (run / metrics_lib.METRICS).exists() and not (run / "checkpoints").exists():
+    raise FileNotFoundError(  # was a warning about locality records first, then this
+      f"{workdir} holds no run: no {metrics_lib.METRICS}, no checkpoints/ (--mode=analyze draws "
+      "the figures of a training run's --workdir)"
+    )
+  return run
+
+
+def _layers_and_query(analysis, depth: int, grid, layers, query) -> tuple[list[int], tuple]:
+  """The map layers and query patch, checked: the arguments, else ``config.analysis``'s, else the
+  paper's layers (clipped to ``depth``) and the centre patch."""
+  default_layers = analysis.map_layers or [min(i, depth - 1) for i in PAPER_MAP_LAYERS]
+  if layers is None:
+    layers = _check_layers(default_layers, depth, "analysis.map_layers")
+  else:
+    layers = _check_layers(layers, depth)
+  if query is None and analysis.query:
+    query = _check_query(analysis.query, grid, "analysis.query")
+  else:
+    query = _check_query(query or (grid.height // 2, grid.width // 2), grid)
+  return layers, query
 
 
 # Overrides that change what a figure shows (its token grid, its layers and heads): the titles

@@ -207,6 +207,35 @@ def attend(
   always materialises the probabilities (the reference form). Returns ``(B, N, H, Dv)``.
   """
   check_implementation(implementation)
+  check_combination(terms, v, num_prefix_tokens)
+  heads = q.shape[2] if q.ndim == 4 else None  # 3-D: positional-only layers pass raw tokens
+  check_term_shapes(terms, heads, q.shape[1], k.shape[1], num_prefix_tokens)
+  dropout = lambda p: nn.Dropout(attn_drop, name="attention_dropout")(p, deterministic=not train)
+  rules = [t.combine for t in terms]
+
+  if rules == ["replace"]:  # positional only: softmax(P) once, shared by the batch
+    probs = jax.nn.softmax(terms[0].table.astype(jnp.float32), axis=-1)
+    if wants_attention_maps(module):
+      module.sow("intermediates", "attention", jnp.broadcast_to(probs, (q.shape[0], *probs.shape)))
+    return _mix_values(dropout(probs).astype(v.dtype), v)
+
+  explicit = (
+    not fused
+    or not can_fuse(terms, hook)
+    or wants_attention_maps(module)
+    or (train and attn_drop > 0.0)
+    or v.shape[-1] != q.shape[-1]  # JAX's kernel needs values as wide as queries and keys
+  )
+  if not explicit:
+    return _fused_attention(q, k, v, terms, num_prefix_tokens, scale, train, implementation)
+  probs = explicit_probabilities(q, k, terms, num_prefix_tokens, scale, hook)
+  module.sow("intermediates", "attention", probs)
+  return _mix_values(dropout(probs).astype(v.dtype), v)
+
+
+def check_combination(terms: Sequence[Term], v: Array, num_prefix_tokens: int) -> None:
+  """Raises ValueError for terms whose rules do not combine: 'replace' and 'gate' take one term,
+  on patch tokens only, and 'gate' per-head values."""
   rules = [t.combine for t in terms]
   if ("replace" in rules or "gate" in rules) and len(terms) != 1:
     raise ValueError(f"combine 'replace' and 'gate' take a single positional term, got {rules}.")
@@ -217,54 +246,44 @@ def attend(
       f"combine={rules[0]!r} attention has no prefix tokens (it is defined on patch tokens "
       f"only), got num_prefix_tokens={num_prefix_tokens}."
     )
-  heads = q.shape[2] if q.ndim == 4 else None  # 3-D: positional-only layers pass raw tokens
-  check_term_shapes(terms, heads, q.shape[1], k.shape[1], num_prefix_tokens)
-  dropout = lambda p: nn.Dropout(attn_drop, name="attention_dropout")(p, deterministic=not train)
+
+
+def _fused_attention(q, k, v, terms, num_prefix_tokens, scale, train, implementation) -> Array:
+  """The fused forms (module docstring): SDPA with the terms as its additive bias, or for the
+  gate ``(1 - g) SDPA(q, k, v) + g (P v)``."""
   dtype = v.dtype
-
-  if rules == ["replace"]:  # positional only: softmax(P) once, shared by the batch
-    probs = jax.nn.softmax(terms[0].table.astype(jnp.float32), axis=-1)
-    if wants_attention_maps(module):
-      module.sow("intermediates", "attention", jnp.broadcast_to(probs, (q.shape[0], *probs.shape)))
-    return _mix_values(dropout(probs).astype(dtype), v)
-
-  explicit = (
-    not fused
-    or not can_fuse(terms, hook)
-    or wants_attention_maps(module)
-    or (train and attn_drop > 0.0)
-    or v.shape[-1] != q.shape[-1]  # JAX's kernel needs values as wide as queries and keys
-  )
-  if not explicit:
-    if rules == ["gate"]:
-      pos, gate = terms[0].table, terms[0].gate
-      if cpu_kernels(implementation):
-        return gated_positional_attention(q, k, v, pos, gate, scale)
-      content = dot_product_attention(
-        q, k, v, implementation=implementation, scale=scale, training=train
-      )
-      g = gate[:, None].astype(dtype)  # broadcasts over (B, N, H, Dh)
-      return (1 - g) * content + g * _mix_values(pos.astype(dtype), v)
-    bias = _additive_bias(terms, num_prefix_tokens, q.shape[0])
-    if v.ndim == 3:  # raw values shared by the heads
-      v = jnp.broadcast_to(v[:, :, None, :], (*v.shape[:2], q.shape[2], v.shape[-1]))
-    bias = None if bias is None else bias.astype(q.dtype)
-    return dot_product_attention(
-      q, k, v, bias=bias, implementation=implementation, scale=scale, training=train
+  if [t.combine for t in terms] == ["gate"]:
+    pos, gate = terms[0].table, terms[0].gate
+    if cpu_kernels(implementation):
+      return gated_positional_attention(q, k, v, pos, gate, scale)
+    content = dot_product_attention(
+      q, k, v, implementation=implementation, scale=scale, training=train
     )
+    g = gate[:, None].astype(dtype)  # broadcasts over (B, N, H, Dh)
+    return (1 - g) * content + g * _mix_values(pos.astype(dtype), v)
+  bias = _additive_bias(terms, num_prefix_tokens, q.shape[0])
+  if v.ndim == 3:  # raw values shared by the heads
+    v = jnp.broadcast_to(v[:, :, None, :], (*v.shape[:2], q.shape[2], v.shape[-1]))
+  bias = None if bias is None else bias.astype(q.dtype)
+  return dot_product_attention(
+    q, k, v, bias=bias, implementation=implementation, scale=scale, training=train
+  )
 
+
+def explicit_probabilities(q, k, terms, num_prefix_tokens, scale, hook) -> Array:
+  """The attention probabilities ``(B, H, N, M)``, float32, written out: content logits
+  ``q k^T s``, the terms combined by their rules, the hook around the softmax."""
   scale = q.shape[-1] ** -0.5 if scale is None else scale
   logits = jnp.einsum("bnhd,bmhd->bhnm", q, k).astype(jnp.float32) * scale
   logits = _apply_terms(logits, terms, num_prefix_tokens)
   if hook is not None:
     logits = hook.before_softmax(logits)
   probs = jax.nn.softmax(logits, axis=-1)
-  if rules == ["gate"]:
+  if [t.combine for t in terms] == ["gate"]:
     g = terms[0].gate.astype(jnp.float32)[:, None, None]
     probs = (1 - g) * probs + g * terms[0].table.astype(jnp.float32)
     # Exact no-op in exact arithmetic; kept because ConViT's reference renormalises (Eq. 6).
     probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
   if hook is not None:
     probs = hook.after_softmax(probs)
-  module.sow("intermediates", "attention", probs)
-  return _mix_values(dropout(probs).astype(dtype), v)
+  return probs

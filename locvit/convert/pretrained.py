@@ -205,7 +205,13 @@ def hub_repo(name: str) -> tuple[str, str | None] | None:
   return f"{HUB_ORG}/{arch}.{tag or DEFAULT_TAG}", None
 
 
+class NotCachedError(WeightsError):
+  """A hub file that is not in the cache while the hub is off limits or out of reach."""
+
+
 def _hub_download(name: str, repo: str, revision: str | None, filename: str) -> str:
+  """The cached (or downloaded) path of ``repo``'s ``filename``; FileNotFoundError when the
+  repository has no such file, NotCachedError when the cache lacks it and the hub cannot say."""
   from huggingface_hub import hf_hub_download
   from huggingface_hub.utils import EntryNotFoundError, LocalEntryNotFoundError
 
@@ -218,20 +224,19 @@ def _hub_download(name: str, repo: str, revision: str | None, filename: str) -> 
       local_files_only=hub_offline(),
     )
   except LocalEntryNotFoundError:  # (a subclass of EntryNotFoundError: first)
-    if hub_offline():
-      raise WeightsError(
-        f"{name}: {repo}/{filename} is not in the Hugging Face cache "
-        f"({hub_cache_dir() or 'huggingface_hub default'}) and HF_HUB_OFFLINE=1: fetch it once "
-        f"where the hub is reachable (`hf download {repo}`) and point HF_HUB_CACHE at that "
-        "cache, or give a local weights file"
-      ) from None
+    why = "HF_HUB_OFFLINE=1" if hub_offline() else "the hub cannot be reached"
+    raise NotCachedError(
+      f"{name}: {repo}/{filename} is not in the Hugging Face cache "
+      f"({hub_cache_dir() or 'huggingface_hub default'}) and {why}: fetch it once where the hub "
+      f"is reachable (`hf download {repo}`) and point HF_HUB_CACHE at that cache, or give a "
+      "local weights file"
+    ) from None
+  except EntryNotFoundError:  # the repository has no such file
     raise FileNotFoundError(filename) from None
-  except EntryNotFoundError:  # the repository has no such file (online)
-    raise FileNotFoundError(filename) from None
-  except OSError as e:  # the network is down, or the hub refuses
+  except OSError as e:  # the hub refuses (no such repository, no access)
     raise WeightsError(
-      f"{name}: cannot read {repo}/{filename} from the Hugging Face hub ({e}); set "
-      "HF_HUB_OFFLINE=1 to use the cache, or give a local weights file"
+      f"{name}: cannot read {repo}/{filename} from the Hugging Face hub ({e}); check the name, "
+      "or give a local weights file"
     ) from None
 
 
@@ -245,15 +250,18 @@ def _resolve_hub(name: str, repo: str, revision: str | None) -> Weights:
     ) from None
   with open(config_path) as f:
     config = json.load(f)
-  for filename in HUB_WEIGHT_FILES:
+  not_cached = None
+  for filename in HUB_WEIGHT_FILES:  # the first the cache (or the hub) has
     try:
       return Weights(name, _hub_download(name, repo, revision, filename), config)
     except FileNotFoundError:
       continue
+    except NotCachedError as e:
+      not_cached = not_cached or e
+  if not_cached is not None:
+    raise not_cached
   raise WeightsError(
-    f"{name}: {repo} holds none of {', '.join(HUB_WEIGHT_FILES)}"
-    + (" in the cache (HF_HUB_OFFLINE=1)" if hub_offline() else "")
-    + "; fetch the weights file, or give a local one"
+    f"{name}: {repo} holds none of {', '.join(HUB_WEIGHT_FILES)}; give a local weights file"
   )
 
 

@@ -642,7 +642,7 @@ def _parse(spec: Any) -> tuple[str, Any]:
   raise ValueError(f"data.auto_augment={spec!r} is not one of {valid_names()}")
 
 
-def validate(spec: Any) -> None:
+def check_auto_augment(spec: Any) -> None:
   """Raises ValueError naming the problem and the valid choices unless `spec` is usable."""
   if spec is not None:
     _parse(spec)

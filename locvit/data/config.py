@@ -157,7 +157,7 @@ def validate_data_config(cfg: Any) -> None:
     ("rrc_ratio", dict(lo=0.0, hi=math.inf)),
   ):
     errors.check(_pair, cfg, field, **bounds)
-  errors.check(autoaugment.validate, cfg.auto_augment)
+  errors.check(autoaugment.check_auto_augment, cfg.auto_augment)
   mean, std = tuple(cfg.mean), tuple(cfg.std)
   if not mean or len(mean) != len(std):
     errors.add(f"data.mean={mean!r} and data.std={std!r} must be tuples of equal length")

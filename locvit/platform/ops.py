@@ -34,7 +34,10 @@ from jax import lax
 from locvit.choices import check_choice
 
 Array = jax.Array
-IMPLEMENTATIONS = (None, "xla", "cudnn", "cpu_kernels", "einsum")  # einsum: cpu_kernels' alias
+IMPLEMENTATIONS = (None, "xla", "cudnn", "cpu_kernels", "einsum")
+# The setting's earlier name, kept because configs saved by earlier runs (DIR/config.json, read by
+# --mode=eval/analyze and on resume) hold it: docs/architecture.md.
+ALIASES = {"einsum": "cpu_kernels"}
 
 
 def check_implementation(implementation: str | None) -> None:
@@ -49,9 +52,9 @@ def resolve_implementation(implementation: str | None) -> str | None:
   becomes 'cpu_kernels'. The one place a model's kernels look at the backend (the training step
   reads it once more, for ``bias_in_matmul``)."""
   check_implementation(implementation)
-  if implementation == "einsum" or (implementation is None and jax.default_backend() == "cpu"):
+  if implementation is None and jax.default_backend() == "cpu":
     return "cpu_kernels"
-  return implementation
+  return ALIASES.get(implementation, implementation)
 
 
 def model_implementation(model) -> str | None:
@@ -62,7 +65,7 @@ def model_implementation(model) -> str | None:
 
 def cpu_kernels(implementation: str | None) -> bool:
   """Whether a (resolved) setting selects the CPU code paths."""
-  return implementation in ("cpu_kernels", "einsum")
+  return ALIASES.get(implementation, implementation) == "cpu_kernels"
 
 
 # The step's shared ``one`` while ``training_step_fusions`` is open (``cast_parameter``).

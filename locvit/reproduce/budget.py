@@ -90,8 +90,11 @@ def run_seconds(cost: RowCost, steps: int, evaluations: int = 1) -> float:
 
 def probe(config: ml_collections.ConfigDict, workdir: str, steps: int = PROBE_STEPS) -> RowCost:
   """Times a ``steps``-step run of ``config`` with two evaluations (halfway, where the
-  evaluation compiles, and at the end, which times one evaluation) in ``workdir``."""
+  evaluation compiles, and at the end, which times one evaluation) in ``workdir``. With
+  ``config.num_seeds`` seeds side by side, the cost is theirs together: one shared step, and an
+  evaluation of each seed."""
   from locvit import train
+  from locvit.run.seeds import seed_workdir
 
   shutil.rmtree(workdir, ignore_errors=True)
   config = budgeted_config(config, steps, seed=0)
@@ -102,13 +105,14 @@ def probe(config: ml_collections.ConfigDict, workdir: str, steps: int = PROBE_ST
   if train.train_and_evaluate(config, workdir).get("preempted"):
     raise KeyboardInterrupt  # Ctrl-C or SIGTERM during a probe stops the command
   wall = time.perf_counter() - start
-  records = metrics_lib.read_metrics(workdir)
+  lanes = config.num_seeds
+  records = metrics_lib.read_metrics(seed_workdir(workdir, 0) if lanes > 1 else workdir)
   rows = [r for r in records if "perf/steps_per_sec" in r]
   step_seconds = [1.0 / r["perf/steps_per_sec"] for r in rows[1:]]  # the first one compiles
   steps_per_sec = 1.0 / statistics.median(step_seconds or [wall])
   steps_per_epoch = round(rows[-1]["step"] / rows[-1]["epoch"])
   evaluations = [r["perf/eval_seconds"] for r in records if "perf/eval_seconds" in r]
-  eval_sec = evaluations[-1] if evaluations else 0.0  # the last: compiled by the first
+  eval_sec = lanes * evaluations[-1] if evaluations else 0.0  # the last: compiled by the first
   shutil.rmtree(workdir, ignore_errors=True)
   return RowCost(
     steps_per_sec=steps_per_sec,

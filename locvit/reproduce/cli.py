@@ -66,8 +66,9 @@ def dry_run(
     for row, config in configs.items():
       check_data(config, row)
     check_batches(plan, configs)
+    probed = protocol.side_by_side(configs, seeds) if plan.get("protocol") else configs
     with tempfile.TemporaryDirectory(prefix="locvit-dry-run-") as scratch:
-      costs = measure(configs, os.path.join(scratch, "_probe"))
+      costs = measure(probed, os.path.join(scratch, "_probe"))
   if not plan.get("protocol"):
     if print_config:
       raise ReproduceError(
@@ -83,7 +84,7 @@ def dry_run(
   )
   if print_config:
     protocol.check_fits(name, total, minutes, 0.0, table, seeds)
-    text = row_configs_json(plan, configs, fraction)
+    text = row_configs_json(plan, configs, fraction, seeds)
     print(text, flush=True)
     return text
   text = protocol.describe_protocol(plan, table, fraction, seeds, total, source)
@@ -93,14 +94,17 @@ def dry_run(
   return text
 
 
-def row_configs_json(plan: dict[str, Any], configs, fraction: float) -> str:
-  """``{row: DIR/config.json's record}`` of each row's seed-0 run at ``fraction`` of the protocol
-  (another seed differs only in ``seed``), as JSON: every setting a run will train with."""
+def row_configs_json(plan: dict[str, Any], configs, fraction: float, seeds: int) -> str:
+  """``{row: DIR/config.json's record}`` of each row's run at ``fraction`` of the protocol, its
+  ``seeds`` seeds side by side from seed 0 (``DIR/ROW/config.json``; each seed's own
+  ``DIR/ROW/seedK/config.json`` differs in ``seed`` and ``num_seeds=1``), as JSON: every setting
+  the run will train with."""
   every = official_evaluation(plan)["every_epochs"]
   records = {}
   for row, config in configs.items():
     spec = plan["rows"][row]
     run = protocol.protocol_config(config, spec["paper_train_examples"], fraction, 0, every)
+    run.num_seeds = seeds
     records[row] = saved_config.record(run)
   return json.dumps(records, indent=2)
 

@@ -215,12 +215,14 @@ def fit_fraction(per_run_seconds: dict[str, tuple[float, float]], seeds: int, se
 
 
 def row_rates(
-  row: str, spec: dict[str, Any], full, cost: RowCost | None, test_examples: int
+  row: str, spec: dict[str, Any], full, cost: RowCost | None, test_examples: int, seeds: int = 1
 ) -> dict[str, Any]:
-  """A row's step seconds, seconds per run outside training and seconds per evaluation: measured
-  by a probe here (``cost``) or from the kit's H200 figures, where an evaluation (the forward pass
-  alone) is taken as a third of a training step's work per image, as the FLOP estimate counts a
-  training step as 3 forward passes."""
+  """A row's step seconds, seconds per run outside training and seconds per evaluation, for its
+  ``seeds`` seeds side by side: measured by a probe of them here (``cost``) or from the kit's H200
+  figures, where an evaluation (the forward pass alone) is taken as a third of a training step's
+  work per image, as the FLOP estimate counts a training step as 3 forward passes, and seeds side
+  by side as at most ``seeds`` times one seed's step and evaluation (an upper bound: the kit
+  measured one seed)."""
   if cost is not None:
     return {
       "basis": "probe",
@@ -234,9 +236,14 @@ def row_rates(
     )
   flops, params = forward_flops(full)
   kit = kit_estimate(spec["kit"], full.batch_size, flops)
-  step_seconds = full.batch_size / kit.images_per_sec
+  step_seconds = seeds * full.batch_size / kit.images_per_sec
+  side_by_side = (
+    f"; {seeds} seeds side by side: at most {seeds} times one seed's step (not measured)"
+    if seeds > 1
+    else ""
+  )
   return {
-    "basis": kit.basis,
+    "basis": kit.basis + side_by_side,
     "params": params,
     "gflops": flops / 1e9,
     "step_seconds": step_seconds,
@@ -262,9 +269,9 @@ def protocol_estimate(
     info = {"model": full.model.name, "batch_size": full.batch_size, "full_steps": full_steps}
     info["paper_epochs"], info["full_epochs"] = spec["paper_epochs"], full.num_epochs
     cost = None if costs is None else costs[row]
-    info.update(row_rates(row, spec, full, cost, plan["paper_test_examples"]))
+    info.update(row_rates(row, spec, full, cost, plan["paper_test_examples"], seeds))
     info.update(shape=model_shape(full), data=describe_data(full), precision=precision(full))
-    info["images_per_sec"] = full.batch_size / info["step_seconds"]
+    info["images_per_sec"] = seeds * full.batch_size / info["step_seconds"]
     info["eval_interval"] = evaluation_interval(steps_per_epoch, every)
     full_evaluations = evaluation_count(full_steps, info["eval_interval"])
     info["full_training_sec"] = (
@@ -272,7 +279,7 @@ def protocol_estimate(
     )
     rows[row] = info
   if fraction == "fit":
-    fraction = fitting_fraction(rows, seeds, minutes, spent)
+    fraction = fitting_fraction(rows, minutes, spent)
   total = 0.0
   for row, info in rows.items():
     steps, _ = protocol_steps(configs[row], plan["rows"][row]["paper_train_examples"], fraction)
@@ -286,7 +293,7 @@ def protocol_estimate(
     info["seconds_per_run"] = (
       info["overhead_sec"] + steps * info["step_seconds"] + evaluations * info["eval_sec"]
     )
-    total += seeds * info["seconds_per_run"]
+    total += info["seconds_per_run"]  # the row's seeds side by side: one run
   source = (
     f"a probe on this machine ({jax.devices()[0].device_kind})"
     if costs is not None
@@ -303,13 +310,13 @@ def precision(config: ml_collections.ConfigDict) -> str:
   return "fp32"
 
 
-def fitting_fraction(rows: dict[str, dict[str, Any]], seeds: int, minutes, spent: float) -> float:
+def fitting_fraction(rows: dict[str, dict[str, Any]], minutes, spent: float) -> float:
   """``--fraction=fit``: the largest fraction whose runs fit ``minutes`` after ``spent`` seconds;
   refused when the runs' fixed costs alone do not fit."""
   per_run = {row: (r["overhead_sec"], r["full_training_sec"]) for row, r in rows.items()}
-  fraction = fit_fraction(per_run, seeds, (minutes or 0) * 60 - spent)
+  fraction = fit_fraction(per_run, 1, (minutes or 0) * 60 - spent)
   if fraction <= 0:
-    overhead = seeds * sum(o for o, _ in per_run.values())
+    overhead = sum(o for o, _ in per_run.values())
     raise ReproduceError(
       f"--minutes={minutes:g} leaves no time to train: the runs' compilation alone takes an "
       f"estimated {overhead / 60:.1f} minutes"
@@ -323,6 +330,8 @@ def describe_protocol(plan, rows, fraction, seeds, total, source) -> str:
   estimate), then each row in full: the model's shape, its data and their format, precision,
   batch, length, evaluations, the paper's number with its table, and the estimate."""
   lines = [f"{plan['title']}, at {fraction_words(fraction)}", ""]
+  if plan.get("note"):
+    lines += [plan["note"], ""]
   lines.append(
     f"{'row':<14} {'model':<32} {'seeds':>5} {'batch':>5} {'epochs':>7} {'paper epochs':>12} "
     f"{'steps':>7} {'images per run':>14} {'img/s':>7} {'min/run':>7}"
@@ -337,8 +346,7 @@ def describe_protocol(plan, rows, fraction, seeds, total, source) -> str:
   for row, r in rows.items():
     lines += row_details(plan, row, r)
   lines.append(
-    f"Estimated wall time {total / 60:.1f} minutes for {_runs(seeds * len(rows))} (seed"
-    f"{'s' if seeds > 1 else ''} {', '.join(map(str, range(seeds)))}), compilation and "
+    f"Estimated wall time {total / 60:.1f} minutes for {_runs(len(rows), seeds)}, compilation and "
     f"evaluations included, from {source}."
   )
   return "\n".join(lines)
@@ -383,8 +391,20 @@ def row_details(plan: dict[str, Any], row: str, r: dict[str, Any]) -> list[str]:
   return lines
 
 
-def _runs(count: int) -> str:
-  return f"{count} run{'s' if count != 1 else ''}"
+def _runs(count: int, seeds: int) -> str:
+  """'2 runs (seed 0)' or '2 runs of 3 seeds side by side (seeds 0, 1, 2)'."""
+  runs = f"{count} run{'s' if count != 1 else ''}"
+  if seeds == 1:
+    return f"{runs} (seed 0)"
+  return f"{runs} of {seeds} seeds side by side (seeds {', '.join(map(str, range(seeds)))})"
+
+
+def side_by_side(configs: dict[str, ml_collections.ConfigDict], seeds: int):
+  """``configs`` training ``seeds`` seeds side by side (``config.num_seeds``)."""
+  configs = {row: complete_config(config) for row, config in configs.items()}
+  for config in configs.values():
+    config.num_seeds = seeds
+  return configs
 
 
 def check_fits(name: str, total: float, minutes: float | None, spent: float, rows, seeds) -> None:
@@ -393,9 +413,9 @@ def check_fits(name: str, total: float, minutes: float | None, spent: float, row
   if minutes is None or total <= available:
     return
   per_run = {row: (r["overhead_sec"], r["full_training_sec"]) for row, r in rows.items()}
-  fits = fit_fraction(per_run, seeds, available)
+  fits = fit_fraction(per_run, 1, available)
   raise ReproduceError(
-    f"plan {name!r} needs an estimated {total / 60:.1f} minutes for {_runs(seeds * len(rows))} "
+    f"plan {name!r} needs an estimated {total / 60:.1f} minutes for {_runs(len(rows), seeds)} "
     f"but --minutes={minutes:g}"
     + (f" leaves {available / 60:.1f} after probing" if spent else "")
     + f"; give more --minutes, fewer --seeds, or --fraction (at most {fits:.3f} of this length "
@@ -410,7 +430,9 @@ def make_protocol_plan(
   that does not fit ``minutes``, a dataset of another size than the paper's, or (unless ``lossy``,
   ``--allow_lossy_data``) a JPEG copy of it."""
   lossy = check_protocol_data(plan, configs, lossy)
-  costs = measure(configs, os.path.join(workdir, "_probe")) if probe_here else None
+  costs = None
+  if probe_here:
+    costs = measure(side_by_side(configs, seeds), os.path.join(workdir, "_probe"))
   spent = time.time() - started if probe_here else 0.0  # the budget counts the probe's minutes
   rows, fraction, total, source = protocol_estimate(
     plan, configs, seeds, minutes, fraction, costs, spent
@@ -433,6 +455,7 @@ def make_protocol_plan(
     "protocol": True,
     "fraction": fraction,
     "seeds": seeds,
+    "side_by_side": seeds > 1,  # each row's seeds in one run (config.num_seeds), DIR/ROW/seedK
     "row_names": list(configs),
     "minutes": minutes,
     "started": started,

@@ -333,6 +333,8 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
     runs[row] = read_row_runs(workdir, row, seeds, steps, plan_commit)
     rows[row] = row_result(plan["rows"][row], cost, steps, runs[row], reported)
   loads = [load for r in runs.values() for load in r.loads]
+  # Seeds side by side share their sessions: a row's training time is one seed's, not the sum.
+  row_wall = max if saved.get("side_by_side") else sum
   metric = "best_top1" if reported == "best" else "top1"
   compared = comparisons(plan["comparisons"], {r: runs[r].finals for r in runs}, metric)
   for c in compared:
@@ -342,6 +344,7 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
   return {
     "plan": name,
     "title": report_title(plan, saved),
+    "note": plan.get("note"),  # what the paper's own numbers leave open, in one sentence
     "protocol": bool(saved.get("protocol")),
     "fraction": saved.get("fraction", 1.0),
     "max_steps": None if saved.get("protocol") else plan.get("max_steps"),
@@ -358,7 +361,8 @@ def build_report(name: str, workdir: str) -> dict[str, Any]:
     "estimated_minutes": saved.get("estimated_minutes"),
     "runs_finished": sum(len(r.finals) for r in runs.values()),
     "runs_planned": seeds * len(rows),
-    "training_wall_minutes": sum(sum(r["wall_seconds_per_seed"]) for r in rows.values()) / 60,
+    "training_wall_minutes": sum(row_wall(r["wall_seconds_per_seed"] or [0]) for r in rows.values())
+    / 60,
     "training_wall_exact": all(r["wall_exact"] for r in rows.values()),
     "devices_trained": sorted({d["device_kind"] for r in rows.values() for d in r["devices"]}),
     "load_average_range": [min(loads), max(loads)] if loads else None,
@@ -566,7 +570,10 @@ def wall_time_words(report: dict[str, Any]) -> str:
 
 def markdown(report: dict[str, Any]) -> str:
   """``report`` as the markdown tables of ``results.md``."""
-  lines = [f"# {report['title']}", "", *rows_table(report), ""]
+  lines = [f"# {report['title']}", ""]
+  if report.get("note"):
+    lines += [report["note"], ""]
+  lines += [*rows_table(report), ""]
   if report.get("evaluation"):
     lines.append(evaluation_words(report))
   lines.append(ordering_words(report["ordering"]))

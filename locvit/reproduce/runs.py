@@ -207,24 +207,56 @@ def train_runs(plan, saved, configs, workdir: str) -> None:
   """Trains the saved plan's unfinished runs in order, after printing their estimated end; a stop
   signal inside a run raises ``KeyboardInterrupt`` once the run has saved its step. Each run
   records its own sessions' wall time and load (``locvit.workdir.provenance``), which the report
-  reads."""
+  reads. A plan saved with ``side_by_side`` trains each row's seeds in one run
+  (``config.num_seeds``, ``DIR/ROW/seedK`` each)."""
   from locvit import train
 
   runs = plan_runs(plan, saved["seeds"], saved_rows(saved, plan))
   todo = [(s, r) for s, r in runs if not is_finished(run_dir(workdir, r, s), row_steps(saved, r))]
-  remaining = sum(
-    run_seconds(RowCost(**saved_cost(saved, r)), row_steps(saved, r), row_evaluations(saved, r))
-    for _, r in todo
-  )
-  end = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=remaining)
-  print(
-    f"{len(runs) - len(todo)} of {len(runs)} runs finished; estimated end "
-    f"{end:%Y-%m-%d %H:%M} UTC.",
-    flush=True,
-  )
+  if saved.get("side_by_side"):
+    train_side_by_side(plan, saved, configs, workdir, len(runs) - len(todo), len(runs))
+    return
+  announce(saved, [r for _, r in todo], len(runs) - len(todo), len(runs))
   for seed, row in todo:
     path = run_dir(workdir, row, seed)
     print(f"\n== {row} seed {seed}: {path}", flush=True)
     result = train.train_and_evaluate(config_of_run(plan, saved, configs, row, seed), path)
     if result.get("preempted"):
       raise KeyboardInterrupt
+
+
+def train_side_by_side(plan, saved, configs, workdir: str, finished: int, planned: int) -> None:
+  """Trains each row with an unfinished seed as one run of all its seeds side by side in
+  ``DIR/ROW`` (seed K in ``DIR/ROW/seedK``, as separate runs would be), resuming it where its
+  seeds stopped."""
+  from locvit import train
+
+  rows = [
+    row
+    for row in saved_rows(saved, plan)
+    if not all(
+      is_finished(run_dir(workdir, row, seed), row_steps(saved, row))
+      for seed in range(saved["seeds"])
+    )
+  ]
+  announce(saved, rows, finished, planned, f" ({saved['seeds']} seeds side by side per row)")
+  for row in rows:
+    path = os.path.join(workdir, row)
+    print(f"\n== {row} seeds 0-{saved['seeds'] - 1} side by side: {path}", flush=True)
+    config = config_of_run(plan, saved, configs, row, 0)
+    config.num_seeds = saved["seeds"]
+    if train.train_and_evaluate(config, path).get("preempted"):
+      raise KeyboardInterrupt
+
+
+def announce(saved, runs: list[str], finished: int, planned: int, how: str = "") -> None:
+  """Prints the runs finished and the estimated end of ``runs`` (each named by its row)."""
+  remaining = sum(
+    run_seconds(RowCost(**saved_cost(saved, r)), row_steps(saved, r), row_evaluations(saved, r))
+    for r in runs
+  )
+  end = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=remaining)
+  print(
+    f"{finished} of {planned} runs finished{how}; estimated end {end:%Y-%m-%d %H:%M} UTC.",
+    flush=True,
+  )

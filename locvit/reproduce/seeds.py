@@ -64,7 +64,8 @@ def gap_words(gap: float, base: str, treat: str, seeds: int) -> str:
 def seeds_words(plan: dict[str, Any], seeds: int, rows: Sequence[str]) -> str:
   """The dry run's seeds paragraph: the seeds per row and what they can separate."""
   gaps = paper_gaps(plan, rows)
-  lines = [f"Seeds: {seeds} per row."]
+  side_by_side = ", side by side in one run per row (config.num_seeds)" if seeds > 1 else ""
+  lines = [f"Seeds: {seeds} per row{side_by_side}."]
   zero = [g for g in gaps if g[0] == 0]
   nonzero = [g for g in gaps if g[0] > 0]
   lines += [gap_words(*g, seeds) for g in zero]

@@ -88,8 +88,8 @@ def config_errors(config: ml_collections.ConfigDict) -> list[str]:
     )
   errors.check(data_lib.validate_data_config, config.data)
   known = config.data.num_classes is not None  # else the data source tells, once it is read
-  errors.check(validate_recipe, config, config.data.num_classes, check_classes=known)
-  errors.check(optim.validate, config)
+  errors.check(check_recipe, config, config.data.num_classes, check_classes=known)
+  errors.check(optim.check_optimizer_config, config)
   errors.check(check_choice, "--config.xla_options", config.xla_options, xla_options.CHOICES)
   errors.check(
     check_choice,
@@ -117,7 +117,7 @@ def config_errors(config: ml_collections.ConfigDict) -> list[str]:
   return errors.messages
 
 
-def validate_recipe(
+def check_recipe(
   config: ml_collections.ConfigDict, num_classes: Any, *, check_classes: bool = True
 ) -> None:
   """Checks the on-device augmentation, EMA and distillation blocks (every error, a line each);
@@ -133,7 +133,7 @@ def validate_recipe(
     errors.add(f"nonfinite={config.nonfinite!r} is not one of {list(NONFINITE_MODES)}")
   if config.ema is not None and not 0 <= config.ema.decay < 1:
     errors.add(f"ema.decay={config.ema.decay!r} must be in [0, 1) (0 turns the EMA off)")
-  errors.check(distill.validate, config)
+  errors.check(distill.check_distillation_config, config)
   errors.raise_all()
 
 
@@ -148,8 +148,10 @@ def check_analysis_hooks(config: ml_collections.ConfigDict, **hooks: Callable | 
       )
 
 
-def validate(config: ml_collections.ConfigDict, mesh, rules, model: nn.Module) -> None:
-  """Checks that would otherwise fail deep inside JAX; runs before anything is compiled."""
+def check_model_fits_mesh(config: ml_collections.ConfigDict, mesh, rules, model: nn.Module) -> None:
+  """The image against the model's patches and the batch sizes (and micro-batches) against the
+  mesh's data-parallel devices and the processes: checks that would otherwise fail deep inside
+  JAX; runs before anything is compiled."""
   image_size = config.data.image_size
   if hasattr(model, "patch_size"):
     check_patchable(image_size, image_size, model.patch_size)
@@ -303,7 +305,7 @@ def build_evaluation(config: ml_collections.ConfigDict) -> Evaluation:
   eval_source = data_lib.make_source(config.data, config.data.eval_split)
   num_classes = config.data.num_classes or eval_source.num_classes
   model = build_model(config, num_classes)
-  validate(config, mesh, rules, model)
+  check_model_fits_mesh(config, mesh, rules, model)
   image_shape = _image_shape(config, eval_source)
   check_attention_kernels(model, image_shape, train=False)  # cuDNN's shapes, before compiling
   batches = _eval_batches(config, eval_source)
@@ -382,8 +384,8 @@ def checked_setup(config, hooks) -> Training:
       num_classes - train_source.num_classes,
       train_source.num_classes,
     )
-  validate_recipe(config, num_classes)
-  optim.validate(config)
+  if config.data.num_classes is None and config.mixup is not None:  # known only now
+    device_augment.validate_mixup_config(config.mixup, num_classes)
   image_shape = _image_shape(config, train_source)
   warmstart = None
   if from_checkpoint.enabled(config):  # e.g. a pruned model (Cordonnier et al., appendix E)
@@ -393,7 +395,7 @@ def checked_setup(config, hooks) -> Training:
   elif config.init_from is not None and config.init_from.get("weights"):
     warmstart = weights_warmstart(config, num_classes)
   model = build_model(config, num_classes)
-  validate(config, mesh, rules, model)
+  check_model_fits_mesh(config, mesh, rules, model)
   check_attention_kernels(model, image_shape)  # cuDNN's shapes, before the workdir and compiling
   run = Training(config, mesh, rules, model, num_classes, image_shape, eval_source, None)
   run.train_source, run.warmstart, run.hooks = train_source, warmstart, hooks

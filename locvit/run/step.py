@@ -132,42 +132,56 @@ def train_step(
         distillation=config.distillation,
       )
 
-  accum = config.grad_accum_steps
-  if accum == 1:
-    (loss, (acc, model_state)), grads = loss_grad(inputs, rng, state.model_state)
-  else:
-    # Example r goes to micro-batch r % accum: keeps each device's rows local after the reshape.
-    micro = jax.tree.map(lambda x: jnp.moveaxis(x.reshape(-1, accum, *x.shape[1:]), 1, 0), inputs)
-
-    def body(carry, xs):
-      i, mb = xs
-      loss_sum, acc_sum, grad_sum, model_state = carry
-      (loss_i, (acc_i, model_state)), g = loss_grad(mb, jax.random.fold_in(rng, i), model_state)
-      grad_sum = jax.tree.map(jnp.add, grad_sum, g)
-      return (loss_sum + loss_i, acc_sum + acc_i, grad_sum, model_state), None
-
-    zeros = (0.0, 0.0, jax.tree.map(jnp.zeros_like, state.params), state.model_state)
-    (loss, acc, grads, model_state), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
-    loss, acc, grads = jax.tree.map(lambda x: x / accum, (loss, acc, grads))
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  ema_params = state.ema_params
-  if ema_enabled(config):
-    ema_params = ema_update(config, state.step, params, ema_params)
+  loss, acc, model_state, grads = mean_loss_and_gradients(
+    loss_grad, inputs, rng, state, config.grad_accum_steps
+  )
   metrics = {
     "train/loss": loss,
     "train/accuracy": acc,
     "train/lr": schedule(state.step),
     "train/grad_norm": optim.gradient_norm(config, grads),
   }
-  new_state = TrainState(
+  return updated_state(state, grads, model_state, tx, config), metrics
+
+
+def mean_loss_and_gradients(loss_grad, inputs, rng, state: TrainState, accum: int):
+  """``(loss, accuracy, model state, gradients)`` of the batch ``inputs``, each the mean over
+  ``accum`` micro-batches (gradient accumulation; one pass when ``accum`` is 1). ``loss_grad(mb,
+  key, model_state)`` is one micro-batch's ``((loss, (accuracy, model_state)), gradients)``."""
+  if accum == 1:
+    (loss, (acc, model_state)), grads = loss_grad(inputs, rng, state.model_state)
+    return loss, acc, model_state, grads
+  # Example r goes to micro-batch r % accum: keeps each device's rows local after the reshape.
+  micro = jax.tree.map(lambda x: jnp.moveaxis(x.reshape(-1, accum, *x.shape[1:]), 1, 0), inputs)
+
+  def body(carry, xs):
+    i, mb = xs
+    loss_sum, acc_sum, grad_sum, model_state = carry
+    (loss_i, (acc_i, model_state)), g = loss_grad(mb, jax.random.fold_in(rng, i), model_state)
+    grad_sum = jax.tree.map(jnp.add, grad_sum, g)
+    return (loss_sum + loss_i, acc_sum + acc_i, grad_sum, model_state), None
+
+  zeros = (0.0, 0.0, jax.tree.map(jnp.zeros_like, state.params), state.model_state)
+  (loss, acc, grads, model_state), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
+  loss, acc, grads = jax.tree.map(lambda x: x / accum, (loss, acc, grads))
+  return loss, acc, model_state, grads
+
+
+def updated_state(state: TrainState, grads, model_state, tx, config) -> TrainState:
+  """The state after one optimizer update with ``grads``: parameters, optimizer state, the
+  model state the forward pass returned and the weight EMA."""
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  ema_params = state.ema_params
+  if ema_enabled(config):
+    ema_params = ema_update(config, state.step, params, ema_params)
+  return TrainState(
     step=state.step + 1,
     params=params,
     opt_state=opt_state,
     model_state=model_state,
     ema_params=ema_params,
   )
-  return new_state, metrics
 
 
 # ------------------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ LOCK_NAME = "lock"
 LEASE_SECONDS = 60.0
 PROBE_SECONDS = 2.0  # between probes of the bucket while something waits on it
 _HELD: dict[str, _LocalLock | _Lease] = {}  # lock path -> the lock this process holds
+_CLIENTS: dict[str, paths.BucketClients] = {}  # lock path -> the clients a claim set up
 
 
 class WorkdirError(RuntimeError):
@@ -421,14 +422,16 @@ def release_lock(workdir) -> None:
   """Releases the lock taken by ``acquire_lock`` (a no-op when this process holds none), and, on
   every process, puts back etils' choice of storage client and the clients' own retries
   (``claim``)."""
-  lock = _HELD.pop(_lock_key(workdir), None)
+  key = _lock_key(workdir)
+  lock, clients = _HELD.pop(key, None), _CLIENTS.pop(key, None)
   try:
     if lock is not None:
       lock.release()
   finally:
     if isinstance(lock, _Lease):
       outage.stop()
-    paths.restore_bucket_clients()
+    if clients is not None:
+      clients.restore()
 
 
 def claim(workdir, bucket_timeout: float = LEASE_SECONDS) -> None:
@@ -438,12 +441,14 @@ def claim(workdir, bucket_timeout: float = LEASE_SECONDS) -> None:
 
   On a bucket, every process first routes the bucket through gcsfs or s3fs (also where
   TensorFlow is installed), and those clients retry a bucket that does not answer for
-  ``bucket_timeout`` seconds (``paths.use_bucket_clients``; s3fs gives up after about 10 s,
+  ``bucket_timeout`` seconds (``paths.BucketClients``; s3fs gives up after about 10 s,
   gcsfs after about 30 s): a shorter outage is ridden out, during a checkpoint save too, and
   process 0's deadline (``locvit.workdir.outage``), not whichever call gave up first, ends a longer
   one. ``release_lock`` puts both back, also when the claim fails.
   """
-  paths.use_bucket_clients(workdir, bucket_timeout)
+  key = _lock_key(workdir)
+  if key not in _CLIENTS:
+    _CLIENTS[key] = paths.BucketClients(workdir, bucket_timeout)
   error = None
   if jax.process_index() == 0:
     try:

@@ -11,7 +11,7 @@ that closed each in turn waited for each in turn. Instead, the process keeps one
   (``config.bucket_timeout_seconds``); any answer before it clears it, so a shorter outage is
   ridden out: by the clients' own retries, made to span the limit on every process of the run
   (by default s3fs gives up after about 10 s, gcsfs after 31 to 36 s;
-  ``locvit.workdir.paths.use_bucket_clients``, set by ``locvit.workdir.lock.claim``: each process
+  ``locvit.workdir.paths.BucketClients``, set by ``locvit.workdir.lock.claim``: each process
   writes its own part of a checkpoint through them, orbax's ``state/array_metadatas/process_N``),
   and, for a whole-object write that a client gives up on sooner anyway, by ``retrying``, which
   writes again once the bucket answers;

@@ -8,9 +8,11 @@ an atomic replace is a single object write, a move is copy-then-delete.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
 
 from etils import epath
 
@@ -135,27 +137,45 @@ def gcsfs_tries(seconds: float) -> int:
   return _tries_spanning(seconds, _gcsfs_wait)
 
 
-_UNSET = object()
-_EPATH_USE_TF_BEFORE: object = _UNSET  # EPATH_USE_TF as it was before use_bucket_clients
+class BucketClients:
+  """A run's storage clients for its workdir, while it holds it: when the workdir is a bucket, its
+  reads and writes through etils (orbax's metadata, locvit's metrics and manifests) go through
+  gcsfs or s3fs, the clients locvit's bucket tests run, even where TensorFlow is installed (etils
+  would pick ``tf.io.gfile`` then: on Colab, for one; ``EPATH_USE_TF``, etils' own switch, read at
+  every path operation), and those clients retry a bucket that does not answer for ``seconds``.
+  Nothing changes for a local path. ``restore`` puts back what was there before, which this
+  object holds. Every process of a run needs it: each writes its own part of a checkpoint through
+  the client (orbax's ``state/array_metadatas/process_N``)."""
+
+  def __init__(self, workdir: str | os.PathLike, seconds: float):
+    self._undo = contextlib.ExitStack()
+    store = scheme(workdir)
+    if store in ("gs", "s3"):
+      with self._undo:  # a failure here undoes what was done
+        self._undo.enter_context(_etils_without_tensorflow())
+        self._undo.enter_context(
+          retrying_gcs_for(seconds) if store == "gs" else retrying_s3_for(seconds)
+        )
+        self._undo = self._undo.pop_all()
+
+  def restore(self) -> None:
+    """Etils' choice of client and the clients' own retries, as they were."""
+    self._undo.close()
 
 
-def use_bucket_clients(workdir: str | os.PathLike, seconds: float) -> None:
-  """For a run on ``workdir``, when it is a bucket: its reads and writes through etils (orbax's
-  metadata, locvit's metrics and manifests) go through gcsfs or s3fs, the clients locvit's bucket
-  tests run, even where TensorFlow is installed (etils would pick ``tf.io.gfile`` then: on Colab,
-  for one; ``EPATH_USE_TF``, etils' own switch, read at every path operation), and those clients
-  retry a bucket that does not answer for ``seconds``. A no-op for a local path;
-  ``restore_bucket_clients`` undoes it. Every process of a run needs it: each writes its own part
-  of a checkpoint through the client (orbax's ``state/array_metadatas/process_N``)."""
-  global _EPATH_USE_TF_BEFORE
-  store = scheme(workdir)
-  if store not in ("gs", "s3"):
-    return
-  if _EPATH_USE_TF_BEFORE is _UNSET:
-    _EPATH_USE_TF_BEFORE = os.environ.get("EPATH_USE_TF")
+@contextlib.contextmanager
+def _etils_without_tensorflow() -> Iterator[None]:
+  before = os.environ.get("EPATH_USE_TF")
   os.environ["EPATH_USE_TF"] = "false"
   _forget_etils_tf_check()
-  (retry_gcs_for if store == "gs" else retry_s3_for)(seconds)
+  try:
+    yield
+  finally:
+    if before is None:
+      os.environ.pop("EPATH_USE_TF", None)
+    else:
+      os.environ["EPATH_USE_TF"] = before
+    _forget_etils_tf_check()
 
 
 def _forget_etils_tf_check() -> None:
@@ -166,71 +186,46 @@ def _forget_etils_tf_check() -> None:
   getattr(gpath._is_tf_installed, "cache_clear", lambda: None)()
 
 
-def restore_bucket_clients() -> None:
-  """Undoes ``use_bucket_clients``: etils' choice of client and the clients' own retries."""
-  global _EPATH_USE_TF_BEFORE
-  if _EPATH_USE_TF_BEFORE is not _UNSET:
-    if _EPATH_USE_TF_BEFORE is None:
-      os.environ.pop("EPATH_USE_TF", None)
-    else:
-      os.environ["EPATH_USE_TF"] = _EPATH_USE_TF_BEFORE
-    _EPATH_USE_TF_BEFORE = _UNSET
-    _forget_etils_tf_check()
-  retry_s3_for(None)
-  retry_gcs_for(None)
-
-
-_S3FS_DEFAULTS: tuple[int, tuple] | None = None  # s3fs's own (retries, retryable errors)
-
-
-def retry_s3_for(seconds: float | None) -> None:
-  """Makes s3fs retry a call to a bucket that does not answer for ``seconds`` (None: as s3fs does
-  by default again). By default a call gives up after botocore's own 5 attempts, about 10 s:
-  s3fs retries timeouts and broken replies 5 times, but not botocore's connection errors
-  (``EndpointConnectionError``). A bucket workdir's outage is ended by ``locvit.workdir.outage``'s
-  deadline, ``config.bucket_timeout_seconds``, not by whichever call gave up first."""
-  global _S3FS_DEFAULTS
-  if seconds is None and _S3FS_DEFAULTS is None:
-    return
+@contextlib.contextmanager
+def retrying_s3_for(seconds: float) -> Iterator[None]:
+  """Within it, s3fs retries a call to a bucket that does not answer for ``seconds``. By default a
+  call gives up after botocore's own 5 attempts, about 10 s: s3fs retries timeouts and broken
+  replies 5 times, but not botocore's connection errors (``EndpointConnectionError``). A bucket
+  workdir's outage is ended by ``locvit.workdir.outage``'s deadline,
+  ``config.bucket_timeout_seconds``, not by whichever call gave up first."""
   import s3fs.core
   from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
-  if _S3FS_DEFAULTS is None:
-    _S3FS_DEFAULTS = (s3fs.S3FileSystem.retries, s3fs.core.S3_RETRYABLE_ERRORS)
-  if seconds is None:
-    s3fs.S3FileSystem.retries, s3fs.core.S3_RETRYABLE_ERRORS = _S3FS_DEFAULTS
-    _S3FS_DEFAULTS = None
-    return
-  s3fs.S3FileSystem.retries = max(s3fs_tries(seconds), _S3FS_DEFAULTS[0])
+  own = (s3fs.S3FileSystem.retries, s3fs.core.S3_RETRYABLE_ERRORS)
+  s3fs.S3FileSystem.retries = max(s3fs_tries(seconds), own[0])
   if BotocoreConnectionError not in s3fs.core.S3_RETRYABLE_ERRORS:
     s3fs.core.add_retryable_error(BotocoreConnectionError)
+  try:
+    yield
+  finally:
+    s3fs.S3FileSystem.retries, s3fs.core.S3_RETRYABLE_ERRORS = own
 
 
-_GCSFS_REQUEST = None  # gcsfs's own ``GCSFileSystem._request`` while another replaces it
-
-
-def retry_gcs_for(seconds: float | None) -> None:
-  """Makes gcsfs retry a call to a bucket that does not answer for ``seconds`` (None: as gcsfs
-  does by default again). By default a call gives up after 6 tries, 31 to 36 s (its waits: 1, 2,
-  4, 8 and 16 s, each plus up to 1 s). Its ``GCSFileSystem.retries`` is read only once, when its
-  retry decorator wraps the request method at class definition, so the method is wrapped again,
-  by gcsfs's own ``retry_request`` (same waits, same retryable errors), with more tries: every
-  gcsfs call of every instance, orbax's writes included, goes through it."""
-  global _GCSFS_REQUEST
-  if seconds is None and _GCSFS_REQUEST is None:
-    return
+@contextlib.contextmanager
+def retrying_gcs_for(seconds: float) -> Iterator[None]:
+  """Within it, gcsfs retries a call to a bucket that does not answer for ``seconds``. By default
+  a call gives up after 6 tries, 31 to 36 s (its waits: 1, 2, 4, 8 and 16 s, each plus up to 1 s).
+  Its ``GCSFileSystem.retries`` is read only once, when its retry decorator wraps the request
+  method at class definition, so the method is wrapped again, by gcsfs's own ``retry_request``
+  (same waits, same retryable errors), with more tries: every gcsfs call of every instance,
+  orbax's writes included, goes through it."""
   import gcsfs.retry
   from gcsfs.core import GCSFileSystem
 
-  if _GCSFS_REQUEST is None:
-    if not hasattr(GCSFileSystem._request, "__wrapped__"):  # gcsfs is pinned; say what changed
-      raise RuntimeError("gcsfs's GCSFileSystem._request is no longer its retry decorator's")
-    _GCSFS_REQUEST = GCSFileSystem._request
-  if seconds is None:
-    GCSFileSystem._request, _GCSFS_REQUEST = _GCSFS_REQUEST, None
-    return
+  own = GCSFileSystem._request
+  if not hasattr(own, "__wrapped__"):  # gcsfs is pinned; say what changed
+    raise RuntimeError("gcsfs's GCSFileSystem._request is no longer its retry decorator's")
   tries = max(gcsfs_tries(seconds), GCSFileSystem.retries)
-  GCSFileSystem._request = gcsfs.retry.retry_request(retries=tries)(_GCSFS_REQUEST.__wrapped__)
+  GCSFileSystem._request = gcsfs.retry.retry_request(retries=tries)(own.__wrapped__)
+  try:
+    yield
+  finally:
+    GCSFileSystem._request = own
 
 
 def tensorstore_s3_spec(bucket: str, key_prefix: str) -> dict:
