@@ -1,6 +1,7 @@
 """End-to-end runs through ``python -m locvit.main``: quickstart, SIGTERM, multi-process."""
 
 import os
+import pathlib
 import re
 import signal
 import socket
@@ -65,6 +66,20 @@ def test_quickstart_reaches_090(quickstart):
   assert final["eval/top1"] >= 0.90, final
   assert f"Final evaluation at step {final['step']}/{final['step']}: {_eval_numbers(final)}" in out
   assert os.listdir(workdir / "checkpoints")
+
+
+@pytest.mark.slow
+def test_quickstart_reruns_to_the_printed_number(quickstart):
+  """docs/results.md prints the quickstart's final evaluation on the tests' 8 CPU devices: XLA:CPU
+  is deterministic for a fixed commit and seed, so a rerun prints the same numbers, and a change
+  that moves them must print the new line there."""
+  _, out, _ = quickstart
+  results = (pathlib.Path(ROOT) / "docs" / "results.md").read_text()
+  section = results.split("## Rerunning a figure", 1)[1].split("\n## ", 1)[0]
+  printed = re.findall(r"^Final evaluation at step \S+: top-1 .*$", section, re.MULTILINE)
+  assert len(printed) == 1, printed
+  ran = [line for line in out.splitlines() if line.startswith("Final evaluation at step ")]
+  assert [line.split("  (")[0] for line in ran] == printed
 
 
 @pytest.mark.slow
