@@ -21,7 +21,7 @@ from locvit.models import create_model, surgery
 from locvit.models.factory import build_model
 from locvit.platform import sharding
 from locvit.run import evaluation
-from locvit.run.bundle import check_recipe
+from locvit.run.checks import check_recipe
 from locvit.run.step import ema_update
 from locvit.workdir import restore
 from tests.train_utils import sigterm_after_step, tiny_config
