@@ -121,7 +121,13 @@ def compiled_step(name: str, image_size: int, batch_size: int, cpu_kernels: bool
     "label": jnp.asarray(rng.integers(0, NUM_CLASSES, batch_size), jnp.int32),
   }
   step = functools.partial(
-    train_step, model=model, tx=tx, schedule=schedule, config=config, num_classes=1000
+    train_step,
+    model=model,
+    tx=tx,
+    schedule=schedule,
+    config=config,
+    num_classes=1000,
+    platform=jax.default_backend(),
   )
   return jax.jit(step, donate_argnums=0).lower(state, batch).compile(), state, batch
 

@@ -81,7 +81,8 @@ def main() -> None:
   print(f"JAX {jax.__version__} on {jax.devices()[0].device_kind}, {os.cpu_count()} CPU cores")
   batching = args.batching
   if batching == "auto":  # lax.map where the CPU code paths are the default (XLA:CPU)
-    batching = "map" if ops.cpu_kernels(ops.resolve_implementation(None)) else "vmap"
+    implementation = ops.resolve_implementation(None, jax.default_backend())
+    batching = "map" if ops.cpu_kernels(implementation) else "vmap"
   for name in args.presets.split(","):
     cfg = SolverConfig(
       filter_size=args.filter_size, mode=args.mode, rank_tol=args.rank_tol, **PRESETS[name]

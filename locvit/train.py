@@ -120,8 +120,10 @@ def make_step_fn(run: bundle.Training, seed_values: list[int] | None = None) -> 
   optimizer step per batch of the list ``batches``, in one dispatch, compiled with the XLA options
   of ``config.xla_options``; the training split on the device, if any, is passed to each call.
   With ``seed_values``, the step of those seeds side by side (``locvit.run.seeds.make_step``):
-  state, batches and health stacked on a leading seed axis."""
+  state, batches and health stacked on a leading seed axis. The backend is resolved here, once,
+  and passed down: to the step (its kernels and augmentation) and to the XLA options."""
   replicated, shardings = sharding.replicated(run.mesh), run.layout.shardings
+  platform = jax.default_backend()
   step_kwargs = dict(
     model=run.model,
     tx=run.tx,
@@ -129,6 +131,7 @@ def make_step_fn(run: bundle.Training, seed_values: list[int] | None = None) -> 
     config=run.config,
     num_classes=run.num_classes,
     teacher=run.teacher,
+    platform=platform,
   )
   step = functools.partial(guarded_steps, **step_kwargs)
   batch_sharding = run.batch_sharding
@@ -136,7 +139,7 @@ def make_step_fn(run: bundle.Training, seed_values: list[int] | None = None) -> 
     step = seeds_lib.make_step(seed_values, **step_kwargs)
     shardings = seeds_lib.stacked_shardings(shardings)
     batch_sharding = seeds_lib.stacked_sharding(batch_sharding)
-  options = xla_options.compiler_options(run.config.xla_options, jax.default_backend())
+  options = xla_options.compiler_options(run.config.xla_options, platform)
   jitted = jax.jit(
     step,
     in_shardings=(

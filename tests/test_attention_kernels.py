@@ -56,11 +56,12 @@ def test_einsum_kernel_keeps_low_precision_dtypes():
 
 def test_default_implementation_is_the_cpu_kernels_on_cpu_and_bad_input_is_named():
   assert jax.default_backend() == "cpu"
-  assert softmax_attention.resolve_implementation(None) == "cpu_kernels"
-  assert softmax_attention.resolve_implementation("einsum") == "cpu_kernels"  # the earlier name
-  assert softmax_attention.resolve_implementation("xla") == "xla"
+  assert softmax_attention.resolve_implementation(None, jax.default_backend()) == "cpu_kernels"
+  # 'einsum': the earlier name
+  assert softmax_attention.resolve_implementation("einsum", "cpu") == "cpu_kernels"
+  assert softmax_attention.resolve_implementation("xla", "cpu") == "xla"
   with pytest.raises(ValueError, match=r"implementation='flash' is not one of"):
-    softmax_attention.resolve_implementation("flash")
+    softmax_attention.resolve_implementation("flash", "cpu")
   q, k, v = _qkv()
   with pytest.raises(ValueError, match=r"bias must be \(B, H, N, N\) or \(1, H, N, N\)"):
     dot_product_attention(q, k, v, bias=jnp.zeros((3, 7, 7)), implementation="cpu_kernels")

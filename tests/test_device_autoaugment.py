@@ -207,7 +207,7 @@ def test_device_auto_augment_is_per_example_and_follows_the_key():
   spec = "rand-m9-n1-mstd0.5-inc1"  # one op per image: half the op table to compile
   cfg = data_cfg(train_augment="none", augment_on="device", auto_augment=spec, image_size=16)
   batch = jnp.broadcast_to(jnp.asarray(IMAGES[0][:16, :16]), (16, 16, 16, 3))
-  run = jax.jit(lambda k, x: da.recipe_ops(k, {"image": x}, cfg))
+  run = jax.jit(lambda k, x: da.recipe_ops(k, {"image": x}, cfg, platform="cpu"))
   out = np.asarray(run(jax.random.key(0), batch))
   assert out.shape == batch.shape and out.dtype == np.uint8
   assert len({o.tobytes() for o in out}) > 6  # 15 ops at p = 0.5, per example
@@ -251,7 +251,11 @@ def test_device_auto_augment_lowers_for_accelerators_without_host_callbacks(plat
   cfg = data_cfg(
     train_augment="crop_flip", augment_on="device", image_size=16, auto_augment="rand-m9-n2"
   )
-  step = lambda key, images: da.normalize(da.recipe_ops(key, {"image": images}, cfg), cfg)
+  backend = {"cuda": "gpu"}.get(platform, platform)  # the backend the step is compiled for
+
+  def step(key, images):
+    return da.normalize(da.recipe_ops(key, {"image": images}, cfg, platform=backend), cfg)
+
   images = jnp.zeros((4, 16, 16, 3), jnp.uint8)
   text = jax.jit(step).trace(jax.random.key(0), images).lower(lowering_platforms=(platform,))
   text = text.as_text()

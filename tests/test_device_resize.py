@@ -141,7 +141,8 @@ def test_device_crop_lowers_for_accelerators_without_host_callbacks(platform):
   }
   whole_images = {"image": batch["image"]}  # the training split on the device: boxes drawn here
   for inputs in (batch, whole_images):
-    lowered = jax.jit(lambda k, b: da.recipe_ops(k, b, cfg)).trace(jax.random.key(0), inputs)
+    recipe = jax.jit(lambda k, b: da.recipe_ops(k, b, cfg, platform="gpu"))
+    lowered = recipe.trace(jax.random.key(0), inputs)
     text = lowered.lower(lowering_platforms=(platform,)).as_text()
     assert "stablehlo.gather" in text and "custom_call" not in text
     assert "callback" not in text.lower()

@@ -346,7 +346,7 @@ def test_training_step_fusions_keep_outputs_and_gradients_exactly():
 
 
 def test_the_training_step_adds_biases_inside_the_matmuls_only_when_compiled_for_xla_gpu():
-  """``train_step``'s ``platform`` (the default backend's unless given) decides: 'gpu' puts the
+  """``train_step``'s ``platform`` (the backend it is compiled for) decides: 'gpu' puts the
   ones columns in (a concatenation per dense layer), 'tpu' keeps the plain bias add."""
   from locvit import optim
   from locvit.models.factory import build_model

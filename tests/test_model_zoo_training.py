@@ -57,7 +57,14 @@ def test_family_trains_on_a_tensor_parallel_mesh(name):
     before = jax.device_get(state.params)
     step = jax.jit(
       lambda s, b: train_step(
-        s, b, model=model, tx=tx, schedule=schedule, config=config, num_classes=10
+        s,
+        b,
+        model=model,
+        tx=tx,
+        schedule=schedule,
+        config=config,
+        num_classes=10,
+        platform=jax.default_backend(),
       ),
       in_shardings=(layout.shardings, batch_sharding),
       out_shardings=(layout.shardings, sharding.replicated(mesh)),

@@ -146,7 +146,9 @@ def test_the_step_takes_the_split_as_an_argument_when_lowered_for(platform):
   schedule = optim.make_schedule(config, 6, 1)
   tx = optim.make_optimizer(config, params, schedule)
   state = TrainState(jnp.int32(0), params, jax.eval_shape(tx.init, params), model_state)
-  kwargs = dict(model=model, tx=tx, schedule=schedule, config=config, num_classes=10)
+  kwargs = dict(
+    model=model, tx=tx, schedule=schedule, config=config, num_classes=10, platform="cpu"
+  )
   step = jax.jit(functools.partial(guarded_steps, **kwargs))
   split = {"image": jnp.zeros((1437, 8, 8, 1), jnp.uint8), "label": jnp.zeros(1437, jnp.int32)}
   batches = [{"index": jnp.arange(32, dtype=jnp.int32)}]

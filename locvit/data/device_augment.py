@@ -202,23 +202,30 @@ def _random_resized_crop_op(key: Array, images: Array, cfg: Any, batch: dict[str
 
 
 _RECIPE_OPS = {
-  "random_resized_crop": _random_resized_crop_op,
-  "pad_crop": lambda key, images, cfg, batch: pad_crop(key, images, int(cfg.crop_padding)),
-  "hflip": lambda key, images, cfg, batch: random_flip(key, images),
-  "auto_augment": lambda key, images, cfg, batch: device_autoaugment.auto_augment(key, images, cfg),
+  "random_resized_crop": lambda key, images, cfg, batch, platform: _random_resized_crop_op(
+    key, images, cfg, batch
+  ),
+  "pad_crop": lambda key, images, cfg, batch, platform: pad_crop(
+    key, images, int(cfg.crop_padding)
+  ),
+  "hflip": lambda key, images, cfg, batch, platform: random_flip(key, images),
+  "auto_augment": lambda key, images, cfg, batch, platform: device_autoaugment.auto_augment(
+    key, images, cfg, platform=platform
+  ),
 }
 
 
-def recipe_ops(key: Array, batch: dict[str, Array], data_config: Any) -> Array:
+def recipe_ops(key: Array, batch: dict[str, Array], data_config: Any, *, platform: str) -> Array:
   """The recipe ops that ``data.augment_on='device'`` moves here (``augment.split_train_ops``),
   in order, on the batch's uint8 images; each draws from its own key, per example (a
   random-resized crop reads the box the host cut, ``resample.crop_to_canvas``). Returns the
-  images, unchanged when no op moved."""
+  images, unchanged when no op moved. ``platform``: the backend the step is compiled for (how
+  ``device_autoaugment.auto_augment`` applies its ops)."""
   images, names = batch["image"], augment.split_train_ops(data_config)[1]
   if not names:
     return images
   for name, op_key in zip(names, jax.random.split(key, len(names)), strict=True):
-    images = _RECIPE_OPS[name](op_key, images, data_config, batch)
+    images = _RECIPE_OPS[name](op_key, images, data_config, batch, platform)
   return images
 
 

@@ -523,10 +523,18 @@ def group_size(batch: int) -> int:
   return -(-batch // 32)
 
 
-def auto_augment(key: Array, images: Array, data_config: Any, *, how: str | None = None) -> Array:
+def auto_augment(
+  key: Array,
+  images: Array,
+  data_config: Any,
+  *,
+  platform: str | None = None,
+  how: str | None = None,
+) -> Array:
   """data.auto_augment on a uint8 (B, H, W, C) batch, each example with its own key from `key`;
-  the batch unchanged when data.auto_augment is None. ``how``: 'select' or 'grouped' (None:
-  ``dispatch`` by image size and platform); both give the same pixels, bit for bit."""
+  the batch unchanged when data.auto_augment is None. ``how``: 'select' or 'grouped'; without
+  it, ``dispatch`` by image size and ``platform`` (the backend the step is compiled for, which
+  the caller passes); both give the same pixels, bit for bit."""
   spec = data_config.auto_augment
   if spec is None:
     return images
@@ -535,6 +543,10 @@ def auto_augment(key: Array, images: Array, data_config: Any, *, how: str | None
   fill = _fill_levels(channels, autoaugment.fill_from_data_config(data_config))
   branches = primitive_branches(fill, data_config.interpolation)
   draws = jax.vmap(lambda k: sample_ops(k, plan))(jax.random.split(key, b))
-  if (how or dispatch(height, width, jax.default_backend())) == "grouped":
+  if how is None and platform is None:
+    raise ValueError(
+      "auto_augment needs the platform it is compiled for, or how='select' or 'grouped'"
+    )
+  if (how or dispatch(height, width, platform)) == "grouped":
     return apply_ops_grouped(images, draws, branches, group_size(b))
   return jax.vmap(lambda image, d: apply_ops(image, d, branches))(images, draws)

@@ -47,7 +47,7 @@ from locvit.init.layout import (
   unflatten,
 )
 from locvit.init.mimetic import VPROJ_MODES, apply_mimetic
-from locvit.platform.ops import cpu_kernels, model_implementation
+from locvit.platform.ops import cpu_kernels
 
 
 def init_config(name: str = "impulse", **overrides: Any) -> ml_collections.ConfigDict:
@@ -113,9 +113,8 @@ def write_impulse(params: Any, solution, layout: AttentionLayout) -> Any:
 
 def _solver_batching(model) -> str:
   """'map' (one solve after another) with the CPU code paths, else 'vmap': the model's resolved
-  kernel setting decides, not a backend check here."""
-  implementation = model_implementation(model)
-  return "map" if cpu_kernels(implementation) else "vmap"
+  kernel setting decides, not a backend check here (without a model, the solver's 'vmap')."""
+  return "map" if cpu_kernels(getattr(model, "attention_implementation", None)) else "vmap"
 
 
 def _impulse(cfg: Mapping, params: Any, model, grid: TokenGrid, layout, seed: int):

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
+import jax
 from absl import flags
 
 from locvit.models import (
@@ -237,8 +238,9 @@ def boolean_override(name: str, field: str) -> bool:
 def create_model(name: str, num_classes: int = 1000, **overrides: Any) -> nn.Module:
   """Builds a registered model; ``overrides`` replace fields of the module (e.g. ``depth=6``).
 
-  The kernel setting ``attention_implementation`` is resolved here, once (``locvit.platform.ops``):
-  None becomes 'cpu_kernels' (the CPU code paths) on CPU and stays None (JAX's choice) elsewhere.
+  The kernel setting ``attention_implementation`` is resolved here, once, for the default backend
+  (``locvit.platform.ops.resolve_implementation``): None becomes 'cpu_kernels' (the CPU code
+  paths) on CPU and stays None (JAX's choice) elsewhere.
   """
   if name not in _MODELS:
     raise _unknown(name)
@@ -247,7 +249,9 @@ def create_model(name: str, num_classes: int = 1000, **overrides: Any) -> nn.Mod
   check_overrides(name, overrides)
   if "attention_implementation" in fields:
     implementation = overrides.get("attention_implementation", model.attention_implementation)
-    overrides["attention_implementation"] = resolve_implementation(implementation)
+    overrides["attention_implementation"] = resolve_implementation(
+      implementation, jax.default_backend()
+    )
   model = model.clone(**overrides) if overrides else model
   if hasattr(model, "check"):
     model.check()

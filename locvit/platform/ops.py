@@ -46,21 +46,20 @@ def check_implementation(implementation: str | None) -> None:
   check_choice("implementation", implementation, IMPLEMENTATIONS)
 
 
-def resolve_implementation(implementation: str | None) -> str | None:
-  """The kernel setting a model is built with: None becomes 'cpu_kernels' (the CPU code paths)
-  when the default backend is XLA:CPU and stays None (JAX's choice) elsewhere; the alias 'einsum'
-  becomes 'cpu_kernels'. The one place a model's kernels look at the backend (the training step
-  reads it once more, for ``bias_in_matmul``)."""
+def resolve_implementation(implementation: str | None, platform: str) -> str | None:
+  """The kernel setting a model is built with on ``platform`` (the backend, resolved once by the
+  caller: ``locvit.models.create_model``): None becomes 'cpu_kernels' (the CPU code paths) on
+  'cpu' and stays None (JAX's choice) elsewhere; the alias 'einsum' becomes 'cpu_kernels'."""
   check_implementation(implementation)
-  if implementation is None and jax.default_backend() == "cpu":
+  if implementation is None and platform == "cpu":
     return "cpu_kernels"
   return ALIASES.get(implementation, implementation)
 
 
-def model_implementation(model) -> str | None:
+def model_implementation(model, platform: str) -> str | None:
   """The kernel setting a built model resolved (its ``attention_implementation``); for a model
-  without one, what None resolves to on this backend."""
-  return getattr(model, "attention_implementation", resolve_implementation(None))
+  without one, what None resolves to on ``platform``."""
+  return getattr(model, "attention_implementation", resolve_implementation(None, platform))
 
 
 def cpu_kernels(implementation: str | None) -> bool:

@@ -77,19 +77,20 @@ def train_step(
   config,
   num_classes,
   teacher: distill.Teacher | None = None,
-  platform: str | None = None,
+  platform: str,
   seed: jax.Array | int | None = None,
 ):
   """One optimizer update on a global batch, optionally accumulated over micro-batches.
-  ``platform``: the one the step is compiled for where that is not the default backend's (a
-  compile-only device's, ``benchmarks/step_kernels.py --gpu``). ``seed``: the run's seed where it
+  ``platform``: the backend the step is compiled for, resolved once by the caller
+  (``locvit.train.make_step_fn``: the default backend's; a compile-only device's,
+  ``benchmarks/step_kernels.py --gpu``). ``seed``: the run's seed where it
   is an operand rather than ``config.seed`` (one per lane of ``locvit.run.seeds``' vmapped step);
   the keys are the same either way."""
   seed = config.seed if seed is None else seed
   rng = jax.random.fold_in(jax.random.key(seed), state.step)
   augment_rng = jax.random.fold_in(jax.random.key(seed + 2), state.step)
   recipe_rng = jax.random.fold_in(jax.random.key(seed + 3), state.step)
-  images = device_augment.recipe_ops(recipe_rng, batch, config.data)
+  images = device_augment.recipe_ops(recipe_rng, batch, config.data, platform=platform)
   images, targets = device_augment.augment_batch(
     augment_rng,
     device_augment.normalize(images, config.data),
@@ -107,14 +108,14 @@ def train_step(
   # One shared operand for the layers' parameter casts and LayerNorm's parameter sums, which
   # XLA:GPU then merges, and there the biases inside the matmuls; on the CPU code paths the step
   # would only gain kernels (docs/benchmarks.md).
-  implementation = ops.model_implementation(model)
+  implementation = ops.model_implementation(model, platform)
   fusions = (
     contextlib.nullcontext
     if ops.cpu_kernels(implementation)
     else functools.partial(
       ops.training_step_fusions,
       per_example_sums=True,
-      bias_in_matmul=(platform or jax.default_backend()) == "gpu",
+      bias_in_matmul=platform == "gpu",
     )
   )
 
