@@ -430,6 +430,90 @@ def _mismatch(name: str, model: str, error: ConversionError) -> WeightsError:
   )
 
 
+def _read_weights(weights: Weights) -> tuple[dict | None, dict[str, np.ndarray]]:
+  """``(params, {})`` of a ``locvit.convert`` output, or ``(None, state_dict)`` of a PyTorch /
+  safetensors file as numpy arrays; a file that cannot be read raises ``WeightsError``."""
+  if weights.converted:
+    return jax.device_get(load_converted(weights.path)["params"]), {}
+  try:
+    return None, {k: to_numpy(v) for k, v in read_state_dict(weights.path).items()}
+  except ImportError as e:
+    raise WeightsError(str(e)) from None
+  except Exception as e:  # a damaged or foreign file: its reader's own message
+    raise WeightsError(f"{weights.path}: cannot be read as weights ({e})") from None
+
+
+def _converted_keys(params: Mapping[str, Any]) -> list[str]:
+  """The keys that tell a converted model's architecture (``_model_name``)."""
+  return ["gating_param"] if _has_gating(params) else ["pos_embed"]
+
+
+def _architecture(
+  weights: Weights, model: str | None, keys: list[str], overrides: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+  """The model name to build and its ``create_model`` overrides: what the weights imply (a
+  converter's saved overrides, a hub ``config.json``'s ``model_args``), then the caller's."""
+  name, implied = _model_name(weights, model, keys)
+  if weights.converted:  # the converter's overrides, then the caller's
+    saved = weights.config.get("overrides") or {}
+    implied.update({k: parse_override(name, k, _unrepr(v)) for k, v in saved.items()})
+  elif model is None:  # the hub's architecture, as its model_args build it
+    implied.update(model_args_overrides(weights, name))
+  return name, {**implied, **overrides}
+
+
+def _params_as_trained(
+  weights: Weights,
+  name: str,
+  converted: dict | None,
+  state_dict: dict[str, np.ndarray],
+  prefix: int,
+  patch: int,
+  overrides: dict[str, Any],
+) -> tuple[dict, int, int]:
+  """``(params, classes, image size)`` of the weights as they were trained: a PyTorch state
+  dict converted (``from_timm``) at its own image size and class count."""
+  if converted is not None:
+    classes = int(np.shape(converted["head"]["kernel"])[-1])
+    pos = np.asarray(converted["pos_embed"])
+    source_size = _source_image_size(pos.shape[1], prefix, patch, weights.name)
+    return jax.tree.map(np.asarray, converted), classes, source_size
+  if "head.weight" not in state_dict or "pos_embed" not in state_dict:
+    raise _mismatch(weights.name, name, ConversionError("missing key(s): head, pos_embed"))
+  classes = int(state_dict["head.weight"].shape[0])
+  source_size = _source_image_size(state_dict["pos_embed"].shape[1], prefix, patch, weights.name)
+  try:
+    params = from_timm(name, state_dict, image_size=source_size, num_classes=classes, **overrides)[
+      "params"
+    ]
+  except ConversionError as e:
+    raise _mismatch(weights.name, name, e) from None
+  except ValueError as e:
+    raise WeightsError(f"{weights.name}: {e}") from None
+  return jax.tree.map(np.asarray, params), classes, source_size
+
+
+def _resample_pos_embed(
+  params: dict, name: str, source_size: int, img_size: int, patch: int, prefix: int
+) -> list[str]:
+  """Resamples ``params['pos_embed']`` in place from ``source_size`` to ``img_size`` pixels
+  (bicubic, antialiased); returns the note saying so, or none when the sizes agree."""
+  if img_size % patch:
+    raise WeightsError(
+      f"{name}: image size {img_size} is not a multiple of the patch size {patch}; "
+      f"choose a multiple of {patch}"
+    )
+  if img_size == source_size:
+    return []
+  grid = (img_size // patch, img_size // patch)
+  params["pos_embed"] = resample_abs_pos_embed(params["pos_embed"], grid, num_prefix_tokens=prefix)
+  old = source_size // patch
+  return [
+    f"pos_embed resampled from a {old}x{old} to a {grid[0]}x{grid[1]} patch grid "
+    f"({source_size} -> {img_size} px, bicubic, antialiased)"
+  ]
+
+
 def load_pretrained(
   name_or_path: str | os.PathLike | Weights,
   *,
@@ -462,65 +546,17 @@ def load_pretrained(
       weights of another architecture, or a ``pos_embed`` that cannot be resampled.
   """
   weights = name_or_path if isinstance(name_or_path, Weights) else resolve_weights(name_or_path)
-  if weights.converted:
-    params = jax.device_get(load_converted(weights.path)["params"])
-    keys = ["gating_param"] if _has_gating(params) else ["pos_embed"]
-  else:
-    try:
-      state_dict = {k: to_numpy(v) for k, v in read_state_dict(weights.path).items()}
-    except ImportError as e:
-      raise WeightsError(str(e)) from None
-    except Exception as e:  # a damaged or foreign file: its reader's own message
-      raise WeightsError(f"{weights.path}: cannot be read as weights ({e})") from None
-    keys = list(state_dict)
-  name, implied = _model_name(weights, model, keys)
-  if weights.converted:  # the converter's overrides, then the caller's
-    saved = weights.config.get("overrides") or {}
-    implied.update({k: parse_override(name, k, _unrepr(v)) for k, v in saved.items()})
-  elif model is None:  # the hub's architecture, as its model_args build it
-    implied.update(model_args_overrides(weights, name))
-  overrides = {**implied, **overrides}
+  converted, state_dict = _read_weights(weights)
+  keys = list(state_dict) if converted is None else _converted_keys(converted)
+  name, overrides = _architecture(weights, model, keys, overrides)
   target = create_model(name, num_classes=1, **overrides)
   prefix, patch = _prefix_tokens(target), target.patch_size
-  notes = []
-
-  if weights.converted:
-    source_classes = int(np.shape(params["head"]["kernel"])[-1])
-    pos = np.asarray(params["pos_embed"])
-  else:
-    if "head.weight" not in state_dict or "pos_embed" not in state_dict:
-      raise _mismatch(weights.name, name, ConversionError("missing key(s): head, pos_embed"))
-    source_classes = int(state_dict["head.weight"].shape[0])
-    pos = state_dict["pos_embed"]
-  source_size = _source_image_size(pos.shape[1], prefix, patch, weights.name)
-  if not weights.converted:
-    try:
-      params = from_timm(
-        name, state_dict, image_size=source_size, num_classes=source_classes, **overrides
-      )["params"]
-    except ConversionError as e:
-      raise _mismatch(weights.name, name, e) from None
-    except ValueError as e:
-      raise WeightsError(f"{weights.name}: {e}") from None
-  params = jax.tree.map(np.asarray, params)
-
+  params, source_classes, source_size = _params_as_trained(
+    weights, name, converted, state_dict, prefix, patch, overrides
+  )
   num_classes = num_classes or source_classes
   img_size = img_size or source_size
-  if img_size % patch:
-    raise WeightsError(
-      f"{weights.name}: image size {img_size} is not a multiple of the patch size {patch}; "
-      f"choose a multiple of {patch}"
-    )
-  if img_size != source_size:
-    grid = (img_size // patch, img_size // patch)
-    params["pos_embed"] = resample_abs_pos_embed(
-      params["pos_embed"], grid, num_prefix_tokens=prefix
-    )
-    old = source_size // patch
-    notes.append(
-      f"pos_embed resampled from a {old}x{old} to a {grid[0]}x{grid[1]} patch grid "
-      f"({source_size} -> {img_size} px, bicubic, antialiased)"
-    )
+  notes = _resample_pos_embed(params, weights.name, source_size, img_size, patch, prefix)
   if num_classes != source_classes:
     fresh = _fresh_params(create_model(name, num_classes=num_classes, **overrides), img_size, seed)
     heads = [h for h in HEAD_NAMES if h in params]
