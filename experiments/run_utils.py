@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -13,8 +12,8 @@ import ml_collections
 
 from locvit.analysis.analyze import restore_params
 from locvit.configs.common import complete_config
-from locvit.main import ConfigError, resolve_config
 from locvit.platform import sharding
+from locvit.run import config as run_config
 from locvit.workdir import checkpoint, restore, saved_config
 
 
@@ -46,14 +45,7 @@ def load_config(spec: str | None, workdir: str | None = None) -> ml_collections.
         "--workdir, or its config as --config=path/to/config.py[:arg]"
       )
     return complete_config(saved_config.read(str(saved)))
-  try:  # as locvit.main's --config: a file, or a shipped config's name (configs/NAME.py[:ARG])
-    path, _, arg = resolve_config(spec).partition(":")
-  except ConfigError as e:
-    raise ValueError(str(e)) from None
-  module_spec = importlib.util.spec_from_file_location("run_config", path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(arg or None)
+  return run_config.load(spec)  # as locvit.main's --config (a ConfigError is a ValueError)
 
 
 def run_num_classes(workdir: str) -> int:

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from locvit import main as main_lib
 from locvit import metrics
 from locvit.configs import quickstart
 from locvit.models import list_models
+from locvit.run import config as run_config
 from locvit.workdir import fingerprint
 from tests.test_dataset_choice import image_folder
 
@@ -60,7 +60,7 @@ def test_list_configs_names_each_shipped_config_with_its_arguments_and_summary()
   assert (rc, err) == (0, "")
   lines = out.splitlines()
   names, summaries = lines[::2], lines[1::2]
-  assert [name.split(":")[0] for name in names] == main_lib.shipped_config_names()
+  assert [name.split(":")[0] for name in names] == run_config.shipped_config_names()
   gmm_table1 = "gmm_table1:{vit,swin,cait,pit,t2t},{cifar10,cifar100,svhn,tinyimagenet},{base,gmm}"
   assert gmm_table1 in names
   assert "convit_fig8:gpsa=INT,alpha=FLOAT" in names

@@ -16,9 +16,10 @@ import pytest
 from locvit import main
 from locvit.configs import args as config_args
 from locvit.configs.reproduce_plans import PLANS
+from locvit.run import config as run_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NAMES = main.shipped_config_names()
+NAMES = run_config.shipped_config_names()
 # NAME[.py][:ARG] after --config= or a backtick or "configs/"; ARG stops at a space or a quote.
 PRINTED = re.compile(
   r"(?:--config[= ]|`|configs/)(?:configs/)?(" + "|".join(NAMES) + r")(?:\.py)?(?::([^\s`'\")]*))?"
@@ -72,7 +73,7 @@ def docs_text() -> str:
 def docstrings_text() -> str:
   texts = []
   for name in NAMES:
-    with open(os.path.join(main.shipped_configs_dir(), name + ".py")) as f:
+    with open(os.path.join(run_config.shipped_configs_dir(), name + ".py")) as f:
       texts.append(ast.get_docstring(ast.parse(f.read())) or "")
   return "\n".join(texts)
 
@@ -94,7 +95,7 @@ def listed_names() -> set[str]:
 
 def print_config(value: str) -> str:
   """What ``--print_config --config=VALUE`` checks and prints, in this process."""
-  path, _, arg = main.resolve_config(value).partition(":")
+  path, _, arg = run_config.resolve_config(value).partition(":")
   spec = importlib.util.spec_from_file_location("printed_config", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -170,15 +171,16 @@ def test_fields_go_by_position_by_name_or_take_their_defaults():
 
 
 def test_list_configs_shows_the_argument_choices():
-  assert main.config_usage("gmm_table1") == (
+  assert run_config.config_usage("gmm_table1") == (
     "gmm_table1:{vit,swin,cait,pit,t2t},{cifar10,cifar100,svhn,tinyimagenet},{base,gmm}"
   )
-  assert main.config_usage("quickstart") == "quickstart"
-  assert main.config_usage("gmm_table56") == (  # was the fields' choices alone: 12 of 45 refused
+  assert run_config.config_usage("quickstart") == "quickstart"
+  # was the fields' choices alone: 12 of 45 refused
+  assert run_config.config_usage("gmm_table56") == (
     "gmm_table56:{tinyimagenet,cifar10,cifar100},{d8,d9,d15},{vit,elm,gmm} (dataset,size: only "
     "tinyimagenet,d8 | cifar10,d9 | cifar10,d15 | cifar100,d9 | cifar100,d15)"
   )
-  assert list(itertools.islice(main.list_configs_text().splitlines(), 2)) == [
+  assert list(itertools.islice(run_config.list_configs_text().splitlines(), 2)) == [
     "cifar10_deit",
     "  DeiT-Ti at patch 4 on CIFAR-10 (32x32): the small-image baseline every paper compares "
     "against.",

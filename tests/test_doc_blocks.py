@@ -58,6 +58,7 @@ from locvit.configs.reproduce_plans import PLANS
 from locvit.convert import __main__ as convert_cli
 from locvit.data import list_recipes, prepare
 from locvit.data.config import SOURCES
+from locvit.run import config as run_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -104,7 +105,7 @@ def commands() -> list[tuple[str, str]]:
 
 def load_config(argv: list[str]):
   """The config ``python -m locvit.main argv`` would run, overrides applied (no workdir made)."""
-  config = main_lib.command_line_config(["locvit", *argv])
+  config = run_config.command_line_config(["locvit", *argv])
   main_lib.check_config(config)
   return config
 

@@ -20,9 +20,9 @@ import zipfile
 
 import pytest
 
-from locvit import main
 from locvit.metrics import _eval_numbers, read_evaluations, read_metrics
 from locvit.models import list_models
+from locvit.run import config as run_config
 from locvit.workdir import saved_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -177,7 +177,8 @@ def test_model_overrides_take_absls_forms_and_load_the_config_once(tmp_path):
     f"def get_config():\n  open({str(calls)!r}, 'a').write('.')\n  raise ValueError('no')\n"
   )
   argv = ["locvit", f"--config={failing}", *[f"--config.model.overrides.depth={d}" for d in "123"]]
-  assert main.split_model_overrides(argv) == (argv, {})  # config_flags then reports the config's
+  # config_flags then reports the config's
+  assert run_config.split_model_overrides(argv) == (argv, {})
   assert calls.read_text() == "."  # was once per override flag
   config = f"--config={ROOT}/configs/quickstart.py"
   argv = [
@@ -191,7 +192,7 @@ def test_model_overrides_take_absls_forms_and_load_the_config_once(tmp_path):
     "--config.model.overrides.depth=3",  # after '--': not a flag
   ]
   added = {"depth": 2, "remat": True, "qkv_bias": False}
-  assert main.split_model_overrides(argv) == (["locvit", config, *argv[-2:]], added)
+  assert run_config.split_model_overrides(argv) == (["locvit", config, *argv[-2:]], added)
 
 
 def test_every_config_mistake_is_listed_at_once_before_anything_is_built(tmp_path):
@@ -342,15 +343,15 @@ def test_a_workdir_that_is_a_file_is_named_as_one(tmp_path):
 
 def test_config_may_name_a_runs_workdir_or_its_config_json(tmp_path):
   (tmp_path / "config.json").write_text("{}")  # resolving reads only the file's name
-  saved = main.resolve_config(str(tmp_path / "config.json"))
+  saved = run_config.resolve_config(str(tmp_path / "config.json"))
   assert saved == f"{os.path.abspath(saved_config.__file__)}:{tmp_path / 'config.json'}"
   assert saved == saved_config.config_file_argument(tmp_path / "config.json")
-  assert main.resolve_config(str(tmp_path)) == saved  # was: 'PosixGPath' has no 'endswith'
+  assert run_config.resolve_config(str(tmp_path)) == saved  # was: 'PosixGPath' has no 'endswith'
 
 
 def test_saved_config_round_trips_every_shipped_config(tmp_path):
   """Types JSON drops (tuples, typed None placeholders) come back, so overrides still parse."""
-  for name in main.shipped_config_names():
+  for name in run_config.shipped_config_names():
     config = importlib.import_module(f"locvit.configs.{name}").get_config()
     saved_config.write(str(tmp_path), config, ["python", "-m", "locvit.main", f"--config={name}"])
     restored = saved_config.read(saved_config.path(str(tmp_path)))
@@ -419,7 +420,7 @@ def test_wheel_has_only_locvit_and_runs_shipped_configs_by_name(tmp_path):
   names = zipfile.ZipFile(wheel).namelist()
   top = {n.split("/")[0] for n in names}
   assert {t for t in top if not t.endswith(".dist-info")} == {"locvit"} and len(top) == 2, top
-  shipped = main.shipped_config_names()
+  shipped = run_config.shipped_config_names()
   assert {f"locvit/configs/{name}.py" for name in shipped} <= set(names)
 
   target = tmp_path / "site"
@@ -434,18 +435,18 @@ def test_wheel_has_only_locvit_and_runs_shipped_configs_by_name(tmp_path):
   env = _env(PYTHONPATH=str(target))
   check = (
     "import importlib.util, locvit.configs\n"
-    "from locvit import main\n"
+    "from locvit.run import config as run_config\n"
     "from locvit.configs import common\n"
     "spec = importlib.util.find_spec('configs')\n"  # None, or another install's (not the wheel's)
     f"assert spec is None or not spec.origin.startswith({str(target)!r})\n"
     f"assert locvit.configs.__path__[0].startswith({str(target)!r})\n"
-    "for name in main.shipped_config_names():\n"
-    "  path = main.resolve_config(name)\n"
+    "for name in run_config.shipped_config_names():\n"
+    "  path = run_config.resolve_config(name)\n"
     "  spec = importlib.util.spec_from_file_location('c', path)\n"
     "  module = importlib.util.module_from_spec(spec)\n"
     "  spec.loader.exec_module(module)\n"
     "  module.get_config()\n"
-    "print(len(main.shipped_config_names()))\n"
+    "print(len(run_config.shipped_config_names()))\n"
   )
   done = subprocess.run(
     [sys.executable, "-c", check], cwd=elsewhere, env=env, capture_output=True, text=True

@@ -9,7 +9,6 @@ stage's refusal: a problem the user fixes, printed as one line by the command.
 from __future__ import annotations
 
 import difflib
-import importlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -18,6 +17,7 @@ import ml_collections
 
 from locvit.configs import datasets
 from locvit.configs.reproduce_plans import PLANS
+from locvit.run import config as run_config
 
 
 class ReproduceError(ValueError):
@@ -51,9 +51,7 @@ def row_config(row: dict[str, Any]) -> ml_collections.ConfigDict:
   from locvit.configs.common import cifar10_image_folder
   from locvit.configs.structinit_common import init_block
 
-  name, _, arg = row["config"].partition(":")
-  module = importlib.import_module(f"locvit.configs.{name}")
-  config = module.get_config(arg) if arg else module.get_config()
+  config = run_config.load(row["config"])
   if row.get("data") == "cifar10_image_folder":
     cifar10_image_folder(config)
   if row.get("init"):
