@@ -439,10 +439,10 @@ def the_config() -> ml_collections.ConfigDict:
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ``ConfigError`` listing every value no run can start with, a line each naming the
-  field and the bad value (``locvit.run.bundle.config_errors``), before anything is built.
+  field and the bad value (``locvit.run.checks.config_errors``), before anything is built.
 
   Fields the config lacks take their defaults (``configs/common.py:complete_config``)."""
-  from locvit.run.bundle import config_errors  # the training stack: after the flags are read
+  from locvit.run.checks import config_errors  # the training stack: after the flags are read
 
   errors = config_errors(config)
   if len(errors) == 1:

@@ -19,6 +19,8 @@ Bash commands, line by line (``\\`` continuations joined, ``for`` loops expanded
   tests/test_first_hour.py runs eval from a workdir.
 - ``python -m locvit.data.prepare``: its arguments are parsed (the download needs the network);
   tests/test_prepare.py converts official-format archives.
+- ``python -m locvit.convert --workdir=RUN``: RUN is a run a ``locvit.main`` command above it in
+  that file trains.
 - ``python -m locvit.convert`` and the timm Python block: run on ``convit_tiny.pth``, a state dict
   of the PyTorch reference ConViT-Ti (benchmarks/torch_reference.py, timm's key names) saved with
   ``torch.save``, standing in for timm's pretrained download.
@@ -183,6 +185,12 @@ def test_every_bash_command_runs_or_has_its_stand_in(tmp_path, monkeypatch):
     elif argv[:3] == ["python", "-m", "locvit.reproduce"]:  # a plan runs for minutes: its name
       assert argv[3] in PLANS, where  # (the smoke plan runs end to end in test_reproduce.py)
       checked["reproduce"] += 1
+    elif argv[:3] == ["python", "-m", "locvit.convert"] and any(
+      a.startswith("--workdir=") for a in argv
+    ):  # a run's weights: the run a locvit.main command above it in the file trains
+      workdir = next(a.partition("=")[2] for a in argv if a.startswith("--workdir="))
+      assert (name, workdir) in trained, where
+      checked["script"] += 1
     elif argv[:3] == ["python", "-m", "locvit.convert"]:
       torch.save(torch_reference.build("convit_tiny").state_dict(), tmp_path / "convit_tiny.pth")
       monkeypatch.chdir(tmp_path)
