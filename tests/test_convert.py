@@ -228,7 +228,8 @@ def test_cli_writes_a_locvit_runs_weights(tmp_path, capsys):
 
   workdir = str(tmp_path / "run")
   root = image_folder(tmp_path / "rgb", {s: {"a": 4, "b": 4} for s in ("train", "test")})
-  config = tiny_config(total_steps=1, data=folder_config(root), batch_size=8)
+  data = folder_config(root, mean=(0.4, 0.5, 0.6), std=(0.2, 0.25, 0.3))
+  config = tiny_config(total_steps=1, data=data, batch_size=8)
   train.train_and_evaluate(config, workdir)
   capsys.readouterr()
   out = tmp_path / "weights"
@@ -239,6 +240,11 @@ def test_cli_writes_a_locvit_runs_weights(tmp_path, capsys):
   written = load_converted(out)["params"]
   jax.tree.map(np.testing.assert_array_equal, written, jax.device_get(params))
   assert step == 1
+  from locvit.convert import load_pretrained
+
+  data = load_pretrained(out).data_config  # the run's evaluation preprocessing
+  expected = (8, 1.0, (0.4, 0.5, 0.6), (0.2, 0.25, 0.3))
+  assert (data.image_size, data.crop_pct, data.mean, data.std) == expected
   assert cli_main([f"--workdir={tmp_path / 'none'}", f"--output={tmp_path / 'w2'}"]) == 2
   assert capsys.readouterr().err.startswith("locvit.convert: error: ")
   assert not (tmp_path / "w2").exists()

@@ -83,14 +83,16 @@ def export_run(
 ) -> tuple[str, dict[str, Any]]:
   """Writes the ConViT / DeiT parameters of a locvit run's checkpoint (the latest by default) as
   ``save_converted`` does, with the run's model name, overrides and class count as metadata;
-  returns ``(path, metadata)``. ``channels``: of the run's images (RGB, as timm's weights).
+  returns ``(path, metadata)``, the metadata with the run's evaluation preprocessing as timm's
+  ``pretrained_cfg`` (``load_pretrained`` reads it). ``channels``: of the run's images (RGB, as
+  timm's weights).
   Raises ValueError for a model ``from_timm`` does not convert."""
   import flax.linen as nn
   import jax
 
   from locvit.convert.timm import resolve_model_name
   from locvit.models import create_model
-  from locvit.workdir import restore
+  from locvit.workdir import restore, saved_config
 
   saved = restore.saved_config(workdir, step)
   name = resolve_model_name(saved["model"]["name"])
@@ -106,5 +108,16 @@ def export_run(
     "overrides": {k: repr(v) for k, v in overrides.items()},
     "source": f"{workdir} (step {step})",
   }
+  run_config = saved_config.path(workdir)
+  if run_config.is_file():  # the run's evaluation preprocessing, as timm's pretrained_cfg says it
+    data = saved_config.read(str(run_config)).data
+    metadata["pretrained_cfg"] = {
+      "input_size": [channels, size, size],
+      "interpolation": data.interpolation,
+      "crop_pct": data.eval_crop_pct,
+      "crop_mode": "center",
+      "mean": list(data.mean),
+      "std": list(data.std),
+    }
   variables = {"params": jax.device_get(nn.meta.unbox(params))}
   return save_converted(directory, variables, metadata=metadata, force=force), metadata

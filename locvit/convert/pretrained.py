@@ -278,6 +278,8 @@ def _resolve_directory(name: str, path: str) -> Weights:
       meta = dict(checkpointer.metadata(os.path.abspath(path)).custom_metadata or {})
     config = {"architecture": meta.get("model"), "num_classes": meta.get("num_classes")}
     config["overrides"] = meta.get("overrides") or {}
+    if meta.get("pretrained_cfg"):  # a locvit run's evaluation preprocessing (export_run)
+      config["pretrained_cfg"] = meta["pretrained_cfg"]
     return Weights(name, path, config, converted=True)
   raise WeightsError(
     f"{name}: a directory that is neither a `python -m locvit.convert` output nor a timm model "
