@@ -213,6 +213,9 @@ def progress_gaps(
 
 
 if __name__ == "__main__":
+  if len(sys.argv) < 3 or sys.argv[1] in ("-h", "--help"):
+    print("usage: python benchmarks/slow_proxy.py TARGET_PORT DELAY_S [PORT [CUT_AT]]")
+    sys.exit(0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2)
   port = int(sys.argv[3]) if len(sys.argv) > 3 else 0
   cut_at = sys.argv[4].encode() if len(sys.argv) > 4 else None
   ready = lambda line: print(line, flush=True)

@@ -8,9 +8,9 @@
 
 DeiT-style hard distillation (``locvit.distill``): the student gets a distillation token and a
 second head; loss = 1/2 CE(class head, mixed soft targets) + 1/2 CE(distillation head, teacher
-argmax); at evaluation the two heads' softmaxes are averaged. DeiT's recipe for 300 epochs (the
-``deit`` preset; ConViT-S+ with lr 4e-4 and batch 512). The teacher runs frozen in the same
-jitted step on the same augmented images.
+argmax); at evaluation the two heads' logits are averaged, as DeiT's and timm's code do. DeiT's
+recipe for 300 epochs (the ``deit`` preset; ConViT-S+ with lr 4e-4 and batch 512). The teacher
+runs frozen in the same jitted step on the same augmented images.
 
 Teacher: the paper used a RegNetY-16GF (84M parameters, 82.9% top-1), which the registry does not
 have; these configs default to the registry's ``resnet50`` (train it first, e.g. with the same

@@ -13,7 +13,8 @@ step, on the same augmented images the student sees. Losses (``distillation.type
   divided by ``batch x classes`` as DeiT's code does (``reduction='sum' / numel``).
 
 ``targets`` are the (mixed, smoothed) soft targets of the class head. At evaluation the student
-returns the log of the two heads' averaged softmaxes (see ``VisionTransformer.distilled``).
+returns the two heads' averaged logits, as DeiT's code does, or the log of their averaged softmaxes,
+as the DeiT paper's text says (``VisionTransformer.distilled_inference``).
 
 Config (``config.distillation``)::
 

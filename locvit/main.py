@@ -439,10 +439,10 @@ def the_config() -> ml_collections.ConfigDict:
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ``ConfigError`` listing every value no run can start with, a line each naming the
-  field and the bad value (``locvit.run.bundle.config_errors``), before anything is built.
+  field and the bad value (``locvit.run.checks.config_errors``), before anything is built.
 
   Fields the config lacks take their defaults (``configs/common.py:complete_config``)."""
-  from locvit.run.bundle import config_errors  # the training stack: after the flags are read
+  from locvit.run.checks import config_errors  # the training stack: after the flags are read
 
   errors = config_errors(config)
   if len(errors) == 1:
@@ -577,8 +577,9 @@ def _predict(config: ml_collections.ConfigDict, from_weights: bool) -> None:
 
   if not from_weights:
     raise ConfigError(
-      "--mode=predict runs published weights: give --config.init_from.weights=FILE or a hub name "
-      f"(and a --workdir without a run; {_WORKDIR.value} holds one)"
+      f"--mode=predict runs weights, and {_WORKDIR.value} holds a training run: write its "
+      f"weights with python -m locvit.convert --workdir={_WORKDIR.value} --output=WEIGHTS, then "
+      "give --config.init_from.weights=WEIGHTS and a new --workdir"
       if saved_config.path(_WORKDIR.value).is_file()
       else "--mode=predict needs --config.init_from.weights=FILE or a hub name"
     )

@@ -520,7 +520,7 @@ def test_a_bucket_run_goes_through_gcsfs_also_where_tensorflow_imports(tmp_path,
 @pytest.mark.parametrize("value", [0.5, 7200])
 def test_a_bucket_timeout_outside_its_range_is_one_config_error(value):
   from locvit.configs.common import base_config
-  from locvit.run.bundle import config_errors
+  from locvit.run.checks import config_errors
 
   config = base_config()
   config.bucket_timeout_seconds = value

@@ -16,6 +16,7 @@ from locvit.convert import (
   expected_state_dict_shapes,
   from_timm,
   load_converted,
+  load_pretrained,
   read_state_dict,
   resolve_model_name,
   supported_models,
@@ -228,8 +229,7 @@ def test_cli_writes_a_locvit_runs_weights(tmp_path, capsys):
 
   workdir = str(tmp_path / "run")
   root = image_folder(tmp_path / "rgb", {s: {"a": 4, "b": 4} for s in ("train", "test")})
-  data = folder_config(root, mean=(0.4, 0.5, 0.6), std=(0.2, 0.25, 0.3))
-  config = tiny_config(total_steps=1, data=data, batch_size=8)
+  config = tiny_config(total_steps=1, data=folder_config(root), batch_size=8)
   train.train_and_evaluate(config, workdir)
   capsys.readouterr()
   out = tmp_path / "weights"
@@ -240,13 +240,34 @@ def test_cli_writes_a_locvit_runs_weights(tmp_path, capsys):
   written = load_converted(out)["params"]
   jax.tree.map(np.testing.assert_array_equal, written, jax.device_get(params))
   assert step == 1
-  from locvit.convert import load_pretrained
-
-  data = load_pretrained(out).data_config  # the run's evaluation preprocessing
-  expected = (8, 1.0, (0.4, 0.5, 0.6), (0.2, 0.25, 0.3))
-  assert (data.image_size, data.crop_pct, data.mean, data.std) == expected
+  data = load_pretrained(str(out)).data_config  # predict and eval read images as the run did
+  assert (data.input_size, data.mean, data.std) == ((3, 8, 8), config.data.mean, config.data.std)
+  assert (data.crop_pct, data.interpolation) == (1.0, "bicubic")
   assert cli_main([f"--workdir={tmp_path / 'none'}", f"--output={tmp_path / 'w2'}"]) == 2
   assert capsys.readouterr().err.startswith("locvit.convert: error: ")
   assert not (tmp_path / "w2").exists()
   assert cli_main([f"--workdir={workdir}", "--model=deit_tiny", f"--output={out}2"]) == 2
   assert "give --model and --input (a timm state dict), or --workdir" in capsys.readouterr().err
+
+
+def test_cli_writes_a_grayscale_runs_weights(tmp_path, capsys):
+  """``--workdir=RUN`` of a one-channel run (the digits quickstart) restores with the run's
+  channel count, not RGB's."""
+  from locvit import train
+  from locvit.run.predict import with_weights
+  from tests.train_utils import tiny_config
+
+  workdir = str(tmp_path / "run")
+  train.train_and_evaluate(tiny_config(total_steps=1), workdir)
+  capsys.readouterr()
+  out = tmp_path / "weights"
+  assert cli_main([f"--workdir={workdir}", f"--output={out}"]) == 0
+  assert load_converted(out)["params"]["patch_embed"]["proj"]["kernel"].shape == (2, 2, 1, 32)
+  pretrained = load_pretrained(str(out))
+  assert pretrained.data_config.input_size == (1, 8, 8)
+  with pytest.raises(ValueError) as raised:  # one line from --mode=predict, not Flax's shape error
+    with_weights(tiny_config(), pretrained)
+  assert str(raised.value) == (
+    f"{out}: weights for 1-channel images; --mode=eval and --mode=predict read image folders as "
+    "RGB, so give weights trained on RGB images"
+  )

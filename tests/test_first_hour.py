@@ -65,7 +65,8 @@ FIELDS = (
   "data, distillation, ema, eval_batch_size, eval_every_steps, freeze, grad_accum_steps, "
   "grad_clip_norm, init, init_from, "
   "keep_checkpoints, label_smoothing, log_every_steps, mesh, mixed_precision, mixup, model, "
-  "nonfinite, num_epochs, optimizer, random_erasing, schedule, seed, steps_per_dispatch, "
+  "nonfinite, num_epochs, num_seeds, optimizer, random_erasing, schedule, seed, "
+  "steps_per_dispatch, "
   "total_steps, xla_options"
 )
 

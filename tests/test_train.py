@@ -13,7 +13,7 @@ from locvit import train
 from locvit.metrics import read_metrics
 from locvit.models.factory import build_model
 from locvit.platform import sharding
-from locvit.run import bundle, cadence, evaluation
+from locvit.run import cadence, checks, evaluation
 from locvit.run.state import state_shardings
 from tests.train_utils import sigterm_after_step, tiny_config
 
@@ -152,7 +152,7 @@ def test_a_dispatch_ends_at_every_log_save_and_eval_step():
     return out
 
   assert ends(0) == [1, 3, 4, 6] and ends(3) == [4, 6] and ends(4) == [5, 6]
-  assert "--config.steps_per_dispatch=0: must be a positive integer" in bundle.config_errors(
+  assert "--config.steps_per_dispatch=0: must be a positive integer" in checks.config_errors(
     tiny_config(steps_per_dispatch=0)
   )
 

@@ -78,15 +78,15 @@ def export_run(
   directory: str | os.PathLike,
   *,
   step: int | None = None,
-  channels: int = 3,
   force: bool = False,
 ) -> tuple[str, dict[str, Any]]:
   """Writes the ConViT / DeiT parameters of a locvit run's checkpoint (the latest by default) as
   ``save_converted`` does, with the run's model name, overrides and class count as metadata;
-  returns ``(path, metadata)``, the metadata with the run's evaluation preprocessing as timm's
-  ``pretrained_cfg`` (``load_pretrained`` reads it). ``channels``: of the run's images (RGB, as
-  timm's weights).
-  Raises ValueError for a model ``from_timm`` does not convert."""
+  returns ``(path, metadata)``. The metadata also holds the run's evaluation preprocessing under
+  timm's ``pretrained_cfg`` keys (``input_size``, ``mean``, ``std``, ``interpolation``,
+  ``crop_pct``), so that ``load_pretrained`` and ``--mode=predict`` read images as the run
+  evaluated them; the image channels are one per entry of its ``config.json``'s ``data.mean``
+  (1 for the grayscale quickstart). Raises ValueError for a model ``from_timm`` does not convert."""
   import flax.linen as nn
   import jax
 
@@ -95,29 +95,24 @@ def export_run(
   from locvit.workdir import restore, saved_config
 
   saved = restore.saved_config(workdir, step)
+  data = saved_config.read(saved_config.path(workdir)).data
   name = resolve_model_name(saved["model"]["name"])
   overrides = dict(saved["model"].get("overrides") or {})
   model = create_model(name, num_classes=saved["num_classes"], **overrides)
   size = saved["data.image_size"]
   params, _, step = restore.restore_model_variables(
-    workdir, model, (size, size, channels), step=step
+    workdir, model, (size, size, len(data.mean)), step=step
   )
   metadata = {
     "model": name,
     "num_classes": saved["num_classes"],
     "overrides": {k: repr(v) for k, v in overrides.items()},
     "source": f"{workdir} (step {step})",
+    "input_size": [len(data.mean), size, size],
+    "mean": list(data.mean),
+    "std": list(data.std),
+    "interpolation": data.get("interpolation", "bicubic"),
+    "crop_pct": data.get("eval_crop_pct", 1.0),
   }
-  run_config = saved_config.path(workdir)
-  if run_config.is_file():  # the run's evaluation preprocessing, as timm's pretrained_cfg says it
-    data = saved_config.read(str(run_config)).data
-    metadata["pretrained_cfg"] = {
-      "input_size": [channels, size, size],
-      "interpolation": data.interpolation,
-      "crop_pct": data.eval_crop_pct,
-      "crop_mode": "center",
-      "mean": list(data.mean),
-      "std": list(data.std),
-    }
   variables = {"params": jax.device_get(nn.meta.unbox(params))}
   return save_converted(directory, variables, metadata=metadata, force=force), metadata

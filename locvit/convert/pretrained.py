@@ -103,6 +103,10 @@ class DataConfig:
     )
 
 
+# The pretrained_cfg fields DataConfig reads; `python -m locvit.convert --workdir` saves a run's.
+PREPROCESSING_KEYS = ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
+
+
 def architecture_data_config(model_name: str, image_size: int | None = None) -> DataConfig:
   """timm's ``pretrained_cfg`` preprocessing of a ConViT / DeiT checkpoint without a
   ``config.json`` (a bare file): ImageNet mean and std, bicubic, crop_pct 0.875 for ConViT, 0.9
@@ -278,8 +282,7 @@ def _resolve_directory(name: str, path: str) -> Weights:
       meta = dict(checkpointer.metadata(os.path.abspath(path)).custom_metadata or {})
     config = {"architecture": meta.get("model"), "num_classes": meta.get("num_classes")}
     config["overrides"] = meta.get("overrides") or {}
-    if meta.get("pretrained_cfg"):  # a locvit run's evaluation preprocessing (export_run)
-      config["pretrained_cfg"] = meta["pretrained_cfg"]
+    config["pretrained_cfg"] = {k: meta[k] for k in PREPROCESSING_KEYS if k in meta}
     return Weights(name, path, config, converted=True)
   raise WeightsError(
     f"{name}: a directory that is neither a `python -m locvit.convert` output nor a timm model "
@@ -302,7 +305,8 @@ def resolve_weights(name_or_path: str | os.PathLike) -> Weights:
     return Weights(name, name)
   repo = hub_repo(name)
   if repo is None:
-    hint = f" (a hub repository is written hf-hub:{name})" if name.count("/") == 1 else ""
+    looks_like_repo = name.count("/") == 1 and not name.startswith(("/", ".", "~"))
+    hint = f" (a hub repository is written hf-hub:{name})" if looks_like_repo else ""
     raise WeightsError(
       f"{name}: no such file or directory{hint}; give a .safetensors, .pth/.bin or .npz file, a "
       "`python -m locvit.convert` output, or a hub name such as hf-hub:timm/convit_tiny.fb_in1k "

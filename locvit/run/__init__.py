@@ -3,5 +3,7 @@
 - ``state``: the ``TrainState``, its shardings and abstract shape, initialisation;
 - ``step``: the jitted training step and the non-finite guard;
 - ``evaluation``: the evaluation pass (loss and accuracy over an eval split, every example once);
-- ``bundle``: ``build``, everything a run needs, built from a validated config.
+- ``checks``: every check of a run's config, before anything is created;
+- ``bundle``: ``build``, everything a run needs, built from a validated config;
+- ``cadence``: when the loop logs, saves, evaluates and dispatches.
 """

@@ -53,6 +53,11 @@ def with_weights(config: ml_collections.ConfigDict, pretrained: Pretrained):
       f"{pretrained.source}: crop_mode={data.crop_mode!r}; locvit evaluates with timm's 'center' "
       "crop only"
     )
+  if data.input_size[0] != 3:  # image folders decode to RGB (timm's loader: convert('RGB'))
+    raise ValueError(
+      f"{pretrained.source}: weights for {data.input_size[0]}-channel images; --mode=eval and "
+      "--mode=predict read image folders as RGB, so give weights trained on RGB images"
+    )
   config = copy.deepcopy(config)
   with config.unlocked():
     config.model.name = pretrained.model
