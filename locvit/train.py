@@ -405,9 +405,13 @@ def train_loop(
           functools.partial(lane_tree, train_metrics, k),
           functools.partial(lane_tree, health, k),
         )
+        began = time.perf_counter()
         outcome = lane_after_dispatch(
           lane, side_by_side, step, start, lane_outputs, eval_fn, preempted, preemption
         )
+        for other in lanes:
+          if other is not lane:
+            other.progress.pause(time.perf_counter() - began)
         if outcome is not None:
           outcomes[k] = outcome
       if any(outcome.stop for outcome in outcomes.values()):
