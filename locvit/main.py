@@ -439,16 +439,16 @@ def the_config() -> ml_collections.ConfigDict:
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ``ConfigError`` listing every value no run can start with, a line each naming the
-  field and the bad value (``locvit.run.checks.config_errors``), before anything is built.
+  field and the bad value (``locvit.run.checks.check_config``), before anything is built: for
+  the modes that do not train (training checks its config itself, ``build_training``).
 
   Fields the config lacks take their defaults (``configs/common.py:complete_config``)."""
-  from locvit.run.checks import config_errors  # the training stack: after the flags are read
+  from locvit.run import checks  # the training stack: after the flags are read
 
-  errors = config_errors(config)
-  if len(errors) == 1:
-    raise ConfigError(errors[0])
-  if errors:
-    raise ConfigError(f"{len(errors)} errors in the config:\n  " + "\n  ".join(errors))
+  try:
+    checks.check_config(config)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -502,7 +502,8 @@ def main(argv):
       "--workdir=DIR is required: the directory for the run's checkpoints and metrics"
     )
   config = the_config()
-  check_config(config)
+  if _MODE.value != "train":  # train_and_evaluate checks its config before it creates anything
+    check_config(config)
   if _MODE.value in ("eval", "analyze"):
     _check_one_run(config, _WORKDIR.value, _MODE.value)
   cpu_malloc.reexec_with(_CPU_MALLOC.value)  # before any device or thread starts

@@ -23,7 +23,6 @@ from absl import logging
 from locvit import data as data_lib
 from locvit import distill, optim
 from locvit import metrics as metrics_lib
-from locvit.choices import Errors
 from locvit.configs.common import complete_config
 from locvit.convert import prior
 from locvit.convert.pretrained import load_pretrained
@@ -211,14 +210,12 @@ def weights_warmstart(config: ml_collections.ConfigDict, num_classes: int):
 
 
 def checked_setup(config, hooks) -> Training:
-  """Validates ``config`` (completed with the defaults of ``configs/common.py:base_config``)
-  against its data and model before the workdir is touched; the run without its workdir (its
+  """Validates ``config`` (``checks.check_config``: completed with the defaults of
+  ``configs/common.py:base_config``), then against its data and model, before the workdir is
+  touched; the run without its workdir (its
   state's layout included: shapes only, nothing compiled)."""
-  config = complete_config(config)
-  errors = Errors()
-  errors.add("\n".join(checks.config_errors(config)))
-  errors.check(checks.check_analysis_hooks, config, **hooks)
-  errors.raise_all()
+  config = checks.check_config(config)  # the one check of the config's values
+  checks.check_analysis_hooks(config, **hooks)
   mesh = sharding.make_mesh(config.mesh)
   rules = sharding.logical_rules(config.mesh)
   train_source = data_lib.make_source(config.data, config.data.train_split)

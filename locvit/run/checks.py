@@ -1,6 +1,7 @@
 """Every check of a run's config, before anything is created: ``config_errors`` (what shows
-without data or a model, every mistake a line each: ``locvit.main`` prints them all before
-anything is built, and ``build_training`` raises them), ``check_recipe`` (the augmentation, EMA
+without data or a model, every mistake a line each), raised once by ``check_config`` (the one
+caller: ``build_training`` before it builds anything, ``locvit.main`` for the modes that do not
+train), ``check_recipe`` (the augmentation, EMA
 and distillation blocks), ``check_analysis_hooks`` and ``check_model_fits_mesh`` (the image
 against the model's patches, the batches against the mesh), run once the data and the model
 are known, before compiling.
@@ -43,7 +44,7 @@ _POSITIVE_MODEL = ("depth", "num_heads", "embed_dim", "patch_size", "mlp_ratio",
 def config_errors(config: ml_collections.ConfigDict) -> list[str]:
   """Every mistake in ``config`` that shows without reading data or building anything, a line
   each: the run's numbers, the model name, the data, recipe, optimizer and schedule blocks.
-  ``build_training`` and ``locvit.main`` report them all at once."""
+  ``check_config`` raises them all at once."""
   config = complete_config(config)
   errors = Errors()
   checks = [(name, config[name], "a positive integer", 1) for name in _POSITIVE]
@@ -103,6 +104,18 @@ def config_errors(config: ml_collections.ConfigDict) -> list[str]:
     mode = config.analysis.locality_mode
     errors.check(check_choice, "analysis.locality_mode", mode, LOCALITY_MODES)
   return errors.messages
+
+
+def check_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """``config`` completed with the defaults of ``configs/common.py:base_config``; raises
+  ``ValueError`` listing every ``config_errors`` line (under a count when there are several)."""
+  config = complete_config(config)
+  errors = config_errors(config)
+  if len(errors) == 1:
+    raise ValueError(errors[0])
+  if errors:
+    raise ValueError(f"{len(errors)} errors in the config:\n  " + "\n  ".join(errors))
+  return config
 
 
 def check_recipe(
