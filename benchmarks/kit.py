@@ -163,14 +163,7 @@ class Parts:
 
   def step_kwargs(self, platform: str | None = None) -> dict:
     """The keyword arguments of ``train_step`` / ``guarded_steps`` for these parts."""
-    kwargs = dict(
-      model=self.model,
-      tx=self.tx,
-      schedule=self.schedule,
-      config=self.config,
-      num_classes=self.num_classes,
-    )
-    return kwargs | ({"platform": platform} if platform is not None else {})
+    return step_lib.step_arguments(self, **({"platform": platform} if platform is not None else {}))
 
   def init(self, seed: int = 0):
     """A fresh state (``layout.init``), laid out as the training loop lays it out."""

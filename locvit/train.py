@@ -48,6 +48,7 @@ from locvit.run.step import (
   check_health,
   guarded_steps,
   initial_health,
+  step_arguments,
 )
 from locvit.workdir import checkpoint, fingerprint, lock, paths, provenance, saved_config
 
@@ -122,14 +123,7 @@ def make_step_fn(run: bundle.Training, seed_values: list[int] | None = None) -> 
   With ``seed_values``, the step of those seeds side by side (``locvit.run.seeds.make_step``):
   state, batches and health stacked on a leading seed axis."""
   replicated, shardings = sharding.replicated(run.mesh), run.layout.shardings
-  step_kwargs = dict(
-    model=run.model,
-    tx=run.tx,
-    schedule=run.schedule,
-    config=run.config,
-    num_classes=run.num_classes,
-    teacher=run.teacher,
-  )
+  step_kwargs = step_arguments(run, teacher=run.teacher)
   step = functools.partial(guarded_steps, **step_kwargs)
   batch_sharding = run.batch_sharding
   if seed_values is not None:
