@@ -164,14 +164,7 @@ class Parts:
   def step_kwargs(self, platform: str | None = None) -> dict:
     """The keyword arguments of ``train_step`` / ``guarded_steps`` for these parts; ``platform``:
     a compile-only device's, else the default backend's."""
-    return dict(
-      model=self.model,
-      tx=self.tx,
-      schedule=self.schedule,
-      config=self.config,
-      num_classes=self.num_classes,
-      platform=platform or jax.default_backend(),
-    )
+    return step_lib.step_arguments(self, platform=platform or jax.default_backend())
 
   def init(self, seed: int = 0):
     """A fresh state (``layout.init``), laid out as the training loop lays it out."""

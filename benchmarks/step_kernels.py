@@ -44,7 +44,8 @@ import kit
 from kit import CATEGORIES, LOOP_BODIES, gigabytes, kernel_counts
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+  """The command line, checked: known rows and variants, ``--time`` not with ``--gpu``."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument(
     "--rows", default="GMM-ViT d9,ViT d9", help="kit.MODELS_32 labels, kit.MODELS_224 names"
@@ -62,14 +63,65 @@ def main() -> None:
   args = parser.parse_args()
   if args.gpu and args.time:
     parser.error("--time runs the steps: it needs the chip they are compiled for, not --gpu")
-  compile_only = kit.compile_only_gpu(args.gpu) if args.gpu else None
-  variants = args.variants.split(",")
-  labels = args.rows.split(",")
   rows = (*kit.MODELS_32, *kit.MODELS_224)
-  bad = [v for v in variants if v not in kit.VARIANTS]
-  bad += [r for r in labels if r not in rows]
+  bad = [v for v in args.variants.split(",") if v not in kit.VARIANTS]
+  bad += [r for r in args.rows.split(",") if r not in rows]
   if bad:
     parser.error(f"unknown {bad}; rows: {rows}, variants: {tuple(kit.VARIANTS)}")
+  return args
+
+
+def row_config(label: str, batch: int, args: argparse.Namespace) -> tuple:
+  """``(config, image size, class count)`` of row ``label``: a CIFAR row of ``kit.MODELS_32``,
+  or the DeiT recipe at 224 (32 under ``--smoke``), as the kit's Table 1."""
+  if label in kit.MODELS_32:
+    config, size, classes = kit.config_32(label, batch, args.smoke), 32, 10
+  else:
+    config = kit.config_224(label, batch, args.smoke)
+    size, classes = (32 if args.smoke else 224), kit.NUM_CLASSES
+  config.mixed_precision = config.mixed_precision and not args.fp32
+  return config, size, classes
+
+
+def dump_texts(folder: str, label: str, batch: int, gpu: str | None, texts: dict) -> None:
+  """Each variant's optimised HLO text, to ``folder/LABEL_bBATCH_VARIANT[_GPU].hlo.txt``."""
+  Path(folder).mkdir(parents=True, exist_ok=True)
+  for v, text in texts.items():
+    name = f"{label}_b{batch}_{v}{'_' + gpu if gpu else ''}.hlo.txt"
+    (Path(folder) / name.replace(" ", "_")).write_text(text)
+
+
+def print_counts(variants: list[str], counts: dict, bandwidth: float | None) -> None:
+  """The table of one row: kernels per category, total, loop bodies, opcodes, bytes moved (and
+  the time they take at ``bandwidth`` bytes/s), one column per variant."""
+  print(f"  {'category':<30}" + "".join(f" {v:>10}" for v in variants))
+  for name in CATEGORIES:
+    if any(counts[v][name] for v in variants):
+      print(f"  {name:<30}" + "".join(f" {counts[v][name]:>10}" for v in variants))
+  totals = {v: kit.total_kernels(counts[v]) for v in variants}
+  print(f"  {'total':<30}" + "".join(f" {totals[v]:>10}" for v in variants))
+  if any(counts[v][LOOP_BODIES] for v in variants):
+    print(f"  {LOOP_BODIES:<30}" + "".join(f" {counts[v][LOOP_BODIES]:>10}" for v in variants))
+  opcodes = sorted({k for v in variants for k in counts[v] if k[0] == "opcode"})
+  print(
+    "  by opcode: "
+    + "; ".join(f"{op} " + "/".join(str(counts[v][(_, op)]) for v in variants) for _, op in opcodes)
+  )
+  print(
+    f"  {'operands + results, GB':<30}"
+    + "".join(f" {gigabytes(counts[v]):>10.2f}" for v in variants)
+  )
+  if bandwidth:
+    print(
+      f"  {'  at the memory bandwidth, ms':<30}"
+      + "".join(f" {1e12 * gigabytes(counts[v]) / bandwidth:>10.2f}" for v in variants)
+    )
+
+
+def main() -> None:
+  args = parse_args()
+  compile_only = kit.compile_only_gpu(args.gpu) if args.gpu else None
+  variants = args.variants.split(",")
   batch = 2 if args.smoke else args.batch
   bandwidth = None  # bytes/s: the described GPU's, for the time its kernels' bytes would take
   if args.gpu:
@@ -82,46 +134,14 @@ def main() -> None:
     f" {device.platform} ({device.device_kind}{', compile-only' if compile_only else ''})"
     f"{', smoke sizes' if args.smoke else ''}"
   )
-  for label in labels:
-    if label in kit.MODELS_32:
-      config, size, classes = kit.config_32(label, batch, args.smoke), 32, 10
-    else:  # the DeiT recipe at 224 (32 under --smoke), as the kit's Table 1
-      config = kit.config_224(label, batch, args.smoke)
-      size, classes = (32 if args.smoke else 224), kit.NUM_CLASSES
-    config.mixed_precision = config.mixed_precision and not args.fp32
+  for label in args.rows.split(","):
+    config, size, classes = row_config(label, batch, args)
     steps = {v: kit.compile_loop_step(config, size, classes, v, compile_only) for v in variants}
     texts = {v: step.compiled.as_text() for v, step in steps.items()}
-    counts = {v: kernel_counts(text) for v, text in texts.items()}
     if args.dump:
-      Path(args.dump).mkdir(parents=True, exist_ok=True)
-      for v, text in texts.items():
-        name = f"{label}_b{batch}_{v}{'_' + args.gpu if args.gpu else ''}.hlo.txt"
-        (Path(args.dump) / name.replace(" ", "_")).write_text(text)
+      dump_texts(args.dump, label, batch, args.gpu, texts)
     print(f"\n{label} b{batch}")
-    print(f"  {'category':<30}" + "".join(f" {v:>10}" for v in variants))
-    for name in CATEGORIES:
-      if any(counts[v][name] for v in variants):
-        print(f"  {name:<30}" + "".join(f" {counts[v][name]:>10}" for v in variants))
-    totals = {v: kit.total_kernels(counts[v]) for v in variants}
-    print(f"  {'total':<30}" + "".join(f" {totals[v]:>10}" for v in variants))
-    if any(counts[v][LOOP_BODIES] for v in variants):
-      print(f"  {LOOP_BODIES:<30}" + "".join(f" {counts[v][LOOP_BODIES]:>10}" for v in variants))
-    opcodes = sorted({k for v in variants for k in counts[v] if k[0] == "opcode"})
-    print(
-      "  by opcode: "
-      + "; ".join(
-        f"{op} " + "/".join(str(counts[v][(_, op)]) for v in variants) for _, op in opcodes
-      )
-    )
-    print(
-      f"  {'operands + results, GB':<30}"
-      + "".join(f" {gigabytes(counts[v]):>10.2f}" for v in variants)
-    )
-    if bandwidth:
-      print(
-        f"  {'  at the memory bandwidth, ms':<30}"
-        + "".join(f" {1e12 * gigabytes(counts[v]) / bandwidth:>10.2f}" for v in variants)
-      )
+    print_counts(variants, {v: kernel_counts(text) for v, text in texts.items()}, bandwidth)
     if args.time:
       runners = {v: kit.step_runner(step) for v, step in steps.items()}
       times = kit.time_interleaved(runners, 3, args.time, warmup=1)

@@ -53,39 +53,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.xla_options = "none"
 
   c.data = defaults.data_config()
-
-  c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.name = "adamw"
-  c.optimizer.lr = 1e-3
-  c.optimizer.lr_base_batch_size = 0  # > 0: lr scales by batch_size / lr_base_batch_size
-  c.optimizer.b1 = 0.9
-  c.optimizer.b2 = 0.999
-  c.optimizer.eps = 1e-8
-  c.optimizer.weight_decay = 0.05
-  c.optimizer.decay_mask = "intended"
-  c.optimizer.momentum = 0.9
-  c.optimizer.nesterov = False
-  # Update all parameters as one flat vector (optax.flatten: fewer, larger kernels per step).
-  # The optimizer state's structure differs: a checkpoint resumes only with its own setting.
-  c.optimizer.flatten = False
-
-  c.schedule = ml_collections.ConfigDict()
-  c.schedule.name = "cosine"
-  c.schedule.warmup_epochs = 5.0
-  c.schedule.warmup_steps = 0  # > 0 overrides warmup_epochs
-  c.schedule.warmup_init_lr = 1e-6
-  c.schedule.min_lr = 1e-5
-  c.schedule.boundaries_epochs = ()  # for 'step'
-  c.schedule.decay_factor = 0.1
-  # 'step': the learning rate changes every optimizer step; 'epoch': it holds the schedule's value
-  # at each epoch's first step for the whole epoch (timm's and epfml/attention-cnn's schedulers,
-  # stepped once per epoch).
-  c.schedule.update_every = "step"
-  # 'cosine' after a warmup: True counts the cosine from the warmup's end (it starts at the peak);
-  # False from step 0 (timm's default ``warmup_prefix=False``: the first rate after the warmup is
-  # the cosine's value at the warmup's length).
-  c.schedule.warmup_prefix = True
-
+  c.optimizer = defaults.optimizer_config()
+  c.schedule = defaults.schedule_config()
   # Attention initialisation applied after model.init (locvit.init): 'none', 'trunc_normal',
   # 'kaiming_uniform', 'mimetic' or 'impulse' (structured initialization).
   c.init = defaults.init_config("none")
@@ -108,16 +77,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.ema = ml_collections.ConfigDict({"decay": 0.0, "warmup": False})
   # DeiT-style distillation from a teacher run's checkpoint (ConViT appendix B, Table 4).
   c.distillation = defaults.distillation_config()
-
-  c.mesh = ml_collections.ConfigDict()
-  c.mesh.shape = (-1, 1)  # (data, model); -1 fills with the device count
-  c.mesh.layout = "dp"  # 'dp' | 'fsdp' | 'tp'
-  c.mesh.rules = ()  # explicit logical-axis rules override the layout
-  c.mesh.num_devices = 0  # 0: all devices; N: the first N (single-process debugging)
+  c.mesh = defaults.mesh_config()
 
   # Analysis logged during training (locvit.analysis.locality): nonlocality, gates, centres.
   c.analysis = defaults.analysis_config()
+  _fill_logging_and_checkpointing(c)
+  return c
 
+
+def _fill_logging_and_checkpointing(c: ml_collections.ConfigDict) -> None:
+  """Sets ``c``'s cadences (log, evaluation, checkpoint), checkpoint keeping and failure fields."""
   c.log_every_steps = 50
   c.eval_every_steps = 0  # 0: only at the end
   c.checkpoint_every_steps = 500
@@ -130,7 +99,6 @@ def base_config() -> ml_collections.ConfigDict:
   # A non-finite loss or gradient norm: 'stop' (error naming the step; no checkpoint is written
   # after it) or 'skip' (the update is dropped and counted in train/skipped_steps).
   c.nonfinite = "stop"
-  return c
 
 
 def complete_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -320,6 +320,60 @@ FROZEN_FILTERS = r"(^|/)blocks_\d+/spatial/(kernel|bias)$"
 
 
 # ------------------------------------------------------------------------------------------------
+# Optimizer and schedule (locvit.optim), mesh (locvit.platform.sharding)
+
+
+def optimizer_config() -> ml_collections.ConfigDict:
+  """``config.optimizer``: the optimizer (``locvit.optim``) and its hyper-parameters."""
+  c = ml_collections.ConfigDict()
+  c.name = "adamw"
+  c.lr = 1e-3
+  c.lr_base_batch_size = 0  # > 0: lr scales by batch_size / lr_base_batch_size
+  c.b1 = 0.9
+  c.b2 = 0.999
+  c.eps = 1e-8
+  c.weight_decay = 0.05
+  c.decay_mask = "intended"
+  c.momentum = 0.9
+  c.nesterov = False
+  # Update all parameters as one flat vector (optax.flatten: fewer, larger kernels per step).
+  # The optimizer state's structure differs: a checkpoint resumes only with its own setting.
+  c.flatten = False
+  return c
+
+
+def schedule_config() -> ml_collections.ConfigDict:
+  """``config.schedule``: the learning-rate schedule (``locvit.optim``)."""
+  c = ml_collections.ConfigDict()
+  c.name = "cosine"
+  c.warmup_epochs = 5.0
+  c.warmup_steps = 0  # > 0 overrides warmup_epochs
+  c.warmup_init_lr = 1e-6
+  c.min_lr = 1e-5
+  c.boundaries_epochs = ()  # for 'step'
+  c.decay_factor = 0.1
+  # 'step': the learning rate changes every optimizer step; 'epoch': it holds the schedule's value
+  # at each epoch's first step for the whole epoch (timm's and epfml/attention-cnn's schedulers,
+  # stepped once per epoch).
+  c.update_every = "step"
+  # 'cosine' after a warmup: True counts the cosine from the warmup's end (it starts at the peak);
+  # False from step 0 (timm's default ``warmup_prefix=False``: the first rate after the warmup is
+  # the cosine's value at the warmup's length).
+  c.warmup_prefix = True
+  return c
+
+
+def mesh_config() -> ml_collections.ConfigDict:
+  """``config.mesh``: the device mesh and how the state is laid out over it."""
+  c = ml_collections.ConfigDict()
+  c.shape = (-1, 1)  # (data, model); -1 fills with the device count
+  c.layout = "dp"  # 'dp' | 'fsdp' | 'tp'
+  c.rules = ()  # explicit logical-axis rules override the layout
+  c.num_devices = 0  # 0: all devices; N: the first N (single-process debugging)
+  return c
+
+
+# ------------------------------------------------------------------------------------------------
 # Analysis (locvit.analysis.locality)
 
 

@@ -324,8 +324,9 @@ def _predict(config: ml_collections.ConfigDict, from_weights: bool) -> None:
 
   if not from_weights:
     raise ConfigError(
-      "--mode=predict runs published weights: give --config.init_from.weights=FILE or a hub name "
-      f"(and a --workdir without a run; {_WORKDIR.value} holds one)"
+      f"--mode=predict runs weights, and {_WORKDIR.value} holds a training run: write its "
+      f"weights with python -m locvit.convert --workdir={_WORKDIR.value} --output=WEIGHTS, then "
+      "give --config.init_from.weights=WEIGHTS and a new --workdir"
       if saved_config.path(_WORKDIR.value).is_file()
       else "--mode=predict needs --config.init_from.weights=FILE or a hub name"
     )

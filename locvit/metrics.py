@@ -222,7 +222,7 @@ class Progress:
     self.name = name  # which run a line is about, where one process trains several ("seed3")
     self.enabled = jax.process_index() == 0
     self._last_step, self._last_time = first_step, time.perf_counter()
-    self._paused = 0.0  # evaluation seconds since the last line
+    self._paused = 0.0  # evaluation (and other seeds' host) seconds since the last line
     self._checkpoint_seconds = 0.0
     self._waited_seconds = 0.0  # of which waiting for the previous save to be committed
     self._compiled = False  # the first line's interval includes compiling the step
@@ -259,6 +259,11 @@ class Progress:
       self._checkpoint_seconds = self._waited_seconds = 0.0
     self.print_line(line)
     return perf
+
+  def pause(self, seconds: float) -> None:
+    """Leaves ``seconds`` out of the rates and the ETA: the host work of the other seeds trained
+    side by side (their evaluations, saves and lines), which this seed does not wait for alone."""
+    self._paused += seconds
 
   def evaluation(self, step: int, metrics: dict[str, Any], seconds: float) -> dict[str, float]:
     """Prints the evaluation line of ``step``; its time is left out of speed and ETA. Returns

@@ -48,6 +48,7 @@ from locvit.run.step import (
   check_health,
   guarded_steps,
   initial_health,
+  step_arguments,
 )
 from locvit.workdir import checkpoint, fingerprint, lock, paths, provenance, saved_config
 
@@ -124,15 +125,7 @@ def make_step_fn(run: bundle.Training, seed_values: list[int] | None = None) -> 
   and passed down: to the step (its kernels and augmentation) and to the XLA options."""
   replicated, shardings = sharding.replicated(run.mesh), run.layout.shardings
   platform = jax.default_backend()
-  step_kwargs = dict(
-    model=run.model,
-    tx=run.tx,
-    schedule=run.schedule,
-    config=run.config,
-    num_classes=run.num_classes,
-    teacher=run.teacher,
-    platform=platform,
-  )
+  step_kwargs = step_arguments(run, teacher=run.teacher, platform=platform)
   step = functools.partial(guarded_steps, **step_kwargs)
   batch_sharding = run.batch_sharding
   if seed_values is not None:
@@ -408,9 +401,13 @@ def train_loop(
           functools.partial(lane_tree, train_metrics, k),
           functools.partial(lane_tree, health, k),
         )
+        began = time.perf_counter()
         outcome = lane_after_dispatch(
           lane, side_by_side, step, start, lane_outputs, eval_fn, preempted, preemption
         )
+        for other in lanes:
+          if other is not lane:
+            other.progress.pause(time.perf_counter() - began)
         if outcome is not None:
           outcomes[k] = outcome
       if any(outcome.stop for outcome in outcomes.values()):

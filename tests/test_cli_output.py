@@ -152,6 +152,21 @@ def test_rates_count_checkpoint_time_and_leave_out_evaluations(monkeypatch, caps
   assert capsys.readouterr().out.endswith("  (checkpoint 0.5 s)\n")
 
 
+def test_a_seeds_rate_leaves_out_the_other_seeds_host_work(monkeypatch):
+  """Side by side, seed 1's line comes after seed 0's evaluation: the loop pauses seed 1's clock
+  for it (``Progress.pause``), so both seeds report the step's own rate."""
+  now = [0.0]
+  monkeypatch.setattr(metrics.time, "perf_counter", lambda: now[0])
+  seed0, seed1 = (metrics.Progress(100, 64, name=f"seed{k}") for k in range(2))
+  seed0.update(1, 2.0), seed1.update(1, 2.0)  # the compiling step
+  now[0] += 10 * 0.5  # steps 2-11 at 2 steps/s
+  seed0.update(11, 1.5)
+  seed0.evaluation(11, {"eval/top1": 0.5, "eval/top5": 0.9}, seconds=8.0)
+  now[0] += 8.0
+  seed1.pause(8.0)  # what train_loop does for seed 0's host work
+  assert seed1.update(11, 1.5)["perf/steps_per_sec"] == pytest.approx(2.0)
+
+
 def test_long_evaluations_show_progress(monkeypatch):
   now = [0.0]
   monkeypatch.setattr(metrics.time, "perf_counter", lambda: now[0])

@@ -273,3 +273,10 @@ def test_distilled_deit_keeps_both_prefix_rows_and_renews_both_heads(tmp_path):
   )
   logits = tuned.create_model().apply(tuned.variables, images(48))
   assert logits.shape == (2, 10)
+
+
+@pytest.mark.parametrize("path", ["/missing", "./missing", "~/missing"])
+def test_a_missing_path_is_not_taken_for_a_hub_repository(path):
+  with pytest.raises(WeightsError) as e:
+    resolve_weights(path)
+  assert str(e.value).startswith(f"{path}: no such file or directory; give a .safetensors")

@@ -550,6 +550,7 @@ def test_print_config_gives_each_rows_run_config_as_config_json(tmp_path, capsys
   monkeypatch.delenv("CIFAR10_ROOT", raising=False)
   plan = rp.PLANS["structinit_table2_cifar10"]
   argv = ["structinit_table2_cifar10", "--dry_run", "--print_config", "--fraction=0.5"]
+  monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "locvit.reproduce", *argv])
   assert rp.main(argv) == 0
   records = json.loads(capsys.readouterr().out)
   assert list(records) == ["trunc_normal", "mimetic", "impulse3"]
@@ -561,6 +562,10 @@ def test_print_config_gives_each_rows_run_config_as_config_json(tmp_path, capsys
     assert saved_config.read(str(saved)).to_dict() == expected.to_dict()
     config = record["config"]
     assert (config["total_steps"], config["eval_every_steps"], config["seed"]) == (9700, 97, 0)
+    # The command that trains the row, not the dry run that printed it.
+    assert record["command"] == (
+      "python -m locvit.reproduce structinit_table2_cifar10 --fraction=0.5"
+    )
   assert rp.main([argv[0], "--print_config"]) == 2
   assert capsys.readouterr().err == "locvit.reproduce: error: --print_config goes with --dry_run\n"
   assert rp.main(["structinit", "--dry_run", "--print_config"]) == 2

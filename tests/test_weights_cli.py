@@ -302,3 +302,25 @@ def test_predict_names_an_unreadable_image_and_shows_progress(tmp_path, monkeypa
     assert row["top5"] == [9, 8, 7, 6, 5] and row["top5_class"][0] == "class 9"
     np.testing.assert_allclose(row["top5_prob"], expected[[9, 8, 7, 6, 5]], atol=1e-6)
   assert not (tmp_path / "out" / "predictions.jsonl.partial").exists()
+
+
+def test_predict_in_a_training_runs_workdir_names_the_export(tmp_path):
+  """--mode=predict on a run's workdir, without weights: the line names the command that writes
+  the run's weights (python -m locvit.convert --workdir) and changes nothing there."""
+  from locvit.workdir import saved_config
+  from tests.train_utils import tiny_config
+
+  run = tmp_path / "run"
+  run.mkdir()
+  saved_config.write(str(run), tiny_config())
+  before = sorted(os.listdir(run))
+  code, _, err = finish(run_main("--mode=predict", f"--workdir={run}", "--data=image_folder:x"))
+  assert (code, err.strip().splitlines()) == (
+    2,
+    [
+      f"locvit: error: --mode=predict runs weights, and {run} holds a training run: write its "
+      f"weights with python -m locvit.convert --workdir={run} --output=WEIGHTS, then give "
+      "--config.init_from.weights=WEIGHTS and a new --workdir"
+    ],
+  )
+  assert sorted(os.listdir(run)) == before

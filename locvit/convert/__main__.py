@@ -14,8 +14,10 @@ to ``create_model``, each value read by the field's type (``qkv_bias=false``, ``
 ``.safetensors`` or ``.npz`` (NumPy arrays keyed by the timm names, no PyTorch needed).
 
 ``--workdir=RUN [--step=N]`` writes the parameters of a locvit training run's checkpoint (the
-latest by default) instead, with its model name, overrides and class count, so that
-``--config.init_from.weights=DIR`` fine-tunes them as it does published weights.
+latest by default) instead, with its model name, overrides, class count and evaluation
+preprocessing (image size and channels, mean, std, crop), so that
+``--config.init_from.weights=DIR`` fine-tunes them as it does published weights and
+``--mode=predict`` reads images as the run evaluated them.
 
 Restore with ``locvit.convert.load_converted(DIR)`` and use it with
 ``create_model(model, num_classes=...).apply``.

@@ -305,7 +305,8 @@ def resolve_weights(name_or_path: str | os.PathLike) -> Weights:
     return Weights(name, name)
   repo = hub_repo(name)
   if repo is None:
-    hint = f" (a hub repository is written hf-hub:{name})" if name.count("/") == 1 else ""
+    looks_like_repo = name.count("/") == 1 and not name.startswith(("/", ".", "~"))
+    hint = f" (a hub repository is written hf-hub:{name})" if looks_like_repo else ""
     raise WeightsError(
       f"{name}: no such file or directory{hint}; give a .safetensors, .pth/.bin or .npz file, a "
       "`python -m locvit.convert` output, or a hub name such as hf-hub:timm/convit_tiny.fb_in1k "

@@ -155,6 +155,128 @@ def _gmm_zero_pairs(alpha, sigma, grid: TokenGrid, kernel: str) -> int:
   return int(np.sum(table[0] != 1.0))
 
 
+def _unsupported_kinds(kinds: tuple[str, ...]) -> list[str]:
+  """A problem line per block whose attention kind has no function-preserving prior."""
+  return [
+    f"  blocks_{i}: attention kind {kind!r} has no function-preserving prior (supported: "
+    f"{', '.join(PRIOR_KINDS)})"
+    for i, kind in enumerate(kinds)
+    if kind not in PRIOR_KINDS
+  ]
+
+
+def _unused_problems(src: Mapping[str, Any], used: set[str]) -> list[str]:
+  """A problem line per source parameter the target has no place for."""
+  unused = sorted(set(src) - used)
+  problems = [f"  {key}: in the source, no place in the model" for key in unused]
+  if any(key.endswith("qkv/bias") for key in unused):
+    problems.append("  (the source has qkv biases: build the model with qkv_bias=True)")
+  return problems
+
+
+@dataclasses.dataclass
+class _Transfer:
+  """The target's flat parameters filled from the flat source ``src`` (``out``), the source keys
+  read (``used``) and the problems found; ``prefix``: the source's prefix tokens, joining late
+  (``late_prefix``: ``class_token_layer > 0``) where the target pools on the class token."""
+
+  src: Mapping[str, Any]
+  dst: Mapping[str, Any]
+  prefix: list[str]
+  late_prefix: bool
+  out: dict[str, Any] = dataclasses.field(default_factory=dict)
+  used: set[str] = dataclasses.field(default_factory=set)
+  problems: list[str] = dataclasses.field(default_factory=list)
+
+  def take(self, key: str, value: Any, what: str) -> None:
+    """``out[key] = value`` in the target's dtype, or the problem: missing or mis-shaped."""
+    want = tuple(np.shape(self.dst[key]))
+    if value is None:
+      self.problems.append(f"  {key}: not in the source ({what})")
+    elif tuple(np.shape(value)) != want:
+      self.problems.append(f"  {key}: source {what} has shape {np.shape(value)}, the model {want}")
+    else:
+      self.out[key] = np.asarray(value, np.asarray(self.dst[key]).dtype)
+
+  def fill(self, model: VisionTransformer, layers: dict[str, str], gate_logit: float) -> list[str]:
+    """Every target parameter set (the prior's) or taken from the source; the prior's keys."""
+    fresh = []
+    for key, fresh_value in self.dst.items():
+      block = _BLOCK.fullmatch(key)
+      kind = layers.get(f"blocks_{block.group(1)}") if block else None
+      if block and _is_prior(kind, block.group(2)):
+        options = _kind_options(model, kind)
+        value = _prior_values(kind, block.group(2), np.asarray(fresh_value), options, gate_logit)
+        self.out[key] = value
+        fresh.append(key)
+      elif block and kind in ("gpsa", "psa") and block.group(2).split("/")[0] in ("qk", "v"):
+        self.take_split_qkv(key, block.group(1), *block.group(2).split("/"))
+      elif key == "pos_embed" and self.late_prefix and key in self.src:
+        self.used.add(key)
+        value = np.asarray(self.src[key])
+        want = np.shape(fresh_value)
+        self.take(key, value[:, len(self.prefix) :] if np.shape(value) != want else value, key)
+      elif key in PREFIX_TOKENS and self.late_prefix and key in self.src:
+        self.used.add(key)
+        row = PREFIX_TOKENS.index(key)
+        position = np.asarray(self.src["pos_embed"])[:, row : row + 1]
+        self.take(key, np.asarray(self.src[key]) + position, key)
+      else:
+        self.used.add(key)
+        self.take(key, self.src.get(key), "parameter")
+    return fresh
+
+  def take_split_qkv(self, key: str, block: str, part: str, leaf: str) -> None:
+    """GPSA/PSA's ``qk`` or ``v`` ``leaf`` (kernel, bias): its rows of the source's fused qkv."""
+    qkv_key = f"blocks_{block}/attn/qkv/{leaf}"
+    qkv = self.src.get(qkv_key)
+    self.used.add(qkv_key)
+    axis = 1 if leaf == "kernel" else 0
+    if qkv is not None and np.shape(qkv)[axis] == 3:
+      qkv = np.take(np.asarray(qkv), [0, 1] if part == "qk" else 2, axis=axis)
+    self.take(key, qkv, f"qkv {leaf} ({part} split from it)")
+
+
+def _late_prefix_notes(model: VisionTransformer, late_prefix: bool) -> list[str]:
+  """Why the start is approximate where the source's class token joins later in the target."""
+  if not late_prefix:
+    return []
+  return [
+    f"the class token joins at block {model.class_token_layer} (the source's at the input), so "
+    f"in blocks 0-{model.class_token_layer - 1} the patch tokens no longer attend to it"
+  ]
+
+
+def _gpsa_gate_notes(layers: dict[str, str], gate_logit: float) -> list[str]:
+  """Why the start is approximate where GPSA gates are not closed (Eq. 6's sigmoid above 0)."""
+  gate = float(jax.nn.sigmoid(jnp.float32(gate_logit)))
+  if "gpsa" not in layers.values() or gate == 0.0:
+    return []
+  return [
+    f"GPSA gates at sigmoid({gate_logit:g}) = {gate:.3g} on position (each attention row "
+    f"within {2 * gate:.2g} in L1 of the source's)"
+  ]
+
+
+def _gmm_underflow_notes(
+  model: VisionTransformer, layers: dict[str, str], out: Mapping[str, Any], side: int
+) -> list[str]:
+  """Why the start is approximate where a multiplied GMM table underflows (the first such)."""
+  grid = TokenGrid(side, side)
+  for name, kind in layers.items():
+    options = _kind_options(model, kind)
+    if kind == "gmm" and options["combine"] == "multiply":
+      alpha, sigma = out[f"{name}/attn/mask/alpha"], out[f"{name}/attn/mask/sigma"]
+      zeros = _gmm_zero_pairs(alpha, sigma, grid, options["kernel"])
+      if zeros:
+        return [
+          f"GMM 'faithful' tables underflow to 0 on {zeros} of {grid.num_tokens**2} query-key "
+          f"pairs of the {side}x{side} grid, whose logits become 0 (kernel='intended' starts "
+          "exactly)"
+        ]
+  return []
+
+
 def add_locality_prior(
   source: Mapping[str, Any],
   target: Mapping[str, Any],
@@ -186,97 +308,25 @@ def add_locality_prior(
   dst = flax.traverse_util.flatten_dict(_params(target), sep="/")
   kinds = tuple(model.layer_attention or ("mhsa",) * model.depth)
   layers = {f"blocks_{i}": kind for i, kind in enumerate(kinds)}
-  problems = [
-    f"  blocks_{i}: attention kind {kind!r} has no function-preserving prior (supported: "
-    f"{', '.join(PRIOR_KINDS)})"
-    for i, kind in enumerate(kinds)
-    if kind not in PRIOR_KINDS
-  ]
-  side = image_size // model.patch_size
-  grid = TokenGrid(side, side)
-  out: dict[str, Any] = {}
-  used: set[str] = set()
-  fresh: list[str] = []
-  approximations: list[str] = []
-
-  def take(key: str, value: Any, want: tuple[int, ...], what: str) -> None:
-    if value is None:
-      problems.append(f"  {key}: not in the source ({what})")
-    elif tuple(np.shape(value)) != want:
-      problems.append(f"  {key}: source {what} has shape {np.shape(value)}, the model {want}")
-    else:
-      out[key] = np.asarray(value, np.asarray(dst[key]).dtype)
-
-  prefix = [name for name in PREFIX_TOKENS if name in src]
-  late_tokens = model.pool == "token" and model.class_token_layer > 0
-  for key, fresh_value in dst.items():
-    want = tuple(np.shape(fresh_value))
-    block = _BLOCK.fullmatch(key)
-    kind = layers.get(f"blocks_{block.group(1)}") if block else None
-    if block and _is_prior(kind, block.group(2)):
-      options = _kind_options(model, kind)
-      out[key] = _prior_values(kind, block.group(2), np.asarray(fresh_value), options, gate_logit)
-      fresh.append(key)
-    elif block and kind in ("gpsa", "psa") and block.group(2).split("/")[0] in ("qk", "v"):
-      part, leaf = block.group(2).split("/")
-      qkv_key = f"blocks_{block.group(1)}/attn/qkv/{leaf}"
-      qkv = src.get(qkv_key)
-      used.add(qkv_key)
-      axis = 1 if leaf == "kernel" else 0
-      if qkv is not None and np.shape(qkv)[axis] == 3:
-        qkv = np.take(np.asarray(qkv), [0, 1] if part == "qk" else 2, axis=axis)
-      take(key, qkv, want, f"qkv {leaf} ({part} split from it)")
-    elif key == "pos_embed" and late_tokens and key in src:
-      used.add(key)
-      value = np.asarray(src[key])
-      take(key, value[:, len(prefix) :] if np.shape(value) != want else value, want, "pos_embed")
-    elif key in PREFIX_TOKENS and late_tokens and key in src:
-      used.add(key)
-      row = PREFIX_TOKENS.index(key)
-      take(key, np.asarray(src[key]) + np.asarray(src["pos_embed"])[:, row : row + 1], want, key)
-    else:
-      used.add(key)
-      take(key, src.get(key), want, "parameter")
-
-  unused = sorted(set(src) - used)
-  problems += [f"  {key}: in the source, no place in the model" for key in unused]
-  if any(key.endswith("qkv/bias") for key in unused):
-    problems.append("  (the source has qkv biases: build the model with qkv_bias=True)")
+  late_prefix = model.pool == "token" and model.class_token_layer > 0
+  transfer = _Transfer(src, dst, [name for name in PREFIX_TOKENS if name in src], late_prefix)
+  fresh = transfer.fill(model, layers, gate_logit)
+  problems = _unsupported_kinds(kinds) + transfer.problems + _unused_problems(src, transfer.used)
   if problems:
     raise PriorError(
       "The pretrained parameters do not fit the model with a locality prior:\n"
       + "\n".join(problems)
     )
-
-  if late_tokens and prefix:
-    approximations.append(
-      f"the class token joins at block {model.class_token_layer} (the source's at the input), so "
-      f"in blocks 0-{model.class_token_layer - 1} the patch tokens no longer attend to it"
-    )
-  gated = [name for name, kind in layers.items() if kind == "gpsa"]
-  if gated and float(jax.nn.sigmoid(jnp.float32(gate_logit))) != 0.0:
-    gate = float(jax.nn.sigmoid(jnp.float32(gate_logit)))
-    approximations.append(
-      f"GPSA gates at sigmoid({gate_logit:g}) = {gate:.3g} on position (each attention row "
-      f"within {2 * gate:.2g} in L1 of the source's)"
-    )
-  for name, kind in layers.items():
-    options = _kind_options(model, kind)
-    if kind == "gmm" and options["combine"] == "multiply":
-      alpha, sigma = out[f"{name}/attn/mask/alpha"], out[f"{name}/attn/mask/sigma"]
-      zeros = _gmm_zero_pairs(alpha, sigma, grid, options["kernel"])
-      if zeros:
-        approximations.append(
-          f"GMM 'faithful' tables underflow to 0 on {zeros} of {grid.num_tokens**2} query-key "
-          f"pairs of the {side}x{side} grid, whose logits become 0 (kernel='intended' starts "
-          "exactly)"
-        )
-        break
+  side = image_size // model.patch_size
+  approximations = [
+    *_late_prefix_notes(model, late_prefix and bool(transfer.prefix)),
+    *_gpsa_gate_notes(layers, gate_logit),
+    *_gmm_underflow_notes(model, layers, transfer.out, side),
+  ]
   params = flax.traverse_util.unflatten_dict(
-    {key: jnp.asarray(value) for key, value in out.items()}, sep="/"
+    {key: jnp.asarray(value) for key, value in transfer.out.items()}, sep="/"
   )
-  report = PriorReport(layers, tuple(fresh), tuple(approximations))
-  return {"params": params}, report
+  return {"params": params}, PriorReport(layers, tuple(fresh), tuple(approximations))
 
 
 def source_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:

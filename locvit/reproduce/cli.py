@@ -105,8 +105,15 @@ def row_configs_json(plan: dict[str, Any], configs, fraction: float, seeds: int)
     spec = plan["rows"][row]
     run = protocol.protocol_config(config, spec["paper_train_examples"], fraction, 0, every)
     run.num_seeds = seeds
-    records[row] = saved_config.record(run)
+    records[row] = saved_config.record(run, plan_command())
   return json.dumps(records, indent=2)
+
+
+def plan_command() -> list[str]:
+  """This command line without ``--dry_run`` / ``--print_config``: the command that trains the plan
+  (what each row's ``DIR/config.json`` then records), not the dry run that prints it."""
+  dry = ("--dry_run", "--print_config", "--dry_run=true", "--print_config=true")
+  return [arg for arg in sys.orig_argv if arg not in dry]
 
 
 def pack_workdir(name: str, workdir: str, path: str) -> int:

@@ -66,6 +66,21 @@ def ema_update(config, step: jax.Array, params, ema_params):
   return optax.incremental_update(params, ema_params, step_size=1.0 - decay)
 
 
+def step_arguments(parts, **extra) -> dict:
+  """The keyword arguments of ``train_step`` / ``guarded_steps`` (and ``locvit.run.seeds``'
+  step) taken from ``parts``, anything with the run's ``model``, ``tx``, ``schedule``, ``config``
+  and ``num_classes`` (a ``locvit.run.bundle.Training``, the benchmarks' parts), plus ``extra``
+  (``teacher``, ``platform``)."""
+  return dict(
+    model=parts.model,
+    tx=parts.tx,
+    schedule=parts.schedule,
+    config=parts.config,
+    num_classes=parts.num_classes,
+    **extra,
+  )
+
+
 def train_step(
   state: TrainState,
   batch,
