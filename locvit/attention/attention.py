@@ -24,7 +24,7 @@ and key/value kernels and their ``LogitsHook``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -65,6 +65,18 @@ def check_layer_input(layer: str, x: Array, grid: TokenGrid | None, num_prefix_t
       f"{layer} got num_prefix_tokens={num_prefix_tokens!r} for {tokens} tokens: the number of "
       f"class / distillation tokens placed first, an integer in [0, {tokens - 1}]."
     )
+
+
+class LayerCall(NamedTuple):
+  """One call of an attention layer, as ``AttentionLayer.__call__`` checked it: the tokens, their
+  grid, how many prefix tokens lead them, train or not, and ``row_scale``, the ``(B, 1, 1)`` factors
+  of the output applied inside the output projection's matmul."""
+
+  x: Array
+  grid: TokenGrid | None
+  num_prefix_tokens: int
+  train: bool
+  row_scale: Array | None
 
 
 class AttentionLayer(nn.Module):
@@ -120,17 +132,8 @@ class AttentionLayer(nn.Module):
       param_dtype=self.param_dtype,
     )
 
-  def _forward(
-    self,
-    x: Array,
-    grid: TokenGrid | None,
-    num_prefix_tokens: int,
-    train: bool,
-    row_scale: Array | None = None,
-    **extras: Any,
-  ) -> Array:
-    """The layer up to ``proj_drop``; ``extras``: ``context`` and ``terms`` (``call_extras``);
-    ``row_scale``: factors of the output, applied inside the output projection's matmul."""
+  def _forward(self, call: LayerCall, **extras: Any) -> Array:
+    """The layer up to ``proj_drop``; ``extras``: ``context`` and ``terms`` (``call_extras``)."""
     raise NotImplementedError
 
   def _prefix_token_error(self, num_prefix_tokens: int) -> str | None:
@@ -162,7 +165,7 @@ class AttentionLayer(nn.Module):
       if not self.call_extras:
         raise ValueError(f"{type(self).__name__} takes no context= or terms= at call time.")
       extras = dict(context=context, terms=tuple(terms))
-    out = self._forward(x, grid, num_prefix_tokens, train, row_scale, **extras)
+    out = self._forward(LayerCall(x, grid, num_prefix_tokens, train, row_scale), **extras)
     return nn.Dropout(self.proj_drop)(out, deterministic=not train)
 
 
@@ -228,17 +231,11 @@ class Attention(AttentionLayer):
     return None
 
   def _forward(
-    self,
-    x: Array,
-    grid: TokenGrid | None,
-    num_prefix_tokens: int,
-    train: bool,
-    row_scale: Array | None = None,
-    context: Array | None = None,
-    terms: tuple[Term, ...] = (),
+    self, call: LayerCall, context: Array | None = None, terms: tuple[Term, ...] = ()
   ) -> Array:
+    x, row_scale = call.x, call.row_scale
     q, k, v = self._project(x, context)
-    terms = (*self._terms(grid), *terms)
+    terms = (*self._terms(call.grid), *terms)
     if terms and context is not None:
       raise ValueError("A positional term is a table over a grid's token pairs: no context=.")
     y = attend(
@@ -247,11 +244,11 @@ class Attention(AttentionLayer):
       k,
       v,
       terms=terms,
-      num_prefix_tokens=num_prefix_tokens,
+      num_prefix_tokens=call.num_prefix_tokens,
       scale=self.scale,
       hook=self._hook(),
       attn_drop=self.attn_drop,
-      train=train,
+      train=call.train,
       implementation=self.implementation,
     )
     out = output_projection(self.out_dim or x.shape[-1], **self._dense_kwargs())(y, row_scale)

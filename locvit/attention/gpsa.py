@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from locvit.attention import projections
-from locvit.attention.attention import AttentionLayer, register_attention
+from locvit.attention.attention import AttentionLayer, LayerCall, register_attention
 from locvit.attention.core import Term, attend
 from locvit.attention.geometry import TokenGrid, check_grid_tokens, gpsa_relative_features
 from locvit.attention.projections import (
@@ -179,16 +179,10 @@ class GPSA(AttentionLayer):
       "layers)."
     )
 
-  def _forward(
-    self,
-    x: Array,
-    grid: TokenGrid | None,
-    num_prefix_tokens: int,
-    train: bool,
-    row_scale: Array | None = None,
-  ) -> Array:
+  def _forward(self, call: LayerCall) -> Array:
+    x, train, row_scale = call.x, call.train, call.row_scale
     dim = x.shape[-1]
-    grid = check_grid_tokens(grid, x.shape[1])
+    grid = check_grid_tokens(call.grid, x.shape[1])
     heads, head_dim = self.num_heads, projections.head_dim(dim, self.num_heads, self.head_dim)
 
     qk = self._dense((2, heads, head_dim), ("embed", None, "heads", "kv"), "qk")(x)

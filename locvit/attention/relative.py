@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from locvit.attention.attention import Attention, AttentionLayer, register_attention
+from locvit.attention.attention import Attention, AttentionLayer, LayerCall, register_attention
 from locvit.attention.core import Term, attend
 from locvit.attention.geometry import TokenGrid, check_grid_tokens, relative_offsets
 from locvit.attention.projections import (
@@ -347,16 +347,10 @@ class RelativeAttention(AttentionLayer):
       f"(no class token), got num_prefix_tokens={num_prefix_tokens}."
     )
 
-  def _forward(
-    self,
-    x: Array,
-    grid: TokenGrid | None,
-    num_prefix_tokens: int,
-    train: bool,
-    row_scale: Array | None = None,
-  ) -> Array:
+  def _forward(self, call: LayerCall) -> Array:
+    x, train, row_scale = call.x, call.train, call.row_scale
     dim = x.shape[-1]
-    grid = check_grid_tokens(grid, x.shape[1])
+    grid = check_grid_tokens(call.grid, x.shape[1])
     heads = self.num_heads
     table = make_positional(
       self.kind,
