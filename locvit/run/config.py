@@ -288,6 +288,8 @@ PATH_FIELDS = (
 
 
 def with_absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """``config`` with its data folders, teacher and init workdirs and local weights file made
+  absolute (in place), so the saved ``config.json`` finds them from any directory."""
   for block, field in PATH_FIELDS:
     if config.get(block) is not None and config[block].get(field):
       config[block][field] = datasets.absolute(config[block][field])
