@@ -273,17 +273,14 @@ def compile_loop_step(
   times over for K steps a call).
 
   ``device``: a compile-only device (``jax.experimental.topologies``: XLA's compilation for a
-  chip that is not attached), for which the step is compiled from its arguments' shapes alone;
-  the kernel setting JAX would choose there (``attention_implementation=None`` is 'xla' off the
-  CPU) is set explicitly, since the host's backend would resolve None to the CPU's. Such a
-  step can be read (``compiled.as_text()``), not run."""
+  chip that is not attached), for which the step is compiled from its arguments' shapes alone
+  with the kernel setting JAX would choose there (``set_for_device``). Such a step can be read
+  (``compiled.as_text()``), not run."""
   fields = dict(VARIANTS[variant])
   setting = fields.pop("xla_options", "none")
   config = complete_config(config)  # a copy, with every field (steps_per_dispatch...)
   config.update(fields)
-  if device is not None and config.attention_implementation is None:
-    config.attention_implementation = "xla"
-  platform = None if device is None else device.platform  # the step's, not the host's
+  platform = set_for_device(config, device)
   state, step = state_and_step(
     config, (image_size, image_size, 3), num_classes, loop=True, platform=platform
   )
@@ -291,17 +288,35 @@ def compile_loop_step(
   batches = [synthetic_batch(config.batch_size, image_size, num_classes)] * k
   health = step_lib.initial_health()
   args = (state, batches, (), health)
-  if device is None:
-    options = xla_options.compiler_options(setting, jax.default_backend())
-  else:
-    place = jax.sharding.SingleDeviceSharding(device)
-    args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=place), args)
-    options = xla_options.compiler_options(setting, device.platform)
-    if device.platform == "gpu":
-      options |= DEVICELESS_GPU_OPTIONS
   with tracing(variant):
-    lowered = step.lower(*args)
-  return CompiledStep(lowered.compile(options), state, batches, health, k)
+    compiled = compile_on(step, args, setting, device)
+  return CompiledStep(compiled, state, batches, health, k)
+
+
+def set_for_device(config, device=None) -> str | None:
+  """Sets in ``config`` (completed) the kernel setting JAX would choose on a compile-only
+  ``device`` (``attention_implementation=None`` is 'xla' off the CPU; the host's backend would
+  resolve None to the CPU's) and returns the step's platform: the device's, or None (the host's)
+  without one."""
+  if device is None:
+    return None
+  if config.attention_implementation is None:
+    config.attention_implementation = "xla"
+  return device.platform
+
+
+def compile_on(step, args: tuple, setting: str, device=None):
+  """The jitted ``step`` lowered for ``args`` and compiled with the XLA options of ``setting``
+  (``locvit.platform.xla_options``) for this host's backend, or for a compile-only ``device``
+  from the arguments' shapes alone (on a GPU with ``DEVICELESS_GPU_OPTIONS``)."""
+  if device is None:
+    return step.lower(*args).compile(xla_options.compiler_options(setting, jax.default_backend()))
+  place = jax.sharding.SingleDeviceSharding(device)
+  args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=place), args)
+  options = xla_options.compiler_options(setting, device.platform)
+  if device.platform == "gpu":
+    options |= DEVICELESS_GPU_OPTIONS
+  return step.lower(*args).compile(options)
 
 
 _TRACING = threading.Lock()  # sides compile in threads; one traces at a time (see tracing)
