@@ -59,6 +59,10 @@ KIT_H200 = {
       # checkpoints every 128 steps), 8,359 img/s: a 15.3 ms step against 4.06 ms resident.
       "loop_step_ms": 128 / 8_359 * 1e3,
       "loop_batch": 128,
+      # The kit's step of GMM-ViT d9 at batch 128 with the batch resident (docs/benchmarks.md,
+      # "Issue 29's profile"; the ViT row's model with GMM masks): the part of the loop's step
+      # that is the step's kernels.
+      "loop_resident_step_ms": 4.06,
       "loop_split_on": "host",  # data.train_split_on of that loop (the plans now hold it on device)
     },
     "structinit_small": {
@@ -76,6 +80,32 @@ KIT_H200 = {
       "compile_s": 23.4,
       "fed_images_per_sec": 60_018,
       "recipe": "pad-4 crop + flip, on the device",
+    },
+  },
+}
+
+# XLA:GPU's kernel count of the step that trains N seeds side by side (``locvit.run.seeds.
+# make_step``, ``config.num_seeds=N``) per measured N, and of the lone step one seed trains with:
+# compiled for an H200 without one (XLA's deviceless compilation, every GEMM a cuBLAS call), bf16
+# compute, the batch resident (docs/benchmarks.md, "Seeds side by side"). Until a GPU times the
+# N-seed step, ``--dry_run`` scales the kit model's one-seed step by these counts; they are
+# counts, not times. Per kit model: the paper config whose steps were compiled (the GMM plan's
+# depth-9 model at its batch; the structured-init plan's ViT-T/2 at its batch).
+KIT_SEED_KERNELS = {
+  "device": "NVIDIA H200",
+  "date": "2026-12-06",
+  "commit": "6df901d",
+  "command": "python benchmarks/seeds_side_by_side.py --gpu=h200 --seeds=1,2,3,4,8",
+  "models": {
+    "gmm_small": {
+      "measured": "GMM-ViT d9 at batch 128",
+      "lone": 474,
+      "seeds": {1: 528, 2: 518, 3: 519, 4: 519, 8: 520},
+    },
+    "structinit_small": {
+      "measured": "StructInit ViT-T/2 at batch 512",
+      "lone": 713,
+      "seeds": {1: 746, 2: 696, 3: 698, 4: 701, 8: 733},
     },
   },
 }

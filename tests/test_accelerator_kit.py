@@ -148,6 +148,20 @@ def test_seeds_side_by_side_smoke_prints_n_lone_steps_beside_one_n_seed_step():
   )  # XLA's memory of the N-seed step: two states held
 
 
+def test_seeds_side_by_side_gpu_counts_kernels_and_times_nothing():
+  """``--gpu`` compiles the steps for a GPU that is not there: timing flags are refused with the
+  reason, before anything compiles."""
+  command = ["benchmarks/seeds_side_by_side.py", "--gpu=h200", "--rounds=3"]
+  result = subprocess.run(
+    [sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=300
+  )
+  assert result.returncode == 2
+  assert result.stderr.endswith(
+    "seeds_side_by_side.py: error: --steps, --rounds and --warmup time the steps: --gpu compiles "
+    "them, no more\n"
+  )
+
+
 def _benchmarks_module(name: str):
   sys.path.insert(0, str(ROOT / "benchmarks"))
   try:

@@ -13,6 +13,12 @@ row's step takes the longer of the kit model's step (the kit found these small s
 bound), the row's training FLOPs (3 x XLA's count of its forward pass) at the best rate the
 kit achieved and, where a paper-protocol run trained on the GPU, that whole loop's step; and a
 row trains no faster than the kit fed its recipe from the JPEG folders.
+
+N seeds side by side (``config.num_seeds``): no GPU has timed the N-seed step yet, so the kit
+model's step grows with the N-seed step's XLA:GPU kernel count against one seed's, compiled for
+an H200 without one (``KIT_SEED_KERNELS``), the arithmetic and the feed N times, and each seed
+evaluates in turn (``kit_estimate``, ``row_rates``); a model without counts takes N times one
+seed's step.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Any
 import ml_collections
 
 from locvit.configs.common import complete_config
-from locvit.configs.reproduce_plans import KIT_H200
+from locvit.configs.reproduce_plans import KIT_H200, KIT_SEED_KERNELS
 from locvit.platform.flops import xla_flops
 from locvit.reproduce.budget import RowCost, measure
 from locvit.reproduce.data_checks import check_protocol_data, describe_data
@@ -166,43 +172,99 @@ def model_shape(config: ml_collections.ConfigDict) -> dict[str, Any]:
 class KitEstimate:
   """A row's H200 estimate from the kit's figures, and why."""
 
-  images_per_sec: float
-  step_ms: float
-  basis: str  # which limit set it: the kit model's step, FLOPs, or the feed
+  images_per_sec: float  # all of its seeds' images
+  step_ms: float  # one step of its seeds side by side
+  basis: str  # which limit set it: the kit model's step, FLOPs, the loop's step or the feed
 
 
-def kit_estimate(kit: str, batch_size: int, flops_per_image: float) -> KitEstimate:
-  """The H200 images/s of a row with ``flops_per_image`` (forward) at ``batch_size``, from the
-  kit model ``kit`` (see the module docstring)."""
+def seed_kernels(counts: dict[int, int], seeds: int) -> float:
+  """The N-seed step's kernel count for ``seeds`` from ``counts`` (measured N -> kernels):
+  measured, linear between the measured N around it, and beyond the largest measured N grown in
+  proportion to the seeds (as if each further seed added the kernels the measured step has per
+  seed: far more than vmap adds, so an overestimate)."""
+  if seeds in counts:
+    return counts[seeds]
+  largest = max(counts)
+  if seeds > largest:
+    return counts[largest] * seeds / largest
+  below = max(n for n in counts if n < seeds)
+  above = min(n for n in counts if n > seeds)
+  return counts[below] + (counts[above] - counts[below]) * (seeds - below) / (above - below)
+
+
+def kernel_scale(kit: str, seeds: int) -> tuple[float, str] | None:
+  """(how many times one seed's kernels the ``seeds``-seed step of kit model ``kit`` runs, at
+  least 1; in words), from ``KIT_SEED_KERNELS``, or None where they were not counted."""
+  counted = KIT_SEED_KERNELS["models"].get(kit)
+  if counted is None:
+    return None
+  kernels, largest = seed_kernels(counted["seeds"], seeds), max(counted["seeds"])
+  how = ""  # measured
+  if seeds > largest:
+    how = f", grown in proportion from {largest} seeds"
+  elif seeds not in counted["seeds"]:
+    how = ", interpolated"
+  words = (
+    f"the kit's steps scaled by the {seeds}-seed step's XLA:GPU kernel count against one seed's "
+    f"({kernels:,.0f}{how} / {counted['lone']:,} kernels, {counted['measured']}, compiled for an "
+    f"{KIT_SEED_KERNELS['device']} without one), the arithmetic and the feed {seeds} times: not a "
+    "measured GPU time"
+  )
+  return max(1.0, kernels / counted["lone"]), words
+
+
+def kit_estimate(kit: str, batch_size: int, flops_per_image: float, seeds: int = 1) -> KitEstimate:
+  """The H200 images/s of a row with ``flops_per_image`` (forward) at ``batch_size``, its
+  ``seeds`` seeds side by side, from the kit model ``kit`` (see the module docstring). The kit
+  found these steps bound by their kernels' count: the N-seed step takes the kit model's step
+  scaled by the N-seed step's kernels against one seed's (``kernel_scale``; never below one
+  seed's), at least N seeds' arithmetic, and trains no faster than the kit's feed."""
   model = KIT_H200["models"][kit]
-  compute_ms = 3 * flops_per_image * batch_size / (KIT_H200["compute_tflops"] * 1e12) * 1e3
-  # The kit found these steps latency-bound: a step takes at least what the model's took,
-  # whatever the batch, and at least what a measured training loop's took.
+  many = seeds > 1
+  counted = kernel_scale(kit, seeds) if many else None  # one seed trains with the lone step
+  scale = counted[0] if counted else float(seeds)
+  compute_ms = seeds * 3 * flops_per_image * batch_size / (KIT_H200["compute_tflops"] * 1e12) * 1e3
   limits = [  # (step ms, why)
     (
-      model["step_ms"],
-      f"the kit's {model['config']} step ({model['step_ms']} ms at batch {model['batch']})",
+      model["step_ms"] * scale,
+      f"the kit's {model['config']} step ({model['step_ms']} ms at batch {model['batch']})"
+      + (f" x {scale:.2f}" if many else ""),
     ),
     (
       compute_ms,
-      f"3 x {flops_per_image / 1e9:.2f} GFLOP/image at {KIT_H200['compute_tflops']:.0f} TFLOP/s",
+      (f"{seeds} seeds x " if many else "")
+      + f"3 x {flops_per_image / 1e9:.2f} GFLOP/image at {KIT_H200['compute_tflops']:.0f} TFLOP/s",
+    ),
+    (
+      seeds * batch_size / model["fed_images_per_sec"] * 1e3,
+      f"the kit's feed of {model['recipe']} ({model['fed_images_per_sec']:,} img/s)"
+      + (f" for {seeds} seeds' batches" if many else ""),
     ),
   ]
   if "loop_step_ms" in model:
-    loop_ms = model["loop_step_ms"]
+    loop_ms, resident_ms = model["loop_step_ms"], model["loop_resident_step_ms"]
+    # The loop's step above its resident step is host feeding, checkpoints and the augmentation
+    # around the step: work per seed's batch and state, which the kernel count of the step does
+    # not see. Each further seed adds all of it (how much is per step rather than per seed was
+    # not measured); only the resident step grows with the kernels.
+    side_by_side_ms = resident_ms * (scale - 1) + (loop_ms - resident_ms) * (seeds - 1)
     limits.append(
       (
-        loop_ms,
+        loop_ms + side_by_side_ms,
         f"a GPU training loop's step ({loop_ms:.1f} ms at batch {model['loop_batch']}, its "
-        f"training split fed by the {model['loop_split_on']})",
+        f"training split fed by the {model['loop_split_on']})"
+        + (f", fed {seeds} seeds, its resident {resident_ms} ms x {scale:.2f}" if many else ""),
       )
     )
   step_ms, basis = max(limits, key=lambda limit: limit[0])
-  images_per_sec = batch_size / step_ms * 1e3
-  if images_per_sec > model["fed_images_per_sec"]:
-    images_per_sec = model["fed_images_per_sec"]
-    basis = f"the kit's feed of {model['recipe']} ({model['fed_images_per_sec']:,} img/s)"
-  return KitEstimate(images_per_sec, step_ms, basis)
+  if many:
+    basis += f"; {seeds} seeds side by side: " + (
+      counted[1]
+      if counted
+      else f"{seeds} times one seed's step (an upper bound: no kernel count of this model's "
+      "N-seed step is recorded)"
+    )
+  return KitEstimate(seeds * batch_size / step_ms * 1e3, step_ms, basis)
 
 
 def fit_fraction(per_run_seconds: dict[str, tuple[float, float]], seeds: int, seconds: float):
@@ -219,10 +281,9 @@ def row_rates(
 ) -> dict[str, Any]:
   """A row's step seconds, seconds per run outside training and seconds per evaluation, for its
   ``seeds`` seeds side by side: measured by a probe of them here (``cost``) or from the kit's H200
-  figures, where an evaluation (the forward pass alone) is taken as a third of a training step's
-  work per image, as the FLOP estimate counts a training step as 3 forward passes, and seeds side
-  by side as at most ``seeds`` times one seed's step and evaluation (an upper bound: the kit
-  measured one seed)."""
+  figures (``kit_estimate``), where an evaluation (the forward pass alone) is taken as a third of
+  one seed's training step's work per image, as the FLOP estimate counts a training step as 3
+  forward passes."""
   if cost is not None:
     return {
       "basis": "probe",
@@ -235,20 +296,17 @@ def row_rates(
       f"row {row!r} has no accelerator-kit figures: estimate it with --estimate=probe"
     )
   flops, params = forward_flops(full)
-  kit = kit_estimate(spec["kit"], full.batch_size, flops)
-  step_seconds = seeds * full.batch_size / kit.images_per_sec
-  side_by_side = (
-    f"; {seeds} seeds side by side: at most {seeds} times one seed's step (not measured)"
-    if seeds > 1
-    else ""
-  )
+  kit = kit_estimate(spec["kit"], full.batch_size, flops, seeds)
+  one_seed = kit_estimate(spec["kit"], full.batch_size, flops)
+  one_seed_eval_sec = test_examples / one_seed.images_per_sec / 3
   return {
-    "basis": kit.basis + side_by_side,
+    "basis": kit.basis,
     "params": params,
     "gflops": flops / 1e9,
-    "step_seconds": step_seconds,
+    "step_seconds": seeds * full.batch_size / kit.images_per_sec,
     "overhead_sec": KIT_H200["models"][spec["kit"]]["compile_s"],
-    "eval_sec": test_examples * step_seconds / full.batch_size / 3,
+    # A side-by-side run evaluates its seeds one after another (locvit.run.seeds).
+    "eval_sec": seeds * one_seed_eval_sec,
   }
 
 
