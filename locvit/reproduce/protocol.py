@@ -220,6 +220,8 @@ def kit_estimate(kit: str, batch_size: int, flops_per_image: float, seeds: int =
   scaled by the N-seed step's kernels against one seed's (``kernel_scale``; never below one
   seed's), at least N seeds' arithmetic, and trains no faster than the kit's feed."""
   model = KIT_H200["models"][kit]
+  # The kit found these steps latency-bound: a step takes at least what the model's took,
+  # whatever the batch, and at least what a measured training loop's took.
   many = seeds > 1
   counted = kernel_scale(kit, seeds) if many else None  # one seed trains with the lone step
   scale = counted[0] if counted else float(seeds)
@@ -303,7 +305,7 @@ def row_rates(
     "basis": kit.basis,
     "params": params,
     "gflops": flops / 1e9,
-    "step_seconds": seeds * full.batch_size / kit.images_per_sec,
+    "step_seconds": kit.step_ms / 1e3,
     "overhead_sec": KIT_H200["models"][spec["kit"]]["compile_s"],
     # A side-by-side run evaluates its seeds one after another (locvit.run.seeds).
     "eval_sec": seeds * one_seed_eval_sec,
