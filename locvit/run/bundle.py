@@ -3,7 +3,8 @@
 ``build_training(config, workdir)`` checks the config (before anything is compiled or written),
 claims the workdir, keeps the config, and builds the mesh and rules, the data sources and
 iterators, the model, the optimizer, the state layout, the teacher, the checkpointer and the
-metric writer. ``build_evaluation(config)`` builds the part an evaluation needs.
+metric writer. ``build_evaluation(config)`` checks the config the same way
+(``checks.check_config``), then builds the part an evaluation needs.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from absl import logging
 from locvit import data as data_lib
 from locvit import distill, optim
 from locvit import metrics as metrics_lib
-from locvit.configs.common import complete_config
 from locvit.convert import prior
 from locvit.convert.pretrained import load_pretrained
 from locvit.data import device_augment, resident
@@ -157,9 +157,10 @@ def _image_shape(config, source) -> tuple[int, int, int]:
 
 
 def build_evaluation(config: ml_collections.ConfigDict) -> Evaluation:
-  """The mesh, the model and the eval data of ``config`` (completed with the defaults of
-  ``configs/common.py:base_config``, then validated)."""
-  config = complete_config(config)
+  """The mesh, the model and the eval data of ``config``, validated first as a training run's is
+  (``checks.check_config``: completed with the defaults of ``configs/common.py:base_config``), so
+  a bad value is the same one error line before anything is built, not a failure inside JAX."""
+  config = checks.check_config(config)  # the one check of the config's values
   mesh = sharding.make_mesh(config.mesh)
   rules = sharding.logical_rules(config.mesh)
   eval_source = data_lib.make_source(config.data, config.data.eval_split)

@@ -22,7 +22,7 @@ import optax
 from locvit import metrics as metrics_lib
 from locvit.data import device_augment
 from locvit.platform import sharding
-from locvit.run import bundle, predict
+from locvit.run import bundle, checks, predict
 from locvit.run.preemption import EvaluationInterruptedError
 from locvit.run.state import ema_enabled
 from locvit.workdir import fingerprint, restore
@@ -134,7 +134,9 @@ def evaluate_checkpoint(
   """Eval-only mode: restores parameters from ``workdir`` (latest or ``step``) and evaluates;
   ``print_progress`` gets a line every 10 s of a long evaluation.
 
-  With ``config.ema.decay > 0`` the EMA weights are evaluated too (``eval_ema/*``).
+  With ``config.ema.decay > 0`` the EMA weights are evaluated too (``eval_ema/*``). The config
+  is checked first (``bundle.build_evaluation``), as a training run's is: nothing is read from
+  ``workdir`` for a config with a bad value.
   """
   run = bundle.build_evaluation(config)
   config = run.config  # completed with the defaults
@@ -178,7 +180,11 @@ def evaluate_weights(
 ) -> dict[str, Any]:
   """Eval-only mode on published weights (``config.init_from.weights``), no training run: their
   model and class count, the evaluation split read with their preprocessing
-  (``locvit.run.predict.with_weights``). The result carries ``step`` 0 and the ``config`` run."""
+  (``locvit.run.predict.with_weights``). The result carries ``step`` 0 and the ``config`` run.
+
+  The config is checked (``checks.check_config``) before the weights are read; ``build_evaluation``
+  then checks it with the weights' model and preprocessing in it."""
+  config = checks.check_config(config)
   pretrained = predict.load_weights(config, seed=config.seed)
   for note in pretrained.notes:
     print_progress(f"note: {note}")
