@@ -87,7 +87,7 @@ def restore_or_initialise(run: bundle.Training) -> tuple[int, TrainState]:
     state = jax.jit(layout.init, out_shardings=layout.shardings)(init_rng)
     state = apply_initializer(config, state, run.model, run.tx, layout.shardings, run.warmstart)
   if jax.process_index() == 0 and start < run.total_steps:  # which commit trains from here
-    run.session = provenance.record_start(run.workdir, start + 1, run.started)
+    run.session = provenance.record_start(run.workdir, start + 1, run.started, run.watch)
     run.checkpointer.on_saved(run.session.checkpointed)  # a killed run keeps its last save's time
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   logging.info(

@@ -145,7 +145,7 @@ def build_runs(
       # shared.config: completed and checked (with init_from's pruned heads applied, if any)
       seed_run = seed_config(shared.config, seed)
       run = dataclasses.replace(runs[0] if runs else shared, config=seed_run)
-      run.checkpointer, run.writer, run.session = None, None, None
+      run.checkpointer, run.writer, run.session, run.watch = None, None, None, None
       if seed != seeds[0] and seed_run.init_from is not None and seed_run.init_from.get("weights"):
         # published weights fitted with a fresh head: each seed draws its own, as alone
         run.warmstart = bundle.weights_warmstart(seed_run, run.num_classes)
