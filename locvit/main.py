@@ -186,8 +186,9 @@ def the_config() -> ml_collections.ConfigDict:
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ``ConfigError`` listing every value no run can start with, a line each naming the
   field and the bad value (``locvit.run.checks.check_config``), before anything is built: for
-  ``--mode=predict``, ``--mode=analyze`` and ``--print_config``. Training and evaluation check
-  their config themselves, through the same function (``build_training``, ``build_evaluation``).
+  ``--mode=analyze`` and ``--print_config``. Training, evaluation and prediction check their
+  config themselves, through the same function (``build_training``, ``build_evaluation``,
+  ``predict_weights``).
 
   Fields the config lacks take their defaults (``configs/common.py:complete_config``)."""
   from locvit.run import checks  # the training stack: after the flags are read
@@ -249,8 +250,8 @@ def main(argv):
       "--workdir=DIR is required: the directory for the run's checkpoints and metrics"
     )
   config = the_config()
-  if _MODE.value in ("predict", "analyze"):  # built here and in locvit.analysis: checked here
-    check_config(config)  # train and eval: locvit.run.bundle checks it before building anything
+  if _MODE.value == "analyze":  # built by locvit.analysis, below locvit.run: checked here
+    check_config(config)  # train, eval, predict: locvit.run checks it before building anything
   if _MODE.value in ("eval", "analyze"):
     _check_one_run(config, _WORKDIR.value, _MODE.value)
   cpu_malloc.reexec_with(_CPU_MALLOC.value)  # before any device or thread starts

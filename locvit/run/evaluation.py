@@ -22,7 +22,7 @@ import optax
 from locvit import metrics as metrics_lib
 from locvit.data import device_augment
 from locvit.platform import sharding
-from locvit.run import bundle, checks, predict
+from locvit.run import bundle, predict
 from locvit.run.preemption import EvaluationInterruptedError
 from locvit.run.state import ema_enabled
 from locvit.workdir import fingerprint, restore
@@ -182,9 +182,9 @@ def evaluate_weights(
   model and class count, the evaluation split read with their preprocessing
   (``locvit.run.predict.with_weights``). The result carries ``step`` 0 and the ``config`` run.
 
-  The config is checked (``checks.check_config``) before the weights are read; ``build_evaluation``
-  then checks it with the weights' model and preprocessing in it."""
-  config = checks.check_config(config)
+  ``build_evaluation`` checks the config (``checks.check_config``) with the weights' model and
+  preprocessing in it: ``config.model.name`` may be any name ``load_pretrained`` reads (timm's
+  ``*_distilled_*`` too), and it is the weights' registered model that is built."""
   pretrained = predict.load_weights(config, seed=config.seed)
   for note in pretrained.notes:
     print_progress(f"note: {note}")
