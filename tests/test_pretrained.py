@@ -263,9 +263,9 @@ def softmax(logits):
 
 def test_distilled_deit_evaluates_as_timm(tmp_path):
   """timm's deit_*_distilled_* weights: evaluation is the mean of the two heads' logits
-  (VisionTransformerDistilled.forward_head), training returns both heads, and
-  distilled_inference='softmax' is the log of the two softmaxes' mean. Logits to 1e-4
-  (float32, as the other conversions here), probabilities to 1e-6."""
+  (VisionTransformerDistilled.forward_head), so is training unless distilled_training returns
+  both heads, and distilled_inference='softmax' is the log of the two softmaxes' mean. Logits
+  to 1e-4 (float32, as the other conversions here), probabilities to 1e-6."""
   model_t = reference("deit", distilled=True)
   path = save(model_t, tmp_path / "distilled.safetensors")
   pretrained = load_pretrained(path, model=DISTILLED[0], **DISTILLED[1])
@@ -275,9 +275,14 @@ def test_distilled_deit_evaluates_as_timm(tmp_path):
   model, variables = pretrained.create_model(), pretrained.variables
   np.testing.assert_allclose(model.apply(variables, x), torch_logits(model_t, x), atol=1e-4, rtol=0)
   expected = torch_heads(model_t, x)
-  training = pretrained.create_model(drop_path_rate=0.0)  # the reference has no drop path
+  training = pretrained.create_model(drop_path_rate=0.0, distilled_training=True)  # no drop path
   for got, want in zip(training.apply(variables, x, train=True), expected, strict=True):
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+  # Fine-tuning without distillation trains on the averaged logits, as timm's training mode does.
+  finetuning = pretrained.create_model(drop_path_rate=0.0).apply(variables, x, train=True)
+  with torch.no_grad():
+    timm_training = model_t.train()(torch.from_numpy(x).permute(0, 3, 1, 2)).numpy()
+  np.testing.assert_allclose(finetuning, timm_training, atol=1e-4, rtol=0)
   log_probs = pretrained.create_model(distilled_inference="softmax").apply(variables, x)
   mean_softmax = (softmax(expected[0]) + softmax(expected[1])) / 2
   np.testing.assert_allclose(np.exp(log_probs), mean_softmax, atol=1e-6, rtol=0)
