@@ -327,6 +327,26 @@ def test_distilled_deit_finetune_keeps_both_prefix_rows_and_renews_both_heads(tm
   np.testing.assert_allclose(logits, torch_logits(timm_48, x), atol=1e-4, rtol=0)
 
 
+def test_distilled_and_plain_weights_are_not_mistaken(tmp_path):
+  """Distilled DeiT weights for a plain DeiT, and plain ones for a distilled DeiT: one line naming
+  the way out, not pos_embed's row count read with the other prefix count."""
+  distilled = save(reference("deit", distilled=True), tmp_path / "distilled.safetensors")
+  with pytest.raises(WeightsError) as e:
+    load_pretrained(distilled, model=DEIT[0], **DEIT[1])
+  assert str(e.value) == (
+    f"{distilled} does not fit {DEIT[0]}: these are distilled DeiT weights (dist_token, "
+    "head_dist); give --config.model.overrides.distilled=True (distilled=True), or weights "
+    "without a distillation token"
+  )
+  plain = save(reference("deit"), tmp_path / "plain.safetensors")
+  with pytest.raises(WeightsError) as e:
+    load_pretrained(plain, model=DISTILLED[0], **DISTILLED[1])
+  assert str(e.value) == (
+    f"{plain} does not fit {DEIT[0]} with a distillation token (distilled=True, or distillation "
+    "on): these weights have none; give distilled DeiT weights (deit_*_distilled_*)"
+  )
+
+
 @pytest.mark.parametrize("path", ["/missing", "./missing", "~/missing"])
 def test_a_missing_path_is_not_taken_for_a_hub_repository(path):
   with pytest.raises(WeightsError) as e:
