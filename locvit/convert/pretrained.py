@@ -406,6 +406,23 @@ def _prefix_tokens(model) -> int:
   return model.num_prefix_tokens if model.class_token_layer == 0 else 0
 
 
+def _check_distillation_token(source: str, name: str, has_token: bool, distilled: bool) -> None:
+  """Distilled DeiT weights (timm's ``deit_*_distilled_*``: ``dist_token``, ``head_dist``, two
+  prefix rows in ``pos_embed``) fit a ``distilled`` model only, and a distilled model needs them:
+  one line naming the way out, before the pos_embed rows are read with the wrong prefix count."""
+  if has_token and not distilled:
+    raise WeightsError(
+      f"{source} does not fit {name}: these are distilled DeiT weights (dist_token, head_dist); "
+      "give --config.model.overrides.distilled=True (distilled=True), or weights without a "
+      "distillation token"
+    )
+  if distilled and not has_token:
+    raise WeightsError(
+      f"{source} does not fit {name} with a distillation token (distilled=True, or distillation "
+      "on): these weights have none; give distilled DeiT weights (deit_*_distilled_*)"
+    )
+
+
 def _source_image_size(pos_rows: int, prefix: int, patch_size: int, name: str) -> int:
   side = math.isqrt(pos_rows - prefix)
   if side * side != pos_rows - prefix:
@@ -551,6 +568,8 @@ def load_pretrained(
   keys = list(state_dict) if converted is None else _converted_keys(converted)
   name, overrides = _architecture(weights, model, keys, overrides)
   target = create_model(name, num_classes=1, **overrides)
+  has_dist_token = "dist_token" in (state_dict if converted is None else converted)
+  _check_distillation_token(weights.name, name, has_dist_token, target.distilled)
   prefix, patch = _prefix_tokens(target), target.patch_size
   params, source_classes, source_size = _params_as_trained(
     weights, name, converted, state_dict, prefix, patch, overrides
