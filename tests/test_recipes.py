@@ -15,6 +15,8 @@ from configs.common import base_config
 from locvit import distill, train
 from locvit.analysis.hooks import training_hooks
 from locvit.configs import defaults
+from locvit.convert import load_pretrained
+from locvit.convert.checkpoint import export_run
 from locvit.data import validate_data_config
 from locvit.metrics import read_metrics
 from locvit.models import create_model, surgery
@@ -256,6 +258,12 @@ def test_hard_distillation_from_a_checkpointed_teacher(tmp_path):
   assert model.distilled
   params, _, _ = restore.restore_model_variables(str(tmp_path / "student"), model, IMAGE_SHAPE)
   assert {"dist_token", "head_dist"} <= set(params)
+  # python -m locvit.convert --workdir: the student's weights, its distillation token included.
+  _, metadata = export_run(str(tmp_path / "student"), tmp_path / "weights")
+  assert metadata["overrides"]["distilled"] == "True"
+  exported = load_pretrained(str(tmp_path / "weights"))
+  assert exported.overrides["distilled"] and exported.create_model().distilled
+  jax.tree.map(np.testing.assert_array_equal, exported.variables["params"], nn.meta.unbox(params))
   # The teacher is restored exactly as trained (its variables are inputs, never updated).
   loaded = distill.load_teacher(
     student,
