@@ -304,7 +304,7 @@ def test_distilled_deit_finetune_keeps_both_prefix_rows_and_renews_both_heads(tm
     kernel, bias = heads[f"{head}/kernel"], heads[f"{head}/bias"]
     assert kernel.shape == (192, 10) and not bias.any() and 0 < kernel.std() < 0.05
   assert not np.array_equal(heads["head/kernel"], heads["head_dist/kernel"])
-  converted = from_timm(DEIT[0], model_t.state_dict(), distilled=True, **DEIT[1])["params"]
+  converted = from_timm(DISTILLED[0], model_t.state_dict(), **DISTILLED[1])["params"]
   converted = flax.traverse_util.flatten_dict(converted, sep="/")
   assert set(params) == set(converted) - {"pos_embed", *heads}
   assert "dist_token" in params and "cls_token" in params
@@ -325,6 +325,22 @@ def test_distilled_deit_finetune_keeps_both_prefix_rows_and_renews_both_heads(tm
   x = images(48)
   logits = tuned.create_model().apply(tuned.variables, x)
   np.testing.assert_allclose(logits, torch_logits(timm_48, x), atol=1e-4, rtol=0)
+
+
+def test_distilled_deit_converted_under_its_timm_name(tmp_path):
+  """python -m locvit.convert --model=deit_tiny_distilled_patch4_32 (timm's name) writes a
+  distilled DeiT, which load_pretrained reads back as the weights file itself."""
+  from locvit.convert.__main__ import main as convert_main
+
+  path = save(reference("deit", distilled=True), tmp_path / "distilled.safetensors")
+  out = tmp_path / "flax"
+  argv = [f"--model={DISTILLED[0]}", f"--input={path}", f"--output={out}", "--override=depth=2"]
+  assert convert_main(argv) == 0
+  converted = load_pretrained(str(out))
+  direct = load_pretrained(path, model=DISTILLED[0], **DISTILLED[1])
+  assert converted.model == direct.model == DEIT[0]
+  assert converted.overrides == direct.overrides == {"distilled": True, "depth": 2}
+  jax.tree.map(np.testing.assert_array_equal, converted.variables, direct.variables)
 
 
 def test_distilled_and_plain_weights_are_not_mistaken(tmp_path):

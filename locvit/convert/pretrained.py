@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from locvit.convert.checkpoint import load_converted, read_state_dict
-from locvit.convert.timm import ConversionError, from_timm, resolve_model_name, to_numpy
+from locvit.convert.timm import ConversionError, from_timm, resolve_timm_name, to_numpy
 from locvit.models import convit_overrides, create_model, default_image_size
 from locvit.models.registry import parse_override
 from locvit.models.resampling import resample_abs_pos_embed
@@ -199,7 +199,7 @@ def hub_repo(name: str) -> tuple[str, str | None] | None:
     return None
   arch, _, tag = name.partition(".")
   try:
-    resolve_model_name(arch.replace("_distilled", ""))
+    resolve_timm_name(arch)
   except ValueError:
     return None
   return f"{HUB_ORG}/{arch}.{tag or DEFAULT_TAG}", None
@@ -354,13 +354,12 @@ def _model_name(weights: Weights, model: str | None, keys: Sequence[str]) -> tup
       f"{weights.name}: the file does not say its architecture; name it "
       f"(--config.model.name=..., e.g. {_family(keys).lower()}_tiny, or model=...)"
     )
-  distilled = "_distilled" in chosen.split(".")[0]
   try:
-    name = resolve_model_name(chosen.replace("_distilled", ""))
+    name, implied = resolve_timm_name(chosen)
   except ValueError as e:
     raise WeightsError(f"{weights.name}: {e}") from None
   if model and arch:
-    src = resolve_model_name(arch.replace("_distilled", ""))
+    src, _ = resolve_timm_name(arch)
     if src.split("_")[0] != name.split("_")[0]:
       raise WeightsError(
         f"{weights.name} holds {arch} weights, which do not fit {model}: use "
@@ -373,7 +372,7 @@ def _model_name(weights: Weights, model: str | None, keys: Sequence[str]) -> tup
       f"{weights.name} does not fit {name}: these are {family} weights ({gpsa} GPSA "
       f"gating_param); use a {family.lower()}_* model, or {name.split('_')[0]} weights"
     )
-  return name, ({"distilled": True} if distilled else {})
+  return name, implied
 
 
 # timm's ConViT / DeiT constructor arguments that a hub config.json's ``model_args`` may carry and
