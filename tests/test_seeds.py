@@ -30,6 +30,7 @@ from locvit.analysis.analyze import analyze
 from locvit.data import device_augment
 from locvit.metrics import read_metrics
 from locvit.platform import sharding
+from locvit.reproduce import budget
 from locvit.run import bundle, evaluation
 from locvit.run import config as run_config
 from locvit.run import seeds as seeds_lib
@@ -209,6 +210,25 @@ def test_each_seed_keeps_its_own_best(tmp_path):
     reader.close()
     assert best[seed] == 1 + int(np.argmax(top1)), (seed, top1)
   assert len(set(best.values())) > 1, best
+
+
+def test_a_probe_of_seeds_side_by_side_counts_their_one_evaluation_once(tmp_path, monkeypatch):
+  """``locvit.reproduce --estimate=probe`` of a row's seeds side by side: its seconds per
+  evaluation are those of the seeds' one evaluation, which each seed logs as its
+  ``perf/eval_seconds``, not that times the seeds."""
+  read = {}
+  read_metrics_of = budget.metrics_lib.read_metrics
+
+  def read_metrics(workdir):
+    read[str(workdir)] = read_metrics_of(workdir)
+    return read[str(workdir)]
+
+  monkeypatch.setattr(budget.metrics_lib, "read_metrics", read_metrics)
+  cost = budget.probe(small_config(num_seeds=2), str(tmp_path / "probe"), steps=4)
+  (records,) = read.values()
+  logged = [r["perf/eval_seconds"] for r in records if "perf/eval_seconds" in r]
+  assert len(logged) == 2  # halfway and at the end
+  assert cost.eval_sec == logged[-1]
 
 
 @pytest.mark.parametrize("checkpoint_every", [3, 0])
