@@ -1,9 +1,10 @@
 """Minimal PyTorch ConViT and DeiT following the official forward passes, with timm's names.
 
 For tests and benchmarks (torch is an optional extra). ``state_dict()`` keys equal timm's
-``convit_*`` / ``deit_*_patch16_224`` keys, so these models stand in for real checkpoints in
-conversion tests, and for timm's models where timm is not installed (``accelerator.py``).
-Written from the facts in the shared notes (ConViT section); images are NCHW here.
+``convit_*``, ``deit_*_patch16_224`` and ``deit_*_distilled_patch16_224`` keys, so these models
+stand in for real checkpoints in conversion tests, and for timm's models where timm is not
+installed (``accelerator.py``). Written from the facts in the shared notes (ConViT section) and
+from timm's ``VisionTransformerDistilled`` (timm/models/deit.py); images are NCHW here.
 """
 
 from __future__ import annotations
@@ -180,6 +181,8 @@ class ConViT(nn.Module):
 class DeiT(nn.Module):
   """timm VisionTransformer as used by DeiT: class token and pos_embed at the input."""
 
+  num_prefix_tokens = 1  # rows of pos_embed before the patches
+
   def __init__(
     self, img_size=224, patch_size=16, num_classes=1000, embed_dim=192, depth=12, num_heads=3
   ):
@@ -187,7 +190,7 @@ class DeiT(nn.Module):
     num_patches = (img_size // patch_size) ** 2
     self.patch_embed = PatchEmbed(patch_size, embed_dim)
     self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-    self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + 1, embed_dim))
+    self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + self.num_prefix_tokens, embed_dim))
     self.blocks = nn.ModuleList([Block(embed_dim, num_heads, True, False) for _ in range(depth)])
     self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
     self.head = nn.Linear(embed_dim, num_classes)
@@ -195,12 +198,49 @@ class DeiT(nn.Module):
     nn.init.trunc_normal_(self.cls_token, std=0.02)
     self.apply(_init_weights)
 
-  def forward(self, x):
+  def prefix_tokens(self, batch: int) -> list[torch.Tensor]:
+    return [self.cls_token.expand(batch, -1, -1)]
+
+  def forward_features(self, x):
+    """The normalised tokens: prefix tokens concatenated before the patches, then pos_embed."""
     x = self.patch_embed(x)
-    x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1) + self.pos_embed
+    x = torch.cat((*self.prefix_tokens(x.shape[0]), x), dim=1) + self.pos_embed
     for blk in self.blocks:
       x = blk(x)
-    return self.head(self.norm(x)[:, 0])
+    return self.norm(x)
+
+  def forward_head(self, x):
+    return self.head(x[:, 0])
+
+  def forward(self, x):
+    return self.forward_head(self.forward_features(x))
+
+
+class DistilledDeiT(DeiT):
+  """timm's ``VisionTransformerDistilled`` (``deit_*_distilled_*``): a distillation token
+  ``dist_token`` right after the class token, pos_embed rows for both, and a second classifier
+  ``head_dist`` reading the distillation token. Its output is the mean of the two heads' logits,
+  except in training with ``distilled_training`` on, where it is the pair
+  ``(class_logits, distillation_logits)``."""
+
+  num_prefix_tokens = 2
+
+  def __init__(self, num_classes=1000, embed_dim=192, **kwargs):
+    super().__init__(num_classes=num_classes, embed_dim=embed_dim, **kwargs)
+    self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+    self.head_dist = nn.Linear(embed_dim, num_classes)
+    self.distilled_training = False
+    nn.init.trunc_normal_(self.dist_token, std=0.02)
+    self.head_dist.apply(_init_weights)
+
+  def prefix_tokens(self, batch: int) -> list[torch.Tensor]:
+    return [*super().prefix_tokens(batch), self.dist_token.expand(batch, -1, -1)]
+
+  def forward_head(self, x):
+    logits, dist_logits = self.head(x[:, 0]), self.head_dist(x[:, 1])
+    if self.distilled_training and self.training:
+      return logits, dist_logits
+    return (logits + dist_logits) / 2
 
 
 CONVIT_SIZES = {"tiny": (4, 48), "small": (9, 48), "base": (16, 48)}
@@ -208,13 +248,15 @@ DEIT_SIZES = {"tiny": 3, "small": 6, "base": 12}
 
 
 def build(model_name: str, **kwargs) -> nn.Module:
-  """``convit_{tiny,small,base}`` or ``deit_{tiny,small,base}`` with optional size overrides."""
+  """``convit_{tiny,small,base}``, ``deit_{tiny,small,base}`` or
+  ``deit_{tiny,small,base}_distilled``, with optional size overrides."""
   family, size = model_name.split("_", 1)
   if family == "convit":
     heads, head_dim = CONVIT_SIZES[size]
     return ConViT(embed_dim=heads * head_dim, num_heads=heads, **kwargs)
+  size, distilled = size.removesuffix("_distilled"), size.endswith("_distilled")
   heads = DEIT_SIZES[size]
-  return DeiT(embed_dim=64 * heads, num_heads=heads, **kwargs)
+  return (DistilledDeiT if distilled else DeiT)(embed_dim=64 * heads, num_heads=heads, **kwargs)
 
 
 def perturb_(model: nn.Module, scale: float = 0.05, seed: int = 0) -> nn.Module:

@@ -332,22 +332,9 @@ def _predict(config: ml_collections.ConfigDict, from_weights: bool) -> None:
     )
   if config.data.source != "image_folder" or not config.data.root:
     raise ConfigError("--mode=predict reads images from a folder: give --data=image_folder:DIR")
-  files, folder_classes = predict.image_files(config.data.root, config.data.eval_split)
-  pretrained = predict.load_weights(config, seed=config.seed)
-  for note in pretrained.notes:
-    print(f"note: {note}", flush=True)
-  weights_config = predict.with_weights(config, pretrained)
-  model = pretrained.create_model()
-  names = predict.class_names(pretrained.label_names, folder_classes, pretrained.num_classes)
-  variables = pretrained.variables
-  predict.predict(
-    lambda images: model.apply(variables, images, train=False),
-    weights_config.data,
-    files,
-    config.data.root,
-    names,
+  predict.predict_weights(
+    config,
     _WORKDIR.value,
-    batch_size=min(config.eval_batch_size or config.batch_size, len(files)),
     print_line=functools.partial(print, flush=True),
     warn=functools.partial(print, file=sys.stderr, flush=True),
   )

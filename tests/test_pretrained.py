@@ -29,14 +29,18 @@ from benchmarks import torch_reference as tr  # noqa: E402  (after the torch che
 # Two-block models at 32 px (patch 4, an 8x8 grid): every code path of the full sizes, in seconds.
 CONVIT = ("convit_tiny_patch4_32", dict(convit_overrides(1, depth=2)))
 DEIT = ("deit_tiny_patch4_32", dict(depth=2))
+DISTILLED = ("deit_tiny_distilled_patch4_32", dict(depth=2))  # timm's deit_*_distilled_*
 TORCH_KWARGS = dict(depth=2, img_size=32, patch_size=4)
 
 
-def reference(family: str, num_classes: int = 1000, img_size: int = 32, seed: int = 0):
+def reference(
+  family: str, num_classes: int = 1000, img_size: int = 32, seed: int = 0, distilled: bool = False
+):
   torch.manual_seed(seed)
   extra = dict(local_up_to_layer=1) if family == "convit" else {}
   kwargs = {**TORCH_KWARGS, "img_size": img_size}
-  return tr.perturb_(tr.build(f"{family}_tiny", num_classes=num_classes, **kwargs, **extra))
+  name = f"{family}_tiny" + ("_distilled" if distilled else "")
+  return tr.perturb_(tr.build(name, num_classes=num_classes, **kwargs, **extra))
 
 
 def save(model, path):
@@ -242,37 +246,121 @@ def test_converted_directory(tmp_path):
   assert create_model(CONVIT[0], num_classes=10, **CONVIT[1])  # the same model
 
 
-def test_distilled_deit_keeps_both_prefix_rows_and_renews_both_heads(tmp_path):
-  """A distilled DeiT checkpoint (timm's deit_*_distilled: dist_token, head_dist, two prefix rows
-  in pos_embed) fine-tuned with distillation on: both tokens' position rows are kept, the grid
-  resampled after them, and both heads start fresh at the new class count."""
-  state = {k: v.numpy() for k, v in reference("deit").state_dict().items()}
-  rng = np.random.default_rng(0)
-  state["dist_token"] = rng.normal(0, 0.02, (1, 1, 192)).astype(np.float32)
-  state["head_dist.weight"] = rng.normal(0, 0.02, (1000, 192)).astype(np.float32)
-  state["head_dist.bias"] = np.zeros(1000, np.float32)
-  dist_row = rng.normal(0, 0.02, (1, 1, 192)).astype(np.float32)
-  pos = state["pos_embed"]
-  state["pos_embed"] = np.concatenate([pos[:, :1], dist_row, pos[:, 1:]], axis=1)
-  np.savez(tmp_path / "distilled.npz", **state)
-  tuned = load_pretrained(
-    str(tmp_path / "distilled.npz"),
-    model=DEIT[0],
-    num_classes=10,
-    img_size=48,
-    distilled=True,
-    **DEIT[1],
+def torch_heads(model, x):
+  """The class and distillation heads' logits of timm's distilled DeiT, apart (its training
+  output with ``distilled_training`` on; dropout and drop path are 0)."""
+  model.distilled_training = True
+  with torch.no_grad():
+    logits, dist_logits = model.train()(torch.from_numpy(x).permute(0, 3, 1, 2))
+  model.distilled_training = False
+  return logits.numpy(), dist_logits.numpy()
+
+
+def softmax(logits):
+  e = np.exp(logits - logits.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def test_distilled_deit_evaluates_as_timm(tmp_path):
+  """timm's deit_*_distilled_* weights: evaluation is the mean of the two heads' logits
+  (VisionTransformerDistilled.forward_head), so is training unless distilled_training returns
+  both heads, and distilled_inference='softmax' is the log of the two softmaxes' mean. Logits
+  to 1e-4 (float32, as the other conversions here), probabilities to 1e-6."""
+  model_t = reference("deit", distilled=True)
+  path = save(model_t, tmp_path / "distilled.safetensors")
+  pretrained = load_pretrained(path, model=DISTILLED[0], **DISTILLED[1])
+  assert pretrained.model == DEIT[0] and pretrained.overrides == {"distilled": True, **DEIT[1]}
+  assert pretrained.notes == () and pretrained.num_classes == 1000
+  x = images()
+  model, variables = pretrained.create_model(), pretrained.variables
+  np.testing.assert_allclose(model.apply(variables, x), torch_logits(model_t, x), atol=1e-4, rtol=0)
+  expected = torch_heads(model_t, x)
+  training = pretrained.create_model(drop_path_rate=0.0, distilled_training=True)  # no drop path
+  for got, want in zip(training.apply(variables, x, train=True), expected, strict=True):
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+  # Fine-tuning without distillation trains on the averaged logits, as timm's training mode does.
+  finetuning = pretrained.create_model(drop_path_rate=0.0).apply(variables, x, train=True)
+  with torch.no_grad():
+    timm_training = model_t.train()(torch.from_numpy(x).permute(0, 3, 1, 2)).numpy()
+  np.testing.assert_allclose(finetuning, timm_training, atol=1e-4, rtol=0)
+  log_probs = pretrained.create_model(distilled_inference="softmax").apply(variables, x)
+  mean_softmax = (softmax(expected[0]) + softmax(expected[1])) / 2
+  np.testing.assert_allclose(np.exp(log_probs), mean_softmax, atol=1e-6, rtol=0)
+
+
+def test_distilled_deit_finetune_keeps_both_prefix_rows_and_renews_both_heads(tmp_path):
+  """timm's fine-tuning of a distilled DeiT: at a new class count both heads start fresh
+  (pretrained_cfg classifier=('head', 'head_dist')); at a new resolution pos_embed is resampled
+  past both prefix rows (num_prefix_tokens=2), and the model equals timm's built at that size."""
+  model_t = reference("deit", distilled=True)
+  path = save(model_t, tmp_path / "distilled.safetensors")
+  tuned = load_pretrained(path, model=DISTILLED[0], num_classes=10, img_size=48, **DISTILLED[1])
+  params = flax.traverse_util.flatten_dict(tuned.variables["params"], sep="/")
+  at_48 = tr.resample_abs_pos_embed(model_t.pos_embed.detach(), (12, 12), 2)
+  np.testing.assert_allclose(params.pop("pos_embed"), at_48.numpy(), atol=1e-6, rtol=0)
+  heads = {key: params.pop(key) for key in sorted(params) if key.startswith("head")}
+  assert sorted(heads) == ["head/bias", "head/kernel", "head_dist/bias", "head_dist/kernel"]
+  for head in ("head", "head_dist"):  # the model's own initialisation
+    kernel, bias = heads[f"{head}/kernel"], heads[f"{head}/bias"]
+    assert kernel.shape == (192, 10) and not bias.any() and 0 < kernel.std() < 0.05
+  assert not np.array_equal(heads["head/kernel"], heads["head_dist/kernel"])
+  converted = from_timm(DISTILLED[0], model_t.state_dict(), **DISTILLED[1])["params"]
+  converted = flax.traverse_util.flatten_dict(converted, sep="/")
+  assert set(params) == set(converted) - {"pos_embed", *heads}
+  assert "dist_token" in params and "cls_token" in params
+  for key, value in params.items():
+    np.testing.assert_array_equal(value, converted[key], err_msg=key)
+  assert tuned.notes == (
+    "pos_embed resampled from a 8x8 to a 12x12 patch grid (32 -> 48 px, bicubic, antialiased)",
+    "head and head_dist re-initialised: the weights have 1000 classes, the model 10",
   )
-  params = tuned.variables["params"]
-  expected = tr.resample_abs_pos_embed(torch.from_numpy(state["pos_embed"]), (12, 12), 2).numpy()
-  np.testing.assert_allclose(params["pos_embed"], expected, atol=1e-6, rtol=0)
-  np.testing.assert_array_equal(params["dist_token"], state["dist_token"])
-  assert params["head"]["kernel"].shape == params["head_dist"]["kernel"].shape == (192, 10)
-  assert tuned.notes[-1] == (
-    "head and head_dist re-initialised: the weights have 1000 classes, the model 10"
+  # timm's model at 48 px and 10 classes, given the same fresh heads: the same function.
+  timm_48 = reference("deit", num_classes=10, img_size=48, distilled=True)
+  fresh = {
+    f"{h}.{p}": torch.from_numpy(heads[f"{h}/{f}"].T.copy())
+    for h in ("head", "head_dist")
+    for p, f in (("weight", "kernel"), ("bias", "bias"))
+  }
+  timm_48.load_state_dict({**model_t.state_dict(), "pos_embed": at_48, **fresh})
+  x = images(48)
+  logits = tuned.create_model().apply(tuned.variables, x)
+  np.testing.assert_allclose(logits, torch_logits(timm_48, x), atol=1e-4, rtol=0)
+
+
+def test_distilled_deit_converted_under_its_timm_name(tmp_path):
+  """python -m locvit.convert --model=deit_tiny_distilled_patch4_32 (timm's name) writes a
+  distilled DeiT, which load_pretrained reads back as the weights file itself."""
+  from locvit.convert.__main__ import main as convert_main
+
+  path = save(reference("deit", distilled=True), tmp_path / "distilled.safetensors")
+  out = tmp_path / "flax"
+  argv = [f"--model={DISTILLED[0]}", f"--input={path}", f"--output={out}", "--override=depth=2"]
+  assert convert_main(argv) == 0
+  converted = load_pretrained(str(out))
+  direct = load_pretrained(path, model=DISTILLED[0], **DISTILLED[1])
+  assert converted.model == direct.model == DEIT[0]
+  assert converted.overrides == direct.overrides == {"distilled": True, "depth": 2}
+  jax.tree.map(np.testing.assert_array_equal, converted.variables, direct.variables)
+
+
+def test_distilled_and_plain_weights_are_not_mistaken(tmp_path):
+  """Distilled DeiT weights for a plain DeiT, and plain ones for a distilled DeiT: one line naming
+  the way out, not pos_embed's row count read with the other prefix count."""
+  distilled = save(reference("deit", distilled=True), tmp_path / "distilled.safetensors")
+  with pytest.raises(WeightsError) as e:
+    load_pretrained(distilled, model=DEIT[0], **DEIT[1])
+  assert str(e.value) == (
+    f"{distilled} does not fit {DEIT[0]}: these are distilled DeiT weights (dist_token, "
+    "head_dist); give --config.model.overrides.distilled=True (distilled=True), or weights "
+    "without a distillation token"
   )
-  logits = tuned.create_model().apply(tuned.variables, images(48))
-  assert logits.shape == (2, 10)
+  plain = save(reference("deit"), tmp_path / "plain.safetensors")
+  with pytest.raises(WeightsError) as e:
+    load_pretrained(plain, model=DISTILLED[0], **DISTILLED[1])
+  assert str(e.value) == (
+    f"{plain} does not fit {DEIT[0]} with a distillation token (distilled=True, or distillation "
+    "on): these weights have none; give distilled DeiT weights (deit_*_distilled_*)"
+  )
 
 
 @pytest.mark.parametrize("path", ["/missing", "./missing", "~/missing"])

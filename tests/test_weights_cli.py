@@ -25,7 +25,16 @@ from locvit.data.sources import decode_image
 from locvit.workdir.restore import restore_model_variables
 
 torch = pytest.importorskip("torch")
-from test_pretrained import CONVIT, TIMM_CONFIG, hub_cache, reference, save  # noqa: E402
+from test_pretrained import (  # noqa: E402
+  CONVIT,
+  DISTILLED,
+  TIMM_CONFIG,
+  hub_cache,
+  reference,
+  save,
+  softmax,
+  torch_heads,
+)
 
 from benchmarks import torch_reference as tr  # noqa: E402  (after the torch check)
 
@@ -92,16 +101,21 @@ def finish(proc, timeout=300):
   return proc.returncode, out, err
 
 
-def timm_outputs(model, image_paths):
-  """timm's probabilities: its eval transform (ConViT's crop_pct 0.875 at 32 px), the model."""
-  batch = torch.stack(
+def timm_images(image_paths):
+  """timm's eval transform of each image (ConViT's and the toy DeiT's crop_pct 0.875 at 32 px),
+  NCHW."""
+  return torch.stack(
     [
       tr.timm_eval_transform(Image.open(p).convert("RGB"), 32, 0.875, IMAGENET_MEAN, IMAGENET_STD)
       for p in image_paths
     ]
   )
+
+
+def timm_outputs(model, image_paths):
+  """timm's probabilities: its eval transform, the model in eval mode, a softmax."""
   with torch.no_grad():
-    return torch.softmax(model.eval()(batch), dim=-1).numpy()
+    return torch.softmax(model.eval()(timm_images(image_paths)), dim=-1).numpy()
 
 
 def test_eval_transform_is_timms_pixel_for_pixel(files):
@@ -162,6 +176,40 @@ def test_predict_equals_timm_and_the_hub_name_predicts_as_the_file(files, tmp_pa
     np.testing.assert_allclose(row["top5_prob"], p[row["top5"]], atol=2e-4, rtol=0)
     assert row["top5_class"] == [names[i] for i in row["top5"]]
   assert predictions(tmp_path / "hub") == rows
+
+
+def test_predict_with_distilled_deit_weights_equals_timm(files, tmp_path):
+  """--mode=predict's work (predict.predict_weights, in process) on timm's distilled DeiT weights:
+  top-1 and probabilities are timm's, the softmax of the two heads' mean logits; with
+  --config.model.overrides.distilled_inference=softmax, the mean of the two heads' softmaxes.
+  Probabilities to 1e-4 relative (written rounded to 6 digits)."""
+  from configs.common import base_config
+  from locvit.run import predict
+
+  paths, _ = files
+  model_t = reference("deit", distilled=True)
+  c = base_config()
+  c.data.source, c.data.root = "image_folder", paths["images"]
+  c.model.name = DISTILLED[0]
+  c.init_from.weights = save(model_t, tmp_path / "distilled.safetensors")
+  for inference in ("logits", "softmax"):
+    c.model.overrides = {**DISTILLED[1], "distilled_inference": inference}
+    lines = []
+    predict.predict_weights(c, str(tmp_path / inference), print_line=lines.append)
+    assert lines == [f"Wrote 6 predictions to {tmp_path / inference / 'predictions.jsonl'}"]
+  rows = predictions(tmp_path / "logits")
+  image_paths = [os.path.join(paths["images"], r["file"]) for r in rows]
+  expected = {"logits": timm_outputs(model_t, image_paths)}
+  logits, dist_logits = torch_heads(model_t, timm_images(image_paths).permute(0, 2, 3, 1).numpy())
+  expected["softmax"] = (softmax(logits) + softmax(dist_logits)) / 2
+  names = imagenet_class_names()
+  for inference, probs in expected.items():
+    rows = predictions(tmp_path / inference)
+    assert [os.path.join(paths["images"], r["file"]) for r in rows] == image_paths
+    for row, p in zip(rows, probs, strict=True):
+      assert row["top5"][0] == np.argmax(p), inference
+      np.testing.assert_allclose(row["top5_prob"], p[row["top5"]], rtol=1e-4, atol=1e-6)
+      assert row["top5_class"] == [names[i] for i in row["top5"]]
 
 
 def test_eval_equals_timm(files, tmp_path):

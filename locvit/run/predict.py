@@ -167,3 +167,36 @@ def predict(
   note = f" ({len(skipped)} unreadable image(s) skipped)" if skipped else ""
   print_line(f"Wrote {written} predictions to {target}{note}")
   return str(target)
+
+
+def predict_weights(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  *,
+  print_line: Callable[[str], None] = print,
+  warn: Callable[[str], None] = print,
+) -> str:
+  """``--mode=predict``'s work: ``WORKDIR/predictions.jsonl`` of ``config.data.root`` (its
+  evaluation split, or its loose images) with ``config.init_from.weights``, run as they were
+  published (``load_weights``, ``with_weights``; evaluation mode, so a distilled DeiT combines its
+  two heads as ``distilled_inference`` says). Each ``Pretrained.notes`` line goes to
+  ``print_line`` first. Returns the file's path."""
+  files, folder_classes = image_files(config.data.root, config.data.eval_split)
+  pretrained = load_weights(config, seed=config.seed)
+  for note in pretrained.notes:
+    print_line(f"note: {note}")
+  weights_config = with_weights(config, pretrained)
+  model = pretrained.create_model()
+  names = class_names(pretrained.label_names, folder_classes, pretrained.num_classes)
+  variables = pretrained.variables
+  return predict(
+    lambda images: model.apply(variables, images, train=False),
+    weights_config.data,
+    files,
+    config.data.root,
+    names,
+    workdir,
+    batch_size=min(config.eval_batch_size or config.batch_size, len(files)),
+    print_line=print_line,
+    warn=warn,
+  )
