@@ -23,12 +23,19 @@ What stacks, and how each seed stays its lone run:
   ``config.seed``; each seed reads its own data order (``Training.train_batches`` of its config)
   and is initialised by its own config (``config.init``'s solves included) before stacking.
   A frozen teacher and the training split on the device are shared, unmapped operands.
-- Evaluation, checkpoints, ``best/`` and the analysis hooks run per seed on its slice of the
-  stacked state (``SeedStates.take``), through the lone run's code.
+- Evaluation is one jitted pass over the test split for all seeds: the lone run's ``eval_step``
+  vmapped over the stacked state (``evaluation.make_eval_step(over_seeds=True)``), each test batch
+  read once and shared, the model's and the EMA's weights evaluated as alone; its sums carry the
+  seed axis and split into each seed's metrics (``split_metrics``), logged in the seed's workdir.
+  One program per test batch for all seeds, as the step is one for all seeds, not N in a row.
+- Checkpoints, ``best/`` (each seed's own best) and the analysis hooks run per seed on its slice of
+  the stacked state (``SeedStates.take``), through the lone run's code; the slice is taken only
+  where one of them needs it.
 
 Why not bitwise: ``vmap`` batches each matrix product over the seed axis, and XLA may tile and
-accumulate a batched product in another order than the lone one, so losses and parameters agree
-with the lone run to float32 rounding (tests/test_seeds.py states the tolerance), not bit for bit.
+accumulate a batched product in another order than the lone one, so losses, evaluations and
+parameters agree with the lone run to float32 rounding (tests/test_seeds.py states the
+tolerance), not bit for bit.
 
 A resume of the side-by-side run restores each seed's newest intact checkpoint and stacks them;
 the seeds must then stand at the same step (a seed resumed or stopped on its own can be finished
@@ -263,8 +270,8 @@ class SeedStates:
     return self._stack(*trees)
 
   def take(self, stacked: Any, index: int) -> Any:
-    """Seed ``index``'s tree of ``stacked``, laid out as a lone run's: what its checkpoint,
-    evaluation and analysis read."""
+    """Seed ``index``'s tree of ``stacked``, laid out as a lone run's: what its checkpoint and
+    analysis read."""
     return self._take(stacked, jnp.int32(index))
 
 
@@ -304,3 +311,9 @@ def make_step(seeds: Sequence[int], **step_kwargs) -> Callable:
 def seed_slice(tree: Any, index: int) -> Any:
   """Seed ``index``'s entries of a stacked tree already on the host (metrics, health)."""
   return jax.tree.map(lambda x: x[index], tree)
+
+
+def split_metrics(metrics: dict[str, list], num_seeds: int) -> list[dict[str, Any]]:
+  """The metrics of each seed, from metrics holding one entry per seed in each value (the
+  evaluation of seeds side by side, ``evaluation.evaluate``)."""
+  return [{key: values[k] for key, values in metrics.items()} for k in range(num_seeds)]
