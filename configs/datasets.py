@@ -5,7 +5,10 @@ count and splits and reads the data from an image folder when ``$CIFAR10_ROOT`` 
 ``$SVHN_ROOT``, ``$TINYIMAGENET_ROOT``, ``$IMAGENET_ROOT``) names one, else from TFDS. The
 image size and the normalisation stay the config's (the paper's). ``python -m locvit.main
 --data=image_folder:DIR`` (or ``--data=DIR``) and ``--data=tfds[:DATA_DIR]`` switch any config
-after it is loaded, through ``use_image_folder`` / ``use_tfds``.
+after it is loaded, through ``use_image_folder`` / ``use_tfds``. The folders are kept as given
+(plain data); the config loader makes a relative one absolute at launch
+(``locvit.run.config.with_absolute_paths``), so a run's saved ``config.json`` reads the same
+folder from any directory.
 
 An image folder is laid out as ``ROOT/<split>/<class>/*.{jpg,jpeg,png}``, with the split folders
 named as in ``Dataset.folder_splits`` (``train`` and ``test``; ImageNet and Tiny-ImageNet:
@@ -127,29 +130,25 @@ def _switch_splits(data: ml_collections.ConfigDict, to_folder: bool) -> None:
   data.eval_split = _renamed(data.eval_split, names)
 
 
-def absolute(path: str | None) -> str | None:
-  """A local ``path`` made absolute, so that a run's saved config reads the same folder from any
-  directory (eval, analyze, a resume); None and bucket URLs (``gs://...``) unchanged."""
-  return path if path is None or "://" in path else os.path.abspath(path)
-
-
 def use_image_folder(data: ml_collections.ConfigDict, root: str | None) -> None:
   """Reads ``data`` from the image folder ``root``: the dataset's folder split names, any slice
-  (``test[:500]``) kept; the class count, image size and normalisation unchanged."""
+  (``test[:500]``) kept; the class count, image size and normalisation unchanged. ``root`` is
+  kept as given: the config loader makes a relative one absolute at launch
+  (``locvit.run.config.with_absolute_paths``)."""
   if data.get("source") != "image_folder":
     _switch_splits(data, to_folder=True)
   data.source = "image_folder"
-  data.root = absolute(root)
+  data.root = root
 
 
 def use_tfds(data: ml_collections.ConfigDict, data_dir: str | None = None) -> None:
-  """Reads ``data`` from TFDS (prepared in ``data_dir``, None: TFDS's default), with the dataset's
-  TFDS split names; the rest unchanged."""
+  """Reads ``data`` from TFDS (prepared in ``data_dir``, None: TFDS's default; kept as given, as
+  ``use_image_folder``'s root), with the dataset's TFDS split names; the rest unchanged."""
   if data.get("source") == "image_folder":
     _switch_splits(data, to_folder=False)
   data.source, data.root = "tfds", None
   if data_dir is not None:
-    data.data_dir = absolute(data_dir)
+    data.data_dir = data_dir
 
 
 def parse_data_flag(value: str) -> tuple[str, str | None]:

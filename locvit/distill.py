@@ -2,9 +2,10 @@
 ConViT appendix B.
 
 The student is a ``VisionTransformer`` with ``distilled=True``: a distillation token beside the
-class token and a second head. The teacher is any registered locvit model restored from a
-training run's checkpoint; it runs frozen (``train=False``, no gradient) inside the same jitted
-step, on the same augmented images the student sees. Losses (``distillation.type``):
+class token and a second head, both heads' logits returned in training (``distilled_training``).
+The teacher is any registered locvit model restored from a training run's checkpoint; it runs
+frozen (``train=False``, no gradient) inside the same jitted step, on the same augmented images
+the student sees. Losses (``distillation.type``):
 
 - 'hard' (DeiT Eq. 3): ``(1 - alpha) CE(class head, targets) + alpha CE(dist head, argmax teacher)``
   with ``alpha = 1/2``;

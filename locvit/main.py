@@ -186,7 +186,9 @@ def the_config() -> ml_collections.ConfigDict:
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Raises ``ConfigError`` listing every value no run can start with, a line each naming the
   field and the bad value (``locvit.run.checks.check_config``), before anything is built: for
-  the modes that do not train (training checks its config itself, ``build_training``).
+  ``--mode=analyze`` and ``--print_config``. Training, evaluation and prediction check their
+  config themselves, through the same function (``build_training``, ``build_evaluation``,
+  ``predict_weights``).
 
   Fields the config lacks take their defaults (``configs/common.py:complete_config``)."""
   from locvit.run import checks  # the training stack: after the flags are read
@@ -248,8 +250,8 @@ def main(argv):
       "--workdir=DIR is required: the directory for the run's checkpoints and metrics"
     )
   config = the_config()
-  if _MODE.value != "train":  # train_and_evaluate checks its config before it creates anything
-    check_config(config)
+  if _MODE.value == "analyze":  # built by locvit.analysis, below locvit.run: checked here
+    check_config(config)  # train, eval, predict: locvit.run checks it before building anything
   if _MODE.value in ("eval", "analyze"):
     _check_one_run(config, _WORKDIR.value, _MODE.value)
   cpu_malloc.reexec_with(_CPU_MALLOC.value)  # before any device or thread starts

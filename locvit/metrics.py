@@ -43,11 +43,14 @@ class MetricWriter:
   object is rewritten whole at ``flush`` (after each checkpoint save, and at the end). Rows newer
   than the last checkpoint may then be lost by a kill, which costs nothing: the resumed run logs
   them again. A resumed or restarted run first drops the rows it will log again
-  (``truncate_after``).
+  (``truncate_after``). ``watch``: the run's deadline of its bucket workdir (``outage.Watch``, from
+  ``locvit.workdir.lock.claim``; None on a local disk), under which a whole-object write that
+  fails during an outage is made again (``outage.retrying``).
   """
 
-  def __init__(self, workdir, *, enabled: bool | None = None):
+  def __init__(self, workdir, *, enabled: bool | None = None, watch: outage.Watch | None = None):
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
+    self.watch = watch
     self.path = paths.path(workdir) / METRICS
     self._rows: list[str] | None = None  # object store: every row of the file, in order
     self._tb = None
@@ -88,7 +91,8 @@ class MetricWriter:
     """Object stores: rewrites the whole object; a failure names it (a client's own error, such
     as "Cannot connect to host", does not)."""
     try:
-      outage.retrying("the metrics write", lambda: self.path.write_text("".join(self._rows)))
+      write = lambda: self.path.write_text("".join(self._rows))
+      outage.retrying(self.watch, "the metrics write", write)
     except Exception as e:  # gcsfs/s3fs raise their HTTP clients' errors, of many types
       raise MetricsWriteError(
         f"writing {self.path} failed ({outage.one_line(e)}); the checkpoints committed are kept"
@@ -99,7 +103,7 @@ class MetricWriter:
     if self.enabled and self._rows is not None:
       self._write_rows()
     if self._tb is not None:
-      outage.retrying("the metrics write", self._tb.flush)  # on a bucket, a whole-object write
+      outage.retrying(self.watch, "the metrics write", self._tb.flush)  # a whole-object write
 
   def close(self) -> None:
     """Flushes the rows and closes the TensorBoard file (closed even when its last write fails)."""
@@ -109,7 +113,7 @@ class MetricWriter:
     finally:
       if self._tb is not None:
         self._tb, event_file = None, self._tb
-        outage.retrying("the metrics write", event_file.close)
+        outage.retrying(self.watch, "the metrics write", event_file.close)
 
 
 class MetricsWriteError(OSError):

@@ -7,8 +7,10 @@
 The step itself (augmentation, distillation, gradient accumulation, EMA, non-finite guard) is
 ``locvit.run.step``; the state and its shardings ``locvit.run.state``; when the loop acts on the
 host ``locvit.run.cadence``. With ``config.num_seeds > 1`` the same loop trains several seeds side
-by side: one vmapped step over their stacked states (``locvit.run.seeds``), then each seed's host
-work (``after_dispatch``: log, evaluate, save) on its slice, in its own workdir.
+by side: one vmapped step over their stacked states (``locvit.run.seeds``), at an evaluation step
+one vmapped evaluation of them (``StepEvaluation``), then each seed's host work (``after_dispatch``:
+log, its evaluation's row, save) in its own workdir, on its slice of the states where a save or an
+analysis hook needs one.
 
 Determinism: the dropout key of step ``s`` is ``fold_in(key(seed), s)``, the augmentation key
 ``fold_in(key(seed + 2), s)``, and the data position is a function of the global step, so a run
@@ -87,7 +89,7 @@ def restore_or_initialise(run: bundle.Training) -> tuple[int, TrainState]:
     state = jax.jit(layout.init, out_shardings=layout.shardings)(init_rng)
     state = apply_initializer(config, state, run.model, run.tx, layout.shardings, run.warmstart)
   if jax.process_index() == 0 and start < run.total_steps:  # which commit trains from here
-    run.session = provenance.record_start(run.workdir, start + 1, run.started)
+    run.session = provenance.record_start(run.workdir, start + 1, run.started, run.watch)
     run.checkpointer.on_saved(run.session.checkpointed)  # a killed run keeps its last save's time
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   logging.info(
@@ -161,6 +163,8 @@ class AnalysisHooks:
       run.hooks.get("make_locality_logger"),
       run.hooks.get("make_center_plotter"),
     )
+    analysis = run.config.analysis
+    self.asked = analysis is not None and bool(analysis.locality or analysis.center_plots)
     self.locality_fn = None
     if make_logger is not None:
       self.locality_fn = make_logger(run.config, run.model, run.mesh, run.eval_source)
@@ -172,7 +176,12 @@ class AnalysisHooks:
     if start == 0:
       self.plot_centers(0, state.params)
 
-  def __call__(self, step: int, params) -> dict[str, Any]:
+  def __call__(self, step: int, state_of: Callable[[], TrainState]) -> dict[str, Any]:
+    """The analysis of the state ``state_of()`` at ``step``, asked only when ``config.analysis``
+    asks for some (a seed side by side then takes its slice of the stacked states)."""
+    if not self.asked:
+      return {}
+    params = state_of().params
     record = self.locality_fn(params) if self.locality_fn is not None else {}
     self.plot_centers(step, params)
     return record
@@ -208,7 +217,23 @@ def save_checkpoint(run, step: int, state: TrainState, meta, progress) -> None:
   progress.checkpoint(time.perf_counter() - save_start, waited=run.checkpointer.waited)
 
 
-def evaluate_unevaluated_step(lane, step: int, state, evaluate) -> dict[str, Any]:
+def evaluation_record(
+  lane, step: int, state_of: Callable[[], TrainState], evaluation_of: Callable
+) -> dict[str, Any]:
+  """Sets ``lane.final`` to ``step``'s evaluation (``evaluation_of()``: its metrics and seconds)
+  and returns it for the metrics row, with the analysis and the evaluation's time (the analysis
+  included), after printing its line."""
+  lane.final, seconds = evaluation_of()
+  analysis_start = time.perf_counter()
+  record = {**lane.final, **lane.analysis(step, state_of)}
+  seconds += time.perf_counter() - analysis_start
+  record.update(lane.progress.evaluation(step, lane.final, seconds))
+  return record
+
+
+def evaluate_unevaluated_step(
+  lane, step: int, state_of: Callable[[], TrainState], evaluation_of: Callable
+) -> dict[str, Any]:
   """The evaluation of the resumed ``step`` (an evaluation step) when the run that saved it
   logged none: it was stopped during the evaluation (or the evaluation failed). Evaluates now
   and rewrites the step's row with it, and saves ``best/``, as the uninterrupted run would have:
@@ -218,17 +243,13 @@ def evaluate_unevaluated_step(lane, step: int, state, evaluate) -> dict[str, Any
   if rows and "eval/top1" in rows[-1]:
     return {}
   logging.info("Step %d was saved without its evaluation; evaluating it now.", step)
-  eval_start = time.perf_counter()
-  final = evaluate()
   record = {key: value for key, value in (rows[-1] if rows else {}).items() if key != "step"}
-  record.update(final)
-  record.update(lane.analysis(step, state.params))
-  record.update(lane.progress.evaluation(step, final, time.perf_counter() - eval_start))
+  record.update(evaluation_record(lane, step, state_of, evaluation_of))
   run.writer.truncate_after(step - 1)
   run.writer.write(step, record)
   run.writer.flush()
-  run.checkpointer.save_best(step, state, lane.meta, final)
-  return final
+  run.checkpointer.save_best(step, state_of(), lane.meta, lane.final)
+  return lane.final
 
 
 # ------------------------------------------------------------------------------------------------
@@ -358,6 +379,7 @@ def train_loop(
     run.rules,
     (run.layout.shardings.params, run.layout.shardings.model_state),
     functools.partial(device_augment.normalize, data_config=config.data),
+    over_seeds=side_by_side,
   )
   lanes = make_lanes(runs, start, states)
   state = seed_states.stack(states) if side_by_side else states[0]
@@ -378,7 +400,7 @@ def train_loop(
     ]
     resumed_unevaluated = start and is_evaluation_step(config, start, total_steps)
     if resumed_unevaluated and not evaluate_resumed_step(
-      lanes, start, lane_state, eval_fn, preemption
+      lanes, start, lane_state, StepEvaluation(lanes, state, eval_fn, preemption)
     ):
       return [{"preempted": True, "step": start} for _ in lanes]
     if start >= total_steps:
@@ -394,17 +416,19 @@ def train_loop(
       run_ahead.dispatched(train_metrics)
       # Every step is asked (processes agree on a preemption step); the dispatch's last one stops.
       preempted = any([preemption.should_stop(s) for s in range(first, step + 1)])
+      step_evaluation = StepEvaluation(lanes, state, eval_fn, preemption)
+      if side_by_side and is_evaluation_step(config, step, total_steps):
+        step_evaluation.run()  # now, for all seeds: its time is each seed's, left out once
       outcomes = {}
       for k, lane in enumerate(lanes):
         lane_outputs = (
           functools.partial(lane_state, k),
           functools.partial(lane_tree, train_metrics, k),
           functools.partial(lane_tree, health, k),
+          functools.partial(step_evaluation, k),
         )
         began = time.perf_counter()
-        outcome = lane_after_dispatch(
-          lane, side_by_side, step, start, lane_outputs, eval_fn, preempted, preemption
-        )
+        outcome = lane_after_dispatch(lane, side_by_side, step, start, lane_outputs, preempted)
         for other in lanes:
           if other is not lane:
             other.progress.pause(time.perf_counter() - began)
@@ -417,15 +441,13 @@ def train_loop(
   return [lane.final for lane in lanes]
 
 
-def lane_after_dispatch(
-  lane, side_by_side, step, start, lane_outputs, eval_fn, preempted, preemption
-):
+def lane_after_dispatch(lane, side_by_side, step, start, lane_outputs, preempted):
   """``after_dispatch`` for one lane, None for a lane already stopped. A seed side by side whose
   update turns non-finite stops alone (its lane keeps computing); a run alone raises."""
   if lane.stopped:
     return None
   try:
-    return after_dispatch(lane, step, start, *lane_outputs, eval_fn, preempted, preemption)
+    return after_dispatch(lane, step, start, *lane_outputs, preempted)
   except NonFiniteError as e:
     if not side_by_side:
       raise
@@ -444,14 +466,16 @@ def make_step_fn_and_health(runs: list[bundle.Training]) -> tuple[Callable, Any]
   return make_step_fn(run), jax.device_put(initial_health(), sharding.replicated(run.mesh))
 
 
-def evaluate_resumed_step(lanes, start: int, lane_state, eval_fn, preemption) -> bool:
+def evaluate_resumed_step(lanes, start: int, lane_state, step_evaluation) -> bool:
   """Evaluates the resumed step ``start`` for each lane whose run saved it unevaluated
-  (``evaluate_unevaluated_step``); False when a stop request cut an evaluation short."""
+  (``evaluate_unevaluated_step``; side by side, one evaluation of all seeds, run when the first
+  lane asks); False when a stop request cut the evaluation short."""
   for k, lane in enumerate(lanes):
-    state_k = lane_state(k)
-    evaluate = functools.partial(_evaluate, lane.run, state_k, eval_fn, lane.progress, preemption)
+    state_of = functools.cache(functools.partial(lane_state, k))
     try:
-      lane.final = evaluate_unevaluated_step(lane, start, state_k, evaluate)
+      lane.final = evaluate_unevaluated_step(
+        lane, start, state_of, functools.partial(step_evaluation, k)
+      )
     except EvaluationInterruptedError as e:
       logging.warning("Stop requested while evaluating step %d: %s; exiting.", start, e)
       return False
@@ -505,14 +529,15 @@ def after_dispatch(
   state_of: Callable[[], TrainState],
   train_metrics_of: Callable[[], Any],
   health_of: Callable[[], Any],
-  eval_fn,
+  evaluation_of: Callable[[], tuple[dict[str, Any], float]],
   preempted: bool,
-  preemption,
 ) -> Dispatched:
   """One run's host work after the dispatch that ended at ``step``: health, its training row,
   evaluation and analysis, the metrics row, the checkpoint and ``best/``. ``state_of`` and the
-  others give the run's part of the dispatch's outputs when asked (a seed's slice)."""
+  others give the run's part of the dispatch's outputs when asked (a seed's slice, taken once);
+  ``evaluation_of`` its evaluation of the step and the seconds it took (``StepEvaluation``)."""
   run, writer = lane.run, lane.run.writer
+  state_of = functools.cache(state_of)
   config, total_steps = run.config, run.total_steps
   last = step == total_steps
   run.checkpointer.check_for_errors(step)  # an async save that failed stops the run here
@@ -531,13 +556,8 @@ def after_dispatch(
   # A step's metrics row is durable before the checkpoint that covers it: a resumed run starts at
   # a checkpoint and logs every later step again, so each step is logged exactly once.
   if is_evaluation_step(config, step, total_steps):
-    state = state_of()
-    eval_start = time.perf_counter()
     try:
-      lane.final = _evaluate(run, state, eval_fn, lane.progress, preemption)
-      record.update(lane.final)
-      record.update(lane.analysis(step, state.params))
-      record.update(lane.progress.evaluation(step, lane.final, time.perf_counter() - eval_start))
+      record.update(evaluation_record(lane, step, state_of, evaluation_of))
     except EvaluationInterruptedError as e:  # within the grace period: save now, without it
       logging.warning(
         "Stop requested at step %d: %s; saving the step without it (the resumed run evaluates it).",
@@ -547,7 +567,7 @@ def after_dispatch(
       lane.final, save, preempted = {}, True, True
     except BaseException:  # a failing evaluation loses no training: keep the step and its row
       if save:
-        save_step(lane, step, state, record, evaluated=False)
+        save_step(lane, step, state_of(), record, evaluated=False)
       raise
   evaluated = "eval/top1" in record
   if save:
@@ -573,12 +593,55 @@ def save_step(
     lane.progress.checkpoint(time.perf_counter() - save_start, waited=run.checkpointer.waited)
 
 
-def _evaluate(run, state, eval_fn, progress, preemption) -> dict[str, float]:
-  """The model's (and the EMA's) evaluation metrics; EvaluationInterruptedError when a stop
-  request cuts the evaluation short."""
-  ema = state.ema_params if run.use_ema else None
-  variables = (state.params, state.model_state)
-  interrupt = preemption.interrupts_evaluation
-  return evaluation.evaluate_with_ema(
-    eval_fn, variables, ema, run.eval_batches, run.batch_sharding, progress.print_line, interrupt
-  )
+class StepEvaluation:
+  """The evaluation of one step's state for each lane, run once (``run``, or the first lane's
+  call): ``step_evaluation(k)`` is lane ``k``'s ``(metrics, seconds)``. Alone, the run's
+  evaluation of its state; side by side, one evaluation of the seeds' stacked state (the lone
+  ``eval_step`` vmapped, ``evaluation.make_eval_step(over_seeds=True)``: each test batch is read
+  once for all seeds) split per seed, its seconds each seed's. The model's and, with an EMA, the
+  EMA weights' metrics. An exception that stopped it (``EvaluationInterruptedError``: a stop
+  request cut it short) is raised to each lane that asks."""
+
+  def __init__(self, lanes: list[Lane], state: TrainState, eval_fn: Callable, preemption):
+    self.lanes, self.state, self.eval_fn, self.preemption = lanes, state, eval_fn, preemption
+    self.outcome: tuple[list[dict[str, Any]], float] | BaseException | None = None
+
+  def run(self) -> None:
+    """Evaluates now, unless done; keeps the metrics, or the exception that stopped it."""
+    if self.outcome is not None:
+      return
+    run = self.lanes[0].run
+    ema = self.state.ema_params if run.use_ema else None
+    variables = (self.state.params, self.state.model_state)
+    began = time.perf_counter()
+    try:
+      metrics = evaluation.evaluate_with_ema(
+        self.eval_fn,
+        variables,
+        ema,
+        run.eval_batches,
+        run.batch_sharding,
+        self.print_line,
+        self.preemption.interrupts_evaluation,
+      )
+    except BaseException as e:  # each lane meets it when it asks for its metrics
+      self.outcome = e
+      return
+    per_lane = [metrics]
+    if len(self.lanes) > 1:
+      per_lane = seeds_lib.split_metrics(metrics, len(self.lanes))
+    self.outcome = per_lane, time.perf_counter() - began
+
+  def print_line(self, line: str) -> None:
+    """A progress line of a long evaluation, named by the runs it evaluates."""
+    if len(self.lanes) == 1:
+      self.lanes[0].progress.print_line(line)
+    elif self.lanes[0].progress.enabled:
+      print(f"{', '.join(lane.progress.name for lane in self.lanes)}: {line}", flush=True)
+
+  def __call__(self, k: int) -> tuple[dict[str, Any], float]:
+    self.run()
+    if isinstance(self.outcome, BaseException):
+      raise self.outcome
+    per_lane, seconds = self.outcome
+    return per_lane[k], seconds

@@ -449,6 +449,36 @@ def test_a_lease_that_cannot_be_released_is_reported_after_the_runs_own_error(se
   ), cause.__notes__
 
 
+def _until(condition, seconds: float) -> bool:
+  deadline = time.monotonic() + seconds
+  while not condition() and time.monotonic() < deadline:
+    time.sleep(0.1)
+  return condition()
+
+
+def test_two_bucket_runs_in_one_process_keep_their_own_deadline(server):
+  """Seeds side by side, or two runs in a notebook: each claim starts its run's own watch, which
+  its lease reports to (was one watch per process: the second claim stopped the first run's, and
+  the first run's bucket then had no deadline)."""
+  from locvit.workdir import lock, outage
+
+  first, second = f"gs://{BUCKET}/side-by-side/seed0", f"gs://{BUCKET}/side-by-side/seed1"
+  watches = [lock.claim(first, 3600), lock.claim(second, 3600)]  # no exit while the test runs
+  try:
+    assert [watch.workdir for watch in watches] == [first, second]
+    assert lock.acquire_lock(first) is watches[0]  # a lock already held keeps its watch
+    with outage.doing(watches[0], "the first run's save"):  # busy: its lease probes every 2 s
+      server.stop()
+      try:
+        assert _until(lambda: watches[0].deadline is not None, 30)
+      finally:
+        server.start()
+      assert _until(lambda: watches[0].deadline is None, 60)  # the bucket answered again
+  finally:
+    lock.release_lock(second)
+    lock.release_lock(first)
+
+
 def test_gcsfs_retries_a_bucket_that_does_not_answer_for_the_runs_limit_on_every_process(server):
   """A gcsfs call to a port that refuses connections, through gcsfs's own retry loop
   (``retry_request``), its waits recorded, not slept. Once ``claim`` has run on a process other

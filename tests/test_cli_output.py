@@ -13,6 +13,7 @@ from locvit import metrics
 from locvit.configs import quickstart
 from locvit.models import list_models
 from locvit.run import config as run_config
+from locvit.run import evaluation
 from locvit.workdir import fingerprint
 from tests.test_dataset_choice import image_folder
 
@@ -199,6 +200,28 @@ def test_an_enum_typo_gets_its_close_match_before_anything_else(tmp_path):
   # The config is refused before a run starts: no CPU TCMalloc note either (tests/test_cli.py
   # has it once in a run that trains).
   assert out == ""
+
+
+def test_a_bad_config_under_eval_is_the_line_training_gives(tmp_path):
+  """Training and evaluation check their config through the one ``checks.check_config``
+  (``build_training``, ``build_evaluation``), on the command line and from a notebook alike:
+  without it an evaluation's unknown kernel got past ``evaluate_checkpoint`` to the model."""
+  bad = "--config.attention_implementation=flash"
+  line = (
+    "locvit: error: --config.attention_implementation='flash' is not one of [None, 'xla', "
+    "'cudnn', 'cpu_kernels', 'einsum']\n"
+  )
+  for mode in ("train", "eval"):
+    workdir = tmp_path / mode
+    rc, out, err = run_main("--config=quickstart", f"--workdir={workdir}", f"--mode={mode}", bad)
+    assert (rc, out, err) == (2, "", line), mode
+    assert not workdir.exists()
+  config = quickstart.get_config()
+  config.attention_implementation = "flash"
+  with pytest.raises(ValueError) as raised:
+    evaluation.evaluate_checkpoint(config, str(tmp_path / "notebook"))
+  assert f"locvit: error: {raised.value}\n" == line
+  assert not (tmp_path / "notebook").exists()
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from locvit import data as D
 from locvit.configs import datasets, gmm_table1
 from locvit.configs.common import base_config
 from locvit.data.sources import ImageFolderSource, split_slice
+from locvit.run import config as run_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -104,14 +105,19 @@ def test_data_flag_keeps_a_split_slice_and_refuses_an_empty_folder_or_a_misspelt
 
 def test_a_relative_folder_is_saved_absolute(tmp_path, monkeypatch):
   """Was 'audit-data/c10' in the run's config.json: --mode=eval / analyze from another directory
-  stopped with 'image folder root ... does not exist'."""
+  stopped with 'image folder root ... does not exist'. The loader makes the folders absolute, in
+  one place (``run.config.with_absolute_paths``); a get_config() keeps them as given."""
   monkeypatch.chdir(tmp_path)
   monkeypatch.setenv("CIFAR10_ROOT", "cifar")
-  assert gmm_table1.get_config("vit,cifar10,gmm").data.root == str(tmp_path / "cifar")
-  config = datasets.apply_data_flag(gmm_table1.get_config("vit,cifar10,gmm"), "mine/c10")
-  assert config.data.root == str(tmp_path / "mine" / "c10")
-  assert datasets.apply_data_flag(config, "tfds:tf").data.data_dir == str(tmp_path / "tf")
-  assert datasets.apply_data_flag(config, "gs://bucket/c10").data.root == "gs://bucket/c10"
+  name = "gmm_table1:vit,cifar10,gmm"
+  assert gmm_table1.get_config("vit,cifar10,gmm").data.root == "cifar"  # plain data
+  assert run_config.load(name).data.root == str(tmp_path / "cifar")
+  loaded = lambda *flags: run_config.command_line_config(["locvit", f"--config={name}", *flags])
+  assert loaded().data.root == str(tmp_path / "cifar")
+  assert loaded("--data=mine/c10").data.root == str(tmp_path / "mine" / "c10")
+  assert loaded("--config.data.root=mine/c10").data.root == str(tmp_path / "mine" / "c10")
+  assert loaded("--data=tfds:tf").data.data_dir == str(tmp_path / "tf")
+  assert loaded("--data=gs://bucket/c10").data.root == "gs://bucket/c10"
 
 
 def test_a_missing_tfds_dataset_names_both_ways(tmp_path, caplog):

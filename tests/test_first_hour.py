@@ -359,6 +359,36 @@ def test_saved_config_round_trips_every_shipped_config(tmp_path):
     assert restored.data.get_type("root") is str and restored.mesh.shape == config.mesh.shape
 
 
+def test_saved_config_keeps_the_fields_that_refer_to_the_seed(tmp_path):
+  """structinit's ``init.seed`` refers to ``seed``: read back, a changed seed moves it as in the
+  original config, and setting it leaves the seed. An older config.json (no ``references``) reads
+  as it always did: the value alone."""
+  config = importlib.import_module("locvit.configs.structinit_cifar10_small").get_config()
+  saved_config.write(str(tmp_path), config, ["python", "-m", "locvit.main"])
+  assert json.loads(saved_config.path(str(tmp_path)).read_text())["references"] == {
+    "init.seed": "seed"
+  }
+  loaded = lambda *overrides: run_config.command_line_config(
+    ["locvit", f"--config={tmp_path}", *overrides]
+  )
+  for overrides, seeds in [
+    ((), (0, 0)),
+    (("--config.seed=3",), (3, 3)),
+    (("--config.init.seed=5",), (0, 5)),
+  ]:
+    original = run_config.command_line_config(
+      ["locvit", "--config=structinit_cifar10_small", *overrides]
+    )
+    assert (original.seed, original.init.seed) == seeds
+    assert loaded(*overrides).to_dict() == original.to_dict(), overrides
+
+  record = json.loads(saved_config.path(str(tmp_path)).read_text())
+  del record["references"]
+  saved_config.path(str(tmp_path)).write_text(json.dumps(record))
+  older = loaded("--config.seed=3")
+  assert (older.seed, older.init.seed) == (3, 0)
+
+
 @pytest.mark.slow
 def test_eval_with_only_workdir_uses_the_runs_config_and_overrides(tmp_path):
   workdir = tmp_path / "run"

@@ -263,9 +263,9 @@ def softmax(logits):
 
 def test_distilled_deit_evaluates_as_timm(tmp_path):
   """timm's deit_*_distilled_* weights: evaluation is the mean of the two heads' logits
-  (VisionTransformerDistilled.forward_head), training returns both heads, and
-  distilled_inference='softmax' is the log of the two softmaxes' mean. Logits to 1e-4
-  (float32, as the other conversions here), probabilities to 1e-6."""
+  (VisionTransformerDistilled.forward_head), so is training unless distilled_training returns
+  both heads, and distilled_inference='softmax' is the log of the two softmaxes' mean. Logits
+  to 1e-4 (float32, as the other conversions here), probabilities to 1e-6."""
   model_t = reference("deit", distilled=True)
   path = save(model_t, tmp_path / "distilled.safetensors")
   pretrained = load_pretrained(path, model=DISTILLED[0], **DISTILLED[1])
@@ -275,9 +275,14 @@ def test_distilled_deit_evaluates_as_timm(tmp_path):
   model, variables = pretrained.create_model(), pretrained.variables
   np.testing.assert_allclose(model.apply(variables, x), torch_logits(model_t, x), atol=1e-4, rtol=0)
   expected = torch_heads(model_t, x)
-  training = pretrained.create_model(drop_path_rate=0.0)  # the reference has no drop path
+  training = pretrained.create_model(drop_path_rate=0.0, distilled_training=True)  # no drop path
   for got, want in zip(training.apply(variables, x, train=True), expected, strict=True):
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+  # Fine-tuning without distillation trains on the averaged logits, as timm's training mode does.
+  finetuning = pretrained.create_model(drop_path_rate=0.0).apply(variables, x, train=True)
+  with torch.no_grad():
+    timm_training = model_t.train()(torch.from_numpy(x).permute(0, 3, 1, 2)).numpy()
+  np.testing.assert_allclose(finetuning, timm_training, atol=1e-4, rtol=0)
   log_probs = pretrained.create_model(distilled_inference="softmax").apply(variables, x)
   mean_softmax = (softmax(expected[0]) + softmax(expected[1])) / 2
   np.testing.assert_allclose(np.exp(log_probs), mean_softmax, atol=1e-6, rtol=0)
@@ -299,7 +304,7 @@ def test_distilled_deit_finetune_keeps_both_prefix_rows_and_renews_both_heads(tm
     kernel, bias = heads[f"{head}/kernel"], heads[f"{head}/bias"]
     assert kernel.shape == (192, 10) and not bias.any() and 0 < kernel.std() < 0.05
   assert not np.array_equal(heads["head/kernel"], heads["head_dist/kernel"])
-  converted = from_timm(DEIT[0], model_t.state_dict(), distilled=True, **DEIT[1])["params"]
+  converted = from_timm(DISTILLED[0], model_t.state_dict(), **DISTILLED[1])["params"]
   converted = flax.traverse_util.flatten_dict(converted, sep="/")
   assert set(params) == set(converted) - {"pos_embed", *heads}
   assert "dist_token" in params and "cls_token" in params
@@ -320,6 +325,42 @@ def test_distilled_deit_finetune_keeps_both_prefix_rows_and_renews_both_heads(tm
   x = images(48)
   logits = tuned.create_model().apply(tuned.variables, x)
   np.testing.assert_allclose(logits, torch_logits(timm_48, x), atol=1e-4, rtol=0)
+
+
+def test_distilled_deit_converted_under_its_timm_name(tmp_path):
+  """python -m locvit.convert --model=deit_tiny_distilled_patch4_32 (timm's name) writes a
+  distilled DeiT, which load_pretrained reads back as the weights file itself."""
+  from locvit.convert.__main__ import main as convert_main
+
+  path = save(reference("deit", distilled=True), tmp_path / "distilled.safetensors")
+  out = tmp_path / "flax"
+  argv = [f"--model={DISTILLED[0]}", f"--input={path}", f"--output={out}", "--override=depth=2"]
+  assert convert_main(argv) == 0
+  converted = load_pretrained(str(out))
+  direct = load_pretrained(path, model=DISTILLED[0], **DISTILLED[1])
+  assert converted.model == direct.model == DEIT[0]
+  assert converted.overrides == direct.overrides == {"distilled": True, "depth": 2}
+  jax.tree.map(np.testing.assert_array_equal, converted.variables, direct.variables)
+
+
+def test_distilled_and_plain_weights_are_not_mistaken(tmp_path):
+  """Distilled DeiT weights for a plain DeiT, and plain ones for a distilled DeiT: one line naming
+  the way out, not pos_embed's row count read with the other prefix count."""
+  distilled = save(reference("deit", distilled=True), tmp_path / "distilled.safetensors")
+  with pytest.raises(WeightsError) as e:
+    load_pretrained(distilled, model=DEIT[0], **DEIT[1])
+  assert str(e.value) == (
+    f"{distilled} does not fit {DEIT[0]}: these are distilled DeiT weights (dist_token, "
+    "head_dist); give --config.model.overrides.distilled=True (distilled=True), or weights "
+    "without a distillation token"
+  )
+  plain = save(reference("deit"), tmp_path / "plain.safetensors")
+  with pytest.raises(WeightsError) as e:
+    load_pretrained(plain, model=DISTILLED[0], **DISTILLED[1])
+  assert str(e.value) == (
+    f"{plain} does not fit {DEIT[0]} with a distillation token (distilled=True, or distillation "
+    "on): these weights have none; give distilled DeiT weights (deit_*_distilled_*)"
+  )
 
 
 @pytest.mark.parametrize("path", ["/missing", "./missing", "~/missing"])

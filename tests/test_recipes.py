@@ -15,6 +15,8 @@ from configs.common import base_config
 from locvit import distill, train
 from locvit.analysis.hooks import training_hooks
 from locvit.configs import defaults
+from locvit.convert import load_pretrained
+from locvit.convert.checkpoint import export_run
 from locvit.data import validate_data_config
 from locvit.metrics import read_metrics
 from locvit.models import create_model, surgery
@@ -22,7 +24,7 @@ from locvit.models.factory import build_model
 from locvit.platform import sharding
 from locvit.run import evaluation
 from locvit.run.checks import check_recipe
-from locvit.run.step import ema_update
+from locvit.run.step import ema_update, loss_and_metrics
 from locvit.workdir import restore
 from tests.train_utils import sigterm_after_step, tiny_config
 
@@ -205,7 +207,7 @@ def test_distilled_student_averages_the_two_heads_at_eval():
   x = jax.random.normal(jax.random.key(0), (2, 32, 32, 3))
   variables = model.init(jax.random.key(1), x)
   assert variables["params"]["pos_embed"].value.shape == (1, 64 + 2, 32)
-  cls_logits, dist_logits = model.apply(
+  cls_logits, dist_logits = model.clone(distilled_training=True).apply(
     variables, x, train=True, rngs={"dropout": jax.random.key(2)}
   )
   # DeiT's code and timm average the logits (the default); the paper's text, the softmaxes.
@@ -215,6 +217,29 @@ def test_distilled_student_averages_the_two_heads_at_eval():
   out = model.clone(distilled_inference="softmax").apply(variables, x)
   average = (jax.nn.softmax(cls_logits) + jax.nn.softmax(dist_logits)) / 2
   np.testing.assert_allclose(jnp.exp(out), average, rtol=1e-5, atol=1e-7)
+
+
+def test_a_distilled_model_without_a_teacher_trains_on_the_averaged_heads():
+  """Fine-tuning a distilled DeiT without distillation, as timm does (distilled_training off):
+  the training loss is the cross-entropy of the two heads' averaged logits, and both heads learn."""
+  model = create_model(
+    "deit_tiny_patch4_32", num_classes=10, depth=1, embed_dim=32, num_heads=2, distilled=True
+  )
+  x = jax.random.normal(jax.random.key(0), (2, 32, 32, 3))
+  params = nn.meta.unbox(model.init(jax.random.key(1), x)["params"])
+  labels, rng = jnp.array([3, 7]), jax.random.key(2)
+  targets = jax.nn.one_hot(labels, 10)
+  cls_logits, dist_logits = model.clone(distilled_training=True).apply(
+    {"params": params}, x, train=True, rngs={"dropout": rng}
+  )
+  expected = jnp.mean(optax.softmax_cross_entropy((cls_logits + dist_logits) / 2, targets))
+  loss, grads = jax.value_and_grad(
+    lambda p: loss_and_metrics(p, model, x, targets, labels, rng)[0]
+  )(params)
+  np.testing.assert_allclose(loss, expected, rtol=1e-6)
+  assert (
+    np.abs(grads["head"]["kernel"]).sum() > 0 and np.abs(grads["head_dist"]["kernel"]).sum() > 0
+  )
 
 
 def test_hard_distillation_from_a_checkpointed_teacher(tmp_path):
@@ -233,6 +258,12 @@ def test_hard_distillation_from_a_checkpointed_teacher(tmp_path):
   assert model.distilled
   params, _, _ = restore.restore_model_variables(str(tmp_path / "student"), model, IMAGE_SHAPE)
   assert {"dist_token", "head_dist"} <= set(params)
+  # python -m locvit.convert --workdir: the student's weights, its distillation token included.
+  _, metadata = export_run(str(tmp_path / "student"), tmp_path / "weights")
+  assert metadata["overrides"]["distilled"] == "True"
+  exported = load_pretrained(str(tmp_path / "weights"))
+  assert exported.overrides["distilled"] and exported.create_model().distilled
+  jax.tree.map(np.testing.assert_array_equal, exported.variables["params"], nn.meta.unbox(params))
   # The teacher is restored exactly as trained (its variables are inputs, never updated).
   loaded = distill.load_teacher(
     student,
@@ -254,6 +285,14 @@ def test_distillation_bad_input(tmp_path):
   c.model.overrides = {}
   with pytest.raises(ValueError, match="needs a student with a distillation token"):
     build_model(c, 10)
+  c = tiny_config()
+  c.model.overrides.distilled_training = True
+  with pytest.raises(ValueError) as raised:
+    build_model(c, 10)
+  assert str(raised.value).startswith(
+    "model.overrides.distilled_training=True returns both heads for the distillation loss, and "
+    "distillation is off: give distillation.type='hard' or 'soft'"
+  )
 
 
 # ----------------------------------------------------------------------------- init_from

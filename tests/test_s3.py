@@ -92,8 +92,8 @@ import os, sys, time
 from locvit import metrics
 from locvit.workdir import lock
 directory, go = sys.argv[1:]
-lock.claim(directory, 30)
-writer = metrics.MetricWriter(directory)
+watch = lock.claim(directory, 30)  # the bucket's deadline: the writer's writes ride out an outage
+writer = metrics.MetricWriter(directory, watch=watch)
 writer.write(1, {"train/loss": 1.0})
 writer.flush()
 print("flushed", flush=True)

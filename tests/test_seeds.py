@@ -11,11 +11,14 @@ step's loss is equal).
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import shutil
 import subprocess
 import sys
 
+import flax.linen as nn
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -24,9 +27,12 @@ import pytest
 from configs import structinit_cifar10_small
 from locvit import train
 from locvit.analysis.analyze import analyze
+from locvit.data import device_augment
 from locvit.metrics import read_metrics
 from locvit.platform import sharding
-from locvit.run import evaluation
+from locvit.reproduce import budget
+from locvit.run import bundle, evaluation
+from locvit.run import config as run_config
 from locvit.run import seeds as seeds_lib
 from locvit.run.step import NonFiniteError
 from locvit.workdir import checkpoint, saved_config
@@ -149,20 +155,96 @@ def test_eval_and_analyze_read_a_seed_workdir_alone(lone_runs, side_by_side, tmp
   )
 
 
+def test_one_evaluation_of_the_stacked_seeds_is_each_seed_evaluated_alone(lone_runs):
+  """The seeds' one evaluation (the lone ``eval_step`` vmapped over the stacked weights, each
+  test batch read once: 360 examples in batches of 48, a partial last batch) of the lone runs'
+  step-6 weights gives each seed the lone ``--mode=eval`` of its workdir; with EMA weights
+  (here the other seed's weights) the EMA's metrics are the other seed's.
+
+  Tolerance: the weights are equal, so the counts are exact (no prediction is within rounding of
+  a tie here) and the mean loss agrees to float32 rounding of the vmapped, batched products
+  (``rtol=1e-6``, twenty times tighter than the runs' ``RTOL``)."""
+  alone = {
+    seed: evaluation.evaluate_checkpoint(small_config(seed=seed), str(lone_runs[seed]), step=6)
+    for seed in SEEDS
+  }
+  run = bundle.build_evaluation(small_config())
+  replicated = sharding.replicated(run.mesh)
+  prepare = functools.partial(device_augment.normalize, data_config=run.config.data)
+  params = [final_params(lone_runs[seed], 6) for seed in SEEDS]
+  stacked, swapped = (
+    jax.tree.map(lambda *xs: np.stack(xs), *order) for order in (params, params[::-1])
+  )
+  with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
+    eval_fn = evaluation.make_eval_step(
+      run.model, run.mesh, run.rules, (replicated, replicated), prepare, over_seeds=True
+    )
+    metrics = evaluation.evaluate_with_ema(
+      eval_fn, (stacked, {}), swapped, run.eval_batches, run.batch_sharding, print
+    )
+  for k, (got, other) in enumerate(zip(seeds_lib.split_metrics(metrics, 2), SEEDS[::-1])):
+    for prefix, want in (("eval", alone[SEEDS[k]]), ("eval_ema", alone[other])):
+      assert got[f"{prefix}/num_examples"] == want["eval/num_examples"] == 360
+      assert got[f"{prefix}/top1"] == want["eval/top1"]
+      assert got[f"{prefix}/top5"] == want["eval/top5"]
+      np.testing.assert_allclose(got[f"{prefix}/loss"], want["eval/loss"], rtol=1e-6)
+  assert alone[0]["eval/loss"] != alone[1]["eval/loss"]  # the seeds are told apart
+
+
+def test_each_seed_keeps_its_own_best(tmp_path):
+  """Evaluated and saved at every step, side by side: each seed's ``best/`` holds the step of its
+  own best top-1 (the first, on a tie), and the seeds' best steps differ."""
+  workdir = tmp_path / "run"
+  train.train_and_evaluate(
+    small_config(num_seeds=3, eval_every_steps=1, checkpoint_every_steps=1), str(workdir)
+  )
+  best = {}
+  for seed in (0, 1, 2):
+    logged = evaluations(workdir / f"seed{seed}")
+    assert sorted(logged) == [1, 2, 3, 4, 5, 6]
+    top1 = [logged[step]["eval/top1"] for step in sorted(logged)]
+    reader = checkpoint.Checkpointer(
+      str(workdir / f"seed{seed}" / "checkpoints"), async_save=False, read_only=True
+    )
+    best[seed] = reader.best_step()
+    reader.close()
+    assert best[seed] == 1 + int(np.argmax(top1)), (seed, top1)
+  assert len(set(best.values())) > 1, best
+
+
+def test_a_probe_of_seeds_side_by_side_counts_their_one_evaluation_once(tmp_path, monkeypatch):
+  """``locvit.reproduce --estimate=probe`` of a row's seeds side by side: its seconds per
+  evaluation are those of the seeds' one evaluation, which each seed logs as its
+  ``perf/eval_seconds``, not that times the seeds."""
+  read = {}
+  read_metrics_of = budget.metrics_lib.read_metrics
+
+  def read_metrics(workdir):
+    read[str(workdir)] = read_metrics_of(workdir)
+    return read[str(workdir)]
+
+  monkeypatch.setattr(budget.metrics_lib, "read_metrics", read_metrics)
+  cost = budget.probe(small_config(num_seeds=2), str(tmp_path / "probe"), steps=4)
+  (records,) = read.values()
+  logged = [r["perf/eval_seconds"] for r in records if "perf/eval_seconds" in r]
+  assert len(logged) == 2  # halfway and at the end
+  assert cost.eval_sec == logged[-1]
+
+
 @pytest.mark.parametrize("checkpoint_every", [3, 0])
 def test_sigterm_resume_side_by_side_and_one_seed_alone(lone_runs, tmp_path, checkpoint_every):
-  """SIGTERM once seed 0 has logged its step-3 evaluation: seed 1's evaluation of step 3 is cut
-  short, and both seeds save step 3 (seed 1 without its evaluation; seed 0 also where step 3 is
-  no save step of its own, ``checkpoint_every`` 0) and the run returns. Resumed side by side,
-  seed 1 evaluates step 3 and each seed ends as its lone run; a copy of seed 1's workdir resumed
-  alone (with its own config.json) too."""
+  """SIGTERM once seed 0 has logged step 2: the stop request cuts the seeds' one evaluation of
+  step 3 short, and both seeds save step 3 without it (also where step 3 is no save step,
+  ``checkpoint_every`` 0) and the run returns. Resumed side by side, both seeds evaluate step 3
+  (one evaluation) and each ends as its lone run; a copy of seed 1's workdir resumed alone (with
+  its own config.json) too."""
   workdir = tmp_path / "run"
   config = lambda: small_config(num_seeds=2, checkpoint_every_steps=checkpoint_every)
-  with sigterm_after_step(3):
+  with sigterm_after_step(2):
     first = train.train_and_evaluate(config(), str(workdir))
   assert (first["preempted"], first["step"]) == (True, 3)
-  assert 3 in evaluations(workdir / "seed0") and 3 not in evaluations(workdir / "seed1")
   for seed in SEEDS:
+    assert 3 not in evaluations(workdir / f"seed{seed}")
     assert (workdir / f"seed{seed}" / "checkpoints" / "3").is_dir()
   alone = tmp_path / "seed1_alone"
   shutil.copytree(workdir / "seed1", alone)
@@ -269,29 +351,125 @@ def test_a_nonfinite_seed_skips_alone_and_is_named(tmp_path, poisoned_seed, capl
   assert "seed1: 1 update(s) skipped" not in caplog.text
 
 
-def test_impulse_init_paper_config_at_toy_size(tmp_path):
-  """The structured-init family (configs/structinit_cifar10_small.py:impulse3: a structvit, the
-  impulse solve per seed, the small-data recipe) at toy size on the digits: each seed of the
-  side-by-side run is its lone run, its impulse solve included."""
+def impulse_config(**fields):
+  """configs/structinit_cifar10_small.py:impulse3 (a structvit, the impulse solve per seed, the
+  small-data recipe; ``init.seed`` refers to ``seed``) at toy size on the digits."""
+  c = structinit_cifar10_small.get_config("impulse3")
+  for key, value in dict(tiny_config(), total_steps=2, **fields).items():
+    if key not in ("model", "init", "schedule", "optimizer"):
+      c[key] = value
+  c.model.overrides.update(embed_dim=32, depth=2, num_heads=2, patch_size=2)
+  c.init.update(steps=100, lr=1e-2, norm_every=1)
+  c.eval_every_steps, c.checkpoint_every_steps, c.schedule.warmup_steps = 2, 2, 1
+  return one_device(c)
 
-  def config(**fields):
-    c = structinit_cifar10_small.get_config("impulse3")
-    for key, value in dict(tiny_config(), total_steps=2, **fields).items():
-      if key not in ("model", "init", "schedule", "optimizer"):
-        c[key] = value
-    c.model.overrides.update(embed_dim=32, depth=2, num_heads=2, patch_size=2)
-    c.init.update(steps=100, lr=1e-2, norm_every=1)
-    c.eval_every_steps, c.checkpoint_every_steps, c.schedule.warmup_steps = 2, 2, 1
-    return one_device(c)
 
-  train.train_and_evaluate(config(num_seeds=2), str(tmp_path / "side"))
+@pytest.fixture(scope="module")
+def impulse_lone_runs(tmp_path_factory):
+  """Seeds 0 and 1 of ``impulse_config`` trained alone."""
+  root = tmp_path_factory.mktemp("impulse_lone")
   for seed in SEEDS:
-    train.train_and_evaluate(config(seed=seed), str(tmp_path / f"lone{seed}"))
-    assert_same_run(tmp_path / "side" / f"seed{seed}", tmp_path / f"lone{seed}", step=2)
+    train.train_and_evaluate(impulse_config(seed=seed), str(root / f"lone{seed}"))
+  return {seed: root / f"lone{seed}" for seed in SEEDS}
+
+
+def restart_config(workdir):
+  """The config ``python -m locvit.main --workdir=WORKDIR`` runs: the saved ``config.json``."""
+  return run_config.command_line_config(["locvit", f"--workdir={workdir}"])
+
+
+def saved_init_seeds(workdir):
+  return [
+    saved_config.read(str(workdir / f"seed{seed}" / "config.json")).init.seed for seed in SEEDS
+  ]
+
+
+def test_impulse_init_paper_config_at_toy_size(impulse_lone_runs, tmp_path):
+  """The structured-init family side by side: each seed is its lone run, its impulse solve
+  included. Restarted from its saved config alone (``--workdir``) once done, each seed keeps its
+  lone run's config (``init.seed`` follows the seed)."""
+  workdir = tmp_path / "side"
+  train.train_and_evaluate(impulse_config(num_seeds=2), str(workdir))
+  for seed in SEEDS:
+    assert_same_run(workdir / f"seed{seed}", impulse_lone_runs[seed], step=2)
+  assert saved_init_seeds(workdir) == list(SEEDS)
+  train.train_and_evaluate(restart_config(workdir), str(workdir))  # resumes at its last step
+  assert saved_init_seeds(workdir) == list(SEEDS)
+
+
+def test_a_side_by_side_run_killed_before_its_first_checkpoint_restarts_exactly(
+  impulse_lone_runs, tmp_path, monkeypatch
+):
+  """Killed once every config is written, before any checkpoint (as kill -9 at the first step),
+  then restarted with ``--workdir`` alone: each seed initialises as its lone run (its own
+  ``init.seed``, so its own impulse solve), and its config is the one the first command gave it."""
+  workdir = tmp_path / "side"
+
+  def killed(*args):
+    raise KeyboardInterrupt  # nothing in the loop runs: no step, no checkpoint
+
+  with monkeypatch.context() as patch:
+    patch.setattr(train, "train_loop", killed)
+    with pytest.raises(KeyboardInterrupt):
+      train.train_and_evaluate(impulse_config(num_seeds=2), str(workdir))
+  assert not (workdir / "seed1" / "checkpoints" / "2").exists()
+  first = {seed: saved_config.read(str(workdir / f"seed{seed}" / "config.json")) for seed in SEEDS}
+
+  config = restart_config(workdir)
+  for seed in SEEDS:
+    assert seeds_lib.seed_config(config, seed).to_dict() == first[seed].to_dict()
+  train.train_and_evaluate(config, str(workdir))
+  for seed in SEEDS:
+    assert_same_run(workdir / f"seed{seed}", impulse_lone_runs[seed], step=2)
+  assert saved_init_seeds(workdir) == list(SEEDS)
 
 
 # ------------------------------------------------------------------------------------------------
 # Bad input
+
+
+def test_a_field_computed_from_the_seed_is_refused_side_by_side(tmp_path):
+  """config.json keeps a field computed from the seed as its value: a restart could not rebuild
+  it, so the run is refused before anything is created."""
+  config = impulse_config(num_seeds=2)
+  config.init.seed = config.get_ref("seed") + 100
+  with pytest.raises(ValueError) as error:
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert str(error.value) == (
+    f"--config.num_seeds=2: init.seed is computed from the seed (101 for seed 1), and "
+    f"{tmp_path}/run/config.json would keep it as the value 100, so a restart would not rebuild "
+    "it: make it the seed itself (get_ref('seed')) or a fixed value, or train each seed as a run "
+    "of its own (--config.seed=1 --config.num_seeds=1)"
+  )
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_config_json_that_lost_the_seeds_reference_is_refused_with_the_way_out(tmp_path):
+  """A WORKDIR/config.json saved before references were (init.seed the value 0): the restart with
+  --workdir alone would give seed 1 seed 0's init.seed, so it is refused, naming the field and the
+  way out; the seeds' workdirs stay as they were."""
+  workdir = tmp_path / "run"
+  config = impulse_config(num_seeds=2)
+  for seed in SEEDS:
+    (workdir / f"seed{seed}").mkdir(parents=True)
+    saved_config.write(str(workdir / f"seed{seed}"), seeds_lib.seed_config(config, seed))
+  record = saved_config.record(config)
+  del record["references"]
+  saved_config.path(str(workdir)).write_text(json.dumps(record))
+  kept = {seed: (workdir / f"seed{seed}" / "config.json").read_text() for seed in SEEDS}
+  with pytest.raises(ValueError) as error:
+    train.train_and_evaluate(restart_config(workdir), str(workdir))
+  assert str(error.value) == (
+    f"init.seed follows the seed in each seed's config.json ({workdir}/seed1/config.json: "
+    f"init.seed=1), but this restart gives seed 1 init.seed=0 (as a {workdir}/config.json saved "
+    "by an earlier locvit does, which kept the value alone): restart with the original --config "
+    f"and its overrides, or finish each seed alone with --workdir={workdir}/seed1 (and the "
+    "others' seed<K>)"
+  )
+  assert sorted(os.listdir(workdir)) == ["config.json", "seed0", "seed1"]
+  for seed in SEEDS:
+    assert os.listdir(workdir / f"seed{seed}") == ["config.json"]
+    assert (workdir / f"seed{seed}" / "config.json").read_text() == kept[seed]
 
 
 def test_num_seeds_below_one_is_one_line_before_anything(tmp_path):
@@ -329,8 +507,6 @@ def test_seeds_that_do_not_fit_the_device_are_refused_before_the_workdir(tmp_pat
 
 
 def _layout_of(config):
-  from locvit.run import bundle
-
   return bundle.checked_setup(config, {}).layout
 
 

@@ -32,6 +32,7 @@ from locvit.convert.timm import (
   expected_state_dict_shapes,
   from_timm,
   resolve_model_name,
+  resolve_timm_name,
   supported_models,
 )
 
@@ -47,6 +48,7 @@ __all__ = [
   "load_pretrained",
   "read_state_dict",
   "resolve_model_name",
+  "resolve_timm_name",
   "resolve_weights",
   "save_converted",
   "supported_models",

@@ -6,11 +6,13 @@ r"""Command line: convert a timm / official ConViT or DeiT checkpoint to a Flax 
   python -m locvit.convert --model=convit_tiny_patch4_32 --input=weights.npz --output=DIR \
     --num_classes=10 --override depth=3 --override class_token_layer=2 \
     --override "layer_attention=('gpsa', 'gpsa', 'mhsa')"   # convit_overrides(2, depth=3)
+  python -m locvit.convert --model=deit_tiny_distilled_patch16_224 --input=w.pth --output=DIR
   python -m locvit.convert --workdir=RUN --output=DIR   # a locvit run's ConViT / DeiT weights
 
 ``--override FIELD=VALUE`` (repeatable) passes the module fields the checkpoint was trained with
 to ``create_model``, each value read by the field's type (``qkv_bias=false``, ``mlp_ratio=3``,
-``layer_attention="('gpsa', 'mhsa')"``). Inputs: ``.pth``/``.pt``/``.bin`` (torch),
+``layer_attention="('gpsa', 'mhsa')"``); timm's distilled DeiT names (``deit_*_distilled_*``)
+imply ``distilled=True``. Inputs: ``.pth``/``.pt``/``.bin`` (torch),
 ``.safetensors`` or ``.npz`` (NumPy arrays keyed by the timm names, no PyTorch needed).
 
 ``--workdir=RUN [--step=N]`` writes the parameters of a locvit training run's checkpoint (the
@@ -31,7 +33,7 @@ import sys
 
 from locvit.choices import ArgumentParser
 from locvit.convert.checkpoint import export_run, read_state_dict, save_converted
-from locvit.convert.timm import ConversionError, from_timm, resolve_model_name
+from locvit.convert.timm import ConversionError, from_timm, resolve_timm_name
 from locvit.models.registry import parse_override
 
 PROG = "locvit.convert"  # its error lines, as locvit.main's "locvit: error: ..."
@@ -90,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Wrote {metadata['model']} (num_classes={metadata['num_classes']}) to {path}")
     return 0
   try:
-    name = resolve_model_name(args.model)
+    name, implied = resolve_timm_name(args.model)  # timm's distilled DeiT: distilled=True
     overrides = {field: parse_override(name, field, text) for field, text in args.override}
+    overrides = {**implied, **overrides}
     variables = from_timm(
       name, read_state_dict(args.input), num_classes=args.num_classes, **overrides
     )

@@ -81,7 +81,8 @@ def export_run(
   force: bool = False,
 ) -> tuple[str, dict[str, Any]]:
   """Writes the ConViT / DeiT parameters of a locvit run's checkpoint (the latest by default) as
-  ``save_converted`` does, with the run's model name, overrides and class count as metadata;
+  ``save_converted`` does, with the run's model name, overrides (``distilled=True`` for a
+  distillation student) and class count as metadata;
   returns ``(path, metadata)``. The metadata also holds the run's evaluation preprocessing under
   timm's ``pretrained_cfg`` keys (``input_size``, ``mean``, ``std``, ``interpolation``,
   ``crop_pct``), so that ``load_pretrained`` and ``--mode=predict`` read images as the run
@@ -98,6 +99,8 @@ def export_run(
   data = saved_config.read(saved_config.path(workdir)).data
   name = resolve_model_name(saved["model"]["name"])
   overrides = dict(saved["model"].get("overrides") or {})
+  if saved.get("distillation.type") not in (None, "none"):  # build_model's distillation token
+    overrides["distilled"] = True
   model = create_model(name, num_classes=saved["num_classes"], **overrides)
   size = saved["data.image_size"]
   params, _, step = restore.restore_model_variables(

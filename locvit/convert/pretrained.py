@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from locvit.convert.checkpoint import load_converted, read_state_dict
-from locvit.convert.timm import ConversionError, from_timm, resolve_model_name, to_numpy
+from locvit.convert.timm import ConversionError, from_timm, resolve_timm_name, to_numpy
 from locvit.models import convit_overrides, create_model, default_image_size
 from locvit.models.registry import parse_override
 from locvit.models.resampling import resample_abs_pos_embed
@@ -199,7 +199,7 @@ def hub_repo(name: str) -> tuple[str, str | None] | None:
     return None
   arch, _, tag = name.partition(".")
   try:
-    resolve_model_name(arch.replace("_distilled", ""))
+    resolve_timm_name(arch)
   except ValueError:
     return None
   return f"{HUB_ORG}/{arch}.{tag or DEFAULT_TAG}", None
@@ -354,13 +354,12 @@ def _model_name(weights: Weights, model: str | None, keys: Sequence[str]) -> tup
       f"{weights.name}: the file does not say its architecture; name it "
       f"(--config.model.name=..., e.g. {_family(keys).lower()}_tiny, or model=...)"
     )
-  distilled = "_distilled" in chosen.split(".")[0]
   try:
-    name = resolve_model_name(chosen.replace("_distilled", ""))
+    name, implied = resolve_timm_name(chosen)
   except ValueError as e:
     raise WeightsError(f"{weights.name}: {e}") from None
   if model and arch:
-    src = resolve_model_name(arch.replace("_distilled", ""))
+    src, _ = resolve_timm_name(arch)
     if src.split("_")[0] != name.split("_")[0]:
       raise WeightsError(
         f"{weights.name} holds {arch} weights, which do not fit {model}: use "
@@ -373,7 +372,7 @@ def _model_name(weights: Weights, model: str | None, keys: Sequence[str]) -> tup
       f"{weights.name} does not fit {name}: these are {family} weights ({gpsa} GPSA "
       f"gating_param); use a {family.lower()}_* model, or {name.split('_')[0]} weights"
     )
-  return name, ({"distilled": True} if distilled else {})
+  return name, implied
 
 
 # timm's ConViT / DeiT constructor arguments that a hub config.json's ``model_args`` may carry and
@@ -404,6 +403,23 @@ def _prefix_tokens(model) -> int:
   """Rows of ``pos_embed`` before the patches: the class (and distillation) token when they join
   at the input (DeiT); none when the class token joins later (ConViT)."""
   return model.num_prefix_tokens if model.class_token_layer == 0 else 0
+
+
+def _check_distillation_token(source: str, name: str, has_token: bool, distilled: bool) -> None:
+  """Distilled DeiT weights (timm's ``deit_*_distilled_*``: ``dist_token``, ``head_dist``, two
+  prefix rows in ``pos_embed``) fit a ``distilled`` model only, and a distilled model needs them:
+  one line naming the way out, before the pos_embed rows are read with the wrong prefix count."""
+  if has_token and not distilled:
+    raise WeightsError(
+      f"{source} does not fit {name}: these are distilled DeiT weights (dist_token, head_dist); "
+      "give --config.model.overrides.distilled=True (distilled=True), or weights without a "
+      "distillation token"
+    )
+  if distilled and not has_token:
+    raise WeightsError(
+      f"{source} does not fit {name} with a distillation token (distilled=True, or distillation "
+      "on): these weights have none; give distilled DeiT weights (deit_*_distilled_*)"
+    )
 
 
 def _source_image_size(pos_rows: int, prefix: int, patch_size: int, name: str) -> int:
@@ -551,6 +567,8 @@ def load_pretrained(
   keys = list(state_dict) if converted is None else _converted_keys(converted)
   name, overrides = _architecture(weights, model, keys, overrides)
   target = create_model(name, num_classes=1, **overrides)
+  has_dist_token = "dist_token" in (state_dict if converted is None else converted)
+  _check_distillation_token(weights.name, name, has_dist_token, target.distilled)
   prefix, patch = _prefix_tokens(target), target.patch_size
   params, source_classes, source_size = _params_as_trained(
     weights, name, converted, state_dict, prefix, patch, overrides

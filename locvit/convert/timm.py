@@ -56,6 +56,19 @@ def resolve_model_name(model_name: str) -> str:
   return name
 
 
+DISTILLED = "_distilled"  # timm's deit_*_distilled_*: a distillation token and head_dist
+
+
+def resolve_timm_name(model_name: str) -> tuple[str, dict[str, Any]]:
+  """A timm name (optionally with a ``.pretrained_tag``) as ``(registered locvit name,
+  overrides)``: timm's distilled DeiT, ``deit_tiny_distilled_patch16_224``, is
+  ``('deit_tiny_patch16_224', {'distilled': True})``."""
+  name = model_name.split(".", 1)[0]
+  if DISTILLED not in name:
+    return resolve_model_name(name), {}
+  return resolve_model_name(name.replace(DISTILLED, "")), {"distilled": True}
+
+
 def _torch_key(path: tuple[str, ...]) -> str:
   parts = []
   for part in path:
@@ -124,8 +137,8 @@ def _plan(
   model_name: str, overrides: Mapping[str, Any], image_size: int | None = None
 ) -> dict[str, tuple]:
   """timm key -> (locvit path, locvit shape, layout, torch shape)."""
-  name = resolve_model_name(model_name)
-  model = create_model(name, **overrides)
+  name, implied = resolve_timm_name(model_name)
+  model = create_model(name, **implied, **overrides)
   if not isinstance(model, VisionTransformer) or (model.pos_embed, model.pool) != (
     "learn",
     "token",
@@ -153,7 +166,9 @@ def from_timm(
 
   Args:
     model_name: a registered ConViT/DeiT name (``supported_models()``, which include timm's
-      ``convit_tiny`` and ``deit_tiny_patch16_224``); a ``.pretrained_tag`` suffix is ignored.
+      ``convit_tiny`` and ``deit_tiny_patch16_224``), or timm's distilled DeiT name
+      (``deit_tiny_distilled_patch16_224``: ``distilled=True``); a ``.pretrained_tag`` suffix is
+      ignored.
     state_dict: timm key -> ``np.ndarray`` or ``torch.Tensor``.
     image_size: the input side the checkpoint's ``pos_embed`` covers (default: the model's own;
       ``locvit.convert.load_pretrained`` resamples it to another).
@@ -161,7 +176,8 @@ def from_timm(
       ``num_classes=100`` for a fine-tuned head.
 
   Returns:
-    ``{'params': ...}`` for ``create_model(model_name, **overrides).apply``.
+    ``{'params': ...}`` for ``create_model(name, **implied, **overrides).apply``, where
+    ``name, implied = resolve_timm_name(model_name)``.
 
   Raises:
     ConversionError: listing every missing, unexpected and mis-shaped key.
@@ -189,7 +205,7 @@ def from_timm(
     if any(line.startswith("  head.") for line in misshaped):
       hint = "\n(A different classifier width? Pass num_classes=... to from_timm.)"
     raise ConversionError(
-      f"State dict does not match {resolve_model_name(model_name)!r}"
+      f"State dict does not match {model_name.split('.', 1)[0]!r}"
       f"{f' with overrides {dict(overrides)}' if overrides else ''}:\n"
       + "\n".join(header + "\n" + "\n".join(lines) for header, lines in sections)
       + hint

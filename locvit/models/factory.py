@@ -33,8 +33,15 @@ def check_student(model: nn.Module) -> None:
 def build_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Module:
   """The registered ``config.model.name`` with ``model.overrides`` (bf16 compute under
   ``mixed_precision``, the kernels of ``attention_implementation``), cloned with
-  ``distilled=True`` when distillation is on."""
+  ``distilled=True`` and ``distilled_training=True`` (both heads' logits for the distillation
+  loss) when distillation is on."""
   overrides = dict(config.model.overrides or {})
+  if overrides.get("distilled_training") and not distillation_enabled(config):
+    raise ValueError(
+      "model.overrides.distilled_training=True returns both heads for the distillation loss, and "
+      "distillation is off: give distillation.type='hard' or 'soft' with its teacher_workdir, or "
+      "drop the override (a distilled=True model trains on its two heads combined, as timm does)"
+    )
   if config.attention_implementation is not None:
     overrides.setdefault("attention_implementation", config.attention_implementation)
   if config.mixed_precision:
@@ -42,7 +49,7 @@ def build_model(config: ml_collections.ConfigDict, num_classes: int) -> nn.Modul
   model = create_model(config.model.name, num_classes=num_classes, **overrides)
   if distillation_enabled(config):
     check_student(model)
-    model = model.clone(distilled=True)
+    model = model.clone(distilled=True, distilled_training=True)
   return model
 
 

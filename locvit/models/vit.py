@@ -63,10 +63,13 @@ class VisionTransformer(nn.Module):
     dtype: computation dtype (``jnp.bfloat16`` for mixed precision); parameters are float32.
     remat: rematerialise each block in the backward pass to save memory.
     distilled: add DeiT's distillation token (inserted with the class token, right after it) and
-      its head ``head_dist`` (Touvron et al. 2021, Sec. 5; ConViT appendix B). Training then
-      returns ``(class_logits, distillation_logits)``; evaluation combines the two heads as
-      ``distilled_inference`` says.
-    distilled_inference: how evaluation combines a distilled model's two heads. 'logits':
+      its head ``head_dist`` (Touvron et al. 2021, Sec. 5; ConViT appendix B). The output combines
+      the two heads as ``distilled_inference`` says, in training too (timm's fine-tuning of a
+      distilled DeiT), except in training with ``distilled_training``.
+    distilled_training: with ``distilled``, training returns ``(class_logits,
+      distillation_logits)`` for the distillation loss (DeiT Eq. 2, 3); ``build_model`` sets it
+      when ``config.distillation`` is on (timm's ``set_distilled_training``).
+    distilled_inference: how a distilled model's output combines its two heads. 'logits':
       ``(class_logits + distillation_logits) / 2``, as the official DeiT code and timm do (the
       published DeiT numbers); 'softmax': ``log((softmax(class) + softmax(distillation)) / 2)``,
       the averaged softmaxes that the DeiT paper's text describes ("we add the softmax output by
@@ -96,6 +99,7 @@ class VisionTransformer(nn.Module):
   param_dtype: Any = jnp.float32
   remat: bool = False
   distilled: bool = False
+  distilled_training: bool = False
   distilled_inference: Literal["logits", "softmax"] = "logits"
 
   def check(self) -> None:
@@ -116,6 +120,11 @@ class VisionTransformer(nn.Module):
       raise ValueError(
         f"distilled=True needs pool='token' and num_classes > 0 (got pool={self.pool!r}, "
         f"num_classes={self.num_classes}): the distillation token has its own classifier head."
+      )
+    if self.distilled_training and not self.distilled:
+      raise ValueError(
+        "distilled_training=True needs distilled=True: only a distillation token's head gives the "
+        "second output."
       )
     depth_errors = Errors()  # a new depth alone: both lines at once, and what to set
     if not 0 <= self.class_token_layer <= self.depth:
@@ -184,7 +193,7 @@ class VisionTransformer(nn.Module):
     dist_head = classifier_head(self.num_classes, self.dtype, self.param_dtype, name="head_dist")
     dist_logits = dist_head(x[:, 1])
     logits, dist_logits = logits.astype(jnp.float32), dist_logits.astype(jnp.float32)
-    if train:
+    if train and self.distilled_training:
       return logits, dist_logits
     if self.distilled_inference == "logits":
       return (logits + dist_logits) / 2

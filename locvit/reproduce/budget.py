@@ -91,8 +91,8 @@ def run_seconds(cost: RowCost, steps: int, evaluations: int = 1) -> float:
 def probe(config: ml_collections.ConfigDict, workdir: str, steps: int = PROBE_STEPS) -> RowCost:
   """Times a ``steps``-step run of ``config`` with two evaluations (halfway, where the
   evaluation compiles, and at the end, which times one evaluation) in ``workdir``. With
-  ``config.num_seeds`` seeds side by side, the cost is theirs together: one shared step, and an
-  evaluation of each seed."""
+  ``config.num_seeds`` seeds side by side, the cost is theirs together: one shared step, and one
+  evaluation of all seeds (each seed logs its time as its ``perf/eval_seconds``)."""
   from locvit import train
   from locvit.run.seeds import seed_workdir
 
@@ -112,7 +112,7 @@ def probe(config: ml_collections.ConfigDict, workdir: str, steps: int = PROBE_ST
   steps_per_sec = 1.0 / statistics.median(step_seconds or [wall])
   steps_per_epoch = round(rows[-1]["step"] / rows[-1]["epoch"])
   evaluations = [r["perf/eval_seconds"] for r in records if "perf/eval_seconds" in r]
-  eval_sec = lanes * evaluations[-1] if evaluations else 0.0  # the last: compiled by the first
+  eval_sec = evaluations[-1] if evaluations else 0.0  # the last: compiled by the first
   shutil.rmtree(workdir, ignore_errors=True)
   return RowCost(
     steps_per_sec=steps_per_sec,

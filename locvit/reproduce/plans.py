@@ -98,7 +98,8 @@ def plan_configs(
 ) -> dict[str, ml_collections.ConfigDict]:
   """The configs of ``rows``. ``data`` reads their CIFAR-10 image-folder rows from elsewhere, as
   locvit.main's ``--data`` does (``tfds[:DATA_DIR]``, ``image_folder:DIR`` or ``DIR``);
-  'image_folder' keeps ``$CIFAR10_ROOT``. ``tfds_data_dir`` is ``tfds``'s DATA_DIR given apart."""
+  'image_folder' keeps ``$CIFAR10_ROOT``. ``tfds_data_dir`` is ``tfds``'s DATA_DIR given apart.
+  Their local paths are absolute (``locvit.run.config.with_absolute_paths``), as locvit.main's."""
   configs = {row: row_config(plan["rows"][row]) for row in rows}
   if tfds_data_dir is not None:
     if data != "tfds":
@@ -107,16 +108,15 @@ def plan_configs(
         f"way: --data=tfds:{tfds_data_dir}, or --data={data} alone"
       )
     data = f"tfds:{tfds_data_dir}"
-  if data == "image_folder":
-    return configs
-  try:
-    datasets.parse_data_flag(data)  # refused even where no row reads an image folder
-    for row, config in configs.items():
-      if config.data.source == "image_folder":
-        configs[row] = datasets.apply_data_flag(config, data)
-  except ValueError as e:
-    raise ReproduceError(str(e)) from None
-  return configs
+  if data != "image_folder":
+    try:
+      datasets.parse_data_flag(data)  # refused even where no row reads an image folder
+      for row, config in configs.items():
+        if config.data.source == "image_folder":
+          configs[row] = datasets.apply_data_flag(config, data)
+    except ValueError as e:
+      raise ReproduceError(str(e)) from None
+  return {row: run_config.with_absolute_paths(config) for row, config in configs.items()}
 
 
 def run_dir(workdir: str, row: str, seed: int) -> str:

@@ -3,7 +3,8 @@
 ``build_training(config, workdir)`` checks the config (before anything is compiled or written),
 claims the workdir, keeps the config, and builds the mesh and rules, the data sources and
 iterators, the model, the optimizer, the state layout, the teacher, the checkpointer and the
-metric writer. ``build_evaluation(config)`` builds the part an evaluation needs.
+metric writer. ``build_evaluation(config)`` checks the config the same way
+(``checks.check_config``), then builds the part an evaluation needs.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from absl import logging
 from locvit import data as data_lib
 from locvit import distill, optim
 from locvit import metrics as metrics_lib
-from locvit.configs.common import complete_config
 from locvit.convert import prior
 from locvit.convert.pretrained import load_pretrained
 from locvit.data import device_augment, resident
@@ -32,7 +32,7 @@ from locvit.models.factory import build_model, check_attention_kernels, distilla
 from locvit.platform import sharding
 from locvit.run import checks, preemption
 from locvit.run import state as state_lib
-from locvit.workdir import checkpoint, lock, paths, provenance
+from locvit.workdir import checkpoint, lock, outage, paths, provenance
 
 
 def training_length(config, num_train_examples: int) -> tuple[int, int]:
@@ -83,6 +83,9 @@ class Training(Evaluation):
   train_split: Any = ()  # data.train_split_on='device': the decoded split, on every device
   started: float | None = None  # time.monotonic() as the build began: the session counts from it
   session: provenance.Session | None = None  # this session's entry of DIR/commits.json (process 0)
+  # The deadline of a bucket workdir (process 0; None on a local disk), from the claim: passed to
+  # the checkpointer, the writer and the session, the run's own, beside any other run's.
+  watch: outage.Watch | None = None
 
   def train_batches(self, start_step: int):
     """This process's training batches for steps ``start_step + 1, ...``: the position depends
@@ -108,8 +111,8 @@ class Training(Evaluation):
     return self
 
   def __exit__(self, exc_type, exc, _) -> None:
-    # On a bucket, every close below runs under the one deadline of locvit.workdir.outage: a bucket
-    # that does not answer ends the process once, not once per component.
+    # On a bucket, every close below runs under the run's one deadline (``watch``): a bucket that
+    # does not answer ends the process once, not once per component.
     try:  # pending saves of earlier steps are committed even when a step or evaluation fails
       if self.checkpointer is not None:  # None: stopped while being built
         self.checkpointer.close()
@@ -157,9 +160,10 @@ def _image_shape(config, source) -> tuple[int, int, int]:
 
 
 def build_evaluation(config: ml_collections.ConfigDict) -> Evaluation:
-  """The mesh, the model and the eval data of ``config`` (completed with the defaults of
-  ``configs/common.py:base_config``, then validated)."""
-  config = complete_config(config)
+  """The mesh, the model and the eval data of ``config``, validated first as a training run's is
+  (``checks.check_config``: completed with the defaults of ``configs/common.py:base_config``), so
+  a bad value is the same one error line before anything is built, not a failure inside JAX."""
+  config = checks.check_config(config)  # the one check of the config's values
   mesh = sharding.make_mesh(config.mesh)
   rules = sharding.logical_rules(config.mesh)
   eval_source = data_lib.make_source(config.data, config.data.eval_split)
@@ -285,10 +289,10 @@ def checked_setup(config, hooks) -> Training:
 
 
 @preemption.defer_stops_in
-def _claim(workdir: str, bucket_timeout: float) -> None:
+def _claim(workdir: str, bucket_timeout: float) -> outage.Watch | None:
   """``lock.claim`` as one piece: a stop that arrives while the lock is being taken is sent
   again once it is (and the run's exit releases it), instead of leaving a lock file no one holds."""
-  lock.claim(workdir, bucket_timeout)
+  return lock.claim(workdir, bucket_timeout)
 
 
 def build_training(
@@ -312,7 +316,7 @@ def open_workdir(run: Training, workdir: str) -> Training:
   try:  # an error or a stop (SIGTERM, Ctrl-C) from here on releases the workdir, as the run would
     # The config is valid: only now create the workdir (writable, not in use). The config is kept
     # (config.json) once the workdir's checkpoint has accepted it (train.restore_or_initialise).
-    _claim(workdir, config.bucket_timeout_seconds)
+    run.watch = _claim(workdir, config.bucket_timeout_seconds)
     run.eval_batches = _eval_batches(config, run.eval_source)
     if distill.enabled(config) and run.teacher is None:
       run.teacher = distill.load_teacher(
@@ -322,8 +326,9 @@ def open_workdir(run: Training, workdir: str) -> Training:
       paths.path(workdir) / "checkpoints",
       keep=config.keep_checkpoints,
       async_save=config.async_checkpointing,
+      watch=run.watch,
     )
-    run.writer = metrics_lib.MetricWriter(workdir)
+    run.writer = metrics_lib.MetricWriter(workdir, watch=run.watch)
   except BaseException as e:
     run.__exit__(type(e), e, e.__traceback__)
     raise

@@ -1,10 +1,12 @@
 """Every check of a run's config, before anything is created: ``config_errors`` (what shows
-without data or a model, every mistake a line each), raised once by ``check_config`` (the one
-caller: ``build_training`` before it builds anything, ``locvit.main`` for the modes that do not
-train), ``check_recipe`` (the augmentation, EMA
-and distillation blocks), ``check_analysis_hooks`` and ``check_model_fits_mesh`` (the image
-against the model's patches, the batches against the mesh), run once the data and the model
-are known, before compiling.
+without data or a model, every mistake a line each), raised once by ``check_config`` (called
+before anything is built by each entry point that builds from a config: ``build_training`` and
+``build_evaluation`` in ``locvit.run.bundle`` (every evaluation builds through it),
+``predict_weights``, and ``locvit.main`` for ``--mode=analyze`` (built in ``locvit.analysis``, a
+layer below) and ``--print_config``),
+``check_recipe`` (the augmentation, EMA and distillation blocks), ``check_analysis_hooks`` and
+``check_model_fits_mesh`` (the image against the model's patches, the batches against the mesh),
+run once the data and the model are known, before compiling.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from ml_collections import config_flags
 import locvit.configs
 from locvit.configs import args as config_args
 from locvit.configs import datasets
-from locvit.workdir import saved_config
+from locvit.workdir import paths, saved_config
 
 WEIGHTS_CONFIG = "pretrained"  # the shipped config of a command that names only the weights
 
@@ -153,8 +153,9 @@ def _config_as_loaded(argv: Sequence[str]) -> ml_collections.ConfigDict | None:
 def load(value: str) -> ml_collections.ConfigDict:
   """The config ``value`` names (``resolve_config``: a file, a shipped config's ``NAME[:ARG]``, a
   saved ``config.json`` or a workdir holding one), as config_flags loads it: ``get_config(ARG)``,
-  no overrides. A name that finds nothing raises ``ConfigError``."""
-  return _load_resolved(resolve_config(value))
+  no overrides; its local paths absolute (``with_absolute_paths``). A name that finds nothing
+  raises ``ConfigError``."""
+  return with_absolute_paths(_load_resolved(resolve_config(value)))
 
 
 def _load_resolved(value: str) -> ml_collections.ConfigDict:
@@ -219,13 +220,15 @@ def split_model_overrides(argv: Sequence[str]) -> tuple[list[str], dict[str, obj
 
 def command_line_config(argv: Sequence[str]) -> ml_collections.ConfigDict:
   """The config ``python -m locvit.main ARGV...`` runs (``argv[0]`` the program), as ``the_config``
-  gives it: flagfiles read, ``--config`` resolved, overrides and ``--data`` applied; flags other
-  than ``--config*`` and ``--data`` are ignored. Unchecked (``check_config``); nothing created."""
+  gives it: flagfiles read, ``--config`` resolved, overrides and ``--data`` applied, local paths
+  absolute (``with_absolute_paths``); flags other than ``--config*`` and ``--data`` are ignored.
+  Unchecked (``check_config``); nothing created."""
   argv, added = config_argv(argv)
   values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv, lock_config=True)
   values(argv, known_only=True)
-  return with_data(add_model_overrides(values.config, added), flag_value(argv, "data")[1])
+  config = with_data(add_model_overrides(values.config, added), flag_value(argv, "data")[1])
+  return with_absolute_paths(config)
 
 
 def explain_override(argv: Sequence[str]) -> str | None:
@@ -278,7 +281,8 @@ def with_data(config: ml_collections.ConfigDict, data: str | None) -> ml_collect
 
 
 # Local paths that a run's saved config.json must find from any directory (eval, analyze, a
-# resume): an override such as --config.data.root=mine/c10 is saved absolute, as --data is.
+# resume): however given (--data, an override such as --config.data.root=mine/c10, $CIFAR10_ROOT
+# read by a config), they are saved absolute.
 PATH_FIELDS = (
   ("data", "root"),
   ("data", "data_dir"),
@@ -288,12 +292,22 @@ PATH_FIELDS = (
 
 
 def with_absolute_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """``config`` with its data folders, teacher and init workdirs and local weights file made
-  absolute (in place), so the saved ``config.json`` finds them from any directory."""
+  """``config`` with its data folders (``data.root``, ``data.data_dir``), teacher and init
+  workdirs and local weights file made absolute against the working directory (in place), so the
+  saved ``config.json`` finds them from any directory; bucket URLs (``gs://...``) and hub names
+  unchanged.
+
+  The one place a config's paths are made absolute: the configs and ``--data``
+  (``configs/datasets.py``) keep a path as given, and the loader applies this at launch
+  (``locvit.main``'s config, ``command_line_config``, ``load``, the reproduce plans)."""
   for block, field in PATH_FIELDS:
     if config.get(block) is not None and config[block].get(field):
-      config[block][field] = datasets.absolute(config[block][field])
+      config[block][field] = _absolute(config[block][field])
   weights = config.init_from.get("weights") if config.get("init_from") is not None else None
   if weights and os.path.exists(weights):  # a local file; a hub name stays as it is
-    config.init_from.weights = datasets.absolute(weights)
+    config.init_from.weights = _absolute(weights)
   return config
+
+
+def _absolute(path: str) -> str:
+  return path if paths.is_object_store(path) else os.path.abspath(path)

@@ -22,7 +22,7 @@ import optax
 from locvit import metrics as metrics_lib
 from locvit.data import device_augment
 from locvit.platform import sharding
-from locvit.run import bundle, predict
+from locvit.run import bundle, predict, seeds
 from locvit.run.preemption import EvaluationInterruptedError
 from locvit.run.state import ema_enabled
 from locvit.workdir import fingerprint, restore
@@ -54,14 +54,21 @@ def eval_step(
   }
 
 
-def make_eval_step(model, mesh, rules, variable_shardings, prepare=None) -> Callable:
+def make_eval_step(
+  model, mesh, rules, variable_shardings, prepare=None, over_seeds: bool = False
+) -> Callable:
   """Jitted ``eval_step``; ``variable_shardings`` matches ``(params, model_state)``; ``prepare``
-  as in ``eval_step``."""
+  as in ``eval_step``. ``over_seeds``: the step of seeds side by side (``locvit.run.seeds``),
+  ``eval_step`` vmapped over variables stacked on a leading seed axis (each seed laid out as
+  ``variable_shardings``), the batch shared: each batch is read once for all seeds, and each sum
+  carries the seed axis."""
   batch_sh = sharding.batch_sharding(mesh, rules)
+  step = functools.partial(eval_step, model, prepare=prepare)
+  if over_seeds:
+    step = jax.vmap(step, in_axes=(0, None))
+    variable_shardings = seeds.stacked_shardings(variable_shardings)
   return jax.jit(
-    lambda variables, batch: eval_step(model, variables, batch, prepare),
-    in_shardings=(variable_shardings, batch_sh),
-    out_shardings=sharding.replicated(mesh),
+    step, in_shardings=(variable_shardings, batch_sh), out_shardings=sharding.replicated(mesh)
   )
 
 
@@ -71,9 +78,11 @@ def evaluate(
   batches: Iterable[dict[str, np.ndarray]],
   batch_sharding,
   on_batch: Callable[[int], None] | None = None,
-) -> dict[str, float]:
+) -> dict[str, Any]:
   """Runs ``step_fn`` over all batches; returns ``eval/top1``, ``eval/top5`` (fractions) etc.
-  ``on_batch(batches_done)`` is called after each batch (progress lines)."""
+  ``on_batch(batches_done)`` is called after each batch (progress lines). With the step of seeds
+  side by side (``make_eval_step(over_seeds=True)``) each value is a list, one entry per seed
+  (``seeds.split_metrics``)."""
   totals = None
   for done, local in enumerate(batches, 1):
     out = step_fn(variables, sharding.global_batch(local, batch_sharding))
@@ -82,14 +91,15 @@ def evaluate(
       on_batch(done)
   if totals is None:
     raise ValueError("The evaluation split is empty.")
-  totals = jax.device_get(totals)
-  count = float(totals["count"])
-  return {
-    "eval/top1": float(totals["top1"]) / count,
-    "eval/top5": float(totals["top5"]) / count,
-    "eval/loss": float(totals["loss"]) / count,
-    "eval/num_examples": round(count),
+  totals = {key: np.asarray(value, np.float64) for key, value in jax.device_get(totals).items()}
+  count = totals["count"]
+  metrics = {
+    "eval/top1": totals["top1"] / count,
+    "eval/top5": totals["top5"] / count,
+    "eval/loss": totals["loss"] / count,
+    "eval/num_examples": np.rint(count).astype(np.int64),
   }
+  return {key: value.tolist() for key, value in metrics.items()}
 
 
 def evaluate_with_ema(
@@ -134,7 +144,9 @@ def evaluate_checkpoint(
   """Eval-only mode: restores parameters from ``workdir`` (latest or ``step``) and evaluates;
   ``print_progress`` gets a line every 10 s of a long evaluation.
 
-  With ``config.ema.decay > 0`` the EMA weights are evaluated too (``eval_ema/*``).
+  With ``config.ema.decay > 0`` the EMA weights are evaluated too (``eval_ema/*``). The config
+  is checked first (``bundle.build_evaluation``), as a training run's is: nothing is read from
+  ``workdir`` for a config with a bad value.
   """
   run = bundle.build_evaluation(config)
   config = run.config  # completed with the defaults
@@ -178,7 +190,11 @@ def evaluate_weights(
 ) -> dict[str, Any]:
   """Eval-only mode on published weights (``config.init_from.weights``), no training run: their
   model and class count, the evaluation split read with their preprocessing
-  (``locvit.run.predict.with_weights``). The result carries ``step`` 0 and the ``config`` run."""
+  (``locvit.run.predict.with_weights``). The result carries ``step`` 0 and the ``config`` run.
+
+  ``build_evaluation`` checks the config (``checks.check_config``) with the weights' model and
+  preprocessing in it: ``config.model.name`` may be any name ``load_pretrained`` reads (timm's
+  ``*_distilled_*`` too), and it is the weights' registered model that is built."""
   pretrained = predict.load_weights(config, seed=config.seed)
   for note in pretrained.notes:
     print_progress(f"note: {note}")

@@ -26,6 +26,7 @@ import numpy as np
 from locvit.convert.pretrained import Pretrained, load_pretrained, resolve_weights
 from locvit.data import augment
 from locvit.data.sources import IMAGE_EXTENSIONS, CorruptImageError, decode_image
+from locvit.run import checks
 from locvit.workdir import paths
 
 PREDICTIONS = "predictions.jsonl"
@@ -180,12 +181,13 @@ def predict_weights(
   evaluation split, or its loose images) with ``config.init_from.weights``, run as they were
   published (``load_weights``, ``with_weights``; evaluation mode, so a distilled DeiT combines its
   two heads as ``distilled_inference`` says). Each ``Pretrained.notes`` line goes to
-  ``print_line`` first. Returns the file's path."""
+  ``print_line`` first. Returns the file's path. The config is checked as a training run's is
+  (``checks.check_config``), with the weights' model in it, before anything is written."""
   files, folder_classes = image_files(config.data.root, config.data.eval_split)
   pretrained = load_weights(config, seed=config.seed)
   for note in pretrained.notes:
     print_line(f"note: {note}")
-  weights_config = with_weights(config, pretrained)
+  weights_config = checks.check_config(with_weights(config, pretrained))
   model = pretrained.create_model()
   names = class_names(pretrained.label_names, folder_classes, pretrained.num_classes)
   variables = pretrained.variables

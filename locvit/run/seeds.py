@@ -3,8 +3,14 @@
 The seeds ``seed, seed + 1, ..., seed + N - 1`` are N runs of their own: seed ``K`` trains in
 ``WORKDIR/seed<K>/``, a complete workdir whose ``config.json`` is the lone run's (``seed=K``,
 ``num_seeds=1``), so ``--mode=eval``, ``--mode=analyze`` and a resume of that directory alone work
-as for any run. ``WORKDIR/config.json`` keeps the side-by-side config, so the same command resumes
-all seeds.
+as for any run. ``WORKDIR/config.json`` keeps the side-by-side config, so the same command, or
+``--workdir=WORKDIR`` alone, resumes all seeds. A field that refers to the seed (``init.seed`` of
+the structured-init configs) is saved as a reference (``saved_config.seed_references``), so that
+restart gives seed ``K`` the config it had, ``WORKDIR/seed<K>/config.json``, even before its first
+checkpoint (a killed run's seeds initialise again). A seed's config that a restart could not
+rebuild is refused before anything is created (``check_restart_rebuilds_seeds``): a field
+computed from the seed, or a ``WORKDIR/config.json`` of an earlier locvit that kept such a
+field's value alone.
 
 What stacks, and how each seed stays its lone run:
 
@@ -17,12 +23,19 @@ What stacks, and how each seed stays its lone run:
   ``config.seed``; each seed reads its own data order (``Training.train_batches`` of its config)
   and is initialised by its own config (``config.init``'s solves included) before stacking.
   A frozen teacher and the training split on the device are shared, unmapped operands.
-- Evaluation, checkpoints, ``best/`` and the analysis hooks run per seed on its slice of the
-  stacked state (``SeedStates.take``), through the lone run's code.
+- Evaluation is one jitted pass over the test split for all seeds: the lone run's ``eval_step``
+  vmapped over the stacked state (``evaluation.make_eval_step(over_seeds=True)``), each test batch
+  read once and shared, the model's and the EMA's weights evaluated as alone; its sums carry the
+  seed axis and split into each seed's metrics (``split_metrics``), logged in the seed's workdir.
+  One program per test batch for all seeds, as the step is one for all seeds, not N in a row.
+- Checkpoints, ``best/`` (each seed's own best) and the analysis hooks run per seed on its slice of
+  the stacked state (``SeedStates.take``), through the lone run's code; the slice is taken only
+  where one of them needs it.
 
 Why not bitwise: ``vmap`` batches each matrix product over the seed axis, and XLA may tile and
-accumulate a batched product in another order than the lone one, so losses and parameters agree
-with the lone run to float32 rounding (tests/test_seeds.py states the tolerance), not bit for bit.
+accumulate a batched product in another order than the lone one, so losses, evaluations and
+parameters agree with the lone run to float32 rounding (tests/test_seeds.py states the
+tolerance), not bit for bit.
 
 A resume of the side-by-side run restores each seed's newest intact checkpoint and stacks them;
 the seeds must then stand at the same step (a seed resumed or stopped on its own can be finished
@@ -47,7 +60,7 @@ from jax.sharding import PartitionSpec as P
 from locvit.platform import sharding
 from locvit.run import bundle
 from locvit.run.step import guarded_steps, initial_health
-from locvit.workdir import paths
+from locvit.workdir import paths, saved_config
 
 SEED_DIR_PREFIX = "seed"
 
@@ -65,10 +78,67 @@ def seed_workdir(workdir: str, seed: int) -> str:
 def seed_config(config: ml_collections.ConfigDict, seed: int) -> ml_collections.ConfigDict:
   """The config of seed ``seed`` trained alone: ``config`` with that seed and ``num_seeds=1``, as
   ``--config.seed`` sets it (a field that refers to the seed, such as ``init.seed`` in the
-  structured-init configs, follows it)."""
+  structured-init configs, follows it; also in a config read back from ``config.json``)."""
   config = copy.deepcopy(config)  # keeps the config's references; to_dict() would resolve them
   config.seed, config.num_seeds = seed, 1
   return config
+
+
+def check_restart_rebuilds_seeds(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Refuses, before any workdir is claimed, seeds whose configs a restart from
+  ``WORKDIR/config.json`` alone (``--workdir``) would not rebuild exactly (``config.json`` keeps a
+  field that is the seed itself as a reference, any other as its value)."""
+  root_file = saved_config.path(workdir)
+  saved = saved_config.from_record(saved_config.record(config, argv=[]))
+  for seed in seeds_of(config):
+    want = saved_config.leaves(seed_config(config, seed))
+    got = saved_config.leaves(seed_config(saved, seed))
+    name = next((name for name in want if got.get(name) != want[name]), None)
+    if name is not None:
+      raise ValueError(
+        f"--config.num_seeds={config.num_seeds}: {name} is computed from the seed ({want[name]!r} "
+        f"for seed {seed}), and {root_file} would keep it as the value {got.get(name)!r}, so a "
+        "restart would not rebuild it: make it the seed itself (get_ref('seed')) or a fixed "
+        f"value, or train each seed as a run of its own (--config.seed={seed} --config.num_seeds=1)"
+      )
+  check_seed_followers_kept(config, workdir)
+
+
+def saved_seed_leaves(config: ml_collections.ConfigDict, workdir: str) -> dict[int, dict]:
+  """Seed -> the fields of its saved ``WORKDIR/seed<K>/config.json`` (``saved_config.leaves``),
+  for the seeds that have a readable one (a missing or damaged one is written again)."""
+  found = {}
+  for seed in seeds_of(config):
+    try:
+      found[seed] = saved_config.leaves(
+        saved_config.read(str(saved_config.path(seed_workdir(workdir, seed))))
+      )
+    except (ValueError, OSError):
+      continue
+  return found
+
+
+def check_seed_followers_kept(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Refuses a restart that would lose a field following the seed: one equal to the seed in each
+  saved ``WORKDIR/seed<K>/config.json`` that ``config`` does not set so (a ``WORKDIR/config.json``
+  saved by an earlier locvit, which kept such a field's value alone, the same for every seed)."""
+  saved = saved_seed_leaves(config, workdir)
+  if len(saved) < 2:
+    return  # a field follows the seed only if it differs between seeds
+  first = next(iter(saved.values()))
+  for name in (name for name in first if name != "seed"):
+    if not all(leaves.get(name) == seed for seed, leaves in saved.items()):
+      continue
+    for seed in saved:
+      given = saved_config.leaves(seed_config(config, seed)).get(name)
+      if given != seed:
+        raise ValueError(
+          f"{name} follows the seed in each seed's config.json ({seed_workdir(workdir, seed)}/"
+          f"config.json: {name}={seed}), but this restart gives seed {seed} {name}={given!r} (as "
+          f"a {saved_config.path(workdir)} saved by an earlier locvit does, which kept the value "
+          "alone): restart with the original --config and its overrides, or finish each seed "
+          f"alone with --workdir={seed_workdir(workdir, seed)} (and the others' seed<K>)"
+        )
 
 
 def check_process_count(num_seeds: int) -> None:
@@ -132,6 +202,7 @@ def build_runs(
   optimizer, state layout, teacher and the training split on the device."""
   started = time.monotonic()
   check_process_count(config.num_seeds)
+  check_restart_rebuilds_seeds(config, workdir)
   seeds = seeds_of(config)
   shared = bundle.checked_setup(seed_config(config, seeds[0]), hooks)
   shared.started = started
@@ -145,7 +216,7 @@ def build_runs(
       # shared.config: completed and checked (with init_from's pruned heads applied, if any)
       seed_run = seed_config(shared.config, seed)
       run = dataclasses.replace(runs[0] if runs else shared, config=seed_run)
-      run.checkpointer, run.writer, run.session = None, None, None
+      run.checkpointer, run.writer, run.session, run.watch = None, None, None, None
       if seed != seeds[0] and seed_run.init_from is not None and seed_run.init_from.get("weights"):
         # published weights fitted with a fresh head: each seed draws its own, as alone
         run.warmstart = bundle.weights_warmstart(seed_run, run.num_classes)
@@ -199,8 +270,8 @@ class SeedStates:
     return self._stack(*trees)
 
   def take(self, stacked: Any, index: int) -> Any:
-    """Seed ``index``'s tree of ``stacked``, laid out as a lone run's: what its checkpoint,
-    evaluation and analysis read."""
+    """Seed ``index``'s tree of ``stacked``, laid out as a lone run's: what its checkpoint and
+    analysis read."""
     return self._take(stacked, jnp.int32(index))
 
 
@@ -240,3 +311,9 @@ def make_step(seeds: Sequence[int], **step_kwargs) -> Callable:
 def seed_slice(tree: Any, index: int) -> Any:
   """Seed ``index``'s entries of a stacked tree already on the host (metrics, health)."""
   return jax.tree.map(lambda x: x[index], tree)
+
+
+def split_metrics(metrics: dict[str, list], num_seeds: int) -> list[dict[str, Any]]:
+  """The metrics of each seed, from metrics holding one entry per seed in each value (the
+  evaluation of seeds side by side, ``evaluation.evaluate``)."""
+  return [{key: values[k] for key, values in metrics.items()} for k in range(num_seeds)]

@@ -18,8 +18,8 @@ verifies it (and that the restored state is finite), falls back to the newest in
 moves damaged steps to ``DIR/damaged/`` (never deleting anything). A committed step found without
 its manifest (written by a synchronous save killed before hashing it, or by an older locvit) gets
 it once orbax has read it back. On a bucket, what
-the checkpointer is writing is named to ``locvit.workdir.outage`` for the line a dead bucket ends
-the run with. See docs/reliability.md.
+the checkpointer is writing is named to the run's ``locvit.workdir.outage.Watch`` for the line a
+dead bucket ends the run with. See docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -192,6 +192,9 @@ class Checkpointer:
 
   Keeping "best" in its own manager means newer steps can never rotate it out, also across
   restarts. Each step is committed with its ``checksums.json`` (``_Manifest``).
+
+  ``watch``: the run's deadline of its bucket workdir (``outage.Watch``, from
+  ``locvit.workdir.lock.claim``; None on a local disk), told what the checkpointer is writing.
   """
 
   def __init__(
@@ -202,6 +205,7 @@ class Checkpointer:
     keep_best: bool = True,
     async_save: bool = True,
     read_only: bool = False,
+    watch: outage.Watch | None = None,
   ):
     self.directory = paths.path(directory)
     self.read_only = read_only
@@ -214,7 +218,7 @@ class Checkpointer:
     self._best_score: Any = _UNKNOWN
     self._last_saved: dict[int, int] = {}  # id(manager) -> the step it saves or saved last
     self._saving: tuple[int, int] | None = None  # (id(manager), step) inside manager.save
-    watch = outage.current()
+    self.watch = watch
     if watch is not None and not read_only:  # a bucket workdir: the line a dead bucket ends with
       watch.checkpoints = self._outage_report
     self.waited = 0.0  # seconds the last save waited for the previous one to be committed
@@ -292,7 +296,7 @@ class Checkpointer:
   def _save(self, manager, step, args, force) -> bool:
     manifest = self._manifests["best" if manager is self.best else "last"]
     try:
-      with outage.doing(f"the checkpoint save of step {step}"):
+      with outage.doing(self.watch, f"the checkpoint save of step {step}"):
         start = time.perf_counter()
         manager.wait_until_finished()  # orbax's rule: one save at a time (no wait when it is done)
         self.waited = time.perf_counter() - start
@@ -484,7 +488,7 @@ class Checkpointer:
       pending = self._manifests["best" if manager is self.best else "last"].step
       pending = -1 if pending is None else pending
       try:
-        with outage.doing(f"the checkpoint save of step {pending}"):
+        with outage.doing(self.watch, f"the checkpoint save of step {pending}"):
           manager.wait_until_finished()
       except Exception as e:  # the writer thread's error, of any type
         raise self._save_error(manager, pending, e) from e

@@ -14,9 +14,10 @@ every 15 s; a run killed on another host blocks its workdir for at most a minute
 says when the lease expires.
 
 The lease's thread is also how the run hears from its bucket: it reports each failure and each
-answer to ``locvit.workdir.outage``, probing every few seconds while something waits on the bucket,
-so a bucket that stays away ends the run after ``config.bucket_timeout_seconds`` with one line. A
-lease outlives that limit, so a run that cannot reach its bucket stops before its lease can expire.
+answer to the lease's ``locvit.workdir.outage.Watch`` (which ``claim`` returns to the run),
+probing every few seconds while something waits on the bucket, so a bucket that stays away ends
+the run after ``config.bucket_timeout_seconds`` with one line. A lease outlives that limit, so a
+run that cannot reach its bucket stops before its lease can expire.
 
 Either way, a run notices when its lock was removed or taken by someone else (``check_lock``), and
 all processes agree on the outcome of ``claim`` before any of them goes on.
@@ -174,7 +175,8 @@ class _Lease:
   """A lease object in a bucket, created and refreshed under preconditions on its version: the
   object's generation on GCS, its ETag on S3. Subclasses provide the four object operations."""
 
-  def __init__(self, workdir, lock_path: epath.Path, limit: float = LEASE_SECONDS):
+  def __init__(self, workdir, lock_path: epath.Path, watch: outage.Watch, limit: float):
+    self.watch = watch  # the run's deadline: the lease's thread reports the bucket's answers to it
     self.bucket, _, self.name = os.fspath(lock_path).split("://", 1)[1].partition("/")
     self.path = os.fspath(lock_path)
     self.version = None  # of the object this run wrote last
@@ -249,8 +251,8 @@ class _Lease:
   def _due(self, written: float, called: float) -> bool:
     """Whether the next bucket call is due: the refresh every ``LEASE_SECONDS / 4``, and a probe
     every ``PROBE_SECONDS`` while something waits on the bucket (or it is failing)."""
-    now, watch = time.monotonic(), outage.current()
-    busy = watch is not None and watch.busy()
+    now = time.monotonic()
+    busy = self.watch.busy()
     return now - written >= LEASE_SECONDS / 4 or (busy and now - called >= PROBE_SECONDS)
 
   def _refresh(self) -> None:
@@ -272,9 +274,9 @@ class _Lease:
         self.lost = self.lost or "was taken over"
         return
       except Exception as e:  # the bucket did not answer: the next try comes soon
-        outage.failed(e)
+        self.watch.failed(e)
         continue
-      outage.answered()
+      self.watch.answered()
 
   def problem(self) -> str | None:
     return self.lost
@@ -298,14 +300,14 @@ class _Lease:
 class _GcsLease(_Lease):
   """Preconditions: ``ifGenerationMatch`` (0: only if absent), google-cloud-storage."""
 
-  def __init__(self, workdir, lock_path: epath.Path, limit: float = LEASE_SECONDS):
+  def __init__(self, workdir, lock_path: epath.Path, watch: outage.Watch, limit: float):
     from google.api_core import exceptions
     from google.cloud import storage
 
     self._refused = (exceptions.PreconditionFailed, exceptions.NotFound)
     bucket, _, name = os.fspath(lock_path).removeprefix("gs://").partition("/")
     self.blob = storage.Client().bucket(bucket).blob(name)
-    super().__init__(workdir, lock_path, limit)
+    super().__init__(workdir, lock_path, watch, limit)
 
   def _bounded(self) -> dict:
     # One try per call (the library's own retries last 120 s): the lease thread tries again.
@@ -341,7 +343,7 @@ class _S3Lease(_Lease):
   # 412: the precondition failed; 409: a concurrent conditional write won; 404: object deleted
   _REFUSED = {"PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "404", "409", "412"}
 
-  def __init__(self, workdir, lock_path: epath.Path, limit: float = LEASE_SECONDS):
+  def __init__(self, workdir, lock_path: epath.Path, watch: outage.Watch, limit: float):
     import botocore.session
     from botocore.config import Config
     from botocore.exceptions import ClientError
@@ -350,7 +352,7 @@ class _S3Lease(_Lease):
     seconds = min(10.0, max(limit / 4, 1.0))  # bounded calls: the lease thread tries again
     bounded = Config(connect_timeout=seconds, read_timeout=seconds, retries={"max_attempts": 1})
     self.client = botocore.session.get_session().create_client("s3", config=bounded)
-    super().__init__(workdir, lock_path, limit)
+    super().__init__(workdir, lock_path, watch, limit)
 
   def _call(self, operation, **kwargs):
     try:
@@ -383,27 +385,29 @@ def _lock_key(workdir) -> str:
   return os.fspath(lock_path) if paths.is_object_store(lock_path) else os.path.realpath(lock_path)
 
 
-def acquire_lock(workdir, bucket_timeout: float = LEASE_SECONDS) -> None:
+def acquire_lock(workdir, bucket_timeout: float = LEASE_SECONDS) -> outage.Watch | None:
   """Locks ``DIR/lock`` for this process, or raises ``WorkdirError`` naming the holder.
 
-  On a bucket, also starts the process's ``locvit.workdir.outage`` watch: a bucket that does not
-  answer for ``bucket_timeout`` seconds ends the process with one line (exit status 2).
-  A lock this process already holds (a run in this process that ended by an exception) is kept.
+  On a bucket, also starts the lease's ``locvit.workdir.outage.Watch`` and returns it: a bucket
+  that does not answer for ``bucket_timeout`` seconds ends the process with one line (exit status
+  2). None on a local disk. A lock this process already holds (a run in this process that ended
+  by an exception) is kept, with its watch.
   """
   key = _lock_key(workdir)
   if key in _HELD:
-    return
+    return getattr(_HELD[key], "watch", None)
   if paths.scheme(key) in _LEASES:
-    outage.start(os.fspath(paths.path(workdir)), bucket_timeout)
+    watch = outage.Watch(os.fspath(paths.path(workdir)), bucket_timeout)
     try:
-      _HELD[key] = _LEASES[paths.scheme(key)](workdir, epath.Path(key), bucket_timeout)
+      _HELD[key] = _LEASES[paths.scheme(key)](workdir, epath.Path(key), watch, bucket_timeout)
     except BaseException:
-      outage.stop()
+      watch.stop()
       raise
-  elif paths.is_object_store(key):
+    return watch
+  if paths.is_object_store(key):
     raise WorkdirError(f"{workdir}: a workdir lock on {paths.scheme(key)}:// is not supported")
-  else:
-    _HELD[key] = _LocalLock(workdir, key)
+  _HELD[key] = _LocalLock(workdir, key)
+  return None
 
 
 def check_lock(workdir) -> None:
@@ -429,32 +433,33 @@ def release_lock(workdir) -> None:
       lock.release()
   finally:
     if isinstance(lock, _Lease):
-      outage.stop()
+      lock.watch.stop()
     if clients is not None:
       clients.restore()
 
 
-def claim(workdir, bucket_timeout: float = LEASE_SECONDS) -> None:
+def claim(workdir, bucket_timeout: float = LEASE_SECONDS) -> outage.Watch | None:
   """Start-up of a training run: on process 0, checks that ``DIR`` and ``DIR/checkpoints`` are
   writable and locks ``DIR`` (``acquire_lock``); every process then raises the same
-  ``WorkdirError`` if that failed.
+  ``WorkdirError`` if that failed. Returns the run's ``outage.Watch`` of its bucket (process 0,
+  which holds the lease), for what the run writes there; None on a local disk and elsewhere.
 
   On a bucket, every process first routes the bucket through gcsfs or s3fs (also where
   TensorFlow is installed), and those clients retry a bucket that does not answer for
   ``bucket_timeout`` seconds (``paths.BucketClients``; s3fs gives up after about 10 s,
   gcsfs after about 30 s): a shorter outage is ridden out, during a checkpoint save too, and
-  process 0's deadline (``locvit.workdir.outage``), not whichever call gave up first, ends a longer
-  one. ``release_lock`` puts both back, also when the claim fails.
+  process 0's deadline (the watch), not whichever call gave up first, ends a longer one.
+  ``release_lock`` puts both back, also when the claim fails.
   """
   key = _lock_key(workdir)
   if key not in _CLIENTS:
     _CLIENTS[key] = paths.BucketClients(workdir, bucket_timeout)
-  error = None
+  error = watch = None
   if jax.process_index() == 0:
     try:
       check_writable(workdir)
       check_writable(paths.path(workdir) / "checkpoints")
-      acquire_lock(workdir, bucket_timeout)
+      watch = acquire_lock(workdir, bucket_timeout)
     except WorkdirError as e:
       error = e
   if jax.process_count() > 1:
@@ -463,3 +468,4 @@ def claim(workdir, bucket_timeout: float = LEASE_SECONDS) -> None:
       error = WorkdirError(f"process 0 could not claim workdir {workdir} (see its error)")
   if error is not None:
     raise error
+  return watch

@@ -3,7 +3,11 @@
 A run on ``gs://`` or ``s3://`` talks to its bucket from several places: orbax's save threads,
 the metric writer, the lease thread (``locvit.workdir.lock``). Each client retries on its own terms
 (gcsfs for about 30 s, google-cloud-storage for 120 s, TensorStore for minutes), and a shutdown
-that closed each in turn waited for each in turn. Instead, the process keeps one ``Watch``:
+that closed each in turn waited for each in turn. Instead, the run keeps one ``Watch`` of its
+bucket workdir: its lease owns it (``locvit.workdir.lock.claim`` starts it and returns it,
+``release_lock`` stops it), and the run hands it to what writes to the bucket (the checkpointer,
+the metric writer, the provenance record), so two runs in one process (seeds side by side, a
+notebook) each keep their own:
 
 - the lease thread probes the bucket (every few seconds while something waits on it) and reports
   each failure (``failed``) and each answer (``answered``);
@@ -20,7 +24,7 @@ that closed each in turn waited for each in turn. Instead, the process keeps one
   still waiting: a committed checkpoint is already safe, an uncommitted one is left as orbax left it
   (the resume passes over it), and nothing more can be written to a bucket that does not answer.
 
-Without a watch (local workdirs, readers) every function here is a no-op.
+Without a watch (``None``: local workdirs, readers) ``doing`` and ``retrying`` just run their block.
 """
 
 from __future__ import annotations
@@ -36,7 +40,6 @@ from typing import TypeVar
 
 EXIT_STATUS = 2
 T = TypeVar("T")
-_watch: Watch | None = None
 
 
 # What HTTP clients bury in long messages (urllib3's "Max retries exceeded with url: ...").
@@ -154,61 +157,25 @@ class Watch:
     os._exit(EXIT_STATUS)
 
 
-def start(workdir: str, limit: float) -> Watch:
-  """Starts the watch of the bucket workdir ``workdir`` for this process."""
-  global _watch
-  if _watch is not None:
-    _watch.stop()
-  _watch = Watch(workdir, limit)
-  return _watch
-
-
-def stop() -> None:
-  """Ends the watch (the run is over; its lease was released)."""
-  global _watch
-  if _watch is not None:
-    _watch.stop()
-    _watch = None
-
-
-def current() -> Watch | None:
-  """The watch of this process, or None (a local workdir, or no run)."""
-  return _watch
-
-
-def failed(error: BaseException) -> None:
-  """A bucket call failed: starts the deadline unless one runs already."""
-  if _watch is not None:
-    _watch.failed(error)
-
-
-def answered() -> None:
-  """The bucket answered: an outage, if any, is over."""
-  if _watch is not None:
-    _watch.answered()
-
-
-def retrying(what: str, write: Callable[[], T]) -> T:
-  """Runs ``write``, a whole-object write to the bucket, named ``what`` (as ``doing``). When it
-  fails while the bucket does not answer the lease's probes either, it is run again once the
-  bucket answers, or the deadline ends the process with its line: an outage shorter than
-  ``config.bucket_timeout_seconds`` is ridden out however soon the client gave up. Any other
-  error is raised."""
-  with doing(what):
+def retrying(watch: Watch | None, what: str, write: Callable[[], T]) -> T:
+  """Runs ``write``, a whole-object write to the bucket of ``watch``, named ``what`` (as
+  ``doing``). When it fails while the bucket does not answer the lease's probes either, it is run
+  again once the bucket answers, or the deadline ends the process with its line: an outage
+  shorter than ``config.bucket_timeout_seconds`` is ridden out however soon the client gave up.
+  Any other error is raised."""
+  with doing(watch, what):
     while True:
       try:
         return write()
       except Exception:
-        watch = _watch
         if watch is None or not watch.wait_out_outage():
           raise
 
 
 @contextlib.contextmanager
-def doing(what: str) -> Iterator[None]:
-  """Names what the block writes to the bucket (``the metrics write``), for the line the run
-  ends with should the bucket stop answering meanwhile."""
-  watch = _watch
+def doing(watch: Watch | None, what: str) -> Iterator[None]:
+  """Names what the block writes to the bucket of ``watch`` (``the metrics write``), for the line
+  the run ends with should the bucket stop answering meanwhile."""
   if watch is None:
     yield
     return

@@ -70,8 +70,15 @@ class Session:
   the end, never per step.
   """
 
-  def __init__(self, workdir: str, entries: list[dict[str, Any]], started: float):
+  def __init__(
+    self,
+    workdir: str,
+    entries: list[dict[str, Any]],
+    started: float,
+    watch: outage.Watch | None = None,
+  ):
     self.workdir, self.entries, self.started = workdir, entries, started
+    self.watch = watch  # the run's deadline of its bucket workdir (None on a local disk)
 
   def _write(self, **fields: Any) -> None:
     entry = self.entries[-1]
@@ -85,7 +92,8 @@ class Session:
     text = json.dumps(self.entries, indent=1) + "\n"
     target = paths.path(self.workdir) / FILENAME
     # On a bucket, an outage shorter than the run's limit is ridden out, as the metrics write is.
-    outage.retrying(f"the {FILENAME} write", lambda: paths.write_atomically(target, text))
+    write = lambda: paths.write_atomically(target, text)
+    outage.retrying(self.watch, f"the {FILENAME} write", write)
 
   def checkpointed(self, step: int) -> None:
     """Records ``step`` as this session's last saved step, with the seconds so far."""
@@ -96,19 +104,24 @@ class Session:
     self._write(ended=True)
 
 
-def record_start(workdir: str, first_step: int, started: float | None = None) -> Session:
+def record_start(
+  workdir: str,
+  first_step: int,
+  started: float | None = None,
+  watch: outage.Watch | None = None,
+) -> Session:
   """Appends this process's commit, ``first_step``, the device kind and the time to the record
   (call it on process 0, once the run knows the step it resumes from); the session's seconds
-  count from ``started`` (``time.monotonic()``; default now)."""
+  count from ``started`` (``time.monotonic()``; default now). On a bucket, its writes ride out
+  an outage under the run's ``watch`` (``outage.retrying``)."""
   entry = {
     "commit": locvit_commit(),
     "first_step": first_step,
     "device_kind": jax.devices()[0].device_kind,
     "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
   }
-  session = Session(
-    workdir, [*read(workdir), entry], time.monotonic() if started is None else started
-  )
+  started = time.monotonic() if started is None else started
+  session = Session(workdir, [*read(workdir), entry], started, watch)
   session._write()
   return session
 
