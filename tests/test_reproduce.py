@@ -504,7 +504,7 @@ def test_protocol_dry_runs_print_the_papers_protocol_and_create_nothing(
         "validates after each of its 100 epochs and logs best_acc1)" in out
       )
       # 27.5 s compiling, then 117,000 steps of the 3 seeds side by side and 100 evaluations of
-      # each seed in turn: 10,000 images, a third of one seed's training step's time per image.
+      # the 3 seeds, each 10,000 images at a third of one seed's training step's time per image.
       step = _gmm_side_by_side_step_ms(3) / 1e3
       minutes = (27.5 + 117_000 * step + 100 * 3 * 10_000 / 8_359 / 3) / 60
       assert f"  estimate: {minutes:.1f} minutes per run (1.2 s per evaluation); " in out
@@ -549,7 +549,8 @@ def test_side_by_side_seeds_are_estimated_from_the_n_seed_steps_kernel_count(mon
   assert rates[3]["step_seconds"] == pytest.approx(_gmm_side_by_side_step_ms(3) / 1e3)
   # Fewer than 3 times one seed's step (the kernels grow far less than 3 times), never below it.
   assert rates[1]["step_seconds"] < rates[3]["step_seconds"] < 3 * rates[1]["step_seconds"]
-  assert rates[3]["eval_sec"] == pytest.approx(3 * rates[1]["eval_sec"])  # one seed at a time
+  # The seeds' one vmapped evaluation, its kernels not counted: 3 times one seed's (an upper bound).
+  assert rates[3]["eval_sec"] == pytest.approx(3 * rates[1]["eval_sec"])
   counted = KIT_SEED_KERNELS["models"]["gmm_small"]
   scale = counted["seeds"][3] / counted["lone"]
   assert rates[3]["basis"] == (

@@ -16,9 +16,9 @@ row trains no faster than the kit fed its recipe from the JPEG folders.
 
 N seeds side by side (``config.num_seeds``): no GPU has timed the N-seed step yet, so the kit
 model's step grows with the N-seed step's XLA:GPU kernel count against one seed's, compiled for
-an H200 without one (``KIT_SEED_KERNELS``), the arithmetic and the feed N times, and each seed
-evaluates in turn (``kit_estimate``, ``row_rates``); a model without counts takes N times one
-seed's step.
+an H200 without one (``KIT_SEED_KERNELS``), the arithmetic and the feed N times
+(``kit_estimate``), and an evaluation N times one seed's (``row_rates``); a model without counts
+takes N times one seed's step.
 """
 
 from __future__ import annotations
@@ -307,7 +307,8 @@ def row_rates(
     "gflops": flops / 1e9,
     "step_seconds": kit.step_ms / 1e3,
     "overhead_sec": KIT_H200["models"][spec["kit"]]["compile_s"],
-    # A side-by-side run evaluates its seeds one after another (locvit.run.seeds).
+    # The seeds evaluate in one vmapped pass (locvit.run.evaluation.make_eval_step(over_seeds=
+    # True)), whose kernels were not counted: N times one seed's, an upper bound.
     "eval_sec": seeds * one_seed_eval_sec,
   }
 
