@@ -17,8 +17,8 @@ row trains no faster than the kit fed its recipe from the JPEG folders.
 N seeds side by side (``config.num_seeds``): no GPU has timed the N-seed step yet, so the kit
 model's step grows with the N-seed step's XLA:GPU kernel count against one seed's, compiled for
 an H200 without one (``KIT_SEED_KERNELS``), the arithmetic and the feed N times
-(``kit_estimate``), and an evaluation N times one seed's (``row_rates``); a model without counts
-takes N times one seed's step.
+(``kit_estimate``); the seeds' evaluation, one vmapped pass, grows over one seed's as their step
+does (``row_rates``); a model without counts takes N times one seed's step and evaluation.
 """
 
 from __future__ import annotations
@@ -284,8 +284,12 @@ def row_rates(
   """A row's step seconds, seconds per run outside training and seconds per evaluation, for its
   ``seeds`` seeds side by side: measured by a probe of them here (``cost``) or from the kit's H200
   figures (``kit_estimate``), where an evaluation (the forward pass alone) is taken as a third of
-  one seed's training step's work per image, as the FLOP estimate counts a training step as 3
-  forward passes."""
+  a training step's work per image, as the FLOP estimate counts a training step as 3 forward
+  passes: for N seeds, of their N-seed step, since they evaluate in one vmapped pass as they
+  train in one step (``locvit.run.evaluation.make_eval_step(over_seeds=True)``), so their
+  evaluation grows over one seed's as their step does. Not counted on its own: the evaluation's
+  kernels (the same layers, vmapped alike) and its feed, which reads a test batch once for all
+  seeds where the step feeds each seed's batch (an overestimate where the feed binds)."""
   if cost is not None:
     return {
       "basis": "probe",
@@ -299,17 +303,13 @@ def row_rates(
     )
   flops, params = forward_flops(full)
   kit = kit_estimate(spec["kit"], full.batch_size, flops, seeds)
-  one_seed = kit_estimate(spec["kit"], full.batch_size, flops)
-  one_seed_eval_sec = test_examples / one_seed.images_per_sec / 3
   return {
     "basis": kit.basis,
     "params": params,
     "gflops": flops / 1e9,
     "step_seconds": kit.step_ms / 1e3,
     "overhead_sec": KIT_H200["models"][spec["kit"]]["compile_s"],
-    # The seeds evaluate in one vmapped pass (locvit.run.evaluation.make_eval_step(over_seeds=
-    # True)), whose kernels were not counted: N times one seed's, an upper bound.
-    "eval_sec": seeds * one_seed_eval_sec,
+    "eval_sec": test_examples / full.batch_size * kit.step_ms / 1e3 / 3,
   }
 
 
