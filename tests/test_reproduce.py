@@ -568,6 +568,8 @@ def test_side_by_side_seeds_are_estimated_from_the_n_seed_steps_kernel_count(mon
   assert [rp.protocol.seed_kernels(counts, n) for n in (2, 3, 6, 16)] == [520, 530, 570, 1200]
   monkeypatch.setitem(counted, "seeds", {1: 400, 2: 400})
   assert rp.protocol.kernel_scale("gmm_small", 2)[0] == 1.0
+  grown = rp.protocol.kernel_scale("gmm_small", 4)[1]
+  assert f"(800 / {counted['lone']:,} kernels, grown in proportion from 2 seeds, " in grown
   two = rp.protocol.row_rates("gmm", spec, full, None, 10_000, 2)["step_seconds"]
   assert two == pytest.approx(128 / 8_359 * 2 - 4.06e-3)  # the loop's step, fed twice
   # A kit model without counts: at most N times one seed's step, said so.

@@ -206,7 +206,7 @@ def kernel_scale(kit: str, seeds: int) -> tuple[float, str] | None:
     how = ", interpolated"
   words = (
     f"the kit's steps scaled by the {seeds}-seed step's XLA:GPU kernel count against one seed's "
-    f"({kernels:,.0f}{how} / {counted['lone']:,} kernels, {counted['measured']}, compiled for an "
+    f"({kernels:,.0f} / {counted['lone']:,} kernels{how}, {counted['measured']}, compiled for an "
     f"{KIT_SEED_KERNELS['device']} without one), the arithmetic and the feed {seeds} times: not a "
     "measured GPU time"
   )
