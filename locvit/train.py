@@ -60,9 +60,7 @@ from locvit.workdir import checkpoint, fingerprint, lock, paths, provenance, sav
 
 def restore_or_initialise(run: bundle.Training) -> tuple[int, TrainState]:
   """``(start step, state)``: the newest intact checkpoint of the workdir, else a fresh state
-  (``config.init`` or ``init_from`` applied); the commit that trains on from there is appended to
-  ``DIR/commits.json`` (``locvit.workdir.provenance``: this session's entry, ``run.session``, which
-  then records each checkpoint's step and the session's wall time). Runs inside the run's mesh."""
+  (``config.init`` or ``init_from`` applied). Runs inside the run's mesh."""
   config, layout, checkpointer = run.config, run.layout, run.checkpointer
 
   def restore_step(step):
@@ -88,14 +86,23 @@ def restore_or_initialise(run: bundle.Training) -> tuple[int, TrainState]:
     init_rng = jax.random.key(config.seed + 1)  # separate stream from dropout keys
     state = jax.jit(layout.init, out_shardings=layout.shardings)(init_rng)
     state = apply_initializer(config, state, run.model, run.tx, layout.shardings, run.warmstart)
-  if jax.process_index() == 0 and start < run.total_steps:  # which commit trains from here
-    run.session = provenance.record_start(run.workdir, start + 1, run.started, run.watch)
-    run.checkpointer.on_saved(run.session.checkpointed)  # a killed run keeps its last save's time
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   logging.info(
     "%s: %.2fM parameters; %d steps", config.model.name, num_params / 1e6, run.total_steps
   )
   return start, state
+
+
+def start_session(run: bundle.Training, start: int) -> bundle.Training:
+  """``run`` with this session's entry of ``DIR/commits.json`` (``locvit.workdir.provenance``:
+  the commit that trains on from ``start``; ``run.session`` then records each checkpoint's step,
+  and the run's exit the session's wall time), as a new run; ``run`` itself on other processes
+  or when no step is left."""
+  if jax.process_index() != 0 or start >= run.total_steps:
+    return run
+  session = provenance.record_start(run.workdir, start + 1, run.started, run.watch)
+  run.checkpointer.on_saved(session.checkpointed)  # a killed run keeps its last save's time
+  return dataclasses.replace(run, session=session)
 
 
 def keep_best_honest(run: bundle.Training, start: int) -> None:
@@ -278,13 +285,15 @@ def train_and_evaluate(
   hooks = dict(make_locality_logger=make_locality_logger, make_center_plotter=make_center_plotter)
   if complete_config(config).num_seeds > 1:
     return train_side_by_side(config, workdir, on_setup=on_setup, **hooks)
-  with bundle.build_training(config, workdir, **hooks) as run:
+  runs = [bundle.build_training(config, workdir, **hooks)]  # a new run once its session starts
+  with seeds_lib.closing(runs):
     if on_setup is not None:
       on_setup()
-    run.checkpointer.check_best()
-    with jax.set_mesh(run.mesh), nn.logical_axis_rules(run.rules):
-      start, state = restore_or_initialise(run)
-      return train_loop([run], start, [state])[0]
+    runs[0].checkpointer.check_best()
+    with jax.set_mesh(runs[0].mesh), nn.logical_axis_rules(runs[0].rules):
+      start, state = restore_or_initialise(runs[0])
+      runs[0] = start_session(runs[0], start)
+      return train_loop(runs, start, [state])[0]
 
 
 def train_side_by_side(
@@ -299,14 +308,17 @@ def train_side_by_side(
   Resumes when the seeds' newest checkpoints are at one step. Returns ``{'seeds': {K: final
   metrics}}``, plus ``preempted`` and ``step`` when stopped by SIGTERM."""
   config = complete_config(config)
-  runs = seeds_lib.build_runs(config, workdir, **hooks)
-  try:
+  runs = seeds_lib.build_runs(config, workdir, **hooks)  # each a new run once its session starts
+  with seeds_lib.closing(runs):
     if on_setup is not None:
       on_setup()
     for run in runs:
       run.checkpointer.check_best()
     with jax.set_mesh(runs[0].mesh), nn.logical_axis_rules(runs[0].rules):
-      started = [restore_or_initialise(run) for run in runs]
+      started = []
+      for k, run in enumerate(runs):
+        started.append(restore_or_initialise(run))
+        runs[k] = start_session(run, started[-1][0])
       starts = {run.config.seed: start for run, (start, _) in zip(runs, started)}
       if len(set(starts.values())) > 1:
         raise ValueError(
@@ -320,10 +332,6 @@ def train_side_by_side(
       start, states = started[0][0], [state for _, state in started]
       del started  # train_loop stacks the states and lets go of them
       finals = train_loop(runs, start, states)
-  except BaseException as e:
-    seeds_lib.close_runs(runs, e)
-    raise
-  seeds_lib.close_runs(runs)
   result: dict[str, Any] = {"seeds": {run.config.seed: final for run, final in zip(runs, finals)}}
   preempted = [final for final in finals if final.get("preempted")]
   if preempted:

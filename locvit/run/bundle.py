@@ -44,7 +44,7 @@ def training_length(config, num_train_examples: int) -> tuple[int, int]:
   return max(math.ceil(epochs * steps_per_epoch), 1), steps_per_epoch
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Evaluation:
   """What evaluating a model needs: mesh and rules, the model, and the eval data."""
 
@@ -63,10 +63,11 @@ class Evaluation:
     return sharding.batch_sharding(self.mesh, self.rules)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Training(Evaluation):
   """Everything a training run needs; ``with`` it to close the checkpointer and the writer and
-  release the workdir when the run ends, however it ends."""
+  release the workdir when the run ends, however it ends. Built complete, never changed: each
+  stage that adds parts (``open_workdir``, ``locvit.train.start_session``) returns a new run."""
 
   workdir: str = ""
   train_source: Any = None
@@ -213,11 +214,11 @@ def weights_warmstart(config: ml_collections.ConfigDict, num_classes: int):
   return from_checkpoint.Warmstart(variables["params"], {}, 0)
 
 
-def checked_setup(config, hooks) -> Training:
+def checked_setup(config, hooks, started: float | None = None) -> Training:
   """Validates ``config`` (``checks.check_config``: completed with the defaults of
   ``configs/common.py:base_config``), then against its data and model, before the workdir is
-  touched; the run without its workdir (its
-  state's layout included: shapes only, nothing compiled)."""
+  touched; the run without its workdir (its state's layout included: shapes only, nothing
+  compiled). ``started``: ``time.monotonic()`` as the build began, the session's start."""
   config = checks.check_config(config)  # the one check of the config's values
   checks.check_analysis_hooks(config, **hooks)
   mesh = sharding.make_mesh(config.mesh)
@@ -259,8 +260,6 @@ def checked_setup(config, hooks) -> Training:
   model = build_model(config, num_classes)
   checks.check_model_fits_mesh(config, mesh, rules, model)
   check_attention_kernels(model, image_shape)  # cuDNN's shapes, before the workdir and compiling
-  run = Training(config, mesh, rules, model, num_classes, image_shape, eval_source, None)
-  run.train_source, run.warmstart, run.hooks = train_source, warmstart, hooks
   if len(train_source) < config.batch_size:  # refused before the workdir is created
     folder = config.data.source == "image_folder"
     raise ValueError(
@@ -269,23 +268,43 @@ def checked_setup(config, hooks) -> Training:
       f"step needs a whole batch; use --config.batch_size of at most {len(train_source)}, or "
       "more data."
     )
-  run.total_steps, run.steps_per_epoch = training_length(config, len(train_source))
+  total_steps, steps_per_epoch = training_length(config, len(train_source))
   boxed_params, _ = sharding.model_variable_shapes(model, image_shape)  # abstract, no compute
-  run.schedule = optim.make_schedule(config, run.total_steps, run.steps_per_epoch)
+  schedule = optim.make_schedule(config, total_steps, steps_per_epoch)
   # config.freeze's patterns are matched against the parameters here, before the workdir.
-  run.tx = optim.make_optimizer(config, nn.meta.unbox(boxed_params), run.schedule)
+  tx = optim.make_optimizer(config, nn.meta.unbox(boxed_params), schedule)
+  train_split = ()
   if config.data.train_split_on == "device":  # decoded before the workdir: its errors first
     load_start = time.perf_counter()
     split = resident.load_train_split(config.data, train_source)
-    run.train_split = resident.on_device(split, sharding.replicated(mesh))
+    train_split = resident.on_device(split, sharding.replicated(mesh))
     logging.info(
       "The training split is on the device: %d images, %.1f MB, decoded in %.1f s.",
       len(train_source),
       split["image"].nbytes / 1e6,
       time.perf_counter() - load_start,
     )
-  run.layout = state_lib.state_layout(model, image_shape, run.tx, mesh, rules, ema=run.use_ema)
-  return run
+  ema = state_lib.ema_enabled(config)
+  return Training(
+    config,
+    mesh,
+    rules,
+    model,
+    num_classes,
+    image_shape,
+    eval_source,
+    eval_batches=None,  # made per workdir (open_workdir)
+    train_source=train_source,
+    total_steps=total_steps,
+    steps_per_epoch=steps_per_epoch,
+    schedule=schedule,
+    tx=tx,
+    layout=state_lib.state_layout(model, image_shape, tx, mesh, rules, ema=ema),
+    warmstart=warmstart,
+    hooks=hooks,
+    train_split=train_split,
+    started=started,
+  )
 
 
 @preemption.defer_stops_in
@@ -303,33 +322,38 @@ def build_training(
   ``hooks``: ``make_locality_logger`` and ``make_center_plotter`` (see ``train_and_evaluate``).
   """
   started = time.monotonic()
-  run = checked_setup(config, hooks)
-  run.started = started
-  return open_workdir(run, workdir)
+  return open_workdir(checked_setup(config, hooks, started), workdir)
 
 
 def open_workdir(run: Training, workdir: str) -> Training:
-  """``run`` (checked by ``checked_setup``) in ``workdir``: claims it, then adds what writes there
-  or reads per run (eval batches, the teacher unless ``run`` has it, checkpointer, writer)."""
+  """``run`` (checked by ``checked_setup``) in ``workdir``, as a new run: claims it, then adds
+  what writes there or reads per run (eval batches, the teacher unless ``run`` has it,
+  checkpointer, writer). A failure or a stop on the way closes what was opened and releases the
+  workdir, as the run's exit would."""
   config = run.config
-  run.workdir = workdir
+  watch = checkpointer = writer = None
+
+  def opened(**parts) -> Training:
+    return dataclasses.replace(
+      run, workdir=workdir, watch=watch, checkpointer=checkpointer, writer=writer, **parts
+    )
+
   try:  # an error or a stop (SIGTERM, Ctrl-C) from here on releases the workdir, as the run would
     # The config is valid: only now create the workdir (writable, not in use). The config is kept
     # (config.json) once the workdir's checkpoint has accepted it (train.restore_or_initialise).
-    run.watch = _claim(workdir, config.bucket_timeout_seconds)
-    run.eval_batches = _eval_batches(config, run.eval_source)
-    if distill.enabled(config) and run.teacher is None:
-      run.teacher = distill.load_teacher(
-        config, run.num_classes, run.image_shape, run.mesh, run.rules
-      )
-    run.checkpointer = checkpoint.Checkpointer(
+    watch = _claim(workdir, config.bucket_timeout_seconds)
+    eval_batches = _eval_batches(config, run.eval_source)
+    teacher = run.teacher
+    if distill.enabled(config) and teacher is None:
+      teacher = distill.load_teacher(config, run.num_classes, run.image_shape, run.mesh, run.rules)
+    checkpointer = checkpoint.Checkpointer(
       paths.path(workdir) / "checkpoints",
       keep=config.keep_checkpoints,
       async_save=config.async_checkpointing,
-      watch=run.watch,
+      watch=watch,
     )
-    run.writer = metrics_lib.MetricWriter(workdir, watch=run.watch)
+    writer = metrics_lib.MetricWriter(workdir, watch=watch)
   except BaseException as e:
-    run.__exit__(type(e), e, e.__traceback__)
+    opened().__exit__(type(e), e, e.__traceback__)
     raise
-  return run
+  return opened(eval_batches=eval_batches, teacher=teacher)

@@ -44,6 +44,7 @@ alone, with ``--workdir=WORKDIR/seed<K>``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import time
@@ -204,27 +205,44 @@ def build_runs(
   check_process_count(config.num_seeds)
   check_restart_rebuilds_seeds(config, workdir)
   seeds = seeds_of(config)
-  shared = bundle.checked_setup(seed_config(config, seeds[0]), hooks)
-  shared.started = started
+  shared = bundle.checked_setup(seed_config(config, seeds[0]), hooks, started)
   device = jax.devices()[0]
   check_fits_memory(
     shared.layout.abstract, len(seeds), device_memory_bytes(device), device.device_kind
   )
   runs: list[bundle.Training] = []
   try:
-    for seed in seeds:  # after the first, the teacher is the first run's
+    for seed in seeds:
       # shared.config: completed and checked (with init_from's pruned heads applied, if any)
       seed_run = seed_config(shared.config, seed)
-      run = dataclasses.replace(runs[0] if runs else shared, config=seed_run)
-      run.checkpointer, run.writer, run.session, run.watch = None, None, None, None
+      warmstart = shared.warmstart
       if seed != seeds[0] and seed_run.init_from is not None and seed_run.init_from.get("weights"):
         # published weights fitted with a fresh head: each seed draws its own, as alone
-        run.warmstart = bundle.weights_warmstart(seed_run, run.num_classes)
+        warmstart = bundle.weights_warmstart(seed_run, shared.num_classes)
+      run = dataclasses.replace(
+        shared,
+        config=seed_run,
+        warmstart=warmstart,
+        teacher=runs[0].teacher if runs else None,  # after the first, the first run's
+      )
       runs.append(bundle.open_workdir(run, seed_workdir(workdir, seed)))  # closes it if it fails
   except BaseException as e:
     close_runs(runs, e)
     raise
   return runs
+
+
+@contextlib.contextmanager
+def closing(runs: list[bundle.Training]):
+  """Closes ``runs`` (``close_runs``) when the block ends, however it ends: the runs the list
+  holds then, so a run replaced in it by a later stage's (``locvit.train.start_session``) is
+  closed with what that stage added."""
+  try:
+    yield runs
+  except BaseException as e:
+    close_runs(runs, e)
+    raise
+  close_runs(runs)
 
 
 def close_runs(runs: Sequence[bundle.Training], exc: BaseException | None = None) -> None:
