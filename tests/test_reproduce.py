@@ -560,7 +560,8 @@ def test_side_by_side_seeds_are_estimated_from_the_n_seed_steps_kernel_count(mon
     f"3 seeds, its resident 4.06 ms x {scale:.2f}; 3 seeds side by side: the kit's steps scaled "
     f"by the 3-seed step's XLA:GPU kernel count against one seed's ({counted['seeds'][3]:,} / "
     f"{counted['lone']:,} kernels, {counted['measured']}, compiled for an NVIDIA H200 without "
-    "one), the arithmetic and the feed 3 times: not a measured GPU time"
+    "one), the arithmetic and the feed 3 times: not a measured GPU time; the kit timed bf16 "
+    "steps and this row trains in float32: likely low"
   )
   # Between measured seed counts the kernels are interpolated; beyond the largest they grow in
   # proportion to the seeds; an N-seed step counted below one seed's still takes one seed's.
@@ -579,8 +580,11 @@ def test_side_by_side_seeds_are_estimated_from_the_n_seed_steps_kernel_count(mon
   assert three["eval_sec"] == pytest.approx(3 * rates[1]["eval_sec"])  # as its step
   assert three["basis"].endswith(
     "; 3 seeds side by side: 3 times one seed's step (an upper bound: no kernel count of this "
-    "model's N-seed step is recorded)"
+    "model's N-seed step is recorded)" + rp.protocol.FLOAT32_UNDERESTIMATE
   )
+  # A bf16 row (the kit's own precision) carries no such warning.
+  bf16 = complete_config(rp.row_config(plan["rows"]["gmm_bf16"]))
+  assert "float32" not in rp.protocol.row_rates("gmm_bf16", spec, bf16, None, 10_000)["basis"]
 
 
 def test_a_protocol_dry_run_shows_each_row_in_full(capsys, monkeypatch):

@@ -278,6 +278,10 @@ def fit_fraction(per_run_seconds: dict[str, tuple[float, float]], seeds: int, se
   return min(1.0, max(0.0, math.floor(1000 * (seconds - overhead) / training) / 1000))
 
 
+# The kit timed bf16 steps (KIT_H200); a float32 row does the same work in slower arithmetic.
+FLOAT32_UNDERESTIMATE = "; the kit timed bf16 steps and this row trains in float32: likely low"
+
+
 def row_rates(
   row: str, spec: dict[str, Any], full, cost: RowCost | None, test_examples: int, seeds: int = 1
 ) -> dict[str, Any]:
@@ -304,7 +308,7 @@ def row_rates(
   flops, params = forward_flops(full)
   kit = kit_estimate(spec["kit"], full.batch_size, flops, seeds)
   return {
-    "basis": kit.basis,
+    "basis": kit.basis + ("" if full.mixed_precision else FLOAT32_UNDERESTIMATE),
     "params": params,
     "gflops": flops / 1e9,
     "step_seconds": kit.step_ms / 1e3,
